@@ -1,0 +1,194 @@
+"""Float model -> intdet integer model: the only place where float meets the
+integer spec.
+
+Reproducibility: every float step here is a correctly rounded IEEE-754
+operation on float64 (multiply, divide, sqrt, rint, frexp, max) applied
+element by element, with no sums, no BLAS and no libm transcendental
+function, so two machines produce byte-identical files.
+
+Formats produced (see docs/format.md):
+- linear weights int8 [N, K], symmetric per output channel:
+  q = rint(w / s), s = max|w_row| / 127;
+- per-channel dyadic output scales ``mant`` int32 (< 2^15), ``shift`` int32:
+  c_in * s * 2^F_out ~= mant * 2^-shift;
+- RMSNorm gammas int16: round(gamma * 2^G), max |g| in [2^13, 2^14);
+- RoPE tables int16 Q14 (rope_tables.py).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..errors import IntdetError
+from ..ref.ops import NORM_OUT_FRAC, PROB_FRAC
+from .rope_tables import rope_tables
+
+FORMAT_VERSION = 1
+RESIDUAL_FRAC = 16  # residual stream int32 Q16
+PROJ_FRAC = 16  # q/k/v/gate/up/o/down outputs int32 Q16
+LOGIT_FRAC = 16  # logits int32 Q16
+LOG2E = 1.4426950408889634  # float64 nearest to log2(e)
+
+
+def dyadic(c: float):
+    """Positive float64 c -> (mant, shift) with c ~= mant * 2^-shift and
+    2^14 <= mant <= 2^15 (relative error <= 2^-15). c == 0 -> (0, 0)."""
+    if c == 0.0:
+        return 0, 0
+    if not (c > 0.0 and math.isfinite(c)):
+        raise IntdetError(f"internal: dyadic scale {c!r} is not a positive finite number")
+    m, e = math.frexp(c)  # c = m * 2^e, m in [0.5, 1): exact
+    mant = int(np.rint(m * 32768.0))
+    return mant, 15 - e
+
+
+def dyadic_vec(c: np.ndarray):
+    """Vector form of ``dyadic``: float64 [N] -> int32 mant [N], int32 shift [N]."""
+    c = np.asarray(c, dtype=np.float64)
+    m, e = np.frexp(c)
+    mant = np.rint(m * 32768.0).astype(np.int64)
+    shift = (15 - e).astype(np.int64)
+    zero = c == 0.0
+    mant[zero] = 0
+    shift[zero] = 0
+    return mant.astype(np.int32), shift.astype(np.int32)
+
+
+def quant_rows_int8(w: np.ndarray):
+    """Symmetric per-row int8: returns (q int8 [N, K], s float64 [N]) with
+    w ~= q * s[:, None]; an all-zero row gets s = 0."""
+    w = np.asarray(w, dtype=np.float64)
+    amax = np.abs(w).max(axis=1)
+    s = amax / 127.0
+    safe = np.where(s > 0, s, 1.0)
+    q = np.clip(np.rint(w / safe[:, None]), -127, 127).astype(np.int8)
+    return q, s
+
+
+def quant_gamma(g: np.ndarray):
+    """RMSNorm gamma -> (int16 [n], G) with g_int = rint(gamma * 2^G) and
+    max |g_int| in [2^13, 2^14)."""
+    g = np.asarray(g, dtype=np.float64)
+    amax = float(np.abs(g).max())
+    if amax == 0.0:
+        return np.zeros(g.shape, np.int16), 0
+    _, e = math.frexp(amax)  # amax in [2^(e-1), 2^e)
+    G = 14 - e
+    gi = np.rint(g * 2.0**G)
+    return gi.astype(np.int16), G
+
+
+def quantize_model(fm) -> tuple[dict, dict]:
+    """FloatModel -> (tensors: name -> int array, config dict).
+
+    Activations entering each linear layer carry a static factor c_in (the
+    value of one unit of the int16 activation at exponent 0):
+    - after RMSNorm over n elements: sqrt(n) * 2^-(14 + G);
+    - attention output: 1 / (127 * 2^(16 + PROJ_FRAC));
+    - SwiGLU output: 2^-(2 * PROJ_FRAC).
+    """
+    hp, W = fm.hp, fm.weights
+    H, D = hp["hidden_size"], hp["head_dim"]
+    _check_bounds(hp)
+    T = {}
+
+    def put_linear(name, w, c_in, f_out, bias=None):
+        q, s = quant_rows_int8(w)
+        mant, shift = dyadic_vec(c_in * s * 2.0**f_out)
+        T[name + ".q"] = q
+        T[name + ".mant"] = mant
+        T[name + ".shift"] = shift
+        if bias is not None:
+            T[name + ".bias"] = _fixed_i32(bias, f_out, name + ".bias")
+
+    def put_norm(name, g, n):
+        gi, G = quant_gamma(g)
+        T[name + ".g"] = gi
+        return math.sqrt(n) * 2.0 ** -(NORM_OUT_FRAC + G)  # c_in of the next layer
+
+    # Token embedding: int8 rows, dyadic per-row scale straight to the residual.
+    q, s = quant_rows_int8(W["tok_embd"])
+    T["tok_embd.q"] = q
+    T["tok_embd.mant"], T["tok_embd.shift"] = dyadic_vec(s * 2.0**RESIDUAL_FRAC)
+    cos, sin = rope_tables(hp["rope_theta"], D, hp["context_length"])
+    T["rope.cos"], T["rope.sin"] = cos, sin
+    c_attn = 1.0 / (127.0 * 2.0 ** (PROB_FRAC + PROJ_FRAC))
+    c_ffn = 2.0 ** -(2 * PROJ_FRAC)
+    for i in range(hp["num_layers"]):
+        p = f"blk.{i}."
+        c = put_norm(p + "attn_norm", W[p + "attn_norm"], H)
+        for nm in ("attn_q", "attn_k", "attn_v"):
+            put_linear(p + nm, W[p + nm], c, PROJ_FRAC, W.get(p + nm + ".bias"))
+        if hp["qk_norm"]:
+            c_q = put_norm(p + "attn_q_norm", W[p + "attn_q_norm"], D)
+            c_k = put_norm(p + "attn_k_norm", W[p + "attn_k_norm"], D)
+        else:
+            c_q = c_k = 2.0**-PROJ_FRAC
+        # z (Q16 log2 units) = raw * mk * 2^(e_q + ek) * c_q * c_k * log2(e) / (127 * sqrt(D)) * 2^16
+        sm, ss = dyadic(c_q * c_k * LOG2E * 2.0**16 / (127.0 * math.sqrt(D)))
+        T[p + "attn_score.mant"] = np.array([sm], np.int32)
+        T[p + "attn_score.shift"] = np.array([ss], np.int32)
+        put_linear(p + "attn_output", W[p + "attn_output"], c_attn, RESIDUAL_FRAC, W.get(p + "attn_output.bias"))
+        c = put_norm(p + "ffn_norm", W[p + "ffn_norm"], H)
+        put_linear(p + "ffn_gate", W[p + "ffn_gate"], c, PROJ_FRAC)
+        put_linear(p + "ffn_up", W[p + "ffn_up"], c, PROJ_FRAC)
+        put_linear(p + "ffn_down", W[p + "ffn_down"], c_ffn, RESIDUAL_FRAC)
+    c = put_norm("output_norm", W["output_norm"], H)
+    if hp["tied_embeddings"]:
+        _, s_out = quant_rows_int8(W["tok_embd"])
+    else:
+        T["output.q"], s_out = quant_rows_int8(W["output"])
+    T["output.mant"], T["output.shift"] = dyadic_vec(c * s_out * 2.0**LOGIT_FRAC)
+
+    eps_q60 = {
+        "hidden": int(np.rint(H * hp["rms_eps"] * 2.0**60)),
+        "head": int(np.rint(D * hp["rms_eps"] * 2.0**60)),
+    }
+    cfg = {
+        "format": "intdet",
+        "format_version": FORMAT_VERSION,
+        "architecture": fm.arch,
+        **{k: hp[k] for k in (
+            "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
+            "vocab_size", "context_length", "rope_theta", "rms_eps", "tied_embeddings", "qk_norm", "attn_bias")},
+        "rms_eps_q60": eps_q60,
+        "fixed_point": {
+            "residual_frac_bits": RESIDUAL_FRAC,
+            "proj_frac_bits": PROJ_FRAC,
+            "logit_frac_bits": LOGIT_FRAC,
+            "norm_out_frac_bits": NORM_OUT_FRAC,
+            "rope_frac_bits": 14,
+            "prob_frac_bits": PROB_FRAC,
+            "exp_in_frac_bits": 16,
+            "exp_out_frac_bits": 30,
+            "activations": "int16 per token, power-of-two scale",
+            "weights": "int8 per output channel, dyadic scale (15-bit mantissa)",
+            "kv_cache": "int8 per (position, kv head), absmax scale",
+        },
+        "source": fm.source,
+    }
+    return T, cfg
+
+
+def _fixed_i32(v, frac, name):
+    x = np.rint(np.asarray(v, dtype=np.float64) * 2.0**frac)
+    if np.abs(x).max(initial=0) > 2**31 - 1:
+        raise IntdetError(f"tensor '{name}' does not fit int32 in Q{frac}")
+    return x.astype(np.int32)
+
+
+def _check_bounds(hp):
+    """Refuse models whose sizes could overflow an accumulator (docs/format.md
+    derives each bound)."""
+    H, F, D = hp["hidden_size"], hp["intermediate_size"], hp["head_dim"]
+    nh = hp["num_heads"]
+    if H > 8192 or D > 8192:
+        raise IntdetError(f"hidden_size {H} exceeds 8192: RMSNorm's int64 sum of squares could overflow")
+    if max(H, F, nh * D) > 1 << 24:
+        raise IntdetError("a linear layer's input exceeds 2^24 features: int64 accumulator bound")
+    if D > 256 or D % 2:
+        raise IntdetError(f"head_dim {D} must be even and at most 256 (attention score bound)")
+    if hp["context_length"] >= 1 << 19:
+        raise IntdetError(f"context_length {hp['context_length']} exceeds 2^19 positions")

@@ -1,0 +1,85 @@
+"""Float reference of the same architectures (analysis only, never on the
+integer path): numpy, float32 or float64, on the dequantized source weights.
+
+It follows Hugging Face's Llama/Qwen2/Qwen3 modelling code: RMSNorm in the
+compute dtype, split-half RoPE, GQA, SiLU-gated MLP. Used by tests and by
+scripts/compare_float.py to measure what integer arithmetic costs.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+class FloatModel:
+    """fm: ``convert.sources.FloatModel``. ``forward(tokens, start)`` ->
+    float logits [T, vocab] in ``dtype``; keeps a float KV cache."""
+
+    def __init__(self, fm, dtype=np.float32, max_len: int | None = None):
+        self.hp = fm.hp
+        self.dt = np.dtype(dtype)
+        self.w = {k: np.asarray(v, dtype=self.dt) for k, v in fm.weights.items() if v is not None}
+        hp = self.hp
+        D = hp["head_dim"]
+        inv = 1.0 / (hp["rope_theta"] ** (np.arange(0, D, 2, dtype=np.float64) / D))
+        n = max_len or hp["context_length"]
+        ang = np.arange(n, dtype=np.float64)[:, None] * inv[None, :]
+        self.cos, self.sin = np.cos(ang).astype(self.dt), np.sin(ang).astype(self.dt)
+        self.max_len = n
+        self.reset()
+
+    def reset(self):
+        hp = self.hp
+        shape = (hp["num_layers"], self.max_len, hp["num_kv_heads"], hp["head_dim"])
+        self.kc = np.zeros(shape, self.dt)
+        self.vc = np.zeros(shape, self.dt)
+
+    def _norm(self, x, g):
+        ms = np.mean(x * x, axis=-1, keepdims=True)
+        return x / np.sqrt(ms + self.dt.type(self.hp["rms_eps"])) * g
+
+    def _rope(self, x, pos):
+        h = x.shape[-1] // 2
+        c, s = self.cos[pos][:, None, :], self.sin[pos][:, None, :]
+        x1, x2 = x[..., :h], x[..., h:]
+        return np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)
+
+    def forward(self, tokens, start: int):
+        hp, w = self.hp, self.w
+        tokens = np.asarray(tokens)
+        T = len(tokens)
+        nh, nkv, D = hp["num_heads"], hp["num_kv_heads"], hp["head_dim"]
+        pos = np.arange(start, start + T)
+        x = w["tok_embd"][tokens]
+        for i in range(hp["num_layers"]):
+            p = f"blk.{i}."
+            h = self._norm(x, w[p + "attn_norm"])
+            q = h @ w[p + "attn_q"].T
+            k = h @ w[p + "attn_k"].T
+            v = h @ w[p + "attn_v"].T
+            if hp["attn_bias"]:
+                q, k, v = q + w[p + "attn_q.bias"], k + w[p + "attn_k.bias"], v + w[p + "attn_v.bias"]
+            q, k, v = q.reshape(T, nh, D), k.reshape(T, nkv, D), v.reshape(T, nkv, D)
+            if hp["qk_norm"]:
+                q, k = self._norm(q, w[p + "attn_q_norm"]), self._norm(k, w[p + "attn_k_norm"])
+            q, k = self._rope(q, pos), self._rope(k, pos)
+            self.kc[i, pos], self.vc[i, pos] = k, v
+            n = start + T
+            K = np.repeat(self.kc[i, :n], nh // nkv, axis=1)  # [n, nh, D]
+            V = np.repeat(self.vc[i, :n], nh // nkv, axis=1)
+            sc = np.einsum("thd,nhd->htn", q, K) / self.dt.type(np.sqrt(D))
+            mask = np.arange(n)[None, :] > pos[:, None]
+            sc = np.where(mask[None], -np.inf, sc)
+            sc = np.exp(sc - sc.max(-1, keepdims=True))
+            sc = sc / sc.sum(-1, keepdims=True)
+            o = np.einsum("htn,nhd->thd", sc, V).reshape(T, nh * D)
+            o = o @ w[p + "attn_output"].T
+            if p + "attn_output.bias" in w:
+                o = o + w[p + "attn_output.bias"]
+            x = x + o
+            h = self._norm(x, w[p + "ffn_norm"])
+            g, u = h @ w[p + "ffn_gate"].T, h @ w[p + "ffn_up"].T
+            x = x + ((g / (1 + np.exp(-g))) * u) @ w[p + "ffn_down"].T
+        h = self._norm(x, w["output_norm"])
+        out = w["output"] if "output" in w else w["tok_embd"]
+        return h @ out.T

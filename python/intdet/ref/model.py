@@ -1,0 +1,96 @@
+"""The decoder forward pass in the integer spec (``--device ref``).
+
+Reads top to bottom like the C++ ``csrc/model/forward.cpp``; every buffer has
+its shape and fixed-point format in a comment. Tensors are the ones
+``intdet convert`` writes (see docs/format.md).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import ops
+from .intmath import I64, quant16, sat32
+
+
+class RefModel:
+    """Integer-only Llama/Qwen2/Qwen3 decoder over an int8 KV cache.
+
+    cfg: the converted config.json dict. tensors: name -> numpy array.
+    ``forward(tokens, start)`` runs prefill or decode for tokens at absolute
+    positions start..start+T-1 and returns int64 [T, vocab] logits (int32
+    values, Q16).
+    """
+
+    def __init__(self, cfg: dict, tensors: dict):
+        self.cfg = cfg
+        self.t = {k: np.asarray(v) for k, v in tensors.items()}
+        c = cfg
+        self.n_layers = c["num_layers"]
+        self.nh, self.nkv, self.D = c["num_heads"], c["num_kv_heads"], c["head_dim"]
+        self.ctx = c["context_length"]
+        self.eps_h = c["rms_eps_q60"]["hidden"]
+        self.eps_d = c["rms_eps_q60"]["head"]
+        self.reset()
+
+    def reset(self):
+        L, P, nkv, D = self.n_layers, self.ctx, self.nkv, self.D
+        self.kc = np.zeros((L, P, nkv, D), dtype=I64)
+        self.ka = np.zeros((L, P, nkv), dtype=I64)
+        self.vc = np.zeros((L, P, nkv, D), dtype=I64)
+        self.va = np.zeros((L, P, nkv), dtype=I64)
+        self.n_past = 0
+
+    def _lin(self, name, q, e):
+        t = self.t
+        return ops.linear(q, e, t[name + ".q"], t[name + ".mant"], t[name + ".shift"], t.get(name + ".bias"))
+
+    def forward(self, tokens, start: int):
+        t = self.t
+        tokens = np.asarray(tokens, dtype=I64)
+        T = len(tokens)
+        nh, nkv, D = self.nh, self.nkv, self.D
+        pos = np.arange(start, start + T, dtype=I64)
+        cos, sin = t["rope.cos"][pos], t["rope.sin"][pos]  # [T, D/2] Q14
+        # Embedding: int8 row * per-row dyadic scale -> residual, int32 Q16.
+        emb = t["tok_embd.q"][tokens].astype(I64)  # [T, H]
+        x = ops.shift_round_sat32(emb * t["tok_embd.mant"][tokens, None].astype(I64), t["tok_embd.shift"][tokens, None])
+        for i in range(self.n_layers):
+            p = f"blk.{i}."
+            # --- attention block ---
+            h = ops.rms_norm(x, t[p + "attn_norm.g"], self.eps_h, 16)  # [T, H] norm units
+            hq, he = quant16(h)  # [T, H] int16, [T] exponents
+            q = self._lin(p + "attn_q", hq, he).reshape(T, nh, D)  # Q16
+            k = self._lin(p + "attn_k", hq, he).reshape(T, nkv, D)  # Q16
+            v = self._lin(p + "attn_v", hq, he).reshape(T, nkv, D)  # Q16
+            if self.cfg["qk_norm"]:  # Qwen3: per-head RMSNorm, gamma at runtime
+                q = ops.rms_norm(q, t[p + "attn_q_norm.g"], self.eps_d, 16)
+                k = ops.rms_norm(k, t[p + "attn_k_norm.g"], self.eps_d, 16)
+            q = ops.rope(q, cos, sin)  # [T, nh, D]
+            k = ops.rope(k, cos, sin)  # [T, nkv, D]
+            kq, ka = ops.kv_quant(k)  # int8 [T, nkv, D], absmax [T, nkv]
+            vq, va = ops.kv_quant(v)
+            self.kc[i, pos], self.ka[i, pos] = kq, ka
+            self.vc[i, pos], self.va[i, pos] = vq, va
+            qq, qe = quant16(q)  # [T, nh, D] int16, [T, nh]
+            n = start + T
+            o = ops.attention(
+                qq, qe, self.kc[i, :n], self.ka[i, :n], self.vc[i, :n], self.va[i, :n], pos,
+                int(t[p + "attn_score.mant"][0]), int(t[p + "attn_score.shift"][0]),
+            )  # [T, nh, D], V units / (127 * 2^16)
+            oq, oe = quant16(o.reshape(T, nh * D))
+            x = sat32(x + self._lin(p + "attn_output", oq, oe))  # residual Q16
+            # --- feed-forward block ---
+            h = ops.rms_norm(x, t[p + "ffn_norm.g"], self.eps_h, 16)
+            hq, he = quant16(h)
+            gate = self._lin(p + "ffn_gate", hq, he)  # [T, F] Q16
+            up = self._lin(p + "ffn_up", hq, he)  # [T, F] Q16
+            a = ops.swiglu(gate, up)  # [T, F] Q32 int64
+            aq, ae = quant16(a)
+            x = sat32(x + self._lin(p + "ffn_down", aq, ae))
+        h = ops.rms_norm(x, t["output_norm.g"], self.eps_h, 16)
+        hq, he = quant16(h)
+        w = t["output.q"] if "output.q" in t else t["tok_embd.q"]
+        logits = ops.linear(hq, he, w, t["output.mant"], t["output.shift"])  # [T, V] Q16
+        self.n_past = start + T
+        return logits
