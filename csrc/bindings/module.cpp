@@ -1,0 +1,255 @@
+// pybind11 module intdet._core: the model, its KV cache state, and each op
+// exposed row-wise for the bit-exact tests against the numpy spec.
+// Arrays are taken without conversion: a wrong dtype or a non-contiguous
+// array is an error, never a silent copy.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <string>
+#include <vector>
+
+#include "intdet/intmath.h"
+#include "intdet/model.h"
+#include "intdet/ops.h"
+
+namespace py = pybind11;
+using namespace intdet;
+
+namespace {
+
+template <typename T>
+const T* ptr_of(const py::dict& tensors, const std::string& name, std::vector<int64_t> shape, bool optional = false) {
+  if (!tensors.contains(name)) {
+    if (optional) return nullptr;
+    throw std::invalid_argument("model tensor '" + name + "' is missing");
+  }
+  py::object obj = tensors[name.c_str()];
+  if (!py::isinstance<py::array_t<T>>(obj) || !py::dtype::of<T>().is(py::array(obj).dtype()))
+    throw std::invalid_argument("model tensor '" + name + "' has the wrong dtype");
+  py::array a = obj.cast<py::array>();
+  if (!(a.flags() & py::array::c_style)) throw std::invalid_argument("model tensor '" + name + "' is not contiguous");
+  if ((int64_t)a.ndim() != (int64_t)shape.size())
+    throw std::invalid_argument("model tensor '" + name + "' has the wrong rank");
+  for (size_t i = 0; i < shape.size(); ++i)
+    if (a.shape(i) != shape[i]) throw std::invalid_argument("model tensor '" + name + "' has the wrong shape");
+  return static_cast<const T*>(a.data());
+}
+
+// Owns the Python arrays the Model points into.
+struct PyModel {
+  Model m;
+  py::dict keep;
+};
+
+Linear make_linear(const py::dict& t, const std::string& name, int64_t N, int64_t K, bool bias,
+                   const std::string& wname = "") {
+  Linear L;
+  L.N = N;
+  L.K = K;
+  L.w = ptr_of<int8_t>(t, wname.empty() ? name + ".q" : wname, {N, K});
+  L.mant = ptr_of<int32_t>(t, name + ".mant", {N});
+  L.shift = ptr_of<int32_t>(t, name + ".shift", {N});
+  L.bias = ptr_of<int32_t>(t, name + ".bias", {N}, !bias);
+  return L;
+}
+
+PyModel* make_model(const py::dict& cfg, const py::dict& t) {
+  auto* pm = new PyModel();
+  pm->keep = t;
+  Model& m = pm->m;
+  Config& c = m.cfg;
+  c.hidden = cfg["hidden_size"].cast<int64_t>();
+  c.ffn = cfg["intermediate_size"].cast<int64_t>();
+  c.n_layers = cfg["num_layers"].cast<int64_t>();
+  c.n_heads = cfg["num_heads"].cast<int64_t>();
+  c.n_kv = cfg["num_kv_heads"].cast<int64_t>();
+  c.head_dim = cfg["head_dim"].cast<int64_t>();
+  c.vocab = cfg["vocab_size"].cast<int64_t>();
+  c.ctx = cfg["context_length"].cast<int64_t>();
+  c.qk_norm = cfg["qk_norm"].cast<bool>();
+  py::dict eps = cfg["rms_eps_q60"];
+  c.eps_hidden = eps["hidden"].cast<int64_t>();
+  c.eps_head = eps["head"].cast<int64_t>();
+  const bool bias = cfg["attn_bias"].cast<bool>();
+  const int64_t H = c.hidden, D = c.head_dim;
+  if (c.n_heads <= 0 || c.n_kv <= 0 || c.n_heads % c.n_kv || D % 2 || D > 256 || H > 8192)
+    throw std::invalid_argument("model config has unsupported head or hidden sizes");
+  m.tok_embd = ptr_of<int8_t>(t, "tok_embd.q", {c.vocab, H});
+  m.embd_mant = ptr_of<int32_t>(t, "tok_embd.mant", {c.vocab});
+  m.embd_shift = ptr_of<int32_t>(t, "tok_embd.shift", {c.vocab});
+  m.rope_cos = ptr_of<int16_t>(t, "rope.cos", {c.ctx, D / 2});
+  m.rope_sin = ptr_of<int16_t>(t, "rope.sin", {c.ctx, D / 2});
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    const std::string p = "blk." + std::to_string(l) + ".";
+    Layer L;
+    L.attn_norm = ptr_of<int16_t>(t, p + "attn_norm.g", {H});
+    L.q = make_linear(t, p + "attn_q", c.n_heads * D, H, bias);
+    L.k = make_linear(t, p + "attn_k", c.n_kv * D, H, bias);
+    L.v = make_linear(t, p + "attn_v", c.n_kv * D, H, bias);
+    L.o = make_linear(t, p + "attn_output", H, c.n_heads * D, t.contains(p + "attn_output.bias"));
+    if (c.qk_norm) {
+      L.q_norm = ptr_of<int16_t>(t, p + "attn_q_norm.g", {D});
+      L.k_norm = ptr_of<int16_t>(t, p + "attn_k_norm.g", {D});
+    }
+    L.score_mant = ptr_of<int32_t>(t, p + "attn_score.mant", {1})[0];
+    L.score_shift = ptr_of<int32_t>(t, p + "attn_score.shift", {1})[0];
+    L.ffn_norm = ptr_of<int16_t>(t, p + "ffn_norm.g", {H});
+    L.gate = make_linear(t, p + "ffn_gate", c.ffn, H, false);
+    L.up = make_linear(t, p + "ffn_up", c.ffn, H, false);
+    L.down = make_linear(t, p + "ffn_down", H, c.ffn, false);
+    m.layers.push_back(L);
+  }
+  m.out_norm = ptr_of<int16_t>(t, "output_norm.g", {H});
+  const bool tied = !t.contains("output.q");
+  m.output = make_linear(t, "output", c.vocab, H, false, tied ? "tok_embd.q" : "output.q");
+  return pm;
+}
+
+struct PyState {
+  KVCache kv;
+  int64_t n_past = 0;
+};
+
+using I64Arr = py::array_t<int64_t, py::array::c_style>;
+
+I64Arr new_like(const I64Arr& a) {
+  std::vector<py::ssize_t> shape(a.shape(), a.shape() + a.ndim());
+  return I64Arr(shape);
+}
+
+// Applies a row op to every row of a C-contiguous int64 array.
+template <typename F>
+I64Arr rows(const I64Arr& x, F f) {
+  I64Arr out = new_like(x);
+  const int64_t n = x.ndim() ? x.shape(x.ndim() - 1) : 1;
+  const int64_t R = n ? x.size() / n : 0;
+  for (int64_t r = 0; r < R; ++r) f(x.data() + r * n, n, out.mutable_data() + r * n);
+  return out;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_core, mod) {
+  mod.doc() = "intdet integer engine (portable scalar C++ backend)";
+  py::class_<PyModel>(mod, "Model")
+      .def(py::init(&make_model), py::arg("config"), py::arg("tensors"),
+           "Wrap converted tensors (dict name -> numpy array, exact dtypes) without copying.");
+  py::class_<PyState>(mod, "State")
+      .def(py::init([](const PyModel& pm, int64_t max_len) {
+             if (max_len <= 0 || max_len > pm.m.cfg.ctx)
+               throw std::invalid_argument("max_len must be in [1, context_length]");
+             auto* s = new PyState();
+             s->kv.init(pm.m.cfg, max_len);
+             return s;
+           }),
+           py::arg("model"), py::arg("max_len"))
+      .def_readonly("n_past", &PyState::n_past)
+      .def("reset", [](PyState& s) { s.n_past = 0; });
+
+  mod.def(
+      "forward",
+      [](const PyModel& pm, PyState& s, py::array_t<int32_t, py::array::c_style> tokens, int64_t start,
+         bool all_logits) {
+        const int64_t T = tokens.size();
+        const Config& c = pm.m.cfg;
+        if (T == 0) throw std::invalid_argument("forward needs at least one token");
+        if (start != s.n_past) throw std::invalid_argument("start must equal the number of cached positions");
+        if (start + T > s.kv.max_len) throw std::invalid_argument("sequence longer than the KV cache");
+        for (int64_t i = 0; i < T; ++i)
+          if (tokens.data()[i] < 0 || tokens.data()[i] >= c.vocab) throw std::invalid_argument("token id out of range");
+        const int64_t Tout = all_logits ? T : 1;
+        py::array_t<int32_t> out({Tout, c.vocab});
+        {
+          py::gil_scoped_release nogil;
+          forward(pm.m, s.kv, tokens.data(), T, start, all_logits, out.mutable_data());
+        }
+        s.n_past = start + T;
+        return out;
+      },
+      py::arg("model"), py::arg("state"), py::arg("tokens"), py::arg("start"), py::arg("all_logits") = false,
+      "Prefill or decode tokens (int32 [T]) at positions start..start+T-1; returns int32 logits [T or 1, V] (Q16).");
+
+  // ---- primitives and ops, for bit-exact tests against ref/ ----
+  py::module_ ops = mod.def_submodule("ops", "scalar C++ ops on int64 arrays, for tests");
+  ops.def("round_shift", [](const I64Arr& x, const I64Arr& s) {
+    I64Arr out = new_like(x);
+    for (py::ssize_t i = 0; i < x.size(); ++i) out.mutable_data()[i] = round_shift(x.data()[i], s.data()[i]);
+    return out;
+  });
+  ops.def("shift_round_sat32", [](const I64Arr& x, const I64Arr& s) {
+    I64Arr out = new_like(x);
+    for (py::ssize_t i = 0; i < x.size(); ++i) out.mutable_data()[i] = shift_round_sat32(x.data()[i], s.data()[i]);
+    return out;
+  });
+  ops.def("round_div", [](const I64Arr& a, const I64Arr& b) {
+    I64Arr out = new_like(a);
+    for (py::ssize_t i = 0; i < a.size(); ++i) out.mutable_data()[i] = round_div(a.data()[i], b.data()[i]);
+    return out;
+  });
+  ops.def("isqrt", [](const I64Arr& x) {
+    I64Arr out = new_like(x);
+    for (py::ssize_t i = 0; i < x.size(); ++i) out.mutable_data()[i] = isqrt(x.data()[i]);
+    return out;
+  });
+  ops.def("bitlen", [](const I64Arr& x) {
+    I64Arr out = new_like(x);
+    for (py::ssize_t i = 0; i < x.size(); ++i) out.mutable_data()[i] = bitlen(x.data()[i]);
+    return out;
+  });
+  ops.def("exp2_neg_q30", [](const I64Arr& x) {
+    I64Arr out = new_like(x);
+    for (py::ssize_t i = 0; i < x.size(); ++i) out.mutable_data()[i] = exp2_neg_q30(x.data()[i]);
+    return out;
+  });
+  ops.def("rms_norm", [](const I64Arr& x, py::array_t<int16_t, py::array::c_style> g, int64_t eps, int in_frac) {
+    return rows(x, [&](const int64_t* r, int64_t n, int64_t* o) {
+      std::vector<int32_t> y((size_t)n);
+      rms_norm_row(r, g.data(), n, eps, in_frac, y.data());
+      for (int64_t i = 0; i < n; ++i) o[i] = y[i];
+    });
+  });
+  ops.def("quant16", [](const I64Arr& x) {
+    std::vector<int64_t> es;
+    I64Arr q = rows(x, [&](const int64_t* r, int64_t n, int64_t* o) {
+      std::vector<int16_t> v((size_t)n);
+      es.push_back(quant16_row(r, n, v.data()));
+      for (int64_t i = 0; i < n; ++i) o[i] = v[i];
+    });
+    return py::make_tuple(q, py::array_t<int64_t>((py::ssize_t)es.size(), es.data()));
+  });
+  ops.def("quant8", [](const I64Arr& x) {
+    std::vector<int64_t> as;
+    I64Arr q = rows(x, [&](const int64_t* r, int64_t n, int64_t* o) {
+      std::vector<int8_t> v((size_t)n);
+      as.push_back(quant8_row(r, n, v.data()));
+      for (int64_t i = 0; i < n; ++i) o[i] = v[i];
+    });
+    return py::make_tuple(q, py::array_t<int64_t>((py::ssize_t)as.size(), as.data()));
+  });
+  ops.def("softmax_q16", [](const I64Arr& z) { return rows(z, softmax_q16_row); });
+  ops.def("swiglu", [](const I64Arr& g, const I64Arr& u) {
+    I64Arr out = new_like(g);
+    swiglu_row(g.data(), u.data(), g.size(), out.mutable_data());
+    return out;
+  });
+  ops.def("rope", [](const I64Arr& x, py::array_t<int16_t, py::array::c_style> cos,
+                     py::array_t<int16_t, py::array::c_style> sin) {
+    // x [T, nh, D], cos/sin [T, D/2]
+    I64Arr out = new_like(x);
+    const int64_t T = x.shape(0), nh = x.shape(1), D = x.shape(2);
+    std::copy(x.data(), x.data() + x.size(), out.mutable_data());
+    for (int64_t t = 0; t < T; ++t)
+      rope_row(out.mutable_data() + t * nh * D, nh, D, cos.data() + t * D / 2, sin.data() + t * D / 2);
+    return out;
+  });
+  ops.def("linear", [](py::array_t<int16_t, py::array::c_style> q, py::array_t<int32_t, py::array::c_style> e,
+                       py::array_t<int8_t, py::array::c_style> w, py::array_t<int32_t, py::array::c_style> mant,
+                       py::array_t<int32_t, py::array::c_style> shift) {
+    const int64_t T = q.shape(0), K = q.shape(1), N = w.shape(0);
+    if (w.shape(1) != K) throw std::invalid_argument("linear: K mismatch");
+    I64Arr out({T, N});
+    linear(q.data(), e.data(), T, K, w.data(), mant.data(), shift.data(), nullptr, N, out.mutable_data());
+    return out;
+  });
+}

@@ -1,0 +1,136 @@
+// Portable scalar implementations of every op: the C++ reference that SIMD
+// and CUDA backends must match bit for bit. Definitions: ref/ops.py.
+#include "intdet/ops.h"
+
+#include "intdet/intmath.h"
+
+namespace intdet {
+
+void rms_norm_row(const int64_t* x, const int16_t* g, int64_t n, int64_t eps_q60, int in_frac, int32_t* y) {
+  int64_t m = 0;
+  for (int64_t i = 0; i < n; ++i) m = imax(m, iabs(x[i]));
+  if (m == 0) {
+    for (int64_t i = 0; i < n; ++i) y[i] = 0;
+    return;
+  }
+  const int a = kNormTopBit - bitlen(m);  // pre-shift so max|x'| has 24 bits
+  auto xs = [&](int64_t i) { return a >= 0 ? shl(x[i], a) : round_shift(x[i], -a); };
+  int64_t s = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t v = xs(i);
+    s += v * v;  // < n * 2^50 <= 2^63 for n <= 2^13 (checked at load)
+  }
+  const int64_t e_shift = kEpsFrac - 2 * (in_frac + a);
+  int64_t eps;
+  if (e_shift >= 0) {
+    eps = round_shift(eps_q60, e_shift);
+  } else {
+    int t = (int)imin(-e_shift, 62);
+    eps = (-e_shift >= 62 || eps_q60 > (kSCap >> t)) ? kSCap : shl(eps_q60, t);
+  }
+  s = imin(s + imin(eps, kSCap), kSCap);
+  const int64_t r = imax(isqrt(s), 1);
+  for (int64_t i = 0; i < n; ++i) y[i] = (int32_t)round_div(xs(i) * g[i] * ((int64_t)1 << kNormOutFrac), r);
+}
+
+int quant16_row(const int64_t* x, int64_t n, int16_t* q) {
+  int64_t m = 0;
+  for (int64_t i = 0; i < n; ++i) m = imax(m, iabs(x[i]));
+  const int e = (int)imax(bitlen(m) - 15, 0);
+  for (int64_t i = 0; i < n; ++i) q[i] = (int16_t)clamp(round_shift(x[i], e), -kInt16QMax, kInt16QMax);
+  return e;
+}
+
+int32_t quant8_row(const int64_t* x, int64_t n, int8_t* q) {
+  int64_t a = 0;
+  for (int64_t i = 0; i < n; ++i) a = imax(a, iabs(x[i]));
+  const int64_t d = imax(a, 1);
+  for (int64_t i = 0; i < n; ++i) q[i] = (int8_t)clamp(round_div(127 * x[i], d), -kInt8QMax, kInt8QMax);
+  return (int32_t)a;
+}
+
+// Exact dot product of int16 activations and int8 weights. Partial sums of
+// 256 products fit int32 (|p| < 2^22), so the inner loop vectorizes; the
+// blocks are added in int64. The result is the exact sum whatever the order.
+static inline int64_t dot_i16_i8(const int16_t* a, const int8_t* w, int64_t K) {
+  int64_t acc = 0;
+  for (int64_t k0 = 0; k0 < K; k0 += 256) {
+    const int64_t k1 = k0 + 256 < K ? k0 + 256 : K;
+    int32_t part = 0;
+    for (int64_t k = k0; k < k1; ++k) part += (int32_t)a[k] * (int32_t)w[k];
+    acc += part;
+  }
+  return acc;
+}
+
+void linear(const int16_t* q, const int32_t* e, int64_t T, int64_t K, const int8_t* w, const int32_t* mant,
+            const int32_t* shift, const int32_t* bias, int64_t N, int64_t* out) {
+  for (int64_t j = 0; j < N; ++j) {
+    const int8_t* wj = w + j * K;
+    for (int64_t t = 0; t < T; ++t) {
+      int64_t acc = dot_i16_i8(q + t * K, wj, K);
+      int64_t v = shift_round_sat32(acc * mant[j], (int64_t)shift[j] - e[t]);
+      if (bias) v = sat32(v + bias[j]);
+      out[t * N + j] = v;
+    }
+  }
+}
+
+void rope_row(int64_t* x, int64_t nh, int64_t D, const int16_t* cos, const int16_t* sin) {
+  const int64_t h = D / 2;
+  for (int64_t hd = 0; hd < nh; ++hd) {
+    int64_t* v = x + hd * D;
+    for (int64_t i = 0; i < h; ++i) {
+      const int64_t x1 = v[i], x2 = v[i + h];
+      v[i] = sat32(round_shift(x1 * cos[i] - x2 * sin[i], kRopeFrac));
+      v[i + h] = sat32(round_shift(x2 * cos[i] + x1 * sin[i], kRopeFrac));
+    }
+  }
+}
+
+void softmax_q16_row(const int64_t* z, int64_t n, int64_t* p) {
+  int64_t zmax = z[0];
+  for (int64_t i = 1; i < n; ++i) zmax = imax(zmax, z[i]);
+  int64_t tot = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    p[i] = exp2_neg_q30(zmax - z[i]);
+    tot += p[i];
+  }
+  const int64_t r = ((int64_t)1 << 62) / tot;  // tot >= 2^30 - 4 > 0: the max term
+  for (int64_t i = 0; i < n; ++i) p[i] = round_shift(p[i] * r, 62 - kProbFrac);
+}
+
+void swiglu_row(const int64_t* g, const int64_t* u, int64_t n, int64_t* a) {
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t w = round_shift(iabs(g[i]) * kLog2eQ30, 30);  // |g| * log2(e), Q16
+    const int64_t d = exp2_neg_q30(w);                         // exp(-|g|), Q30
+    const int64_t den = ((int64_t)1 << 30) + d;
+    const int64_t sig = g[i] >= 0 ? round_div((int64_t)1 << 60, den) : round_div(d << 30, den);
+    a[i] = round_shift(g[i] * sig, 30) * u[i];
+  }
+}
+
+void attend_head(const int16_t* q, int e_q, const int8_t* kc, const int32_t* ka, const int8_t* vc,
+                 const int32_t* va, int64_t n, int64_t stride, int64_t D, int64_t score_mant,
+                 int64_t score_shift, int64_t* z, int64_t* p, int64_t* out) {
+  // Scores in Q16 log2 units; kc/vc rows are `stride` int8 apart, ka/va
+  // scales `stride / D` apart (one per kv head per position).
+  const int64_t sstride = stride / D;
+  for (int64_t t = 0; t < n; ++t) {
+    const int8_t* k = kc + t * stride;
+    int64_t raw = 0;
+    for (int64_t d = 0; d < D; ++d) raw += (int64_t)q[d] * k[d];
+    int64_t mk, ek;
+    normalize_scale15(ka[t * sstride], &mk, &ek);
+    z[t] = shift_round_sat32(raw * mk * score_mant, score_shift - e_q - ek);
+  }
+  softmax_q16_row(z, n, p);
+  for (int64_t d = 0; d < D; ++d) out[d] = 0;
+  for (int64_t t = 0; t < n; ++t) {
+    const int64_t w = p[t] * va[t * sstride];
+    const int8_t* v = vc + t * stride;
+    for (int64_t d = 0; d < D; ++d) out[d] += w * v[d];
+  }
+}
+
+}  // namespace intdet

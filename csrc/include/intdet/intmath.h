@@ -1,0 +1,112 @@
+// Integer primitives: the C++ twins of python/intdet/ref/intmath.py.
+//
+// One definition each, header-only and host/device inline so every backend
+// (scalar, SIMD, CUDA) calls the same code. Rounding everywhere is
+// round-half-up: floor(x / 2^s + 1/2). Requires C++20 (arithmetic right
+// shift of negative values is defined there). No floating point.
+#pragma once
+
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define INTDET_HD __host__ __device__ __forceinline__
+#else
+#define INTDET_HD inline
+#endif
+
+namespace intdet {
+
+constexpr int64_t kInt32Max = 2147483647;
+constexpr int64_t kInt16QMax = 32767;
+constexpr int64_t kInt8QMax = 127;
+constexpr int kExpFrac = 16;  // exp2_neg_q30 input: Q16
+// 2^-f, f in [0,1) Q16 -> Q30; degree-6 polynomial frozen as integers
+// (max error 4 units of Q30). Same table as EXP2_POLY_Q30 in Python.
+constexpr int64_t kExp2Poly[7] = {1073741824, -744260975, 257938938, -59583045,
+                                  10286509,   -1369790,   117454};
+constexpr int64_t kLog2eQ30 = 1549082005;  // round(log2(e) * 2^30)
+
+INTDET_HD int64_t imax(int64_t a, int64_t b) { return a > b ? a : b; }
+INTDET_HD int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
+INTDET_HD int64_t iabs(int64_t a) { return a < 0 ? -a : a; }
+INTDET_HD int64_t clamp(int64_t x, int64_t lo, int64_t hi) { return x < lo ? lo : (x > hi ? hi : x); }
+
+// Left shift without signed-overflow UB; the caller guarantees the result fits.
+INTDET_HD int64_t shl(int64_t x, int s) { return (int64_t)((uint64_t)x << s); }
+
+// floor(x / 2^s + 1/2) for s >= 1 (0 for s >= 63), x for s == 0, x * 2^-s for s < 0.
+// |x| < 2^62.
+INTDET_HD int64_t round_shift(int64_t x, int64_t s) {
+  if (s > 0) {
+    if (s >= 63) return 0;
+    return (x + ((int64_t)1 << (s - 1))) >> s;
+  }
+  if (s == 0) return x;
+  return shl(x, (int)imin(-s, 62));
+}
+
+// round_shift saturated to +-(2^31 - 1); a left shift (s < 0) saturates too.
+INTDET_HD int64_t shift_round_sat32(int64_t x, int64_t s) {
+  int64_t r = round_shift(x, imax(s, 0));
+  if (s < 0) {
+    int t = (int)imin(-s, 40);
+    int64_t lim = kInt32Max >> t;
+    r = iabs(r) > lim ? (r < 0 ? -kInt32Max : kInt32Max) : shl(r, t);
+  }
+  return clamp(r, -kInt32Max, kInt32Max);
+}
+
+INTDET_HD int64_t sat32(int64_t x) { return clamp(x, -kInt32Max, kInt32Max); }
+
+// Floor division for b > 0 (C++ '/' truncates toward zero).
+INTDET_HD int64_t floor_div(int64_t a, int64_t b) {
+  int64_t q = a / b;
+  return (a % b != 0 && a < 0) ? q - 1 : q;
+}
+
+// floor(a / b + 1/2) as floor((a + floor(b/2)) / b), b > 0.
+INTDET_HD int64_t round_div(int64_t a, int64_t b) { return floor_div(a + (b >> 1), b); }
+
+// Bits needed for x >= 0: bitlen(0) = 0, bitlen(255) = 8.
+INTDET_HD int bitlen(int64_t x) {
+  int n = 0;
+  uint64_t u = (uint64_t)x;
+  while (u) {
+    ++n;
+    u >>= 1;
+  }
+  return n;
+}
+
+// floor(sqrt(n)) for 0 <= n < 2^63: restoring digit recurrence, 32 steps.
+INTDET_HD int64_t isqrt(int64_t n) {
+  int64_t res = 0, bit = (int64_t)1 << 62;
+  for (int i = 0; i < 32; ++i) {
+    if (n >= res + bit) {
+      n -= res + bit;
+      res = (res >> 1) + bit;
+    } else {
+      res >>= 1;
+    }
+    bit >>= 2;
+  }
+  return res;
+}
+
+// 2^(-u / 2^16) in Q30 for u >= 0 (Q16): shift for the integer part,
+// polynomial for the fraction (I-LLM DI-Exp form, arXiv 2405.17849).
+INTDET_HD int64_t exp2_neg_q30(int64_t u) {
+  int64_t i = u >> kExpFrac;
+  int64_t f = u & ((1 << kExpFrac) - 1);
+  int64_t p = kExp2Poly[6];
+  for (int k = 5; k >= 0; --k) p = kExp2Poly[k] + round_shift(p * f, kExpFrac);
+  return i >= 31 ? 0 : round_shift(p, i);
+}
+
+// a ~= m * 2^k with m <= 2^15: keeps score products inside int64.
+INTDET_HD void normalize_scale15(int64_t a, int64_t* m, int64_t* k) {
+  *k = imax(bitlen(a) - 15, 0);
+  *m = round_shift(a, *k);
+}
+
+}  // namespace intdet

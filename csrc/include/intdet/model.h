@@ -1,0 +1,67 @@
+// Model weights (borrowed pointers into the memory-mapped model file) and the
+// int8 KV cache. Tensor formats: docs/format.md.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace intdet {
+
+struct Linear {
+  const int8_t* w = nullptr;       // [N, K] int8, per-output-channel symmetric
+  const int32_t* mant = nullptr;   // [N] dyadic mantissa (< 2^15)
+  const int32_t* shift = nullptr;  // [N] dyadic shift
+  const int32_t* bias = nullptr;   // [N] Q16 or null
+  int64_t N = 0, K = 0;
+};
+
+struct Layer {
+  const int16_t* attn_norm = nullptr;  // [H] gamma
+  Linear q, k, v, o;
+  const int16_t* q_norm = nullptr;  // [D] (Qwen3) or null
+  const int16_t* k_norm = nullptr;
+  int64_t score_mant = 0, score_shift = 0;
+  const int16_t* ffn_norm = nullptr;
+  Linear gate, up, down;
+};
+
+struct Config {
+  int64_t hidden = 0, ffn = 0, n_layers = 0, n_heads = 0, n_kv = 0, head_dim = 0, vocab = 0, ctx = 0;
+  int64_t eps_hidden = 0, eps_head = 0;  // round(n * eps * 2^60)
+  bool qk_norm = false;
+};
+
+struct Model {
+  Config cfg;
+  const int8_t* tok_embd = nullptr;  // [V, H]
+  const int32_t* embd_mant = nullptr;
+  const int32_t* embd_shift = nullptr;
+  const int16_t* rope_cos = nullptr;  // [ctx, D/2] Q14
+  const int16_t* rope_sin = nullptr;
+  std::vector<Layer> layers;
+  const int16_t* out_norm = nullptr;
+  Linear output;  // lm_head (may share w with tok_embd)
+};
+
+// KV cache for one sequence: int8 rows plus one absmax scale per (pos, kv head).
+struct KVCache {
+  int64_t max_len = 0;
+  std::vector<int8_t> k, v;     // [L, max_len, n_kv, D]
+  std::vector<int32_t> ka, va;  // [L, max_len, n_kv]
+  void init(const Config& c, int64_t len) {
+    max_len = len;
+    k.assign((size_t)(c.n_layers * len * c.n_kv * c.head_dim), 0);
+    v.assign(k.size(), 0);
+    ka.assign((size_t)(c.n_layers * len * c.n_kv), 0);
+    va.assign(ka.size(), 0);
+  }
+};
+
+// Runs tokens [T] at absolute positions start..start+T-1, appending to the
+// cache; writes logits int32 [T_out, V] where T_out = all_logits ? T : 1
+// (the last position only).
+void forward(const Model& m, KVCache& kv, const int32_t* tokens, int64_t T, int64_t start, bool all_logits,
+             int32_t* logits);
+
+}  // namespace intdet

@@ -1,0 +1,37 @@
+// The op list of the integer decoder, one line each. Formats and the exact
+// definition of each op are in python/intdet/ref/ops.py (the spec); the
+// scalar implementations are in csrc/cpu/ops_generic.cpp.
+#pragma once
+
+#include <cstdint>
+
+namespace intdet {
+
+constexpr int kNormTopBit = 24;  // RMSNorm pre-shift target
+constexpr int kNormOutFrac = 14;
+constexpr int kRopeFrac = 14;
+constexpr int kProbFrac = 16;
+constexpr int kEpsFrac = 60;
+constexpr int64_t kSCap = (int64_t)1 << 62;
+
+// x [n] (Q in_frac) -> y [n] int32 norm units; g [n] int16 gamma.
+void rms_norm_row(const int64_t* x, const int16_t* g, int64_t n, int64_t eps_q60, int in_frac, int32_t* y);
+// x [n] -> q [n] int16, returns exponent e (x ~= q * 2^e).
+int quant16_row(const int64_t* x, int64_t n, int16_t* q);
+// x [n] -> q [n] int8, returns absmax a (x ~= q * a / 127).
+int32_t quant8_row(const int64_t* x, int64_t n, int8_t* q);
+// out[t, j] = sat32(round_shift(sum_k q[t,k] w[j,k] * mant[j], shift[j] - e[t])) + bias[j].
+void linear(const int16_t* q, const int32_t* e, int64_t T, int64_t K, const int8_t* w, const int32_t* mant,
+            const int32_t* shift, const int32_t* bias, int64_t N, int64_t* out);
+// In place on x [nh, D] for one position: split-half RoPE with Q14 tables [D/2].
+void rope_row(int64_t* x, int64_t nh, int64_t D, const int16_t* cos, const int16_t* sin);
+// z [n] Q16 log2 units -> p [n] Q16 probabilities.
+void softmax_q16_row(const int64_t* z, int64_t n, int64_t* p);
+// a[i] = silu(g[i]) * u[i] in Q32 (g, u Q16).
+void swiglu_row(const int64_t* g, const int64_t* u, int64_t n, int64_t* a);
+// One query head over n cached positions: out [D] int64.
+void attend_head(const int16_t* q, int e_q, const int8_t* kc, const int32_t* ka, const int8_t* vc,
+                 const int32_t* va, int64_t n, int64_t stride, int64_t D, int64_t score_mant,
+                 int64_t score_shift, int64_t* z_buf, int64_t* p_buf, int64_t* out);
+
+}  // namespace intdet

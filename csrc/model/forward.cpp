@@ -1,0 +1,114 @@
+// The decoder forward pass (Llama / Qwen2 / Qwen3), integer only.
+// Mirrors python/intdet/ref/model.py line for line; formats in comments.
+#include <vector>
+
+#include "intdet/intmath.h"
+#include "intdet/model.h"
+#include "intdet/ops.h"
+
+namespace intdet {
+namespace {
+
+// int16 activations of T rows (one exponent per row) for the next linear layer.
+struct Act16 {
+  std::vector<int16_t> q;
+  std::vector<int32_t> e;
+  void from_rows(const int64_t* x, int64_t T, int64_t n) {
+    q.resize((size_t)(T * n));
+    e.resize((size_t)T);
+    for (int64_t t = 0; t < T; ++t) e[t] = quant16_row(x + t * n, n, q.data() + t * n);
+  }
+};
+
+void run_linear(const Linear& L, const Act16& a, int64_t T, int64_t* out) {
+  linear(a.q.data(), a.e.data(), T, L.K, L.w, L.mant, L.shift, L.bias, L.N, out);
+}
+
+void norm_rows(const int64_t* x, const int16_t* g, int64_t T, int64_t n, int64_t eps, std::vector<int64_t>& y) {
+  std::vector<int32_t> row((size_t)n);
+  y.resize((size_t)(T * n));
+  for (int64_t t = 0; t < T; ++t) {
+    rms_norm_row(x + t * n, g, n, eps, 16, row.data());
+    for (int64_t i = 0; i < n; ++i) y[t * n + i] = row[i];
+  }
+}
+
+}  // namespace
+
+void forward(const Model& m, KVCache& kv, const int32_t* tokens, int64_t T, int64_t start, bool all_logits,
+             int32_t* logits) {
+  const Config& c = m.cfg;
+  const int64_t H = c.hidden, F = c.ffn, nh = c.n_heads, nkv = c.n_kv, D = c.head_dim;
+  const int64_t grp = nh / nkv, half = D / 2, P = kv.max_len;
+  std::vector<int64_t> x((size_t)(T * H));  // residual [T, H] int32 values, Q16
+  std::vector<int64_t> h, q((size_t)(T * nh * D)), k((size_t)(T * nkv * D)), v((size_t)(T * nkv * D));
+  std::vector<int64_t> o((size_t)(T * nh * D)), tmp((size_t)(T * H));
+  std::vector<int64_t> gate((size_t)(T * F)), up((size_t)(T * F));
+  std::vector<int64_t> z((size_t)(start + T)), p((size_t)(start + T)), qn;
+  std::vector<int16_t> qq((size_t)D);
+  Act16 act;
+
+  // Embedding: int8 row times its dyadic scale -> residual Q16.
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t tok = tokens[t];
+    for (int64_t i = 0; i < H; ++i)
+      x[t * H + i] = shift_round_sat32((int64_t)m.tok_embd[tok * H + i] * m.embd_mant[tok], m.embd_shift[tok]);
+  }
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    const Layer& L = m.layers[l];
+    int8_t* kc = kv.k.data() + l * P * nkv * D;  // [P, nkv, D]
+    int8_t* vc = kv.v.data() + l * P * nkv * D;
+    int32_t* ka = kv.ka.data() + l * P * nkv;  // [P, nkv]
+    int32_t* va = kv.va.data() + l * P * nkv;
+    // --- attention block ---
+    norm_rows(x.data(), L.attn_norm, T, H, c.eps_hidden, h);  // [T, H] norm units
+    act.from_rows(h.data(), T, H);                            // int16 + exponent per token
+    run_linear(L.q, act, T, q.data());                        // [T, nh*D] Q16
+    run_linear(L.k, act, T, k.data());                        // [T, nkv*D] Q16
+    run_linear(L.v, act, T, v.data());                        // [T, nkv*D] Q16
+    if (c.qk_norm) {  // Qwen3: per-head RMSNorm
+      norm_rows(q.data(), L.q_norm, T * nh, D, c.eps_head, qn);
+      q.swap(qn);
+      norm_rows(k.data(), L.k_norm, T * nkv, D, c.eps_head, qn);
+      k.swap(qn);
+    }
+    for (int64_t t = 0; t < T; ++t) {
+      const int64_t pos = start + t;
+      rope_row(q.data() + t * nh * D, nh, D, m.rope_cos + pos * half, m.rope_sin + pos * half);
+      rope_row(k.data() + t * nkv * D, nkv, D, m.rope_cos + pos * half, m.rope_sin + pos * half);
+      for (int64_t g = 0; g < nkv; ++g) {  // append K, V to the int8 cache
+        ka[pos * nkv + g] = quant8_row(k.data() + (t * nkv + g) * D, D, kc + (pos * nkv + g) * D);
+        va[pos * nkv + g] = quant8_row(v.data() + (t * nkv + g) * D, D, vc + (pos * nkv + g) * D);
+      }
+    }
+    for (int64_t t = 0; t < T; ++t) {
+      const int64_t n = start + t + 1;  // causal: positions 0..pos
+      for (int64_t hd = 0; hd < nh; ++hd) {
+        const int e_q = quant16_row(q.data() + (t * nh + hd) * D, D, qq.data());
+        const int64_t g = hd / grp;
+        attend_head(qq.data(), e_q, kc + g * D, ka + g, vc + g * D, va + g, n, nkv * D, D, L.score_mant,
+                    L.score_shift, z.data(), p.data(), o.data() + (t * nh + hd) * D);
+      }
+    }
+    act.from_rows(o.data(), T, nh * D);
+    run_linear(L.o, act, T, tmp.data());  // [T, H] Q16
+    for (int64_t i = 0; i < T * H; ++i) x[i] = sat32(x[i] + tmp[i]);
+    // --- feed-forward block ---
+    norm_rows(x.data(), L.ffn_norm, T, H, c.eps_hidden, h);
+    act.from_rows(h.data(), T, H);
+    run_linear(L.gate, act, T, gate.data());  // [T, F] Q16
+    run_linear(L.up, act, T, up.data());      // [T, F] Q16
+    for (int64_t t = 0; t < T; ++t) swiglu_row(gate.data() + t * F, up.data() + t * F, F, gate.data() + t * F);
+    act.from_rows(gate.data(), T, F);  // SwiGLU output was Q32
+    run_linear(L.down, act, T, tmp.data());
+    for (int64_t i = 0; i < T * H; ++i) x[i] = sat32(x[i] + tmp[i]);
+  }
+  const int64_t t0 = all_logits ? 0 : T - 1, Tout = T - t0;
+  norm_rows(x.data() + t0 * H, m.out_norm, Tout, H, c.eps_hidden, h);
+  act.from_rows(h.data(), Tout, H);
+  std::vector<int64_t> lg((size_t)(Tout * c.vocab));
+  run_linear(m.output, act, Tout, lg.data());  // [Tout, V] Q16
+  for (int64_t i = 0; i < Tout * c.vocab; ++i) logits[i] = (int32_t)lg[i];
+}
+
+}  // namespace intdet
