@@ -1,0 +1,52 @@
+"""``intdet convert``: source checkpoint -> intdet model directory.
+
+The output directory holds model.safetensors (integer tensors only),
+config.json and tokenizer.json/tokenizer_config.json. It is written into a
+temporary sibling directory and renamed into place, so an interrupted or
+failed conversion leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+
+from ..errors import IntdetError
+from .quantize import quantize_model
+from .sources import read_source
+
+
+def convert(src: str, out_dir: str, force: bool = False, progress: bool = True) -> str:
+    """Convert ``src`` (GGUF file or Hugging Face directory) into ``out_dir``.
+
+    Raises IntdetError if the source is unreadable or unsupported, or if
+    ``out_dir`` exists and is not empty (unless force). Returns out_dir.
+    """
+    from ..tokenizer import save_tokenizer
+
+    out_dir = os.path.abspath(out_dir)
+    if os.path.exists(out_dir) and (not os.path.isdir(out_dir) or os.listdir(out_dir)) and not force:
+        raise IntdetError(f"{out_dir}: output exists and is not empty (use --force to replace it)")
+    fm = read_source(src)
+    tensors, cfg = quantize_model(fm, progress=progress)
+    parent = os.path.dirname(out_dir) or "."
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=".intdet-convert-", dir=parent)
+    try:
+        from ..safetensors_io import save_atomic
+
+        save_atomic(tensors, os.path.join(tmp, "model.safetensors"), metadata={"format": "intdet"})
+        cfg["tokenizer"] = {"bos_token_id": fm.tok_meta.get("bos_token_id"), "eos_token_ids": fm.tok_meta.get("eos_token_ids", [])}
+        with open(os.path.join(tmp, "config.json"), "w", encoding="utf-8") as f:
+            json.dump(cfg, f, indent=2, sort_keys=True)
+            f.write("\n")
+        save_tokenizer(fm.tokenizer, fm.tok_meta, tmp)
+        if os.path.exists(out_dir):
+            shutil.rmtree(out_dir)
+        os.replace(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out_dir

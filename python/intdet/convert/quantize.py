@@ -80,7 +80,7 @@ def quant_gamma(g: np.ndarray):
     return gi.astype(np.int16), G
 
 
-def quantize_model(fm) -> tuple[dict, dict]:
+def quantize_model(fm, progress: bool = False) -> tuple[dict, dict]:
     """FloatModel -> (tensors: name -> int array, config dict).
 
     Activations entering each linear layer carry a static factor c_in (the
@@ -116,7 +116,9 @@ def quantize_model(fm) -> tuple[dict, dict]:
     T["rope.cos"], T["rope.sin"] = cos, sin
     c_attn = 1.0 / (127.0 * 2.0 ** (PROB_FRAC + PROJ_FRAC))
     c_ffn = 2.0 ** -(2 * PROJ_FRAC)
-    for i in range(hp["num_layers"]):
+    from tqdm import tqdm
+
+    for i in tqdm(range(hp["num_layers"]), desc="quantize", unit="layer", disable=not progress, leave=False):
         p = f"blk.{i}."
         c = put_norm(p + "attn_norm", W[p + "attn_norm"], H)
         for nm in ("attn_q", "attn_k", "attn_v"):

@@ -293,13 +293,26 @@ def read_hf_dir(path: str) -> FloatModel:
         tok = Tokenizer.from_file(tok_path)
     except Exception as e:
         raise IntdetError(f"{tok_path}: cannot load tokenizer ({str(e).splitlines()[0]})") from None
-    h = hashlib.sha256()
-    for fp in [cfg_path, *files, tok_path]:
-        h.update(os.path.basename(fp).encode() + b"\0" + sha256_file(fp).encode())
     return FloatModel(
         arch=arch, hp=hp, weights=weights, tokenizer=tok, tok_meta=meta_from_hf_dir(path),
-        source={"kind": "hf", "name": os.path.basename(os.path.abspath(path)), "sha256": h.hexdigest()},
+        source={"kind": "hf", "name": os.path.basename(os.path.abspath(path)), "sha256": source_sha256(path)},
     )
+
+
+HF_HASHED = ("config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json")
+
+
+def source_sha256(path: str) -> str:
+    """sha256 identifying a source: the file's own for GGUF; for a Hugging Face
+    directory, a sha256 over (name, sha256) of config.json, the tokenizer files
+    and every *.safetensors, in sorted name order."""
+    if not os.path.isdir(path):
+        return sha256_file(path)
+    names = sorted(n for n in os.listdir(path) if n in HF_HASHED or n.endswith(".safetensors"))
+    h = hashlib.sha256()
+    for n in names:
+        h.update(n.encode() + b"\0" + sha256_file(os.path.join(path, n)).encode())
+    return h.hexdigest()
 
 
 def _hf_to_canonical(hf, hp, where):

