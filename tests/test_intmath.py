@@ -1,0 +1,128 @@
+"""Every integer primitive and op: C++ core against the numpy spec, all bits,
+on random and boundary inputs; plus the spec against exact math."""
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from intdet import _core
+from intdet.ref import intmath as im
+from intdet.ref import ops
+
+C = _core.ops
+I64 = np.int64
+BIG = 2**62 - 1
+
+ints62 = st.integers(-BIG, BIG)
+
+
+def arr(xs):
+    return np.asarray(xs, dtype=I64)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(ints62, st.integers(-70, 70)), min_size=1, max_size=50))
+def test_round_shift_and_sat(pairs):
+    x = arr([p[0] for p in pairs])
+    s = arr([p[1] for p in pairs])
+    # Left shifts only where they cannot overflow (the contract of round_shift).
+    safe = (s >= 0) | (np.abs(x) < (I64(1) << np.clip(62 + s, 0, 62)))
+    x, s = x[safe], s[safe]
+    assert np.array_equal(C.round_shift(x, s), im.round_shift(x, s))
+    for xi, si in zip(x.tolist(), s.tolist()):
+        if si > 0:  # exact definition: floor(x / 2^s + 1/2)
+            assert int(im.round_shift(xi, si)) == (2 * xi + (1 << si)) // (2 << si)
+    x2 = arr([p[0] for p in pairs])
+    s2 = arr([p[1] for p in pairs])
+    got = C.shift_round_sat32(x2, s2)
+    assert np.array_equal(got, im.shift_round_sat32(x2, s2))
+    for xi, si, gi in zip(x2.tolist(), s2.tolist(), got.tolist()):
+        exact = (2 * xi + (1 << si)) // (2 << si) if si > 0 else xi * 2 ** (-si)
+        assert gi == max(-(2**31 - 1), min(2**31 - 1, exact))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(-(2**61), 2**61), st.integers(1, 2**61)), min_size=1, max_size=50))
+def test_round_div(pairs):
+    a = arr([p[0] for p in pairs])
+    b = arr([p[1] for p in pairs])
+    got = C.round_div(a, b)
+    assert np.array_equal(got, im.round_div(a, b))
+    for ai, bi, gi in zip(a.tolist(), b.tolist(), got.tolist()):
+        assert gi == (2 * ai + bi) // (2 * bi)  # floor(a/b + 1/2) exactly
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 2**63 - 1), min_size=1, max_size=50))
+def test_isqrt_bitlen(xs):
+    x = arr(xs)
+    assert np.array_equal(C.isqrt(x), im.isqrt(x))
+    assert im.isqrt(x).tolist() == [math.isqrt(v) for v in xs]
+    assert np.array_equal(C.bitlen(x), im.bitlen(x))
+    assert im.bitlen(x).tolist() == [v.bit_length() for v in xs]
+
+
+def test_exp2_all_fractions_and_shifts():
+    u = np.arange(0, 40 << 16, 7, dtype=I64)
+    u = np.concatenate([u, arr([0, 1, 65535, 65536, (31 << 16) - 1, 31 << 16, 2**40])])
+    got = C.exp2_neg_q30(u)
+    assert np.array_equal(got, im.exp2_neg_q30(u))
+    f = np.arange(65536, dtype=I64)
+    err = np.abs(im.exp2_neg_q30(f) - 2.0 ** (30 - f / 65536.0))
+    assert err.max() < 5  # the documented bound of EXP2_POLY_Q30
+    assert im.exp2_neg_q30(0) == 2**30
+
+
+boundary = st.sampled_from([0, 1, -1, 2**31 - 1, -(2**31 - 1), 2**24, -(2**24), 12345, -7])
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(1, 300), st.integers(0, 2**32), st.booleans())
+def test_row_ops_random(n, seed, extremes):
+    rng = np.random.default_rng(seed)
+    scale = int(rng.integers(0, 31))
+    x = rng.integers(-(2**scale), 2**scale + 1, size=(3, n), dtype=I64)
+    if extremes:
+        x[0, :] = 2**31 - 1
+        x[1, ::2] = -(2**31 - 1)
+    g = rng.integers(-(2**14) + 1, 2**14, size=n).astype(np.int16)
+    eps = int(rng.integers(0, 2**50))
+    assert np.array_equal(C.rms_norm(x, g, eps, 16), ops.rms_norm(x, g.astype(I64), eps, 16))
+    q, e = C.quant16(x)
+    rq, re = im.quant16(x)
+    assert np.array_equal(q, rq) and np.array_equal(e, re)
+    q8, a8 = C.quant8(x)
+    rq8, ra8 = im.quant8_absmax(x)
+    assert np.array_equal(q8, rq8) and np.array_equal(a8, ra8)
+    z = rng.integers(-(2**26), 2**26, size=(3, n), dtype=I64)
+    p = C.softmax_q16(z)
+    assert np.array_equal(p, ops.softmax_q16(z))
+    assert np.all(np.abs(p.sum(-1) - 2**16) <= n)
+    gg = rng.integers(-(2**31) + 1, 2**31, size=n, dtype=I64) >> int(rng.integers(0, 31))
+    uu = rng.integers(-(2**31) + 1, 2**31, size=n, dtype=I64) >> int(rng.integers(0, 31))
+    assert np.array_equal(C.swiglu(gg, uu), ops.swiglu(gg, uu))
+
+
+@pytest.mark.parametrize("K", [1, 2, 63, 64, 65, 255, 256, 257, 600])
+def test_linear_and_rope(K):
+    rng = np.random.default_rng(K)
+    T, N = 5, 7
+    q = rng.integers(-32767, 32768, size=(T, K)).astype(np.int16)
+    q[0] = 32767
+    q[1] = -32767
+    e = rng.integers(0, 20, size=T).astype(np.int32)
+    w = rng.integers(-127, 128, size=(N, K)).astype(np.int8)
+    w[0] = 127
+    w[1] = -127
+    mant = rng.integers(1 << 14, (1 << 15) + 1, size=N).astype(np.int32)
+    shift = rng.integers(-5, 60, size=N).astype(np.int32)
+    got = C.linear(q, e, w, mant, shift)
+    assert np.array_equal(got, ops.linear(q, e, w, mant, shift))
+    D = 2 * (K % 24 + 1)
+    x = rng.integers(-(2**31) + 1, 2**31, size=(T, 3, D), dtype=I64)
+    cos = rng.integers(-(2**14), 2**14 + 1, size=(T, D // 2)).astype(np.int16)
+    sin = rng.integers(-(2**14), 2**14 + 1, size=(T, D // 2)).astype(np.int16)
+    assert np.array_equal(C.rope(x, cos, sin), ops.rope(x, cos, sin))
