@@ -11,9 +11,7 @@ from pathlib import Path
 
 import gguf
 import jinja2
-import jinja2.sandbox
 import pytest
-
 from intdet.tokenizer import (
     StreamDecoder,
     encode,
@@ -93,7 +91,7 @@ def toy_byte_level(tmp_path: Path, **kv) -> Path:
         tokens.append(merge.replace(" ", ""))
     tokens.append("<think>")
     types = [3, 3] + [1] * (len(tokens) - 3) + [4]
-    defaults = dict(pre="gpt-2", merges=TOY_MERGES, bos=0, eos=0)
+    defaults = {"pre": "gpt-2", "merges": TOY_MERGES, "bos": 0, "eos": 0}
     return write_gguf(tmp_path / "toy.gguf", "gpt2", tokens, types, **{**defaults, **kv})
 
 

@@ -25,7 +25,15 @@ import gguf
 import jinja2
 import jinja2.ext
 import jinja2.sandbox
-from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
+from tokenizers import (
+    AddedToken,
+    Regex,
+    Tokenizer,
+    decoders,
+    models,
+    normalizers,
+    pre_tokenizers,
+)
 
 __all__ = [
     "StreamDecoder", "encode", "load_tokenizer", "meta_from_hf_dir", "render_chat",
@@ -227,7 +235,7 @@ def _add_special_tokens(tok: Tokenizer, tokens: list[str], types: list[int]) -> 
     # them through the decoder, so such a token containing a character of the byte-level
     # alphabet beyond ASCII (e.g. "ö") decodes wrongly; real vocabularies rarely have one.
     control, user = [], []
-    for i, (text, kind) in enumerate(zip(tokens, types)):
+    for text, kind in zip(tokens, types):
         if text and kind == TOKEN_CONTROL:
             control.append(AddedToken(text, special=True, normalized=False))
         elif text and kind == TOKEN_USER_DEFINED:
@@ -297,9 +305,10 @@ def load_tokenizer(path: str | os.PathLike) -> tuple[Tokenizer, dict]:
     root = Path(path)
     if not (root / "tokenizer.json").is_file():
         raise FileNotFoundError(f"no tokenizer.json in {root}")
-    tok_json = _read_json(root / "tokenizer.json")
+    text = (root / "tokenizer.json").read_text(encoding="utf-8")
+    tok_json = _parse_json(text, root / "tokenizer.json")
     try:
-        tok = Tokenizer.from_str(json.dumps(tok_json))
+        tok = Tokenizer.from_str(text)
     except Exception as err:  # tokenizers raises a bare Exception
         raise ValueError(f"{root / 'tokenizer.json'}: {str(err).splitlines()[0]}") from None
     if _post_processor_bos(tok_json.get("post_processor")) is not None:
@@ -310,12 +319,17 @@ def load_tokenizer(path: str | os.PathLike) -> tuple[Tokenizer, dict]:
 
 
 def _read_json(path: Path) -> dict:
-    if not path.is_file():
-        return {}
+    return _parse_json(path.read_text(encoding="utf-8"), path) if path.is_file() else {}
+
+
+def _parse_json(text: str, path: Path) -> dict:
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        value = json.loads(text)
     except json.JSONDecodeError as err:
         raise ValueError(f"{path}: invalid JSON ({err})") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{path}: expected a JSON object")
+    return value
 
 
 def meta_from_hf_dir(path: str | os.PathLike) -> dict:
