@@ -21,7 +21,7 @@ constexpr int64_t kInt16QMax = 32767;
 constexpr int64_t kInt8QMax = 127;
 constexpr int kExpFrac = 16;  // exp2_neg_q30 input: Q16
 // 2^-f, f in [0,1) Q16 -> Q30; degree-6 polynomial frozen as integers
-// (max error 4 units of Q30). Same table as EXP2_POLY_Q30 in Python.
+// (max error under 5 units of Q30). Same table as EXP2_POLY_Q30 in Python.
 constexpr int64_t kExp2Poly[7] = {1073741824, -744260975, 257938938, -59583045,
                                   10286509,   -1369790,   117454};
 constexpr int64_t kLog2eQ30 = 1549082005;  // round(log2(e) * 2^30)

@@ -23,7 +23,7 @@ INT8_QMAX = 127  # int8 KV cache is symmetric: [-127, 127]
 
 # 2^-f for f in [0, 1), f in Q16, result in Q30: a degree-6 polynomial fitted
 # once (least squares on Chebyshev nodes) and frozen as integers. Max error
-# against 2^30 * 2^-f is 4 units of Q30 (about 4e-9), tested in test_intmath.
+# against 2^30 * 2^-f is under 5 units of Q30 (5e-9), tested in test_intmath.
 EXP2_POLY_Q30 = (1073741824, -744260975, 257938938, -59583045, 10286509, -1369790, 117454)
 EXP2_FRAC_BITS = 16  # input format of exp2_neg_q30
 LOG2E_Q30 = 1549082005  # round(log2(e) * 2^30)
