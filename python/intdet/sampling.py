@@ -80,7 +80,13 @@ class Sampler:
         logits = np.asarray(logits, dtype=np.int64)
         if self.greedy:
             return int(np.argmax(logits))  # lowest id wins ties
-        order = np.lexsort((np.arange(len(logits)), -logits))  # logit desc, id asc
+        # Only tokens whose weight can be non-zero matter: exp2_neg_q30 is 0
+        # once u >= 31 * 2^16. Filtering them first keeps the sort small and
+        # changes nothing (weights are non-increasing along the order).
+        top = int(logits.max())
+        d_all = np.minimum(top - logits, DIFF_CAP)
+        live = np.flatnonzero(round_div(round_shift(d_all * LOG2E_Q30, 30) * self.t_den, self.t_num) < (31 << 16))
+        order = live[np.lexsort((live, -logits[live]))]  # logit desc, id asc
         if self.top_k:
             order = order[: self.top_k]
         lg = logits[order]
