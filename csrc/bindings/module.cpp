@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "intdet/intmath.h"
+#include "intdet/kernels.h"
 #include "intdet/model.h"
 #include "intdet/ops.h"
 
@@ -249,7 +250,12 @@ PYBIND11_MODULE(_core, mod) {
     const int64_t T = q.shape(0), K = q.shape(1), N = w.shape(0);
     if (w.shape(1) != K) throw std::invalid_argument("linear: K mismatch");
     I64Arr out({T, N});
-    linear(q.data(), e.data(), T, K, w.data(), mant.data(), shift.data(), nullptr, N, out.mutable_data());
+    kernels().linear(q.data(), e.data(), T, K, w.data(), mant.data(), shift.data(), nullptr, N, out.mutable_data(), N);
     return out;
   });
+  mod.def("available_isas", &available_isas, "Kernel sets this build has and this CPU runs (best last).");
+  mod.def("set_isa", &set_isa, py::arg("name"), "Force a kernel set (scalar, avx2, ...).");
+  mod.def("isa", []() { return std::string(kernels().name); }, "The active kernel set.");
+  mod.def("set_num_threads", &set_num_threads, py::arg("n"), "Threads for prefill/decode; 0 = all cores.");
+  mod.def("num_threads", &num_threads);
 }

@@ -63,16 +63,12 @@ static inline int64_t dot_i16_i8(const int16_t* a, const int8_t* w, int64_t K) {
   return acc;
 }
 
-void linear(const int16_t* q, const int32_t* e, int64_t T, int64_t K, const int8_t* w, const int32_t* mant,
-            const int32_t* shift, const int32_t* bias, int64_t N, int64_t* out) {
+void linear_generic(const int16_t* q, const int32_t* e, int64_t T, int64_t K, const int8_t* w, const int32_t* mant,
+                    const int32_t* shift, const int32_t* bias, int64_t N, int64_t* out, int64_t ldo) {
   for (int64_t j = 0; j < N; ++j) {
     const int8_t* wj = w + j * K;
-    for (int64_t t = 0; t < T; ++t) {
-      int64_t acc = dot_i16_i8(q + t * K, wj, K);
-      int64_t v = shift_round_sat32(acc * mant[j], (int64_t)shift[j] - e[t]);
-      if (bias) v = sat32(v + bias[j]);
-      out[t * N + j] = v;
-    }
+    for (int64_t t = 0; t < T; ++t)
+      out[t * ldo + j] = linear_epilogue(dot_i16_i8(q + t * K, wj, K), mant[j], shift[j], e[t], bias, j);
   }
 }
 

@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "intdet/intmath.h"
+#include "intdet/kernels.h"
 #include "intdet/model.h"
 #include "intdet/ops.h"
 
@@ -20,8 +21,18 @@ struct Act16 {
   }
 };
 
+// Output channels are split into blocks across threads; each output is
+// computed by exactly one thread, so the thread count cannot change a bit.
 void run_linear(const Linear& L, const Act16& a, int64_t T, int64_t* out) {
-  linear(a.q.data(), a.e.data(), T, L.K, L.w, L.mant, L.shift, L.bias, L.N, out);
+  const LinearFn fn = kernels().linear;
+  constexpr int64_t kRows = 64;
+  const int64_t nblk = (L.N + kRows - 1) / kRows;
+#pragma omp parallel for schedule(static)
+  for (int64_t b = 0; b < nblk; ++b) {
+    const int64_t j0 = b * kRows, n = j0 + kRows < L.N ? kRows : L.N - j0;
+    fn(a.q.data(), a.e.data(), T, L.K, L.w + j0 * L.K, L.mant + j0, L.shift + j0, L.bias ? L.bias + j0 : nullptr, n,
+       out + j0, L.N);
+  }
 }
 
 void norm_rows(const int64_t* x, const int16_t* g, int64_t T, int64_t n, int64_t eps, std::vector<int64_t>& y) {
@@ -44,8 +55,7 @@ void forward(const Model& m, KVCache& kv, const int32_t* tokens, int64_t T, int6
   std::vector<int64_t> h, q((size_t)(T * nh * D)), k((size_t)(T * nkv * D)), v((size_t)(T * nkv * D));
   std::vector<int64_t> o((size_t)(T * nh * D)), tmp((size_t)(T * H));
   std::vector<int64_t> gate((size_t)(T * F)), up((size_t)(T * F));
-  std::vector<int64_t> z((size_t)(start + T)), p((size_t)(start + T)), qn;
-  std::vector<int16_t> qq((size_t)D);
+  std::vector<int64_t> qn;
   Act16 act;
 
   // Embedding: int8 row times its dyadic scale -> residual Q16.
@@ -81,14 +91,17 @@ void forward(const Model& m, KVCache& kv, const int32_t* tokens, int64_t T, int6
         va[pos * nkv + g] = quant8_row(v.data() + (t * nkv + g) * D, D, vc + (pos * nkv + g) * D);
       }
     }
-    for (int64_t t = 0; t < T; ++t) {
+    // One (token, head) pair per task; each writes only its own output row.
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int64_t th = 0; th < T * nh; ++th) {
+      const int64_t t = th / nh, hd = th % nh;
       const int64_t n = start + t + 1;  // causal: positions 0..pos
-      for (int64_t hd = 0; hd < nh; ++hd) {
-        const int e_q = quant16_row(q.data() + (t * nh + hd) * D, D, qq.data());
-        const int64_t g = hd / grp;
-        attend_head(qq.data(), e_q, kc + g * D, ka + g, vc + g * D, va + g, n, nkv * D, D, L.score_mant,
-                    L.score_shift, z.data(), p.data(), o.data() + (t * nh + hd) * D);
-      }
+      std::vector<int64_t> z((size_t)n), p((size_t)n);
+      std::vector<int16_t> qq((size_t)D);
+      const int e_q = quant16_row(q.data() + (t * nh + hd) * D, D, qq.data());
+      const int64_t g = hd / grp;
+      attend_head(qq.data(), e_q, kc + g * D, ka + g, vc + g * D, va + g, n, nkv * D, D, L.score_mant,
+                  L.score_shift, z.data(), p.data(), o.data() + (t * nh + hd) * D);
     }
     act.from_rows(o.data(), T, nh * D);
     run_linear(L.o, act, T, tmp.data());  // [T, H] Q16

@@ -20,9 +20,13 @@ void rms_norm_row(const int64_t* x, const int16_t* g, int64_t n, int64_t eps_q60
 int quant16_row(const int64_t* x, int64_t n, int16_t* q);
 // x [n] -> q [n] int8, returns absmax a (x ~= q * a / 127).
 int32_t quant8_row(const int64_t* x, int64_t n, int8_t* q);
-// out[t, j] = sat32(round_shift(sum_k q[t,k] w[j,k] * mant[j], shift[j] - e[t])) + bias[j].
-void linear(const int16_t* q, const int32_t* e, int64_t T, int64_t K, const int8_t* w, const int32_t* mant,
-            const int32_t* shift, const int32_t* bias, int64_t N, int64_t* out);
+// out[t * ldo + j] = sat32(round_shift(sum_k q[t,k] w[j,k] * mant[j], shift[j] - e[t])) + bias[j].
+// Generic scalar version; SIMD versions with the same signature live in
+// csrc/cpu/x86/ and are chosen by kernels() (csrc/include/intdet/kernels.h).
+void linear_generic(const int16_t* q, const int32_t* e, int64_t T, int64_t K, const int8_t* w, const int32_t* mant,
+                    const int32_t* shift, const int32_t* bias, int64_t N, int64_t* out, int64_t ldo);
+// The output transform shared by every linear kernel: exact dot -> int32 Q F_out.
+inline int64_t linear_epilogue(int64_t acc, int32_t mant, int32_t shift, int32_t e, const int32_t* bias, int64_t j);
 // In place on x [nh, D] for one position: split-half RoPE with Q14 tables [D/2].
 void rope_row(int64_t* x, int64_t nh, int64_t D, const int16_t* cos, const int16_t* sin);
 // z [n] Q16 log2 units -> p [n] Q16 probabilities.
@@ -34,4 +38,13 @@ void attend_head(const int16_t* q, int e_q, const int8_t* kc, const int32_t* ka,
                  const int32_t* va, int64_t n, int64_t stride, int64_t D, int64_t score_mant,
                  int64_t score_shift, int64_t* z_buf, int64_t* p_buf, int64_t* out);
 
+}  // namespace intdet
+
+#include "intdet/intmath.h"
+
+namespace intdet {
+inline int64_t linear_epilogue(int64_t acc, int32_t mant, int32_t shift, int32_t e, const int32_t* bias, int64_t j) {
+  int64_t v = shift_round_sat32(acc * mant, (int64_t)shift - e);
+  return bias ? sat32(v + bias[j]) : v;
+}
 }  // namespace intdet

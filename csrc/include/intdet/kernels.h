@@ -1,0 +1,39 @@
+// Runtime choice of the CPU kernel set (ISA) and the thread count.
+// Every kernel set computes the same bits as the generic scalar one; they
+// differ only in speed (tests/test_isa.py compares them all).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace intdet {
+
+using LinearFn = void (*)(const int16_t* q, const int32_t* e, int64_t T, int64_t K, const int8_t* w,
+                          const int32_t* mant, const int32_t* shift, const int32_t* bias, int64_t N, int64_t* out,
+                          int64_t ldo);
+
+struct Kernels {
+  const char* name;
+  LinearFn linear;
+};
+
+// The active kernel set: the best the CPU supports, or INTDET_ISA / set_isa().
+const Kernels& kernels();
+// Names this build has and this CPU can run, best last ("scalar" first).
+std::vector<std::string> available_isas();
+// Force a kernel set; throws std::invalid_argument naming the ISA when the
+// build or the CPU lacks it.
+void set_isa(const std::string& name);
+
+// Threads for prefill and decode (OpenMP); 0 = all cores.
+void set_num_threads(int n);
+int num_threads();
+
+// Kernel sets compiled in their own files with their own flags.
+#if defined(__x86_64__) || defined(_M_X64)
+void linear_avx2(const int16_t* q, const int32_t* e, int64_t T, int64_t K, const int8_t* w, const int32_t* mant,
+                 const int32_t* shift, const int32_t* bias, int64_t N, int64_t* out, int64_t ldo);
+#endif
+
+}  // namespace intdet
