@@ -33,6 +33,9 @@ def user_errors(fn):
             sys.exit(1)
         except MemoryError:
             _fail("out of memory")
+        except OSError as e:  # permission denied, disk full, ... on a named file
+            where = f"{e.filename}: " if e.filename else ""
+            _fail(f"{where}{e.strerror or e}")
 
     return wrapper
 
@@ -122,10 +125,15 @@ def generate(prompt, model, prompt_opt, file, ids, max_new_tokens, chat, tempera
     tok, meta = lm.tokenizer, lm.tok_meta
     if prompt_ids is None:
         if chat:
+            import jinja2
+
             try:
                 rendered = render_chat(meta, [{"role": "user", "content": text}])
             except ValueError as e:
                 raise IntdetError(str(e)) from None
+            except jinja2.TemplateError as e:  # a broken template or its raise_exception()
+                msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+                raise IntdetError(f"{lm.path}: chat template failed ({msg})") from None
             bos = meta.get("bos_token")
             add_bos = bool(meta.get("add_bos_token")) and not (bos and rendered.startswith(bos))
             prompt_ids = encode(tok, meta, rendered, add_bos=add_bos, special=True)
@@ -136,7 +144,9 @@ def generate(prompt, model, prompt_opt, file, ids, max_new_tokens, chat, tempera
     out = sys.stdout
 
     def on_token(t):
-        if not as_json:
+        # Ids past the tokenizer's last token (embedding rows padded to a round
+        # vocab size) have no text: skip them, as tok.decode does.
+        if not as_json and tok.id_to_token(int(t)) is not None:
             out.write(stream.push(t))
             out.flush()
 

@@ -99,7 +99,10 @@ def load_model(path: str) -> LoadedModel:
             raise IntdetError(f"{st_path}: tensor '{name}' is {arr.dtype}{list(arr.shape)}, expected {np.dtype(want_dt)}{list(shape)}")
         tensors[name] = arr
     _check_value_ranges(tensors, st_path)
-    tok, meta = load_tokenizer(path)
+    try:
+        tok, meta = load_tokenizer(path)
+    except (OSError, ValueError) as e:  # missing or malformed tokenizer files
+        raise IntdetError(str(e) if str(path) in str(e) else f"{path}: {e}") from None
     return LoadedModel(path=path, cfg=cfg, tensors=tensors, tokenizer=tok, tok_meta=meta, model_sha256=sha256_file(st_path))
 
 

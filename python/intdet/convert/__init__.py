@@ -43,8 +43,10 @@ def convert(src: str, out_dir: str, force: bool = False, progress: bool = True) 
             json.dump(cfg, f, indent=2, sort_keys=True)
             f.write("\n")
         save_tokenizer(fm.tokenizer, fm.tok_meta, tmp)
-        if os.path.exists(out_dir):
+        if os.path.isdir(out_dir) and not os.path.islink(out_dir):
             shutil.rmtree(out_dir)
+        elif os.path.lexists(out_dir):  # --force over a file or a link
+            os.unlink(out_dir)
         os.replace(tmp, out_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -144,7 +144,10 @@ def read_gguf(path: str) -> FloatModel:
         weights[name] = w
     V = weights["tok_embd"].shape[0] if "tok_embd" in weights else None
     vocab_kv = _gguf_field(r, "llama.vocab_size")
-    tok, meta = tokenizer_from_gguf(r)
+    try:
+        tok, meta = tokenizer_from_gguf(r)
+    except ValueError as e:  # missing or malformed tokenizer.ggml.* keys
+        raise IntdetError(f"{path}: {e}") from None
     n_tokens = tok.get_vocab_size(with_added_tokens=True)
     if V is None:
         raise IntdetError(f"{path}: missing tensor token_embd.weight")
@@ -226,25 +229,9 @@ def _refuse_config(cfg, where, arch):
         bad("layer_types", "only full attention layers are supported")
 
 
-def read_hf_dir(path: str) -> FloatModel:
-    """Read a Hugging Face checkpoint directory (config.json, *.safetensors,
-    tokenizer.json) of LlamaForCausalLM, Qwen2ForCausalLM or Qwen3ForCausalLM.
-    Raises IntdetError naming the file for anything missing or unsupported."""
-    from ..safetensors_io import SafetensorsFile
-    from ..tokenizer import meta_from_hf_dir
-
-    cfg_path = os.path.join(path, "config.json")
-    if not os.path.isfile(cfg_path):
-        raise IntdetError(f"{path}: no config.json (not a Hugging Face checkpoint directory)")
-    try:
-        with open(cfg_path, encoding="utf-8") as f:
-            cfg = json.load(f)
-    except (OSError, ValueError) as e:
-        raise IntdetError(f"{cfg_path}: cannot read JSON ({e})") from None
-    archs = cfg.get("architectures") or []
-    arch = HF_ARCHS.get(archs[0] if archs else None)
-    if arch is None:
-        raise IntdetError(f"{cfg_path}: unsupported architecture {archs!r} (supported: {', '.join(HF_ARCHS)})")
+def _hf_hparams(cfg, cfg_path, arch) -> dict:
+    """config.json -> hp; KeyError/TypeError/ValueError for a missing or
+    malformed value, IntdetError for an unsupported feature."""
     _refuse_config(cfg, cfg_path, arch)
     H, nh = int(cfg["hidden_size"]), int(cfg["num_attention_heads"])
     nkv = int(cfg.get("num_key_value_heads") or nh)
@@ -252,7 +239,7 @@ def read_hf_dir(path: str) -> FloatModel:
     if nh % nkv:
         raise IntdetError(f"{cfg_path}: num_attention_heads {nh} is not a multiple of num_key_value_heads {nkv}")
     rs = cfg.get("rope_parameters") or {}
-    hp = dict(
+    return dict(
         hidden_size=H,
         intermediate_size=int(cfg["intermediate_size"]),
         num_layers=int(cfg["num_hidden_layers"]),
@@ -268,6 +255,35 @@ def read_hf_dir(path: str) -> FloatModel:
         attn_bias=arch == "qwen2" or bool(cfg.get("attention_bias", False)),
         o_bias=arch == "llama" and bool(cfg.get("attention_bias", False)),
     )
+
+
+def read_hf_dir(path: str) -> FloatModel:
+    """Read a Hugging Face checkpoint directory (config.json, *.safetensors,
+    tokenizer.json) of LlamaForCausalLM, Qwen2ForCausalLM or Qwen3ForCausalLM.
+    Raises IntdetError naming the file for anything missing or unsupported."""
+    from ..safetensors_io import SafetensorsFile
+    from ..tokenizer import meta_from_hf_dir
+
+    cfg_path = os.path.join(path, "config.json")
+    if not os.path.isfile(cfg_path):
+        raise IntdetError(f"{path}: no config.json (not a Hugging Face checkpoint directory)")
+    try:
+        with open(cfg_path, encoding="utf-8") as f:
+            cfg = json.load(f)
+    except (OSError, ValueError) as e:
+        raise IntdetError(f"{cfg_path}: cannot read JSON ({e})") from None
+    if not isinstance(cfg, dict):
+        raise IntdetError(f"{cfg_path}: not a JSON object")
+    archs = cfg.get("architectures") or []
+    arch = HF_ARCHS.get(archs[0]) if isinstance(archs, list) and archs and isinstance(archs[0], str) else None
+    if arch is None:
+        raise IntdetError(f"{cfg_path}: unsupported architecture {archs!r} (supported: {', '.join(HF_ARCHS)})")
+    try:
+        hp = _hf_hparams(cfg, cfg_path, arch)
+    except KeyError as e:
+        raise IntdetError(f"{cfg_path}: missing key {e.args[0]!r}") from None
+    except (TypeError, ValueError, AttributeError, ZeroDivisionError) as e:
+        raise IntdetError(f"{cfg_path}: invalid value ({e})") from None
     files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
     if not files:
         raise IntdetError(f"{path}: no *.safetensors weights (PyTorch .bin checkpoints are not read)")
@@ -293,8 +309,12 @@ def read_hf_dir(path: str) -> FloatModel:
         tok = Tokenizer.from_file(tok_path)
     except Exception as e:
         raise IntdetError(f"{tok_path}: cannot load tokenizer ({str(e).splitlines()[0]})") from None
+    try:
+        tok_meta = meta_from_hf_dir(path)
+    except (OSError, ValueError) as e:  # malformed tokenizer_config.json and friends
+        raise IntdetError(str(e) if str(path) in str(e) else f"{path}: {e}") from None
     return FloatModel(
-        arch=arch, hp=hp, weights=weights, tokenizer=tok, tok_meta=meta_from_hf_dir(path),
+        arch=arch, hp=hp, weights=weights, tokenizer=tok, tok_meta=tok_meta,
         source={"kind": "hf", "name": os.path.basename(os.path.abspath(path)), "sha256": source_sha256(path)},
     )
 
