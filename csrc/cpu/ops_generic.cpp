@@ -114,19 +114,29 @@ void attend_head(const int16_t* q, int e_q, const int8_t* kc, const int32_t* ka,
   const int64_t sstride = stride / D;
   for (int64_t t = 0; t < n; ++t) {
     const int8_t* k = kc + t * stride;
-    int64_t raw = 0;
-    for (int64_t d = 0; d < D; ++d) raw += (int64_t)q[d] * k[d];
+    int32_t raw = 0;  // |q . k| <= 2^15 * 127 * 256 < 2^31: exact in int32, and it vectorizes
+    for (int64_t d = 0; d < D; ++d) raw += (int32_t)q[d] * k[d];
     int64_t mk, ek;
     normalize_scale15(ka[t * sstride], &mk, &ek);
-    z[t] = shift_round_sat32(raw * mk * score_mant, score_shift - e_q - ek);
+    z[t] = shift_round_sat32((int64_t)raw * mk * score_mant, score_shift - e_q - ek);
   }
   softmax_q16_row(z, n, p);
   for (int64_t d = 0; d < D; ++d) out[d] = 0;
+  // sum_t p_t * a_t * v_td with w_t = p_t * a_t < 2^47: split w_t into a high
+  // and a 16-bit low part so both partial sums use 32x32->64 products
+  // (exact; the compiler vectorizes them). out = 2^16 * hi_sum + lo_sum.
+  int64_t hi[256], lo[256];
+  for (int64_t d = 0; d < D; ++d) hi[d] = lo[d] = 0;
   for (int64_t t = 0; t < n; ++t) {
     const int64_t w = p[t] * va[t * sstride];
+    const int32_t wh = (int32_t)(w >> 16), wl = (int32_t)(w & 0xFFFF);
     const int8_t* v = vc + t * stride;
-    for (int64_t d = 0; d < D; ++d) out[d] += w * v[d];
+    for (int64_t d = 0; d < D; ++d) {
+      hi[d] += (int64_t)wh * v[d];
+      lo[d] += (int64_t)wl * v[d];
+    }
   }
+  for (int64_t d = 0; d < D; ++d) out[d] = hi[d] * 65536 + lo[d];
 }
 
 }  // namespace intdet
