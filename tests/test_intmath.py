@@ -106,7 +106,7 @@ def test_row_ops_random(n, seed, extremes):
     assert np.array_equal(C.swiglu(gg, uu), ops.swiglu(gg, uu))
 
 
-@pytest.mark.parametrize("K", [1, 2, 63, 64, 65, 255, 256, 257, 600])
+@pytest.mark.parametrize("K", [1, 2, 15, 16, 17, 63, 64, 65, 255, 256, 257, 600, 4095, 4096, 4097, 9000])
 def test_linear_and_rope(K):
     rng = np.random.default_rng(K)
     T, N = 5, 7
@@ -119,8 +119,15 @@ def test_linear_and_rope(K):
     w[1] = -127
     mant = rng.integers(1 << 14, (1 << 15) + 1, size=N).astype(np.int32)
     shift = rng.integers(-5, 60, size=N).astype(np.int32)
-    got = C.linear(q, e, w, mant, shift)
-    assert np.array_equal(got, ops.linear(q, e, w, mant, shift))
+    want = ops.linear(q, e, w, mant, shift)
+    before = _core.isa()
+    try:
+        for isa in _core.available_isas():  # every kernel set, all bits
+            _core.set_isa(isa)
+            assert np.array_equal(C.linear(q, e, w, mant, shift), want), isa
+            assert np.array_equal(C.linear(q[:1], e[:1], w, mant, shift), want[:1]), isa  # decode (T=1) path
+    finally:
+        _core.set_isa(before)
     D = 2 * (K % 24 + 1)
     x = rng.integers(-(2**31) + 1, 2**31, size=(T, 3, D), dtype=I64)
     cos = rng.integers(-(2**14), 2**14 + 1, size=(T, D // 2)).astype(np.int16)

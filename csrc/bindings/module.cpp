@@ -256,6 +256,7 @@ PYBIND11_MODULE(_core, mod) {
   mod.def("available_isas", &available_isas, "Kernel sets this build has and this CPU runs (best last).");
   mod.def("set_isa", &set_isa, py::arg("name"), "Force a kernel set (scalar, avx2, ...).");
   mod.def("isa", []() { return std::string(kernels().name); }, "The active kernel set.");
+  mod.def("kernels_ready", []() { (void)kernels(); }, "Select the kernel set now (raises ValueError for a bad INTDET_ISA).");
   mod.def("set_num_threads", &set_num_threads, py::arg("n"), "Threads for prefill/decode; 0 = all cores.");
   mod.def("num_threads", &num_threads);
 }

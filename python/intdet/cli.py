@@ -103,10 +103,11 @@ def _read_prompt(prompt, prompt_opt, file, ids):
 @click.option("--top-p", default="1", help="Nucleus sampling mass (1 = off).")
 @click.option("--seed", default=0, type=int, show_default=True)
 @click.option("--device", default="cpu", show_default=True, help="cpu (C++ core) or ref (numpy spec).")
+@click.option("--threads", default=0, type=int, help="CPU threads (default 0: all cores).")
 @click.option("--revision", default=None, help="Hub revision when -m is a repo id.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of streaming text.")
 @user_errors
-def generate(prompt, model, prompt_opt, file, ids, max_new_tokens, chat, temperature, top_k, top_p, seed, device,
+def generate(prompt, model, prompt_opt, file, ids, max_new_tokens, chat, temperature, top_k, top_p, seed, device, threads,
              revision, as_json):
     """Generate text; stream it to stdout, stats and the chain hash to stderr."""
     from .generate import generate as run
@@ -139,7 +140,7 @@ def generate(prompt, model, prompt_opt, file, ids, max_new_tokens, chat, tempera
             prompt_ids = encode(tok, meta, rendered, add_bos=add_bos, special=True)
         else:
             prompt_ids = encode(tok, meta, text)
-    engine = Engine(lm, device)
+    engine = Engine(lm, device, threads)
     stream = StreamDecoder(tok, skip_special_tokens=True)
     out = sys.stdout
 

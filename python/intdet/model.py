@@ -149,18 +149,35 @@ class Sequence:
         return out
 
 
+def default_threads() -> int:
+    """Cores this process may run on (the machines here have no SMT; on SMT
+    machines OpenMP's default of one thread per logical CPU applies)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
 class Engine:
     """A loaded model on one backend (``cpu``: C++ core; ``ref``: numpy spec)."""
 
-    def __init__(self, lm: LoadedModel, device: str = "cpu"):
+    def __init__(self, lm: LoadedModel, device: str = "cpu", threads: int | None = None):
         if device not in DEVICES:
             raise IntdetError(f"--device {device!r} is not available (choose from {', '.join(DEVICES)})")
+        if threads is not None and not 0 <= threads <= 1024:
+            raise IntdetError(f"--threads: {threads} must be in [0, 1024] (0 = all cores)")
         self.lm = lm
         self.device = device
         if device == "cpu":
             from . import _core
 
             self._core = _core
+            try:
+                _core.kernels_ready()
+            except ValueError as e:  # INTDET_ISA names a kernel set this CPU or build lacks
+                raise IntdetError(str(e)) from None
+            if threads is not None:
+                _core.set_num_threads(threads or default_threads())
             try:
                 self._model = _core.Model(lm.cfg, lm.tensors)
             except ValueError as e:
