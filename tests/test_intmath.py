@@ -133,3 +133,27 @@ def test_linear_and_rope(K):
     cos = rng.integers(-(2**14), 2**14 + 1, size=(T, D // 2)).astype(np.int16)
     sin = rng.integers(-(2**14), 2**14 + 1, size=(T, D // 2)).astype(np.int16)
     assert np.array_equal(C.rope(x, cos, sin), ops.rope(x, cos, sin))
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 63, 64, 65, 511, 512, 513, 1100])
+@pytest.mark.parametrize("D", [16, 48, 64, 72, 128])
+def test_attention_every_isa(n, D):
+    rng = np.random.default_rng(n * 1000 + D)
+    q = rng.integers(-32767, 32768, size=D).astype(np.int16)
+    kc = rng.integers(-127, 128, size=(n, D)).astype(np.int8)
+    vc = rng.integers(-127, 128, size=(n, D)).astype(np.int8)
+    ka = rng.integers(0, 2**31, size=n).astype(np.int32)
+    va = rng.integers(0, 2**31, size=n).astype(np.int32)
+    if n > 2:
+        kc[1], vc[2], ka[0], va[1] = 127, -127, 2**31 - 1, 0  # extremes
+    e_q, sm, ss = int(rng.integers(0, 16)), int(rng.integers(1 << 14, 1 << 15)), int(rng.integers(20, 60))
+    want = ops.attention(
+        q.astype(I64)[None, None], np.array([[e_q]], I64), kc.astype(I64)[:, None], ka.astype(I64)[:, None],
+        vc.astype(I64)[:, None], va.astype(I64)[:, None], np.array([n - 1]), sm, ss)[0, 0]
+    before = _core.isa()
+    try:
+        for isa in _core.available_isas():
+            _core.set_isa(isa)
+            assert np.array_equal(C.attend(q, e_q, kc, ka, vc, va, sm, ss), want), isa
+    finally:
+        _core.set_isa(before)

@@ -253,6 +253,20 @@ PYBIND11_MODULE(_core, mod) {
     kernels().linear(q.data(), e.data(), T, K, w.data(), mant.data(), shift.data(), nullptr, N, out.mutable_data(), N);
     return out;
   });
+  ops.def("attend", [](py::array_t<int16_t, py::array::c_style> q, int e_q, py::array_t<int8_t, py::array::c_style> kc,
+                       py::array_t<int32_t, py::array::c_style> ka, py::array_t<int8_t, py::array::c_style> vc,
+                       py::array_t<int32_t, py::array::c_style> va, int64_t score_mant, int64_t score_shift) {
+    // One query head (q [D]) over n positions (kc, vc [n, D]; ka, va [n]).
+    const int64_t n = kc.shape(0), D = kc.shape(1);
+    if (q.size() != D || vc.shape(0) != n || vc.shape(1) != D || ka.size() != n || va.size() != n || D > 256 || n < 1)
+      throw std::invalid_argument("attend: shape mismatch");
+    std::vector<int64_t> z((size_t)n), p((size_t)n);
+    std::vector<int16_t> w((size_t)n);
+    I64Arr out((py::ssize_t)D);
+    kernels().attend(q.data(), e_q, kc.data(), ka.data(), vc.data(), va.data(), n, D, D, score_mant, score_shift,
+                     z.data(), p.data(), w.data(), out.mutable_data());
+    return out;
+  });
   mod.def("available_isas", &available_isas, "Kernel sets this build has and this CPU runs (best last).");
   mod.def("set_isa", &set_isa, py::arg("name"), "Force a kernel set (scalar, avx2, ...).");
   mod.def("isa", []() { return std::string(kernels().name); }, "The active kernel set.");

@@ -12,9 +12,9 @@
 namespace intdet {
 namespace {
 
-const Kernels kScalar{"scalar", linear_generic};
+const Kernels kScalar{"scalar", linear_generic, attend_head};
 #if defined(__x86_64__) || defined(_M_X64)
-const Kernels kAvx2{"avx2", linear_avx2};
+const Kernels kAvx2{"avx2", linear_avx2, attend_head_avx2};
 #endif
 
 bool cpu_has(const std::string& name) {

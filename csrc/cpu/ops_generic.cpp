@@ -108,35 +108,31 @@ void swiglu_row(const int64_t* g, const int64_t* u, int64_t n, int64_t* a) {
 
 void attend_head(const int16_t* q, int e_q, const int8_t* kc, const int32_t* ka, const int8_t* vc,
                  const int32_t* va, int64_t n, int64_t stride, int64_t D, int64_t score_mant,
-                 int64_t score_shift, int64_t* z, int64_t* p, int64_t* out) {
+                 int64_t score_shift, int64_t* z, int64_t* p, int16_t* w16, int64_t* out) {
   // Scores in Q16 log2 units; kc/vc rows are `stride` int8 apart, ka/va
   // scales `stride / D` apart (one per kv head per position).
   const int64_t sstride = stride / D;
   for (int64_t t = 0; t < n; ++t) {
     const int8_t* k = kc + t * stride;
-    int32_t raw = 0;  // |q . k| <= 2^15 * 127 * 256 < 2^31: exact in int32, and it vectorizes
+    int32_t raw = 0;  // |q . k| <= 2^15 * 127 * 256 < 2^31: exact in int32
     for (int64_t d = 0; d < D; ++d) raw += (int32_t)q[d] * k[d];
-    int64_t mk, ek;
-    normalize_scale15(ka[t * sstride], &mk, &ek);
-    z[t] = shift_round_sat32((int64_t)raw * mk * score_mant, score_shift - e_q - ek);
+    z[t] = attn_score(raw, ka[t * sstride], e_q, score_mant, score_shift);
   }
   softmax_q16_row(z, n, p);
+  for (int64_t t = 0; t < n; ++t) p[t] *= va[t * sstride];  // w_t = p_t * a_t < 2^47
+  const int s = quant16_row(p, n, w16);
   for (int64_t d = 0; d < D; ++d) out[d] = 0;
-  // sum_t p_t * a_t * v_td with w_t = p_t * a_t < 2^47: split w_t into a high
-  // and a 16-bit low part so both partial sums use 32x32->64 products
-  // (exact; the compiler vectorizes them). out = 2^16 * hi_sum + lo_sum.
-  int64_t hi[256], lo[256];
-  for (int64_t d = 0; d < D; ++d) hi[d] = lo[d] = 0;
-  for (int64_t t = 0; t < n; ++t) {
-    const int64_t w = p[t] * va[t * sstride];
-    const int32_t wh = (int32_t)(w >> 16), wl = (int32_t)(w & 0xFFFF);
-    const int8_t* v = vc + t * stride;
-    for (int64_t d = 0; d < D; ++d) {
-      hi[d] += (int64_t)wh * v[d];
-      lo[d] += (int64_t)wl * v[d];
+  // 512 products of |w16 * v| <= 32767 * 127 sum below 2^31: int32 blocks.
+  for (int64_t t0 = 0; t0 < n; t0 += kPvBlock) {
+    const int64_t t1 = t0 + kPvBlock < n ? t0 + kPvBlock : n;
+    int32_t acc[256] = {0};
+    for (int64_t t = t0; t < t1; ++t) {
+      const int8_t* v = vc + t * stride;
+      for (int64_t d = 0; d < D; ++d) acc[d] += (int32_t)w16[t] * v[d];
     }
+    for (int64_t d = 0; d < D; ++d) out[d] += acc[d];
   }
-  for (int64_t d = 0; d < D; ++d) out[d] = hi[d] * 65536 + lo[d];
+  for (int64_t d = 0; d < D; ++d) out[d] = shl(out[d], s);
 }
 
 }  // namespace intdet

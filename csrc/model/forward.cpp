@@ -92,16 +92,17 @@ void forward(const Model& m, KVCache& kv, const int32_t* tokens, int64_t T, int6
       }
     }
     // One (token, head) pair per task; each writes only its own output row.
+    const AttendFn attend = kernels().attend;
 #pragma omp parallel for schedule(dynamic, 1)
     for (int64_t th = 0; th < T * nh; ++th) {
       const int64_t t = th / nh, hd = th % nh;
       const int64_t n = start + t + 1;  // causal: positions 0..pos
       std::vector<int64_t> z((size_t)n), p((size_t)n);
-      std::vector<int16_t> qq((size_t)D);
+      std::vector<int16_t> qq((size_t)D), w16((size_t)n);
       const int e_q = quant16_row(q.data() + (t * nh + hd) * D, D, qq.data());
       const int64_t g = hd / grp;
-      attend_head(qq.data(), e_q, kc + g * D, ka + g, vc + g * D, va + g, n, nkv * D, D, L.score_mant,
-                  L.score_shift, z.data(), p.data(), o.data() + (t * nh + hd) * D);
+      attend(qq.data(), e_q, kc + g * D, ka + g, vc + g * D, va + g, n, nkv * D, D, L.score_mant, L.score_shift,
+             z.data(), p.data(), w16.data(), o.data() + (t * nh + hd) * D);
     }
     act.from_rows(o.data(), T, nh * D);
     run_linear(L.o, act, T, tmp.data());  // [T, H] Q16

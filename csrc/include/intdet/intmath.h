@@ -69,13 +69,15 @@ INTDET_HD int64_t round_div(int64_t a, int64_t b) { return floor_div(a + (b >> 1
 
 // Bits needed for x >= 0: bitlen(0) = 0, bitlen(255) = 8.
 INTDET_HD int bitlen(int64_t x) {
+#if defined(__CUDA_ARCH__)
+  return x ? 64 - __clzll((long long)x) : 0;
+#elif defined(__GNUC__) || defined(__clang__)
+  return x ? 64 - __builtin_clzll((unsigned long long)x) : 0;
+#else
   int n = 0;
-  uint64_t u = (uint64_t)x;
-  while (u) {
-    ++n;
-    u >>= 1;
-  }
+  for (uint64_t u = (uint64_t)x; u; u >>= 1) ++n;
   return n;
+#endif
 }
 
 // floor(sqrt(n)) for 0 <= n < 2^63: restoring digit recurrence, 32 steps.

@@ -5,6 +5,8 @@
 
 #include <cstdint>
 
+#include "intdet/intmath.h"
+
 namespace intdet {
 
 constexpr int kNormTopBit = 24;  // RMSNorm pre-shift target
@@ -25,26 +27,31 @@ int32_t quant8_row(const int64_t* x, int64_t n, int8_t* q);
 // csrc/cpu/x86/ and are chosen by kernels() (csrc/include/intdet/kernels.h).
 void linear_generic(const int16_t* q, const int32_t* e, int64_t T, int64_t K, const int8_t* w, const int32_t* mant,
                     const int32_t* shift, const int32_t* bias, int64_t N, int64_t* out, int64_t ldo);
-// The output transform shared by every linear kernel: exact dot -> int32 Q F_out.
-inline int64_t linear_epilogue(int64_t acc, int32_t mant, int32_t shift, int32_t e, const int32_t* bias, int64_t j);
 // In place on x [nh, D] for one position: split-half RoPE with Q14 tables [D/2].
 void rope_row(int64_t* x, int64_t nh, int64_t D, const int16_t* cos, const int16_t* sin);
 // z [n] Q16 log2 units -> p [n] Q16 probabilities.
 void softmax_q16_row(const int64_t* z, int64_t n, int64_t* p);
 // a[i] = silu(g[i]) * u[i] in Q32 (g, u Q16).
 void swiglu_row(const int64_t* g, const int64_t* u, int64_t n, int64_t* a);
-// One query head over n cached positions: out [D] int64.
+// One query head over n cached positions: out [D] int64. z, p: scratch [n]
+// int64; w16: scratch [n] int16.
+constexpr int64_t kPvBlock = 512;
 void attend_head(const int16_t* q, int e_q, const int8_t* kc, const int32_t* ka, const int8_t* vc,
                  const int32_t* va, int64_t n, int64_t stride, int64_t D, int64_t score_mant,
-                 int64_t score_shift, int64_t* z_buf, int64_t* p_buf, int64_t* out);
+                 int64_t score_shift, int64_t* z, int64_t* p, int16_t* w16, int64_t* out);
 
-}  // namespace intdet
-
-#include "intdet/intmath.h"
-
-namespace intdet {
+// The output transform shared by every linear kernel: exact dot -> int32 Q F_out.
 inline int64_t linear_epilogue(int64_t acc, int32_t mant, int32_t shift, int32_t e, const int32_t* bias, int64_t j) {
   int64_t v = shift_round_sat32(acc * mant, (int64_t)shift - e);
   return bias ? sat32(v + bias[j]) : v;
 }
+
+// Score of one position in Q16 log2 units: raw = q . k (exact), the key's
+// absmax a split as mk * 2^ek (mk <= 2^15) so the product stays in int64.
+inline int64_t attn_score(int32_t raw, int32_t a, int e_q, int64_t score_mant, int64_t score_shift) {
+  int64_t mk, ek;
+  normalize_scale15(a, &mk, &ek);
+  return shift_round_sat32((int64_t)raw * mk * score_mant, score_shift - e_q - ek);
+}
+
 }  // namespace intdet

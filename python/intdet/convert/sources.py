@@ -12,6 +12,7 @@ from __future__ import annotations
 import glob
 import hashlib
 import json
+import math
 import os
 from dataclasses import dataclass, field
 
@@ -53,6 +54,24 @@ def _check_finite(name, w, where):
         raise IntdetError(f"{where}: tensor '{name}' holds NaN or Inf values")
 
 
+def _check_hparams(hp, where, n_tensors):
+    """Refuse hyper-parameters no real model has and that would make the
+    reader loop for ages (a billion layers), reshape impossibly or overflow
+    later (rms_eps_q60 is an int64, RoPE angles stay below 2^19)."""
+    for k in ("hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
+              "context_length", "vocab_size"):
+        v = hp.get(k, 1)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise IntdetError(f"{where}: {k} {v!r} must be a positive integer")
+    if hp["num_layers"] > n_tensors:
+        raise IntdetError(f"{where}: {hp['num_layers']} layers cannot fit in {n_tensors} tensors")
+    theta, eps = hp["rope_theta"], hp["rms_eps"]
+    if not (math.isfinite(theta) and theta >= 1.0):
+        raise IntdetError(f"{where}: rope theta {theta!r} must be a finite number >= 1")
+    if not (math.isfinite(eps) and 0.0 <= eps and max(hp["hidden_size"], hp["head_dim"]) * eps < 8.0):
+        raise IntdetError(f"{where}: RMSNorm epsilon {eps!r} is out of range")
+
+
 def _unpermute_rope_rows(w, n_head):
     """Undo llama.cpp convert_hf_to_gguf.py's ``permute`` of Q/K rows
     (interleaved pairs -> Hugging Face split halves)."""
@@ -82,11 +101,10 @@ def read_gguf(path: str) -> FloatModel:
     from gguf.quants import dequantize
 
     from ..tokenizer import tokenizer_from_gguf
+    from .gguf_check import check_gguf_structure
 
     size = os.path.getsize(path)
-    with open(path, "rb") as f:
-        if f.read(4) != b"GGUF":
-            raise IntdetError(f"{path}: not a GGUF file (bad magic)")
+    check_gguf_structure(path)  # every count, length and offset vs the file, before gguf-py allocates
     try:
         r = gguf.GGUFReader(path)
     except Exception as e:  # the reader raises many types on malformed input
@@ -96,36 +114,41 @@ def read_gguf(path: str) -> FloatModel:
     if arch != "llama":
         raise IntdetError(f"{path}: unsupported GGUF architecture {arch!r} (supported: llama)")
 
-    def need(key):
-        v = _gguf_field(r, f"llama.{key}")
+    def need(key, conv=int, default=None):
+        """llama.<key> as a finite int/float (a hostile file may hold a
+        string, an array, a bool, NaN or a fraction there)."""
+        v = _gguf_field(r, f"llama.{key}", default)
         if v is None:
             raise IntdetError(f"{path}: missing GGUF key llama.{key}")
-        return v
+        if isinstance(v, (bool, str, list)) or not math.isfinite(v) or (conv is int and v != int(v)):
+            raise IntdetError(f"{path}: GGUF key llama.{key} = {str(v)[:40]!r} is not a valid {conv.__name__}")
+        return conv(v)
 
-    H = int(need("embedding_length"))
-    nh = int(need("attention.head_count"))
-    nkv = int(_gguf_field(r, "llama.attention.head_count_kv", nh))
+    H = need("embedding_length")
+    nh = need("attention.head_count")
+    nkv = need("attention.head_count_kv", default=nh)
     if nh <= 0 or nkv <= 0 or H % nh or nh % nkv:
         raise IntdetError(f"{path}: inconsistent head counts (hidden {H}, heads {nh}, kv heads {nkv})")
-    D = int(_gguf_field(r, "llama.attention.key_length", H // nh))
-    rot = int(_gguf_field(r, "llama.rope.dimension_count", D))
+    D = need("attention.key_length", default=H // nh)
+    rot = need("rope.dimension_count", default=D)
     if rot != D:
         raise IntdetError(f"{path}: partial rotary embedding (rope.dimension_count {rot} != head_dim {D}) is not supported")
     if _gguf_field(r, "llama.rope.scaling.type") not in (None, "none"):
         raise IntdetError(f"{path}: rope scaling {_gguf_field(r, 'llama.rope.scaling.type')!r} is not supported")
     hp = dict(
         hidden_size=H,
-        intermediate_size=int(need("feed_forward_length")),
-        num_layers=int(need("block_count")),
+        intermediate_size=need("feed_forward_length"),
+        num_layers=need("block_count"),
         num_heads=nh,
         num_kv_heads=nkv,
         head_dim=D,
-        context_length=int(need("context_length")),
-        rope_theta=float(_gguf_field(r, "llama.rope.freq_base", 10000.0)),
-        rms_eps=float(need("attention.layer_norm_rms_epsilon")),
+        context_length=need("context_length"),
+        rope_theta=need("rope.freq_base", float, 10000.0),
+        rms_eps=need("attention.layer_norm_rms_epsilon", float),
         qk_norm=False,
         attn_bias=False,
     )
+    _check_hparams(hp, path, len(r.tensors))
     weights = {}
     for t in r.tensors:
         tname = t.tensor_type.name
@@ -135,7 +158,8 @@ def read_gguf(path: str) -> FloatModel:
         if end > size:
             raise IntdetError(f"{path}: tensor '{t.name}' data runs past the end of the file")
         shape = tuple(int(d) for d in reversed(t.shape.tolist()))  # GGUF lists ne0 first
-        w = dequantize(t.data, t.tensor_type).astype(np.float32).reshape(shape)
+        with np.errstate(all="ignore"):  # NaN/Inf block scales are reported just below, without a warning
+            w = dequantize(t.data, t.tensor_type).astype(np.float32).reshape(shape)
         name = t.name[: -len(".weight")] if t.name.endswith(".weight") else t.name
         name = "tok_embd" if name == "token_embd" else name
         if name in weights:
@@ -158,9 +182,12 @@ def read_gguf(path: str) -> FloatModel:
     hp["vocab_size"] = V
     hp["tied_embeddings"] = "output" not in weights
     # Un-permute Q/K rows to the split-half RoPE pairing.
+    # (Only tensors of the right row count: _check_complete reports the others.)
     for i in range(hp["num_layers"]):
-        weights[f"blk.{i}.attn_q"] = _unpermute_rope_rows(weights[f"blk.{i}.attn_q"], nh) if f"blk.{i}.attn_q" in weights else None
-        weights[f"blk.{i}.attn_k"] = _unpermute_rope_rows(weights[f"blk.{i}.attn_k"], nkv) if f"blk.{i}.attn_k" in weights else None
+        for nm, heads in (("attn_q", nh), ("attn_k", nkv)):
+            w = weights.get(f"blk.{i}.{nm}")
+            ok = w is not None and w.shape[0] == heads * D and D % 2 == 0
+            weights[f"blk.{i}.{nm}"] = _unpermute_rope_rows(w, heads) if ok else w
     _check_complete(weights, hp, path)
     return FloatModel(
         arch="llama", hp=hp, weights=weights, tokenizer=tok, tok_meta=meta,
@@ -294,6 +321,7 @@ def read_hf_dir(path: str) -> FloatModel:
             w = np.array(st.get(n), dtype=np.float32)
             _check_finite(n, w, fp)
             hf[n] = w
+    _check_hparams(hp, cfg_path, len(hf))
     weights = _hf_to_canonical(hf, hp, path)
     if hp["tied_embeddings"]:
         weights.pop("output", None)

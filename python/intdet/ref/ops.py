@@ -134,7 +134,10 @@ def attention(q, e_q, kc, ka, vc, va, pos, score_mant, score_shift):
     c_q * c_k * log2(e) * 2^16 / (127 * sqrt(D)).
     raw = q . k (exact), ka split as mk * 2^ek (mk <= 2^15);
     z = sat32(round_shift(raw * mk * score_mant, score_shift - e_q - ek)) is Q16
-    log2 units; p = softmax_q16(z); out = sum_p p * va * vc (int64).
+    log2 units; p = softmax_q16(z). The value weights w = p * va (< 2^47) are
+    quantized like an activation row, (w16, s) = quant16(w), so that
+    sum_p w16 * vc runs on int16 x int8 products with int32 partial sums;
+    out = (sum_p w16 * vc) << s.
     Returns int64 [T, nh, D] with value out / (127 * 2^16) in V's units.
     """
     from .intmath import normalize_scale15
@@ -152,7 +155,8 @@ def attention(q, e_q, kc, ka, vc, va, pos, score_mant, score_shift):
             prod = raw * mk[:n, kvh] * I64(score_mant)
             z = shift_round_sat32(prod, I64(score_shift) - e_q[t, h] - ek[:n, kvh])
             p = softmax_q16(z)
-            out[t, h] = (p * va[:n, kvh])[None, :] @ vc[:n, kvh, :]
+            w16, s = quant16(p * va[:n, kvh])
+            out[t, h] = (w16 @ vc[:n, kvh, :]) << s
     return out
 
 
