@@ -171,5 +171,59 @@ def generate(prompt, model, prompt_opt, file, ids, max_new_tokens, chat, tempera
         sys.exit(130)
 
 
+@main.command()
+@click.option("-m", "--model", default=None, help="Model (default: SmolLM2-135M-Instruct).")
+@click.option("-f", "--file", "file", required=True, help="UTF-8 text file to score.")
+@click.option("--ctx", default=512, show_default=True, type=int, help="Window length in tokens.")
+@click.option("--max-windows", default=None, type=int, help="Score only the first N windows.")
+@click.option("--float", "use_float", is_flag=True, help="Score with the float32 reference of the same source instead.")
+@click.option("--device", default="cpu", show_default=True, help="cpu or ref (integer backends).")
+@click.option("--threads", default=0, type=int, help="CPU threads (default 0: all cores).")
+@click.option("--revision", default=None, help="Hub revision when -m is a repo id.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@user_errors
+def perplexity(model, file, ctx, max_windows, use_float, device, threads, revision, as_json):
+    """Perplexity of a text file: non-overlapping windows of --ctx tokens."""
+    import os
+
+    from .model import Engine, load_model
+    from .perplexity import float_logits_fn, integer_logits_fn, perplexity as run, windows_of
+    from .resolve import converted_path, resolve_source
+    from .tokenizer import encode
+
+    try:
+        with open(file, "rb") as f:
+            text = f.read().decode("utf-8")
+    except OSError as e:
+        raise IntdetError(f"{file}: cannot read ({e.strerror})") from None
+    except UnicodeDecodeError as e:
+        raise IntdetError(f"{file}: not valid UTF-8 (byte {e.start})") from None
+    src = resolve_source(model, revision)
+    if use_float and src is None:
+        raise IntdetError("--float needs the source model (GGUF file, Hugging Face dir or repo id), not a converted dir")
+    lm = load_model(model if src is None else converted_path(src, progress=sys.stderr.isatty()))
+    if ctx > lm.cfg["context_length"]:
+        raise IntdetError(f"--ctx: {ctx} exceeds the model's context length {lm.cfg['context_length']}")
+    ids = encode(lm.tokenizer, lm.tok_meta, text, add_bos=False)
+    wins = windows_of(ids, ctx, max_windows)
+    if use_float:
+        import numpy as np
+
+        from .convert.sources import read_source
+        from .floatref import FloatModel
+
+        fn, kind = float_logits_fn(FloatModel(read_source(src), np.float32, max_len=ctx)), "float32 reference"
+    else:
+        fn, kind = integer_logits_fn(Engine(lm, device, threads)), f"integer ({device})"
+    n_bytes = lambda w: len(lm.tokenizer.decode(w).encode("utf-8"))  # noqa: E731
+    r = run(fn, wins, n_bytes, progress=sys.stderr.isatty() and not as_json)
+    if as_json:
+        click.echo(json.dumps({**r.as_dict(), "model": os.path.basename(src or model), "kind": kind, "file": file}))
+    else:
+        click.echo(f"{kind}: perplexity {r.perplexity:.4f}, mean NLL {r.nll:.5f} nats/token, "
+                   f"{r.bits_per_byte:.5f} bits/byte over {r.tokens} tokens ({r.windows} windows of {r.ctx}) "
+                   f"in {r.seconds:.1f} s")
+
+
 if __name__ == "__main__":
     main()

@@ -71,17 +71,15 @@ def download_repo(repo_id: str, revision: str | None = None) -> str:
         raise IntdetError(f"{repo_id}: cannot download from the Hugging Face Hub ({msg})") from None
 
 
-def resolve_model(spec: str | None, revision: str | None = None, progress: bool = True) -> str:
-    """Return a converted model directory for ``spec``, converting into the
-    cache when needed. Raises IntdetError when spec names nothing usable."""
-    from .convert import convert
-    from .convert.sources import source_sha256
-
+def resolve_source(spec: str | None, revision: str | None = None) -> str | None:
+    """The source checkpoint ``spec`` names (GGUF file or Hugging Face
+    directory, downloading a repo id), or None when spec is an already
+    converted intdet directory."""
     if spec is None:
-        src = default_model_path()
-    elif os.path.exists(spec):
+        return default_model_path()
+    if os.path.exists(spec):
         if os.path.isdir(spec) and is_converted(spec):
-            return spec
+            return None
         src = spec
     elif REPO_ID.match(spec):
         src = download_repo(spec, revision)
@@ -89,6 +87,21 @@ def resolve_model(spec: str | None, revision: str | None = None, progress: bool 
         raise IntdetError(f"-m: {spec!r} is not a file, a directory or a Hugging Face repo id")
     if os.path.isdir(src) and not os.path.isfile(os.path.join(src, "config.json")):
         raise IntdetError(f"{src}: directory has neither an intdet nor a Hugging Face config.json")
+    return src
+
+
+def resolve_model(spec: str | None, revision: str | None = None, progress: bool = True) -> str:
+    """Return a converted model directory for ``spec``, converting into the
+    cache when needed. Raises IntdetError when spec names nothing usable."""
+    src = resolve_source(spec, revision)
+    return spec if src is None else converted_path(src, progress)
+
+
+def converted_path(src: str, progress: bool = True) -> str:
+    """The cache entry for a source checkpoint, converting it on first use."""
+    from .convert import convert
+    from .convert.sources import source_sha256
+
     key = source_sha256(src)
     out = os.path.join(cache_dir(), "models", f"{key[:32]}-v{FORMAT_VERSION}")
     if is_converted(out):

@@ -1,0 +1,100 @@
+"""Perplexity by the standard protocol (analysis code: float is allowed here).
+
+The text is tokenized once (no BOS), cut into non-overlapping windows of
+``ctx`` tokens (a shorter last window is dropped), and every window is run
+from an empty KV cache. Each position but the last predicts the next token:
+a window scores ctx - 1 tokens. Log-probabilities of the integer model come
+from its int32 logits (Q16) as log_softmax(logits / 2^16) in float64.
+Perplexity = exp(mean NLL); bits per byte = sum NLL / ln 2 / UTF-8 bytes of
+the scored windows' text.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import IntdetError
+
+
+@dataclass
+class PplResult:
+    perplexity: float
+    nll: float  # mean negative log-likelihood, nats per token
+    bits_per_byte: float
+    tokens: int  # predicted (scored) tokens
+    windows: int
+    ctx: int
+    seconds: float
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def log_softmax(x: np.ndarray) -> np.ndarray:
+    x = x - x.max(axis=-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
+
+
+def windows_of(ids, ctx: int, max_windows: int | None = None):
+    """Non-overlapping windows of exactly ``ctx`` tokens."""
+    if ctx < 2:
+        raise IntdetError(f"--ctx: {ctx} must be at least 2")
+    n = len(ids) // ctx
+    if max_windows is not None:
+        if max_windows < 1:
+            raise IntdetError(f"--max-windows: {max_windows} must be >= 1")
+        n = min(n, max_windows)
+    if n == 0:
+        raise IntdetError(f"the text has {len(ids)} tokens, fewer than one window of --ctx {ctx}")
+    return [ids[i * ctx:(i + 1) * ctx] for i in range(n)]
+
+
+def window_nll(logits: np.ndarray, window) -> float:
+    """Sum of -log p(window[j+1] | window[:j+1]) for j < len-1; logits float [T, V]."""
+    lp = log_softmax(np.asarray(logits, dtype=np.float64)[:-1])
+    tgt = np.asarray(window[1:])
+    return float(-lp[np.arange(len(tgt)), tgt].sum())
+
+
+def perplexity(logits_fn, windows, n_bytes_fn, progress: bool = True) -> PplResult:
+    """logits_fn(window) -> float64 logits [len, V] in natural-log units.
+    n_bytes_fn(window) -> UTF-8 bytes of that window's text."""
+    from tqdm import tqdm
+
+    total_nll, total_tok, total_bytes = 0.0, 0, 0
+    t0 = time.perf_counter()
+    bar = tqdm(windows, desc="perplexity", unit="win", disable=not progress)
+    for w in bar:
+        total_nll += window_nll(logits_fn(w), w)
+        total_tok += len(w) - 1
+        total_bytes += n_bytes_fn(w)
+        bar.set_postfix(ppl=f"{math.exp(total_nll / total_tok):.4f}")
+    nll = total_nll / total_tok
+    return PplResult(
+        perplexity=math.exp(nll), nll=nll, bits_per_byte=total_nll / math.log(2) / max(total_bytes, 1),
+        tokens=total_tok, windows=len(windows), ctx=len(windows[0]), seconds=time.perf_counter() - t0,
+    )
+
+
+def integer_logits_fn(engine):
+    """Window -> float64 logits of the integer engine (Q16 int32 / 2^16)."""
+
+    def fn(w):
+        seq = engine.new_sequence(len(w))
+        return seq.forward(w, all_logits=True).astype(np.float64) / 65536.0
+
+    return fn
+
+
+def float_logits_fn(float_model):
+    """Window -> float64 logits of the float reference (floatref.FloatModel)."""
+
+    def fn(w):
+        float_model.reset()
+        return float_model.forward(np.asarray(w), 0).astype(np.float64)
+
+    return fn
