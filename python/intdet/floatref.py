@@ -44,21 +44,29 @@ class FloatModel:
         x1, x2 = x[..., :h], x[..., h:]
         return np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)
 
-    def forward(self, tokens, start: int):
+    def forward(self, tokens, start: int, trace: dict | None = None):
+        """trace, if given, receives the same intermediate names as
+        ref.model.RefModel.forward (float arrays)."""
         hp, w = self.hp, self.w
+        rec = (lambda name, a: trace.__setitem__(name, np.asarray(a))) if trace is not None else (lambda *a: None)
         tokens = np.asarray(tokens)
         T = len(tokens)
         nh, nkv, D = hp["num_heads"], hp["num_kv_heads"], hp["head_dim"]
         pos = np.arange(start, start + T)
         x = w["tok_embd"][tokens]
+        rec("tok_embd", x)
         for i in range(hp["num_layers"]):
             p = f"blk.{i}."
             h = self._norm(x, w[p + "attn_norm"])
+            rec(p + "attn_norm", h)
             q = h @ w[p + "attn_q"].T
             k = h @ w[p + "attn_k"].T
             v = h @ w[p + "attn_v"].T
             if hp["attn_bias"]:
                 q, k, v = q + w[p + "attn_q.bias"], k + w[p + "attn_k.bias"], v + w[p + "attn_v.bias"]
+            rec(p + "attn_q", q.reshape(T, nh, D))
+            rec(p + "attn_k", k.reshape(T, nkv, D))
+            rec(p + "attn_v", v.reshape(T, nkv, D))
             q, k, v = q.reshape(T, nh, D), k.reshape(T, nkv, D), v.reshape(T, nkv, D)
             if hp["qk_norm"]:
                 q, k = self._norm(q, w[p + "attn_q_norm"]), self._norm(k, w[p + "attn_k_norm"])
@@ -73,13 +81,25 @@ class FloatModel:
             sc = np.exp(sc - sc.max(-1, keepdims=True))
             sc = sc / sc.sum(-1, keepdims=True)
             o = np.einsum("htn,nhd->thd", sc, V).reshape(T, nh * D)
+            rec(p + "attn_out", o)
             o = o @ w[p + "attn_output"].T
             if p + "attn_output.bias" in w:
                 o = o + w[p + "attn_output.bias"]
+            rec(p + "attn_output", o)
             x = x + o
             h = self._norm(x, w[p + "ffn_norm"])
             g, u = h @ w[p + "ffn_gate"].T, h @ w[p + "ffn_up"].T
-            x = x + ((g / (1 + np.exp(-g))) * u) @ w[p + "ffn_down"].T
+            a = (g / (1 + np.exp(-g))) * u
+            rec(p + "ffn_norm", h)
+            rec(p + "ffn_gate", g)
+            rec(p + "ffn_up", u)
+            rec(p + "ffn_swiglu", a)
+            dn = a @ w[p + "ffn_down"].T
+            rec(p + "ffn_down", dn)
+            x = x + dn
+            rec(p + "residual", x)
         h = self._norm(x, w["output_norm"])
         out = w["output"] if "output" in w else w["tok_embd"]
-        return h @ out.T
+        logits = h @ out.T
+        rec("output", logits)
+        return logits

@@ -103,9 +103,12 @@ def quantize_model(fm, progress: bool = False) -> tuple[dict, dict]:
         if bias is not None:
             T[name + ".bias"] = _fixed_i32(bias, f_out, name + ".bias")
 
+    norm_exp = {}  # G of every RMSNorm gamma (analysis: int -> real of norm outputs)
+
     def put_norm(name, g, n):
         gi, G = quant_gamma(g)
         T[name + ".g"] = gi
+        norm_exp[name] = G
         return math.sqrt(n) * 2.0 ** -(NORM_OUT_FRAC + G)  # c_in of the next layer
 
     # Token embedding: int8 rows, dyadic per-row scale straight to the residual.
@@ -169,6 +172,7 @@ def quantize_model(fm, progress: bool = False) -> tuple[dict, dict]:
             "weights": "int8 per output channel, dyadic scale (15-bit mantissa)",
             "kv_cache": "int8 per (position, kv head), absmax scale",
         },
+        "norm_gamma_exponents": norm_exp,
         "source": fm.source,
     }
     return T, cfg

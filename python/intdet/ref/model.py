@@ -45,8 +45,15 @@ class RefModel:
         t = self.t
         return ops.linear(q, e, t[name + ".q"], t[name + ".mant"], t[name + ".shift"], t.get(name + ".bias"))
 
-    def forward(self, tokens, start: int):
+    def forward(self, tokens, start: int, trace: dict | None = None):
+        """trace, if given, receives name -> (int array, factor) for every
+        named intermediate (GGUF-style names, e.g. ``blk.3.ffn_down``); the
+        real value is array * factor (used by scripts/op_errors.py)."""
         t = self.t
+        rec = (lambda name, a, f: trace.__setitem__(name, (np.asarray(a), f))) if trace is not None else (lambda *a: None)
+        G = self.cfg.get("norm_gamma_exponents", {})
+        H = self.cfg["hidden_size"]
+        Q16 = 2.0**-16
         tokens = np.asarray(tokens, dtype=I64)
         T = len(tokens)
         nh, nkv, D = self.nh, self.nkv, self.D
@@ -55,14 +62,19 @@ class RefModel:
         # Embedding: int8 row * per-row dyadic scale -> residual, int32 Q16.
         emb = t["tok_embd.q"][tokens].astype(I64)  # [T, H]
         x = ops.shift_round_sat32(emb * t["tok_embd.mant"][tokens, None].astype(I64), t["tok_embd.shift"][tokens, None])
+        rec("tok_embd", x, Q16)
         for i in range(self.n_layers):
             p = f"blk.{i}."
             # --- attention block ---
             h = ops.rms_norm(x, t[p + "attn_norm.g"], self.eps_h, 16)  # [T, H] norm units
+            rec(p + "attn_norm", h, H**0.5 * 2.0 ** -(14 + G.get(p + "attn_norm", 0)))
             hq, he = quant16(h)  # [T, H] int16, [T] exponents
             q = self._lin(p + "attn_q", hq, he).reshape(T, nh, D)  # Q16
             k = self._lin(p + "attn_k", hq, he).reshape(T, nkv, D)  # Q16
             v = self._lin(p + "attn_v", hq, he).reshape(T, nkv, D)  # Q16
+            rec(p + "attn_q", q, Q16)
+            rec(p + "attn_k", k, Q16)
+            rec(p + "attn_v", v, Q16)
             if self.cfg["qk_norm"]:  # Qwen3: per-head RMSNorm, gamma at runtime
                 q = ops.rms_norm(q, t[p + "attn_q_norm.g"], self.eps_d, 16)
                 k = ops.rms_norm(k, t[p + "attn_k_norm.g"], self.eps_d, 16)
@@ -78,19 +90,30 @@ class RefModel:
                 qq, qe, self.kc[i, :n], self.ka[i, :n], self.vc[i, :n], self.va[i, :n], pos,
                 int(t[p + "attn_score.mant"][0]), int(t[p + "attn_score.shift"][0]),
             )  # [T, nh, D], V units / (127 * 2^16)
+            rec(p + "attn_out", o.reshape(T, nh * D), 1.0 / (127 * 2.0**32))
             oq, oe = quant16(o.reshape(T, nh * D))
-            x = sat32(x + self._lin(p + "attn_output", oq, oe))  # residual Q16
+            ao = self._lin(p + "attn_output", oq, oe)
+            rec(p + "attn_output", ao, Q16)
+            x = sat32(x + ao)  # residual Q16
             # --- feed-forward block ---
             h = ops.rms_norm(x, t[p + "ffn_norm.g"], self.eps_h, 16)
             hq, he = quant16(h)
             gate = self._lin(p + "ffn_gate", hq, he)  # [T, F] Q16
             up = self._lin(p + "ffn_up", hq, he)  # [T, F] Q16
             a = ops.swiglu(gate, up)  # [T, F] Q32 int64
+            rec(p + "ffn_norm", h, H**0.5 * 2.0 ** -(14 + G.get(p + "ffn_norm", 0)))
+            rec(p + "ffn_gate", gate, Q16)
+            rec(p + "ffn_up", up, Q16)
+            rec(p + "ffn_swiglu", a, 2.0**-32)
             aq, ae = quant16(a)
-            x = sat32(x + self._lin(p + "ffn_down", aq, ae))
+            dn = self._lin(p + "ffn_down", aq, ae)
+            rec(p + "ffn_down", dn, Q16)
+            x = sat32(x + dn)
+            rec(p + "residual", x, Q16)
         h = ops.rms_norm(x, t["output_norm.g"], self.eps_h, 16)
         hq, he = quant16(h)
         w = t["output.q"] if "output.q" in t else t["tok_embd.q"]
         logits = ops.linear(hq, he, w, t["output.mant"], t["output.shift"])  # [T, V] Q16
+        rec("output", logits, Q16)
         self.n_past = start + T
         return logits
