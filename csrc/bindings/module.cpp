@@ -171,6 +171,54 @@ PYBIND11_MODULE(_core, mod) {
       py::arg("model"), py::arg("state"), py::arg("tokens"), py::arg("start"), py::arg("all_logits") = false,
       "Prefill or decode tokens (int32 [T]) at positions start..start+T-1; returns int32 logits [T or 1, V] (Q16).");
 
+  mod.def(
+      "forward_batch",
+      [](const PyModel& pm, std::vector<PyState*> states, std::vector<py::array_t<int32_t, py::array::c_style>> toks,
+         bool all_logits) {
+        // Several sequences in one call: their rows share every linear layer.
+        const Config& c = pm.m.cfg;
+        if (states.size() != toks.size() || states.empty())
+          throw std::invalid_argument("forward_batch needs one token array per state");
+        std::vector<KVCache*> caches;
+        std::vector<Row> rows;
+        std::vector<int64_t> nout;
+        for (size_t i = 0; i < states.size(); ++i) {
+          for (size_t j = 0; j < i; ++j)
+            if (states[j] == states[i]) throw std::invalid_argument("forward_batch: a state appears twice");
+          const int64_t T = toks[i].size();
+          if (T == 0) throw std::invalid_argument("forward_batch: empty token array");
+          if (states[i]->n_past + T > states[i]->kv.max_len)
+            throw std::invalid_argument("sequence longer than the KV cache");
+          caches.push_back(&states[i]->kv);
+          for (int64_t t = 0; t < T; ++t) {
+            const int32_t tok = toks[i].data()[t];
+            if (tok < 0 || tok >= c.vocab) throw std::invalid_argument("token id out of range");
+            rows.push_back(Row{(int64_t)i, states[i]->n_past + t, tok, all_logits || t == T - 1});
+          }
+          nout.push_back(all_logits ? T : 1);
+        }
+        int64_t total = 0;
+        for (auto n : nout) total += n;
+        std::vector<int32_t> out((size_t)(total * c.vocab));
+        {
+          py::gil_scoped_release nogil;
+          forward_rows(pm.m, caches.data(), rows.data(), (int64_t)rows.size(), out.data());
+        }
+        py::list res;
+        int64_t off = 0;
+        for (size_t i = 0; i < states.size(); ++i) {
+          py::array_t<int32_t> a({nout[i], c.vocab});
+          std::copy(out.begin() + off * c.vocab, out.begin() + (off + nout[i]) * c.vocab, a.mutable_data());
+          off += nout[i];
+          states[i]->n_past += toks[i].size();
+          res.append(a);
+        }
+        return res;
+      },
+      py::arg("model"), py::arg("states"), py::arg("tokens"), py::arg("all_logits") = false,
+      "Advance several sequences in one call (batched decode / mixed prefill); returns one int32 logits array per "
+      "sequence ([T_i or 1, V]), each identical to running that sequence alone.");
+
   // ---- primitives and ops, for bit-exact tests against ref/ ----
   py::module_ ops = mod.def_submodule("ops", "scalar C++ ops on int64 arrays, for tests");
   ops.def("round_shift", [](const I64Arr& x, const I64Arr& s) {

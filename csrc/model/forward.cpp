@@ -46,11 +46,10 @@ void norm_rows(const int64_t* x, const int16_t* g, int64_t T, int64_t n, int64_t
 
 }  // namespace
 
-void forward(const Model& m, KVCache& kv, const int32_t* tokens, int64_t T, int64_t start, bool all_logits,
-             int32_t* logits) {
+void forward_rows(const Model& m, KVCache* const* caches, const Row* rows, int64_t T, int32_t* logits) {
   const Config& c = m.cfg;
   const int64_t H = c.hidden, F = c.ffn, nh = c.n_heads, nkv = c.n_kv, D = c.head_dim;
-  const int64_t grp = nh / nkv, half = D / 2, P = kv.max_len;
+  const int64_t grp = nh / nkv, half = D / 2;
   std::vector<int64_t> x((size_t)(T * H));  // residual [T, H] int32 values, Q16
   std::vector<int64_t> h, q((size_t)(T * nh * D)), k((size_t)(T * nkv * D)), v((size_t)(T * nkv * D));
   std::vector<int64_t> o((size_t)(T * nh * D)), tmp((size_t)(T * H));
@@ -60,16 +59,12 @@ void forward(const Model& m, KVCache& kv, const int32_t* tokens, int64_t T, int6
 
   // Embedding: int8 row times its dyadic scale -> residual Q16.
   for (int64_t t = 0; t < T; ++t) {
-    const int64_t tok = tokens[t];
+    const int64_t tok = rows[t].token;
     for (int64_t i = 0; i < H; ++i)
       x[t * H + i] = shift_round_sat32((int64_t)m.tok_embd[tok * H + i] * m.embd_mant[tok], m.embd_shift[tok]);
   }
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const Layer& L = m.layers[l];
-    int8_t* kc = kv.k.data() + l * P * nkv * D;  // [P, nkv, D]
-    int8_t* vc = kv.v.data() + l * P * nkv * D;
-    int32_t* ka = kv.ka.data() + l * P * nkv;  // [P, nkv]
-    int32_t* va = kv.va.data() + l * P * nkv;
     // --- attention block ---
     norm_rows(x.data(), L.attn_norm, T, H, c.eps_hidden, h);  // [T, H] norm units
     act.from_rows(h.data(), T, H);                            // int16 + exponent per token
@@ -82,27 +77,31 @@ void forward(const Model& m, KVCache& kv, const int32_t* tokens, int64_t T, int6
       norm_rows(k.data(), L.k_norm, T * nkv, D, c.eps_head, qn);
       k.swap(qn);
     }
-    for (int64_t t = 0; t < T; ++t) {
-      const int64_t pos = start + t;
+    for (int64_t t = 0; t < T; ++t) {  // RoPE, then append K, V to the row's int8 cache
+      const int64_t pos = rows[t].pos;
+      KVCache& kv = *caches[rows[t].seq];
       rope_row(q.data() + t * nh * D, nh, D, m.rope_cos + pos * half, m.rope_sin + pos * half);
       rope_row(k.data() + t * nkv * D, nkv, D, m.rope_cos + pos * half, m.rope_sin + pos * half);
-      for (int64_t g = 0; g < nkv; ++g) {  // append K, V to the int8 cache
-        ka[pos * nkv + g] = quant8_row(k.data() + (t * nkv + g) * D, D, kc + (pos * nkv + g) * D);
-        va[pos * nkv + g] = quant8_row(v.data() + (t * nkv + g) * D, D, vc + (pos * nkv + g) * D);
+      const int64_t base = (l * kv.max_len + pos) * nkv;  // [L, P, nkv] index of (l, pos, 0)
+      for (int64_t g = 0; g < nkv; ++g) {
+        kv.ka[base + g] = quant8_row(k.data() + (t * nkv + g) * D, D, kv.k.data() + (base + g) * D);
+        kv.va[base + g] = quant8_row(v.data() + (t * nkv + g) * D, D, kv.v.data() + (base + g) * D);
       }
     }
-    // One (token, head) pair per task; each writes only its own output row.
+    // One (row, head) pair per task; each writes only its own output.
     const AttendFn attend = kernels().attend;
 #pragma omp parallel for schedule(dynamic, 1)
     for (int64_t th = 0; th < T * nh; ++th) {
-      const int64_t t = th / nh, hd = th % nh;
-      const int64_t n = start + t + 1;  // causal: positions 0..pos
+      const int64_t t = th / nh, hd = th % nh, g = hd / grp;
+      const KVCache& kv = *caches[rows[t].seq];
+      const int64_t n = rows[t].pos + 1;  // causal: positions 0..pos of this row's sequence
+      const int64_t lay = l * kv.max_len * nkv;
       std::vector<int64_t> z((size_t)n), p((size_t)n);
       std::vector<int16_t> qq((size_t)D), w16((size_t)n);
       const int e_q = quant16_row(q.data() + (t * nh + hd) * D, D, qq.data());
-      const int64_t g = hd / grp;
-      attend(qq.data(), e_q, kc + g * D, ka + g, vc + g * D, va + g, n, nkv * D, D, L.score_mant, L.score_shift,
-             z.data(), p.data(), w16.data(), o.data() + (t * nh + hd) * D);
+      attend(qq.data(), e_q, kv.k.data() + (lay + g) * D, kv.ka.data() + lay + g, kv.v.data() + (lay + g) * D,
+             kv.va.data() + lay + g, n, nkv * D, D, L.score_mant, L.score_shift, z.data(), p.data(), w16.data(),
+             o.data() + (t * nh + hd) * D);
     }
     act.from_rows(o.data(), T, nh * D);
     run_linear(L.o, act, T, tmp.data());  // [T, H] Q16
@@ -117,12 +116,28 @@ void forward(const Model& m, KVCache& kv, const int32_t* tokens, int64_t T, int6
     run_linear(L.down, act, T, tmp.data());
     for (int64_t i = 0; i < T * H; ++i) x[i] = sat32(x[i] + tmp[i]);
   }
-  const int64_t t0 = all_logits ? 0 : T - 1, Tout = T - t0;
-  norm_rows(x.data() + t0 * H, m.out_norm, Tout, H, c.eps_hidden, h);
+  // Final norm and lm_head only for the rows that want logits.
+  std::vector<int64_t> sel;
+  for (int64_t t = 0; t < T; ++t)
+    if (rows[t].want_logits) sel.push_back(t);
+  const int64_t Tout = (int64_t)sel.size();
+  if (Tout == 0) return;
+  std::vector<int64_t> xs((size_t)(Tout * H));
+  for (int64_t r = 0; r < Tout; ++r)
+    for (int64_t i = 0; i < H; ++i) xs[r * H + i] = x[sel[r] * H + i];
+  norm_rows(xs.data(), m.out_norm, Tout, H, c.eps_hidden, h);
   act.from_rows(h.data(), Tout, H);
   std::vector<int64_t> lg((size_t)(Tout * c.vocab));
   run_linear(m.output, act, Tout, lg.data());  // [Tout, V] Q16
   for (int64_t i = 0; i < Tout * c.vocab; ++i) logits[i] = (int32_t)lg[i];
+}
+
+void forward(const Model& m, KVCache& kv, const int32_t* tokens, int64_t T, int64_t start, bool all_logits,
+             int32_t* logits) {
+  std::vector<Row> rows((size_t)T);
+  for (int64_t t = 0; t < T; ++t) rows[t] = Row{0, start + t, tokens[t], all_logits || t == T - 1};
+  KVCache* caches[1] = {&kv};
+  forward_rows(m, caches, rows.data(), T, logits);
 }
 
 }  // namespace intdet

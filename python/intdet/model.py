@@ -183,6 +183,21 @@ class Engine:
             except ValueError as e:
                 raise IntdetError(f"{lm.path}: {e}") from None
 
+    def forward_batch(self, seqs, tokens, all_logits: bool = False):
+        """Advance several sequences in one call (their rows share every linear
+        layer); returns one int32 logits array per sequence, bit-identical to
+        ``seq.forward(tokens_i)`` run alone. cpu backend only."""
+        if self.device != "cpu":
+            return [s.forward(t, all_logits) for s, t in zip(seqs, tokens)]
+        for s, t in zip(seqs, tokens):
+            if s.n_past + len(t) > s.max_len:
+                raise IntdetError(f"sequence of {s.n_past + len(t)} tokens exceeds the context ({s.max_len})")
+        outs = self._core.forward_batch(self._model, [s._state for s in seqs],
+                                        [np.ascontiguousarray(t, dtype=np.int32) for t in tokens], all_logits)
+        for s, t in zip(seqs, tokens):
+            s.n_past += len(t)
+        return outs
+
     @property
     def vocab_size(self) -> int:
         return self.lm.cfg["vocab_size"]

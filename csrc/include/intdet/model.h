@@ -58,6 +58,18 @@ struct KVCache {
   }
 };
 
+// One row of a forward call: a token of sequence `seq` (an index into the
+// caches array) at absolute position `pos`. Rows of several sequences mix
+// freely in one call (batched decode, mixed prefill); every row's logits are
+// the same bits as when its sequence runs alone, since each op is per row.
+struct Row {
+  int64_t seq, pos;
+  int32_t token;
+  bool want_logits;
+};
+// Logits int32 [rows with want_logits, V] in row order.
+void forward_rows(const Model& m, KVCache* const* caches, const Row* rows, int64_t T, int32_t* logits);
+
 // Runs tokens [T] at absolute positions start..start+T-1, appending to the
 // cache; writes logits int32 [T_out, V] where T_out = all_logits ? T : 1
 // (the last position only).
