@@ -225,5 +225,70 @@ def perplexity(model, file, ctx, max_windows, use_float, device, threads, revisi
                    f"in {r.seconds:.1f} s")
 
 
+@main.command("hash-check")
+@click.option("-m", "--model", default=None, help="Model (default: SmolLM2-135M-Instruct).")
+@click.option("--prompt", default="Shall I compare thee to a summer's day?", show_default=True)
+@click.option("--steps", default=512, show_default=True, type=int, help="Tokens generated per run.")
+@click.option("--seed", default=0, type=int, show_default=True, help="Seed of the sampled run and the co-prompts.")
+@click.option("--temperature", default="0.8", show_default=True, help="Temperature of the sampled run.")
+@click.option("--expect", default=None, help="Greedy hash from another machine to compare with.")
+@click.option("--ref", "with_ref", is_flag=True, help="Also run the numpy integer spec (slow).")
+@click.option("--float", "with_float", is_flag=True, help="Run the same matrix in float too, to show it diverge.")
+@click.option("--revision", default=None, help="Hub revision when -m is a repo id.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@user_errors
+def hash_check(model, prompt, steps, seed, temperature, expect, with_ref, with_float, revision, as_json):
+    """Run one generation under every configuration here; exit 1 unless all hashes agree."""
+    import re
+
+    from .hashcheck import float_check, hash_check as run
+    from .model import Engine, load_model
+    from .resolve import converted_path, resolve_source
+    from .sampling import Sampler
+    from .tokenizer import encode
+
+    if steps < 1:
+        raise IntdetError(f"--steps: {steps} must be >= 1")
+    if expect is not None and not re.fullmatch(r"[0-9a-f]{12}", expect):
+        raise IntdetError(f"--expect: {expect!r} is not a 12-hex-digit hash")
+    Sampler(temperature=temperature, seed=seed)  # validate early
+    src = resolve_source(model, revision)
+    if with_float and src is None:
+        raise IntdetError("--float needs the source model (GGUF file, Hugging Face dir or repo id), not a converted dir")
+    lm = load_model(model if src is None else converted_path(src, progress=sys.stderr.isatty()))
+    ids = encode(lm.tokenizer, lm.tok_meta, prompt)
+    if not ids:
+        raise IntdetError("--prompt: empty")
+    if len(ids) + steps > lm.cfg["context_length"]:
+        raise IntdetError(f"--steps: prompt ({len(ids)} tokens) + {steps} steps exceed the context length {lm.cfg['context_length']}")
+    engine = Engine(lm, "cpu")
+    show = None if as_json else (lambda r: click.echo(f"  done: {r.config} ({r.seconds:.1f} s)", err=True))
+    runs = run(engine, ids, steps, seed=seed, temperature=temperature, with_ref=with_ref, progress=show)
+    fruns = float_check(src, ids, steps, progress=show) if with_float else []
+    greedy = [r for r in runs if r.group == "greedy"]
+    ok = all(r.diverges_at is None for r in runs)
+    expect_ok = expect is None or greedy[0].hash == expect
+    if as_json:
+        click.echo(json.dumps({
+            "model": lm.path, "prompt_tokens": len(ids), "steps": steps, "all_equal": ok,
+            "expect": expect, "expect_matches": expect_ok if expect else None,
+            "runs": [{k: getattr(r, k) for k in ("config", "group", "hash", "tokens_hash", "diverges_at", "seconds")}
+                     for r in runs + fruns]}))
+    else:
+        w = max(len(r.config) for r in runs + fruns)
+        click.echo(f"{'configuration':<{w}}  logits hash   tokens hash   first divergent step  time")
+        for r in runs + fruns:
+            div = "-" if r.diverges_at is None else str(r.diverges_at)
+            click.echo(f"{r.config:<{w}}  {r.hash}  {r.tokens_hash}  {div:>20}  {r.seconds:6.1f} s")
+        click.echo(f"integer runs: {'all identical' if ok else 'MISMATCH'} ({len(runs)} runs, {steps} steps each)")
+        if fruns:
+            nf = sum(r.diverges_at is not None for r in fruns)
+            click.echo(f"float runs: {nf} of {len(fruns) - 1} differ from the first float run")
+        if expect:
+            click.echo(f"--expect {expect}: {'matches' if expect_ok else 'DIFFERS from ' + greedy[0].hash}")
+    if not ok or not expect_ok:
+        sys.exit(1)
+
+
 if __name__ == "__main__":
     main()

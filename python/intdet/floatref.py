@@ -103,3 +103,65 @@ class FloatModel:
         logits = h @ out.T
         rec("output", logits)
         return logits
+
+
+def torch_model(fm):
+    """The same float reference in torch float32 (CPU), to show that another
+    float library and thread count change the bits. Returns an object with
+    ``start(prompt) -> (last logits as numpy, step_fn(token, pos) -> logits)``."""
+    import torch
+
+    hp = fm.hp
+    W = {k: torch.from_numpy(np.asarray(v, dtype=np.float32)) for k, v in fm.weights.items() if v is not None}
+    nh, nkv, D = hp["num_heads"], hp["num_kv_heads"], hp["head_dim"]
+    inv = 1.0 / (hp["rope_theta"] ** (torch.arange(0, D, 2, dtype=torch.float64) / D))
+    eps = hp["rms_eps"]
+
+    def norm(x, g):
+        return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + eps) * g
+
+    def rope(x, pos):
+        ang = pos[:, None].double() * inv[None, :]
+        c, s = ang.cos().float()[:, None, :], ang.sin().float()[:, None, :]
+        x1, x2 = x[..., : D // 2], x[..., D // 2:]
+        return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], -1)
+
+    class M:
+        def start(self, prompt):
+            self.kc = [None] * hp["num_layers"]
+            self.vc = [None] * hp["num_layers"]
+            return self.fwd(prompt, 0), lambda tok, pos: self.fwd([tok], pos)
+
+        @torch.no_grad()
+        def fwd(self, toks, start):
+            T = len(toks)
+            pos = torch.arange(start, start + T)
+            x = W["tok_embd"][torch.tensor(toks)]
+            for i in range(hp["num_layers"]):
+                p = f"blk.{i}."
+                h = norm(x, W[p + "attn_norm"])
+                q, k, v = h @ W[p + "attn_q"].T, h @ W[p + "attn_k"].T, h @ W[p + "attn_v"].T
+                if hp["attn_bias"]:
+                    q, k, v = q + W[p + "attn_q.bias"], k + W[p + "attn_k.bias"], v + W[p + "attn_v.bias"]
+                q, k, v = q.view(T, nh, D), k.view(T, nkv, D), v.view(T, nkv, D)
+                if hp["qk_norm"]:
+                    q, k = norm(q, W[p + "attn_q_norm"]), norm(k, W[p + "attn_k_norm"])
+                q, k = rope(q, pos), rope(k, pos)
+                self.kc[i] = k if self.kc[i] is None else torch.cat([self.kc[i], k])
+                self.vc[i] = v if self.vc[i] is None else torch.cat([self.vc[i], v])
+                K = self.kc[i].repeat_interleave(nh // nkv, 1)
+                V = self.vc[i].repeat_interleave(nh // nkv, 1)
+                sc = torch.einsum("thd,nhd->htn", q, K) / D**0.5
+                mask = torch.arange(len(K))[None, :] > pos[:, None]
+                sc = sc.masked_fill(mask[None], float("-inf")).softmax(-1)
+                o = torch.einsum("htn,nhd->thd", sc, V).reshape(T, nh * D) @ W[p + "attn_output"].T
+                if p + "attn_output.bias" in W:
+                    o = o + W[p + "attn_output.bias"]
+                x = x + o
+                h = norm(x, W[p + "ffn_norm"])
+                x = x + (torch.nn.functional.silu(h @ W[p + "ffn_gate"].T) * (h @ W[p + "ffn_up"].T)) @ W[p + "ffn_down"].T
+            h = norm(x[-1:], W["output_norm"])
+            out = W["output"] if "output" in W else W["tok_embd"]
+            return (h @ out.T)[0].numpy()
+
+    return M()
