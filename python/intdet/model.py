@@ -88,6 +88,8 @@ def load_model(path: str) -> LoadedModel:
             raise IntdetError(f"{cfg_path}: {k} = {v!r} is not a positive integer")
     if cfg["num_heads"] % cfg["num_kv_heads"] or cfg["head_dim"] % 2 or cfg["head_dim"] > 256 or cfg["hidden_size"] > 8192:
         raise IntdetError(f"{cfg_path}: head counts/sizes outside the overflow-checked range (docs/format.md)")
+    if max(cfg["intermediate_size"], cfg["num_heads"] * cfg["head_dim"]) >= 1 << 24 or cfg["context_length"] >= 1 << 19:
+        raise IntdetError(f"{cfg_path}: a linear input of 2^24 features or a context of 2^19 positions could overflow an accumulator")
     st = SafetensorsFile(st_path)
     tensors = {}
     for name, shape in _expected_shapes(cfg).items():
