@@ -146,3 +146,6 @@ def test_cross_arch_matches_python(arch, models_and_expected, tmp_path_factory):
     seen = _check_all([qemu, "-L", f"/usr/{arch}-linux-gnu", tool], models_and_expected)
     endian = "big-endian" if arch == "s390x" else "little-endian"
     assert all(endian in s for s in seen), seen[0]
+    if arch == "aarch64":  # the NEON kernels are the default there; check scalar too
+        assert all("isa neon" in s for s in seen), seen[0]
+        _check_all([qemu, "-L", f"/usr/{arch}-linux-gnu", tool], models_and_expected, "--isa", "scalar")

@@ -16,9 +16,15 @@ const Kernels kScalar{"scalar", linear_generic, attend_head};
 #if defined(__x86_64__) || defined(_M_X64)
 const Kernels kAvx2{"avx2", linear_avx2, attend_head_avx2};
 #endif
+#if defined(__aarch64__)
+const Kernels kNeon{"neon", linear_neon, attend_head_neon};
+#endif
 
 bool cpu_has(const std::string& name) {
   if (name == "scalar") return true;
+#if defined(__aarch64__)
+  if (name == "neon") return true;  // ASIMD is part of the aarch64 baseline
+#endif
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
   __builtin_cpu_init();
   if (name == "avx2") return __builtin_cpu_supports("avx2");
@@ -30,6 +36,9 @@ const Kernels* by_name(const std::string& name) {
   if (name == "scalar") return &kScalar;
 #if defined(__x86_64__) || defined(_M_X64)
   if (name == "avx2") return &kAvx2;
+#endif
+#if defined(__aarch64__)
+  if (name == "neon") return &kNeon;
 #endif
   return nullptr;
 }
@@ -57,7 +66,7 @@ const Kernels& kernels() { return *active(); }
 
 std::vector<std::string> available_isas() {
   std::vector<std::string> out;
-  for (const char* n : {"scalar", "avx2"})
+  for (const char* n : {"scalar", "avx2", "neon"})
     if (by_name(n) && cpu_has(n)) out.push_back(n);
   return out;
 }
