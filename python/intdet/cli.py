@@ -1,7 +1,9 @@
 """``intdet`` command line: each verb parses its options and calls the library.
 
 User errors print one line, ``intdet: error: ...``, and exit 1 (usage errors
-exit 2, as click does); no traceback, no partial output.
+exit 2, as click does); no traceback, no partial output. Ctrl-C exits 130:
+during generation after printing the text so far and its hash, elsewhere
+with the one line ``intdet: interrupted``.
 """
 
 from __future__ import annotations
@@ -31,6 +33,9 @@ def user_errors(fn):
             _fail(str(e))
         except BrokenPipeError:
             sys.exit(1)
+        except KeyboardInterrupt:  # Ctrl-C outside generation (convert, model load): one line, exit 130
+            click.echo("intdet: interrupted", err=True)
+            sys.exit(130)
         except MemoryError:
             _fail("out of memory")
         except OSError as e:  # permission denied, disk full, ... on a named file
@@ -177,12 +182,13 @@ def generate(prompt, model, prompt_opt, file, ids, max_new_tokens, chat, tempera
 @click.option("--ctx", default=512, show_default=True, type=int, help="Window length in tokens.")
 @click.option("--max-windows", default=None, type=int, help="Score only the first N windows.")
 @click.option("--float", "use_float", is_flag=True, help="Score with the float32 reference of the same source instead.")
+@click.option("--second-half", is_flag=True, help="Score only the second half of each window (llama.cpp's protocol).")
 @click.option("--device", default="cpu", show_default=True, help="cpu or ref (integer backends).")
 @click.option("--threads", default=0, type=int, help="CPU threads (default 0: all cores).")
 @click.option("--revision", default=None, help="Hub revision when -m is a repo id.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @user_errors
-def perplexity(model, file, ctx, max_windows, use_float, device, threads, revision, as_json):
+def perplexity(model, file, ctx, max_windows, use_float, second_half, device, threads, revision, as_json):
     """Perplexity of a text file: non-overlapping windows of --ctx tokens."""
     import os
 
@@ -216,13 +222,14 @@ def perplexity(model, file, ctx, max_windows, use_float, device, threads, revisi
     else:
         fn, kind = integer_logits_fn(Engine(lm, device, threads)), f"integer ({device})"
     n_bytes = lambda w: len(lm.tokenizer.decode(w).encode("utf-8"))  # noqa: E731
-    r = run(fn, wins, n_bytes, progress=sys.stderr.isatty() and not as_json)
+    r = run(fn, wins, n_bytes, progress=sys.stderr.isatty() and not as_json, second_half=second_half)
     if as_json:
         click.echo(json.dumps({**r.as_dict(), "model": os.path.basename(src or model), "kind": kind, "file": file}))
     else:
         click.echo(f"{kind}: perplexity {r.perplexity:.4f}, mean NLL {r.nll:.5f} nats/token, "
                    f"{r.bits_per_byte:.5f} bits/byte over {r.tokens} tokens ({r.windows} windows of {r.ctx}) "
-                   f"in {r.seconds:.1f} s")
+                   f"in {r.seconds:.1f} s; second half of each window only (llama.cpp's protocol): "
+                   f"{r.perplexity_second_half:.4f}")
 
 
 @main.command("hash-check")

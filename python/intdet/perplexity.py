@@ -29,6 +29,8 @@ class PplResult:
     windows: int
     ctx: int
     seconds: float
+    perplexity_second_half: float = float("nan")  # llama.cpp's protocol: second half of each window only
+    tokens_second_half: int = 0
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
@@ -53,30 +55,38 @@ def windows_of(ids, ctx: int, max_windows: int | None = None):
     return [ids[i * ctx:(i + 1) * ctx] for i in range(n)]
 
 
-def window_nll(logits: np.ndarray, window) -> float:
-    """Sum of -log p(window[j+1] | window[:j+1]) for j < len-1; logits float [T, V]."""
-    lp = log_softmax(np.asarray(logits, dtype=np.float64)[:-1])
-    tgt = np.asarray(window[1:])
+def window_nll(logits: np.ndarray, window, first: int = 0) -> float:
+    """Sum of -log p(window[j+1] | window[:j+1]) for first <= j < len-1;
+    logits float [T, V]."""
+    lp = log_softmax(np.asarray(logits, dtype=np.float64)[first:-1])
+    tgt = np.asarray(window[first + 1:])
     return float(-lp[np.arange(len(tgt)), tgt].sum())
 
 
-def perplexity(logits_fn, windows, n_bytes_fn, progress: bool = True) -> PplResult:
+def perplexity(logits_fn, windows, n_bytes_fn, progress: bool = True, second_half: bool = False) -> PplResult:
     """logits_fn(window) -> float64 logits [len, V] in natural-log units.
-    n_bytes_fn(window) -> UTF-8 bytes of that window's text."""
+    n_bytes_fn(window) -> UTF-8 bytes of that window's text. second_half
+    scores only predictions from position ctx/2 on (llama.cpp's protocol)."""
     from tqdm import tqdm
 
     total_nll, total_tok, total_bytes = 0.0, 0, 0
+    half_nll, half_tok = 0.0, 0
     t0 = time.perf_counter()
     bar = tqdm(windows, desc="perplexity", unit="win", disable=not progress)
     for w in bar:
-        total_nll += window_nll(logits_fn(w), w)
-        total_tok += len(w) - 1
-        total_bytes += n_bytes_fn(w)
+        logits = logits_fn(w)
+        first = len(w) // 2 if second_half else 0
+        total_nll += window_nll(logits, w, first)
+        total_tok += len(w) - 1 - first
+        total_bytes += n_bytes_fn(w[first + 1:])
+        half_nll += window_nll(logits, w, len(w) // 2)
+        half_tok += len(w) - 1 - len(w) // 2
         bar.set_postfix(ppl=f"{math.exp(total_nll / total_tok):.4f}")
     nll = total_nll / total_tok
     return PplResult(
         perplexity=math.exp(nll), nll=nll, bits_per_byte=total_nll / math.log(2) / max(total_bytes, 1),
         tokens=total_tok, windows=len(windows), ctx=len(windows[0]), seconds=time.perf_counter() - t0,
+        perplexity_second_half=math.exp(half_nll / half_tok), tokens_second_half=half_tok,
     )
 
 
