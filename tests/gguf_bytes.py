@@ -105,6 +105,8 @@ def parse(b: bytes) -> GGUF:
         kvs.append(KV(key, vt, b[vstart:end]))
         if key == b"general.alignment":
             (alignment,) = struct.unpack_from("<I", b, vstart)
+            if not (0 < alignment <= 1 << 16 and alignment & (alignment - 1) == 0):
+                raise ValueError(f"alignment {alignment}")  # (the fuzzers' mutator must not pad by 2^31)
         pos = end
     for _ in range(n_t):
         (nl,) = struct.unpack_from("<Q", b, pos)
@@ -136,6 +138,8 @@ def build(g: GGUF, tensor_count=None, kv_count=None, pad_to=None) -> bytes:
                 struct.pack(f"<{len(t.dims)}Q", *t.dims), struct.pack("<IQ", t.ttype, t.offset)]
     head = b"".join(out)
     a = pad_to or g.alignment
+    if not 0 < a <= 1 << 16:
+        raise ValueError(f"padding to {a}")
     return head + b"\0" * (-len(head) % a) + g.data
 
 
@@ -153,7 +157,7 @@ def relayout(g: GGUF, alignment: int):
     """Re-pack the tensor data with every offset a multiple of ``alignment``
     and record general.alignment (keeps the file valid)."""
     blobs = [g.blob(t) for t in g.tensors]
-    data, off = b"", 0
+    data = b""
     for t, blob in zip(g.tensors, blobs):
         data += b"\0" * (-len(data) % alignment)
         t.offset = len(data)

@@ -196,6 +196,14 @@ GGUF_CASES = {
     "nan_rms_eps": ("F32", _set_kv("llama.attention.layer_norm_rms_epsilon", (6, struct.pack("<f", float("nan")))),
                     ["llama.attention.layer_norm_rms_epsilon"]),
     "rope_theta_zero": ("F32", _set_kv("llama.rope.freq_base", (6, struct.pack("<f", 0.0))), ["rope theta"]),
+    # found by tests/fuzz/fuzz_gguf.py:
+    "vocab_size_inf": ("F32", _set_kv("llama.vocab_size", (6, struct.pack("<f", float("inf")))), ["llama.vocab_size"]),
+    "tokenizer_pre_array": ("F32", _set_kv("tokenizer.ggml.pre", (gb.T_ARRAY, struct.pack("<IQ", gb.T_STRING, 1) + gb.string("gpt2")[1])),
+                            ["tokenizer.ggml.pre", "expected STRING"]),
+    "token_type_floats": ("F32", _kv_raw("tokenizer.ggml.token_type", lambda r: struct.pack("<I", 6) + r[4:]),
+                          ["tokenizer.ggml.token_type", "FLOAT32"]),
+    "tensor_name_newline": ("F32", _tensor("blk.0.attn_q.weight", name=b"blk.0.attn\n\n\n\n\n\n\n\n\n"),
+                            ["control characters"]),
 }
 
 # ------------------------------------------------------- safetensors cases
@@ -259,6 +267,10 @@ def _config_vocab(path):
     Path(cfg_path).write_text(json.dumps(cfg))
 
 
+def _deep_json(path):
+    Path(path).write_bytes(struct.pack("<Q", 200_000) + b"[" * 100_000 + b"]" * 100_000)
+
+
 ST_CASES = {
     "st_header_len_2^64-1": (_st_header_len(MAX64), [ST, "header length"]),
     "st_header_len_wraps": (_st_header_len(2**64 - 8), [ST, "header length"]),
@@ -268,6 +280,12 @@ ST_CASES = {
     "st_offset_past_2^64": (_st_edit(_offsets_past_2_64), [ST, Q, "offsets"]),
     "st_shape_bytes_wrap": (_st_edit(_shape_wraps), [ST, Q]),
     "st_vocab_disagrees": (_config_vocab, ["tok_embd", "(321, 72)"]),
+    # found by tests/fuzz/fuzz_safetensors.py:
+    "st_dtype_list": (_st_edit(lambda h: h[Q].update(dtype=["F32"])), [ST, Q, "unsupported dtype"]),
+    "st_dtype_dict": (_st_edit(lambda h: h[Q].update(dtype={"a": 1})), [ST, Q, "unsupported dtype"]),
+    "st_deep_json": (_deep_json, [ST, "nested too deeply"]),
+    "st_metadata_not_object": (_st_edit(lambda h: h.update(__metadata__=[1])), [ST, "__metadata__"]),
+    "st_shape_bool": (_st_edit(lambda h: h[NORM0].update(shape=[True, 72])), [ST, NORM0, "invalid shape"]),
 }
 
 
@@ -383,10 +401,11 @@ def test_truncated_sections_through_cli(sources, tmp_path):
     b = sources["Q8_0"]
     g = gb.parse(b)
     bd = g.boundaries
-    k = 4 + 3 * 0  # boundaries: 4 magic, 8 version, 16/24 counts, then per key field
+    # boundaries: 4 magic, 8 version, 16 and 24 counts, then the first key's
+    # length (bd[4]), name (bd[5]) and value type (bd[6]) ...
     data_start = len(b) - len(g.data)
-    picks = {"magic": 3, "version": 6, "tensor_count": 12, "kv_count": 20, "key_len": bd[k] - 3,
-             "key": bd[k + 1] - 2, "value_type": bd[k + 2] - 1, "string_array": bd[len(bd) // 4],
+    picks = {"magic": 3, "version": 6, "tensor_count": 12, "kv_count": 20, "key_len": bd[4] - 3,
+             "key": bd[5] - 2, "value_type": bd[6] - 1, "string_array": bd[len(bd) // 4],
              "tensor_info": data_start - 120, "padding": data_start - 1, "data": data_start + 1000}
     (tmp_path / "cache").mkdir()
     jobs = []

@@ -107,7 +107,7 @@ def _read_prompt(prompt, prompt_opt, file, ids):
 @click.option("--top-k", default=0, type=int, help="Keep the k most likely tokens (0 = off).")
 @click.option("--top-p", default="1", help="Nucleus sampling mass (1 = off).")
 @click.option("--seed", default=0, type=int, show_default=True)
-@click.option("--device", default="cpu", show_default=True, help="cpu (C++ core) or ref (numpy spec).")
+@click.option("--device", default="cpu", show_default=True, help="cpu (C++ core), cuda (GPU, same bits) or ref (numpy spec).")
 @click.option("--threads", default=0, type=int, help="CPU threads (default 0: all cores).")
 @click.option("--revision", default=None, help="Hub revision when -m is a repo id.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of streaming text.")
@@ -183,7 +183,7 @@ def generate(prompt, model, prompt_opt, file, ids, max_new_tokens, chat, tempera
 @click.option("--max-windows", default=None, type=int, help="Score only the first N windows.")
 @click.option("--float", "use_float", is_flag=True, help="Score with the float32 reference of the same source instead.")
 @click.option("--second-half", is_flag=True, help="Score only the second half of each window (llama.cpp's protocol).")
-@click.option("--device", default="cpu", show_default=True, help="cpu or ref (integer backends).")
+@click.option("--device", default="cpu", show_default=True, help="cpu, cuda or ref (integer backends).")
 @click.option("--threads", default=0, type=int, help="CPU threads (default 0: all cores).")
 @click.option("--revision", default=None, help="Hub revision when -m is a repo id.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
@@ -232,6 +232,66 @@ def perplexity(model, file, ctx, max_windows, use_float, second_half, device, th
                    f"{r.perplexity_second_half:.4f}")
 
 
+def _cuda_hash_runs(lm, cpu, ids, steps, seed, temperature, with_ref, progress):
+    """hash-check --device cuda: one CPU run first (the group's reference),
+    then the GPU with the prefill whole, token by token and in chunks of 7,
+    inside batches of 4 and 8, and replayed from CUDA graphs; sampled runs
+    on both."""
+    from .hashcheck import mark_divergence, run_one
+    from .model import Engine
+    from .sampling import Sampler
+
+    gpu = Engine(lm, "cuda", cuda_graphs=False)
+    runs = []
+
+    def go(label, engine, sampler, group="greedy", **kw):
+        r = run_one(engine, ids, steps, sampler, **kw)
+        r.config, r.group = label, group
+        runs.append(r)
+        if progress:
+            progress(r)
+
+    go(f"cpu ({cpu._core.isa()}, {cpu._core.num_threads()} threads)", cpu, Sampler())
+    go(f"cuda ({gpu._core.device_name()}), prefill whole", gpu, Sampler())
+    go("cuda, prefill token by token", gpu, Sampler(), prefill_chunk=1)
+    go("cuda, prefill in chunks of 7", gpu, Sampler(), prefill_chunk=7)
+    go("cuda, inside a batch of 4", gpu, Sampler(), batch=4, co_seed=seed + 4)
+    go("cuda, inside a batch of 8", gpu, Sampler(), batch=8, co_seed=seed + 8)
+    gpu._model.cuda_graphs = True
+    go("cuda, CUDA graphs", gpu, Sampler())
+    go("cuda, CUDA graphs, inside a batch of 8", gpu, Sampler(), batch=8, co_seed=seed + 8)
+    gpu._model.cuda_graphs = False
+    samp = Sampler(temperature=temperature, top_p="0.95", seed=seed)
+    go(f"sampled T={temperature} seed={seed}: cpu", cpu, samp, group="sampled")
+    go(f"sampled T={temperature} seed={seed}: cuda, batch of 4", gpu, samp, group="sampled", batch=4, co_seed=seed + 99)
+    if with_ref:
+        go("ref (numpy integer spec)", Engine(lm, "ref"), Sampler())
+    mark_divergence(runs)
+    return runs
+
+
+@main.command("random-model")
+@click.argument("out_dir")
+@click.option("--shape", type=click.Choice(["qwen3-0.6b", "tiny-llama", "tiny-qwen3"]), default="qwen3-0.6b",
+              show_default=True)
+@click.option("--seed", default=0, type=int, show_default=True)
+@user_errors
+def random_model(out_dir, shape, seed):
+    """Write a Hugging Face checkpoint with deterministic random weights (then `intdet convert` it).
+
+    Wraps scripts/make_random_model.py, so it needs a source checkout."""
+    import importlib.util
+    import os
+
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts", "make_random_model.py")
+    if not os.path.isfile(script):
+        raise IntdetError("random-model needs a source checkout of intdet (scripts/make_random_model.py)")
+    spec = importlib.util.spec_from_file_location("intdet_make_random_model", script)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    sys.exit(mod.main([out_dir, "--shape", shape, "--seed", str(seed)]))
+
+
 @main.command("hash-check")
 @click.option("-m", "--model", default=None, help="Model (default: SmolLM2-135M-Instruct).")
 @click.option("--prompt", default="Shall I compare thee to a summer's day?", show_default=True)
@@ -241,10 +301,12 @@ def perplexity(model, file, ctx, max_windows, use_float, second_half, device, th
 @click.option("--expect", default=None, help="Greedy hash from another machine to compare with.")
 @click.option("--ref", "with_ref", is_flag=True, help="Also run the numpy integer spec (slow).")
 @click.option("--float", "with_float", is_flag=True, help="Run the same matrix in float too, to show it diverge.")
+@click.option("--device", default="cpu", show_default=True, type=click.Choice(["cpu", "cuda"]),
+              help="cpu: every ISA x threads; cuda: GPU prefill splits, batches and CUDA graphs against a CPU run.")
 @click.option("--revision", default=None, help="Hub revision when -m is a repo id.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @user_errors
-def hash_check(model, prompt, steps, seed, temperature, expect, with_ref, with_float, revision, as_json):
+def hash_check(model, prompt, steps, seed, temperature, expect, with_ref, with_float, device, revision, as_json):
     """Run one generation under every configuration here; exit 1 unless all hashes agree."""
     import re
 
@@ -270,7 +332,10 @@ def hash_check(model, prompt, steps, seed, temperature, expect, with_ref, with_f
         raise IntdetError(f"--steps: prompt ({len(ids)} tokens) + {steps} steps exceed the context length {lm.cfg['context_length']}")
     engine = Engine(lm, "cpu")
     show = None if as_json else (lambda r: click.echo(f"  done: {r.config} ({r.seconds:.1f} s)", err=True))
-    runs = run(engine, ids, steps, seed=seed, temperature=temperature, with_ref=with_ref, progress=show)
+    if device == "cuda":
+        runs = _cuda_hash_runs(lm, engine, ids, steps, seed, temperature, with_ref, show)
+    else:
+        runs = run(engine, ids, steps, seed=seed, temperature=temperature, with_ref=with_ref, progress=show)
     fruns = float_check(src, ids, steps, progress=show) if with_float else []
     greedy = [r for r in runs if r.group == "greedy"]
     ok = all(r.diverges_at is None for r in runs)
@@ -295,6 +360,27 @@ def hash_check(model, prompt, steps, seed, temperature, expect, with_ref, with_f
             click.echo(f"--expect {expect}: {'matches' if expect_ok else 'DIFFERS from ' + greedy[0].hash}")
     if not ok or not expect_ok:
         sys.exit(1)
+
+
+@main.command()
+@click.option("-m", "--model", default=None, help="Model (default: SmolLM2-135M-Instruct).")
+@click.option("--prompt-tokens", default=512, show_default=True, type=int, help="Prompt length for prompt processing.")
+@click.option("--gen-tokens", default=128, show_default=True, type=int, help="Greedy tokens to decode.")
+@click.option("--threads", multiple=True, type=int, help="Thread count; repeat for one row each (default: all cores).")
+@click.option("--batch", default=1, show_default=True, type=int, help="Also decode B sequences together (forward_batch).")
+@click.option("--revision", default=None, help="Hub revision when -m is a repo id.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@user_errors
+def bench(model, prompt_tokens, gen_tokens, threads, batch, revision, as_json):
+    """Prompt-processing and decode speed, peak RSS, ISA and threads: one row per --threads."""
+    from .bench import format_table, run_bench
+    from .model import load_model
+    from .resolve import resolve_model
+
+    lm = load_model(resolve_model(model, revision, progress=sys.stderr.isatty()))
+    show = (lambda msg: click.echo(f"  {msg}", err=True)) if sys.stderr.isatty() and not as_json else None
+    rows = run_bench(lm, prompt_tokens, gen_tokens, threads or (0,), batch, progress=show)
+    click.echo(json.dumps({"model": lm.path, "rows": rows}) if as_json else format_table(rows))
 
 
 if __name__ == "__main__":

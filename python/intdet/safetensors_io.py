@@ -60,10 +60,14 @@ class SafetensorsFile:
                 header = json.loads(f.read(hlen))
             except (UnicodeDecodeError, json.JSONDecodeError) as e:
                 raise IntdetError(f"{self.path}: safetensors header is not valid JSON ({e})") from None
+            except RecursionError:  # "[[[[..." nested deeper than the interpreter's stack
+                raise IntdetError(f"{self.path}: safetensors header JSON is nested too deeply") from None
             self._mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size > 0 else None
         if not isinstance(header, dict):
             raise IntdetError(f"{self.path}: safetensors header is not a JSON object")
         self.metadata = header.pop("__metadata__", None) or {}
+        if not isinstance(self.metadata, dict):
+            raise IntdetError(f"{self.path}: safetensors __metadata__ is not a JSON object")
         self._base = 8 + hlen
         data_len = size - self._base
         self._entries = {}
@@ -73,11 +77,11 @@ class SafetensorsFile:
                 dt, shape, (b, e) = ent["dtype"], ent["shape"], ent["data_offsets"]
             except (TypeError, KeyError, ValueError):
                 raise IntdetError(f"{self.path}: tensor '{name}' has a malformed header entry") from None
-            if dt not in DTYPES:
-                raise IntdetError(f"{self.path}: tensor '{name}' has unsupported dtype {dt!r}")
-            if not (isinstance(shape, list) and all(isinstance(d, int) and 0 <= d < 2**40 for d in shape)):
-                raise IntdetError(f"{self.path}: tensor '{name}' has an invalid shape {shape!r}")
-            if not (isinstance(b, int) and isinstance(e, int) and 0 <= b <= e <= data_len):
+            if not isinstance(dt, str) or dt not in DTYPES:  # (a list or dict is unhashable)
+                raise IntdetError(f"{self.path}: tensor '{name}' has unsupported dtype {dt!r:.60}")
+            if not (isinstance(shape, list) and all(type(d) is int and 0 <= d < 2**40 for d in shape)):
+                raise IntdetError(f"{self.path}: tensor '{name}' has an invalid shape {shape!r:.80}")
+            if not (type(b) is int and type(e) is int and 0 <= b <= e <= data_len):
                 raise IntdetError(f"{self.path}: tensor '{name}' offsets [{b}, {e}] lie outside the {data_len}-byte data section")
             nbytes = DTYPES[dt][1]
             for d in shape:

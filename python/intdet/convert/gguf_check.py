@@ -48,6 +48,42 @@ VALUE_TYPES = {
 }
 
 
+INT_TYPES = {0, 1, 2, 3, 4, 5, 10, 11}
+FLOAT_TYPES = {6, 12}
+# Value types of the metadata intdet reads (as llama.cpp checks them), so the
+# tokenizer and hyper-parameter code never meets a list where it wants a
+# string. key (or "prefix.*") -> (allowed value types, allowed array element types)
+KEY_TYPES = {
+    "general.architecture": ({T_STRING}, None),
+    "tokenizer.ggml.model": ({T_STRING}, None),
+    "tokenizer.ggml.pre": ({T_STRING}, None),
+    "tokenizer.chat_template": ({T_STRING}, None),
+    "tokenizer.chat_template.*": ({T_STRING}, None),
+    "tokenizer.ggml.tokens": ({T_ARRAY}, {T_STRING}),
+    "tokenizer.ggml.merges": ({T_ARRAY}, {T_STRING}),
+    "tokenizer.ggml.token_type": ({T_ARRAY}, INT_TYPES),
+    "tokenizer.ggml.scores": ({T_ARRAY}, FLOAT_TYPES),
+    "tokenizer.ggml.*_token_id": (INT_TYPES, None),
+    "tokenizer.ggml.add_*": ({7}, None),
+}
+
+
+def _expected_types(key: str):
+    if key in KEY_TYPES:
+        return KEY_TYPES[key]
+    for pat, want in KEY_TYPES.items():
+        if "*" in pat:
+            head, tail = pat.split("*")
+            if key.startswith(head) and key.endswith(tail) and len(key) > len(head) + len(tail):
+                return want
+    return None
+
+
+def _type_name(vtype, etype=None):
+    n = VALUE_TYPES[vtype][0]
+    return f"{n} of {VALUE_TYPES[etype][0]}" if vtype == T_ARRAY and etype is not None else n
+
+
 def _quant_sizes() -> dict:
     """ggml type id -> (name, block size, bytes per block), from gguf-py."""
     from gguf import GGML_QUANT_SIZES
@@ -80,6 +116,14 @@ class _Cursor:
         (v,) = struct.unpack_from("<Q", self.buf, self.pos)
         self.pos += 8
         return v
+
+    def name(self, what: str, limit: int) -> str:
+        """A key or tensor name: also free of control characters (they end
+        up in one-line error messages)."""
+        s = self.string(what, limit)
+        if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in s):
+            self.fail(f"{what} {s[:80]!r} contains control characters")
+        return s
 
     def string(self, what: str, limit: int = MAX_STRING_LEN) -> str:
         n = self.u64(f"{what} length")
@@ -159,7 +203,7 @@ def _check(c: _Cursor, size: int) -> dict:
     keys, alignment, array_total = [], DEFAULT_ALIGNMENT, 0
     seen_keys = set()
     for i in range(n_kv):
-        key = c.string(f"metadata key #{i}", MAX_KEY_LEN)
+        key = c.name(f"metadata key #{i}", MAX_KEY_LEN)
         if key in seen_keys:
             c.fail(f"duplicate metadata key {key!r}")
         seen_keys.add(key)
@@ -167,10 +211,17 @@ def _check(c: _Cursor, size: int) -> dict:
         vtype = c.u32(f"type of metadata {key!r}")
         if vtype not in VALUE_TYPES:
             c.fail(f"metadata {key!r} has unknown value type {vtype}")
+        want = _expected_types(key)
+        if want and vtype not in want[0]:
+            c.fail(f"metadata {key!r} has type {_type_name(vtype)}, expected "
+                   f"{' or '.join(sorted(_type_name(t) for t in want[0]))}")
         if vtype == T_ARRAY:
             etype = c.u32(f"element type of metadata {key!r}")
             if etype not in VALUE_TYPES:
                 c.fail(f"metadata {key!r} is an array of unknown value type {etype}")
+            if want and want[1] and etype not in want[1]:
+                c.fail(f"metadata {key!r} is an {_type_name(vtype, etype)}, expected an ARRAY of "
+                       f"{' or '.join(sorted(VALUE_TYPES[t][0] for t in want[1]))}")
             if etype == T_ARRAY:
                 c.fail(f"metadata {key!r} is a nested array (not supported)")
             n = c.u64(f"length of metadata array {key!r}")
@@ -199,7 +250,7 @@ def _check(c: _Cursor, size: int) -> dict:
     qsizes = _quant_sizes()
     infos, names = [], set()
     for i in range(n_tensors):
-        name = c.string(f"name of tensor #{i}", MAX_NAME_LEN)
+        name = c.name(f"name of tensor #{i}", MAX_NAME_LEN)
         if name in names:
             c.fail(f"duplicate tensor name '{name}'")
         names.add(name)

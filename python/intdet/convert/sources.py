@@ -167,7 +167,7 @@ def read_gguf(path: str) -> FloatModel:
         _check_finite(name, w, path)
         weights[name] = w
     V = weights["tok_embd"].shape[0] if "tok_embd" in weights else None
-    vocab_kv = _gguf_field(r, "llama.vocab_size")
+    vocab_kv = need("vocab_size") if r.fields.get("llama.vocab_size") is not None else None
     try:
         tok, meta = tokenizer_from_gguf(r)
     except ValueError as e:  # missing or malformed tokenizer.ggml.* keys
@@ -175,7 +175,7 @@ def read_gguf(path: str) -> FloatModel:
     n_tokens = tok.get_vocab_size(with_added_tokens=True)
     if V is None:
         raise IntdetError(f"{path}: missing tensor token_embd.weight")
-    if vocab_kv is not None and int(vocab_kv) != V:
+    if vocab_kv is not None and vocab_kv != V:
         raise IntdetError(f"{path}: llama.vocab_size {vocab_kv} disagrees with token_embd rows {V}")
     if n_tokens > V:
         raise IntdetError(f"{path}: tokenizer has {n_tokens} tokens but the embedding has {V} rows")
