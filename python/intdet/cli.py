@@ -119,7 +119,7 @@ def generate(prompt, model, prompt_opt, file, ids, max_new_tokens, chat, tempera
     from .model import DEVICES, Engine, load_model
     from .resolve import resolve_model
     from .sampling import Sampler
-    from .tokenizer import StreamDecoder, encode, render_chat
+    from .tokenizer import StreamDecoder, encode, encode_chat
 
     if device not in DEVICES:
         raise IntdetError(f"--device {device!r} is not available (choose from {', '.join(DEVICES)})")
@@ -134,15 +134,12 @@ def generate(prompt, model, prompt_opt, file, ids, max_new_tokens, chat, tempera
             import jinja2
 
             try:
-                rendered = render_chat(meta, [{"role": "user", "content": text}])
+                prompt_ids = encode_chat(tok, meta, text)
             except ValueError as e:
                 raise IntdetError(str(e)) from None
             except jinja2.TemplateError as e:  # a broken template or its raise_exception()
                 msg = str(e).splitlines()[0] if str(e) else type(e).__name__
                 raise IntdetError(f"{lm.path}: chat template failed ({msg})") from None
-            bos = meta.get("bos_token")
-            add_bos = bool(meta.get("add_bos_token")) and not (bos and rendered.startswith(bos))
-            prompt_ids = encode(tok, meta, rendered, add_bos=add_bos, special=True)
         else:
             prompt_ids = encode(tok, meta, text)
     engine = Engine(lm, device, threads)

@@ -543,6 +543,26 @@ def render_chat(meta: dict, messages: list[dict], add_generation_prompt: bool = 
         bos_token=meta.get("bos_token") or "", eos_token=meta.get("eos_token") or "", **variables)
 
 
+def encode_chat(tok: Tokenizer, meta: dict, user_text: str) -> list[int]:
+    """Token ids of a one-turn chat prompt (with the generation prompt).
+
+    The template is rendered around a placeholder, and only the template's
+    own text is matched for special tokens: the user's text is encoded as
+    plain text, so "<|im_end|>" typed by a user cannot inject a control token.
+    BOS is added when meta asks for it and the template did not write it.
+    Raises what :func:`render_chat` raises.
+    """
+    hole = "\x00intdet-user-content\x00"
+    rendered = render_chat(meta, [{"role": "user", "content": hole}])
+    bos = meta.get("bos_token")
+    add_bos = bool(meta.get("add_bos_token")) and not (bos and rendered.startswith(bos))
+    parts = rendered.split(hole)
+    ids = encode(tok, meta, parts[0], add_bos=add_bos, special=True)
+    for part in parts[1:]:
+        ids += encode(tok, meta, user_text, add_bos=False) + encode(tok, meta, part, add_bos=False, special=True)
+    return ids
+
+
 # --------------------------------------------------------------------------- streaming
 
 
