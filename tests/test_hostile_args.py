@@ -88,16 +88,18 @@ def test_special_token_text_is_plain_without_chat(model, cache, text):
 
 
 def test_special_tokens_only_prompt_with_chat(model, cache):
-    """With --chat the rendered template is tokenized with specials: the
-    prompt holds the template's control tokens and the run succeeds."""
-    from intdet.tokenizer import encode, render_chat
+    """With --chat the template's own text is tokenized with specials, the
+    user's text as plain text: special-token strings typed by the user add no
+    control tokens, and the run succeeds."""
+    from intdet.tokenizer import encode_chat
 
     _, tok, meta = model
     text = IM_START + IM_END
-    ids = encode(tok, meta, render_chat(meta, [{"role": "user", "content": text}]), add_bos=False, special=True)
+    ids = encode_chat(tok, meta, text)
     r = cli(["generate", "-m", model[0], "-n", "3", "--json", "--chat", text], cache)
     st = ok_json(r)
     assert st["prompt_tokens"] == len(ids) and 1 in ids
+    assert ids.count(1) == encode_chat(tok, meta, "").count(1)
     b = ok_json(cli(["generate", "-m", model[0], "-n", "3", "--json", "--ids", ",".join(map(str, ids))], cache))
     assert st["hash"] == b["hash"]
 
