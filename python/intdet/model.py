@@ -1,7 +1,8 @@
 """Load a converted intdet model directory and run it on a backend.
 
 ``load_model(dir)`` checks config.json and every tensor's dtype and shape
-before use. ``Engine`` wraps a backend: ``cpu`` (the C++ core, the default)
+before use. ``Engine`` wraps a backend: ``cpu`` (the C++ core, the default),
+``cuda`` (the CUDA kernels of ``intdet._cuda``, the same bits; docs/cuda.md)
 or ``ref`` (the numpy integer spec, slow, for cross-checking).
 """
 
@@ -18,7 +19,8 @@ from .convert.sources import sha256_file
 from .errors import IntdetError
 from .safetensors_io import SafetensorsFile
 
-DEVICES = ("cpu", "ref")
+DEVICES = ("cpu", "ref", "cuda")
+NATIVE = ("cpu", "cuda")  # backends with the intdet._core API (Model, State, forward, forward_batch)
 _DT = {"I8": np.int8, "I16": np.int16, "I32": np.int32, "I64": np.int64}
 
 
@@ -128,7 +130,7 @@ class Sequence:
         self.engine = engine
         self.max_len = max_len
         self.n_past = 0
-        if engine.device == "cpu":
+        if engine.device in NATIVE:
             self._state = engine._core.State(engine._model, max_len)
         else:
             from .ref.model import RefModel
@@ -142,13 +144,25 @@ class Sequence:
         tokens = np.ascontiguousarray(tokens, dtype=np.int32)
         if self.n_past + len(tokens) > self.max_len:
             raise IntdetError(f"sequence of {self.n_past + len(tokens)} tokens exceeds the context ({self.max_len})")
-        if self.engine.device == "cpu":
+        if self.engine.device in NATIVE:
             out = self.engine._core.forward(self.engine._model, self._state, tokens, self.n_past, all_logits)
         else:
             out = self._ref.forward(tokens, self.n_past)
             out = (out if all_logits else out[-1:]).astype(np.int32)
         self.n_past += len(tokens)
         return out
+
+
+def cuda_module():
+    """intdet._cuda when it was built and a CUDA GPU is visible; else
+    IntdetError saying why."""
+    try:
+        from . import _cuda
+    except ImportError as e:
+        raise IntdetError(f"--device cuda: no CUDA GPU available (intdet was built without its CUDA module: {e})") from None
+    if _cuda.device_count() < 1:
+        raise IntdetError(f"--device cuda: no CUDA GPU available ({_cuda.no_device_reason() or 'no device'})")
+    return _cuda
 
 
 def default_threads() -> int:
@@ -161,9 +175,12 @@ def default_threads() -> int:
 
 
 class Engine:
-    """A loaded model on one backend (``cpu``: C++ core; ``ref``: numpy spec)."""
+    """A loaded model on one backend (``cpu``: C++ core; ``cuda``: GPU kernels;
+    ``ref``: numpy spec). ``cuda_graphs`` (cuda only): replay decode steps from
+    CUDA graphs (None: the INTDET_CUDA_GRAPHS environment variable)."""
 
-    def __init__(self, lm: LoadedModel, device: str = "cpu", threads: int | None = None):
+    def __init__(self, lm: LoadedModel, device: str = "cpu", threads: int | None = None,
+                 cuda_graphs: bool | None = None):
         if device not in DEVICES:
             raise IntdetError(f"--device {device!r} is not available (choose from {', '.join(DEVICES)})")
         if threads is not None and not 0 <= threads <= 1024:
@@ -184,12 +201,21 @@ class Engine:
                 self._model = _core.Model(lm.cfg, lm.tensors)
             except ValueError as e:
                 raise IntdetError(f"{lm.path}: {e}") from None
+        elif device == "cuda":
+            self._core = cuda_module()
+            try:
+                self._model = self._core.Model(lm.cfg, lm.tensors, cuda_graphs)
+            except ValueError as e:
+                raise IntdetError(f"{lm.path}: {e}") from None
+            except RuntimeError as e:  # out of device memory, a driver error
+                raise IntdetError(f"--device cuda: {e}") from None
 
     def forward_batch(self, seqs, tokens, all_logits: bool = False):
         """Advance several sequences in one call (their rows share every linear
         layer); returns one int32 logits array per sequence, bit-identical to
-        ``seq.forward(tokens_i)`` run alone. cpu backend only."""
-        if self.device != "cpu":
+        ``seq.forward(tokens_i)`` run alone. cpu and cuda backends (ref runs
+        the sequences one by one)."""
+        if self.device not in NATIVE:
             return [s.forward(t, all_logits) for s, t in zip(seqs, tokens)]
         for s, t in zip(seqs, tokens):
             if s.n_past + len(t) > s.max_len:

@@ -10,6 +10,8 @@
 
 #if defined(__CUDACC__)
 #define INTDET_HD __host__ __device__ __forceinline__
+#elif defined(__CUDA_ARCH__)  // device code compiled for the host emulator (csrc/cuda/emu.h)
+#define INTDET_HD static inline
 #else
 #define INTDET_HD inline
 #endif
@@ -58,10 +60,46 @@ INTDET_HD int64_t shift_round_sat32(int64_t x, int64_t s) {
 
 INTDET_HD int64_t sat32(int64_t x) { return clamp(x, -kInt32Max, kInt32Max); }
 
+// n / d for d > 0 by shift and subtract, one step per quotient bit: exact,
+// integer instructions only. The CUDA device uses it because nvcc lowers '/'
+// by a variable divisor through a float reciprocal estimate (MUFU.RCP), which
+// scripts/check_sass.py forbids. Host builds keep the '/' below.
+INTDET_HD uint64_t udiv_u64(uint64_t n, uint64_t d) {
+  if (n < d) return 0;
+#if defined(__CUDA_ARCH__)
+  const int sh = __clzll((long long)d) - __clzll((long long)n);
+#elif defined(__GNUC__) || defined(__clang__)
+  const int sh = __builtin_clzll(d) - __builtin_clzll(n);
+#else
+  int sh = 0;
+  while (sh < 63 && (d << (sh + 1)) >> (sh + 1) == d && (d << (sh + 1)) <= n) ++sh;
+#endif
+  uint64_t q = 0, dd = d << sh;  // dd <= n: no bit is lost
+  for (int i = sh; i >= 0; --i) {
+    q <<= 1;
+    if (n >= dd) {
+      n -= dd;
+      q |= 1;
+    }
+    dd >>= 1;
+  }
+  return q;
+}
+
+// floor(a / b) for b > 0 with udiv_u64 only (the device path of floor_div).
+INTDET_HD int64_t floor_div_intonly(int64_t a, int64_t b) {
+  if (a >= 0) return (int64_t)udiv_u64((uint64_t)a, (uint64_t)b);
+  return -(int64_t)udiv_u64((uint64_t)(-(a + 1)), (uint64_t)b) - 1;
+}
+
 // Floor division for b > 0 (C++ '/' truncates toward zero).
 INTDET_HD int64_t floor_div(int64_t a, int64_t b) {
+#if defined(__CUDA_ARCH__)
+  return floor_div_intonly(a, b);
+#else
   int64_t q = a / b;
   return (a % b != 0 && a < 0) ? q - 1 : q;
+#endif
 }
 
 // floor(a / b + 1/2) as floor((a + floor(b/2)) / b), b > 0.
@@ -100,8 +138,15 @@ INTDET_HD int64_t isqrt(int64_t n) {
 INTDET_HD int64_t exp2_neg_q30(int64_t u) {
   int64_t i = u >> kExpFrac;
   int64_t f = u & ((1 << kExpFrac) - 1);
-  int64_t p = kExp2Poly[6];
-  for (int k = 5; k >= 0; --k) p = kExp2Poly[k] + round_shift(p * f, kExpFrac);
+#if defined(__CUDA_ARCH__)
+  // Device code cannot read a host array; this copy is folded at compile time.
+  constexpr int64_t c[7] = {kExp2Poly[0], kExp2Poly[1], kExp2Poly[2], kExp2Poly[3],
+                            kExp2Poly[4], kExp2Poly[5], kExp2Poly[6]};
+#else
+  const int64_t* c = kExp2Poly;
+#endif
+  int64_t p = c[6];
+  for (int k = 5; k >= 0; --k) p = c[k] + round_shift(p * f, kExpFrac);
   return i >= 31 ? 0 : round_shift(p, i);
 }
 

@@ -40,15 +40,15 @@ void attend_head(const int16_t* q, int e_q, const int8_t* kc, const int32_t* ka,
                  const int32_t* va, int64_t n, int64_t stride, int64_t D, int64_t score_mant,
                  int64_t score_shift, int64_t* z, int64_t* p, int16_t* w16, int64_t* out);
 
-// The output transform shared by every linear kernel: exact dot -> int32 Q F_out.
-inline int64_t linear_epilogue(int64_t acc, int32_t mant, int32_t shift, int32_t e, const int32_t* bias, int64_t j) {
+// The output transform shared by every linear kernel (CPU and CUDA): exact dot -> int32 Q F_out.
+INTDET_HD int64_t linear_epilogue(int64_t acc, int32_t mant, int32_t shift, int32_t e, const int32_t* bias, int64_t j) {
   int64_t v = shift_round_sat32(acc * mant, (int64_t)shift - e);
   return bias ? sat32(v + bias[j]) : v;
 }
 
 // Score of one position in Q16 log2 units: raw = q . k (exact), the key's
 // absmax a split as mk * 2^ek (mk <= 2^15) so the product stays in int64.
-inline int64_t attn_score(int32_t raw, int32_t a, int e_q, int64_t score_mant, int64_t score_shift) {
+INTDET_HD int64_t attn_score(int32_t raw, int32_t a, int e_q, int64_t score_mant, int64_t score_shift) {
   int64_t mk, ek;
   normalize_scale15(a, &mk, &ek);
   return shift_round_sat32((int64_t)raw * mk * score_mant, score_shift - e_q - ek);

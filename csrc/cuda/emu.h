@@ -1,0 +1,362 @@
+// Host emulation of the CUDA subset csrc/cuda uses, for testing the kernels
+// on machines without a GPU (tests/test_cuda.py builds intdet's CUDA sources
+// with g++ -DINTDET_CUDA_EMU into a module _cuda_emu and compares it with the
+// CPU core bit for bit).
+//
+// Every CUDA thread is a fiber (ucontext) on one OS thread; the blocks of a
+// launch run one after another, the threads of a block interleave at each
+// __syncthreads() and warp shuffle, which are real barriers here. So the
+// kernels' index arithmetic, shared-memory use, reductions and barriers are
+// all exercised; what is not emulated is timing, memory coherence subtleties
+// and resource limits. __shared__ variables become function statics (fine:
+// blocks never overlap). __CUDA_ARCH__ is defined for kernels.cu so
+// intmath.h takes its device paths (udiv_u64 division, __clzll).
+//
+// The runtime API part covers engine.cpp: plain host memory for device
+// memory, synchronous "streams", and graph capture as a recorded list of
+// launches replayed by cudaGraphLaunch.
+#pragma once
+
+#include <setjmp.h>
+#include <ucontext.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <new>
+#include <string>
+#include <vector>
+
+// ---------------------------------------------------------------- language
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __shared__ static
+#define __launch_bounds__(...)
+#define __align__(n) __attribute__((aligned(n)))
+#define INTDET_DYN_SMEM(T, name) T* name = reinterpret_cast<T*>(::emu::dyn_smem())
+
+struct dim3 {
+  unsigned x = 1, y = 1, z = 1;
+  dim3(unsigned a = 1, unsigned b = 1, unsigned c = 1) : x(a), y(b), z(c) {}
+};
+struct uint3_ {
+  unsigned x = 0, y = 0, z = 0;
+};
+struct int4 {
+  int x, y, z, w;
+};
+inline int4 make_int4(int x, int y, int z, int w) { return int4{x, y, z, w}; }
+
+namespace emu {
+
+inline uint3_ thread_idx, block_idx;
+inline dim3 block_dim, grid_dim;
+
+// Fibers enter through makecontext/swapcontext once; every later switch is
+// _setjmp/_longjmp (no signal-mask system call), the usual coroutine trick.
+struct Fiber {
+  ucontext_t ctx;
+  jmp_buf jb;
+  std::unique_ptr<char[]> stack;
+  bool started = false, done = false;
+  unsigned tid = 0;
+};
+
+struct BlockRun {
+  std::vector<Fiber> fibers;
+  ucontext_t sched_ctx;
+  jmp_buf sched_jb;
+  size_t cur = 0;
+  unsigned live = 0;
+  unsigned arrived = 0, gen = 0;
+  unsigned warp_arrived[32] = {}, warp_gen[32] = {};
+  int64_t slot[32][32] = {};
+  const std::function<void()>* body = nullptr;
+};
+
+inline BlockRun* g_run = nullptr;
+inline std::vector<unsigned char> g_dyn_smem;
+inline void* dyn_smem() { return g_dyn_smem.data(); }
+
+inline void yield_to_scheduler() {
+  Fiber& f = g_run->fibers[g_run->cur];
+  if (!_setjmp(f.jb)) _longjmp(g_run->sched_jb, 1);
+}
+
+inline void fiber_entry() {
+  BlockRun* r = g_run;
+  (*r->body)();
+  r->fibers[r->cur].done = true;
+  --r->live;
+  _longjmp(r->sched_jb, 1);  // never returns: the stack is dropped with the fiber
+}
+
+inline void syncthreads() {
+  BlockRun* r = g_run;
+  const unsigned my = r->gen;
+  if (++r->arrived == r->live) {
+    r->arrived = 0;
+    ++r->gen;
+    return;
+  }
+  while (r->gen == my) yield_to_scheduler();
+}
+
+inline void syncwarp(unsigned warp, unsigned lanes) {
+  BlockRun* r = g_run;
+  const unsigned my = r->warp_gen[warp];
+  if (++r->warp_arrived[warp] == lanes) {
+    r->warp_arrived[warp] = 0;
+    ++r->warp_gen[warp];
+    return;
+  }
+  while (r->warp_gen[warp] == my) yield_to_scheduler();
+}
+
+inline void run_block(const std::function<void()>& body) {
+  const unsigned n = block_dim.x * block_dim.y * block_dim.z;
+  constexpr size_t kStack = 256 * 1024;
+  static std::vector<std::unique_ptr<char[]>> stacks;  // reused across blocks
+  while (stacks.size() < n) stacks.emplace_back(new char[kStack]);
+  BlockRun r;
+  r.fibers.resize(n);
+  r.live = n;
+  r.body = &body;
+  BlockRun* saved = g_run;
+  g_run = &r;
+  static const bool reverse = [] {
+    const char* v = std::getenv("INTDET_EMU_REVERSE");  // run fibers last to first (finds other races)
+    return v && *v && *v != '0';
+  }();
+  unsigned remaining = n;
+  while (remaining) {
+    for (size_t k = 0; k < n; ++k) {
+      const size_t i = reverse ? n - 1 - k : k;
+      Fiber& f = r.fibers[i];
+      if (f.done) continue;
+      r.cur = i;
+      thread_idx.x = (unsigned)i % block_dim.x;
+      thread_idx.y = ((unsigned)i / block_dim.x) % block_dim.y;
+      thread_idx.z = (unsigned)i / (block_dim.x * block_dim.y);
+      if (!_setjmp(r.sched_jb)) {
+        if (!f.started) {
+          f.started = true;
+          f.tid = (unsigned)i;
+          getcontext(&f.ctx);
+          f.ctx.uc_stack.ss_sp = stacks[i].get();
+          f.ctx.uc_stack.ss_size = kStack;
+          f.ctx.uc_link = nullptr;
+          makecontext(&f.ctx, fiber_entry, 0);
+          swapcontext(&r.sched_ctx, &f.ctx);  // comes back by _longjmp(sched_jb)
+        } else {
+          _longjmp(f.jb, 1);
+        }
+      }
+      if (f.done) --remaining;
+    }
+  }
+  g_run = saved;
+}
+
+// ---------------------------------------------------------------- runtime
+
+struct Launch {
+  dim3 grid, block;
+  size_t smem;
+  std::function<void()> body;
+};
+
+struct GraphRec {
+  std::vector<Launch> launches;
+};
+
+inline bool g_capturing = false;
+inline GraphRec* g_capture = nullptr;
+
+inline void run_launch(const Launch& l) {
+  grid_dim = l.grid;
+  block_dim = l.block;
+  g_dyn_smem.assign(l.smem ? l.smem : 1, 0xA5);  // poison: kernels must write before reading
+  for (unsigned z = 0; z < l.grid.z; ++z)
+    for (unsigned y = 0; y < l.grid.y; ++y)
+      for (unsigned x = 0; x < l.grid.x; ++x) {
+        block_idx.x = x, block_idx.y = y, block_idx.z = z;
+        run_block(l.body);
+      }
+}
+
+inline void launch(dim3 grid, dim3 block, size_t smem, std::function<void()> body) {
+  Launch l{grid, block, smem, std::move(body)};
+  if (g_capturing)
+    g_capture->launches.push_back(std::move(l));
+  else
+    run_launch(l);
+}
+
+}  // namespace emu
+
+namespace emu {
+inline int4 load16_checked(const void* p) {
+  if (reinterpret_cast<uintptr_t>(p) % 16) {
+    std::fprintf(stderr, "emu: misaligned 16-byte load at %p\n", p);
+    std::abort();
+  }
+  int4 v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+}  // namespace emu
+
+#define threadIdx (::emu::thread_idx)
+#define blockIdx (::emu::block_idx)
+#define blockDim (::emu::block_dim)
+#define gridDim (::emu::grid_dim)
+
+inline void __syncthreads() { ::emu::syncthreads(); }
+
+template <class T>
+inline T __shfl_xor_sync(unsigned, T v, int lane_mask) {
+  static_assert(sizeof(T) <= 8, "shuffle of at most 8 bytes");
+  const unsigned tid = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+  const unsigned warp = tid / 32, lane = tid % 32;
+  ::emu::BlockRun* r = ::emu::g_run;
+  const unsigned n = blockDim.x * blockDim.y * blockDim.z;
+  const unsigned lanes = (warp + 1) * 32 <= n ? 32 : n - warp * 32;
+  int64_t bits = 0;
+  std::memcpy(&bits, &v, sizeof(T));
+  r->slot[warp][lane] = bits;
+  ::emu::syncwarp(warp, lanes);
+  const unsigned src = lane ^ (unsigned)lane_mask;
+  const int64_t got = src < lanes ? r->slot[warp][src] : bits;
+  ::emu::syncwarp(warp, lanes);
+  T out;
+  std::memcpy(&out, &got, sizeof(T));
+  return out;
+}
+
+inline int __clzll(long long x) { return x == 0 ? 64 : __builtin_clzll((unsigned long long)x); }
+
+// __dp2a_lo / __dp2a_hi (CUDA math API): two int16 of a times two int8 of b
+// (bytes 0-1 for lo, 2-3 for hi), plus c; 32-bit wrapping arithmetic.
+inline int __dp2a_lo(int a, int b, int c) {
+  const int32_t a0 = (int16_t)(a & 0xffff), a1 = (int16_t)((uint32_t)a >> 16);
+  const int32_t b0 = (int8_t)(b & 0xff), b1 = (int8_t)(((uint32_t)b >> 8) & 0xff);
+  return (int)((uint32_t)c + (uint32_t)(a0 * b0) + (uint32_t)(a1 * b1));
+}
+inline int __dp2a_hi(int a, int b, int c) {
+  const int32_t a0 = (int16_t)(a & 0xffff), a1 = (int16_t)((uint32_t)a >> 16);
+  const int32_t b2 = (int8_t)(((uint32_t)b >> 16) & 0xff), b3 = (int8_t)(((uint32_t)b >> 24) & 0xff);
+  return (int)((uint32_t)c + (uint32_t)(a0 * b2) + (uint32_t)(a1 * b3));
+}
+
+template <class T>
+inline T __ldg(const T* p) {
+  return *p;
+}
+
+#define INTDET_LAUNCH(kernel, grid, block, smem, stream, ...) \
+  ::emu::launch(dim3(grid), dim3(block), (size_t)(smem), [=] { kernel(__VA_ARGS__); })
+
+// ---------------------------------------------------------------- runtime API
+
+enum cudaError_t { cudaSuccess = 0, cudaErrorInvalidValue = 1, cudaErrorMemoryAllocation = 2 };
+enum cudaMemcpyKind { cudaMemcpyHostToHost, cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost, cudaMemcpyDeviceToDevice };
+enum cudaStreamCaptureMode { cudaStreamCaptureModeGlobal, cudaStreamCaptureModeThreadLocal, cudaStreamCaptureModeRelaxed };
+constexpr unsigned cudaStreamNonBlocking = 1;
+struct CUstream_emu {};
+using cudaStream_t = CUstream_emu*;
+using cudaGraph_t = emu::GraphRec*;
+using cudaGraphExec_t = emu::GraphRec*;
+struct cudaDeviceProp {
+  char name[256];
+  int major, minor;
+};
+
+inline cudaError_t cudaGetLastError() { return cudaSuccess; }
+inline const char* cudaGetErrorString(cudaError_t e) { return e == cudaSuccess ? "no error" : "emulated CUDA error"; }
+inline cudaError_t cudaGetDeviceCount(int* n) {
+  *n = 1;
+  return cudaSuccess;
+}
+inline cudaError_t cudaGetDevice(int* d) {
+  *d = 0;
+  return cudaSuccess;
+}
+inline cudaError_t cudaSetDevice(int) { return cudaSuccess; }
+inline cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int) {
+  std::strcpy(p->name, "intdet CUDA emulator (host fibers)");
+  p->major = 9;
+  p->minor = 0;
+  return cudaSuccess;
+}
+template <class T>
+inline cudaError_t cudaMalloc(T** p, size_t bytes) {
+  *p = static_cast<T*>(std::aligned_alloc(256, (bytes + 255) / 256 * 256 + 256));  // cudaMalloc aligns to 256
+  if (!*p) return cudaErrorMemoryAllocation;
+  std::memset(*p, 0x5A, bytes);  // poison: never rely on fresh device memory being zero
+  return cudaSuccess;
+}
+template <class T>
+inline cudaError_t cudaMallocHost(T** p, size_t bytes) {
+  return cudaMalloc(p, bytes);
+}
+inline cudaError_t cudaFree(void* p) {
+  std::free(p);
+  return cudaSuccess;
+}
+inline cudaError_t cudaFreeHost(void* p) { return cudaFree(p); }
+inline cudaError_t cudaMemcpy(void* d, const void* s, size_t n, cudaMemcpyKind) {
+  if (emu::g_capturing) return cudaErrorInvalidValue;  // engine.cpp copies outside captures
+  if (n) std::memmove(d, s, n);
+  return cudaSuccess;
+}
+inline cudaError_t cudaMemcpyAsync(void* d, const void* s, size_t n, cudaMemcpyKind k, cudaStream_t) {
+  return cudaMemcpy(d, s, n, k);
+}
+inline cudaError_t cudaMemset(void* d, int v, size_t n) {
+  std::memset(d, v, n);
+  return cudaSuccess;
+}
+inline cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned) {
+  static CUstream_emu one;
+  *s = &one;
+  return cudaSuccess;
+}
+inline cudaError_t cudaStreamDestroy(cudaStream_t) { return cudaSuccess; }
+inline cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+inline cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
+inline cudaError_t cudaStreamBeginCapture(cudaStream_t, cudaStreamCaptureMode) {
+  if (emu::g_capturing) return cudaErrorInvalidValue;
+  emu::g_capturing = true;
+  emu::g_capture = new emu::GraphRec();
+  return cudaSuccess;
+}
+inline cudaError_t cudaStreamEndCapture(cudaStream_t, cudaGraph_t* g) {
+  if (!emu::g_capturing) return cudaErrorInvalidValue;
+  emu::g_capturing = false;
+  *g = emu::g_capture;
+  emu::g_capture = nullptr;
+  return cudaSuccess;
+}
+inline cudaError_t cudaGraphInstantiate(cudaGraphExec_t* ex, cudaGraph_t g, unsigned long long) {
+  *ex = new emu::GraphRec(*g);
+  return cudaSuccess;
+}
+inline cudaError_t cudaGraphDestroy(cudaGraph_t g) {
+  delete g;
+  return cudaSuccess;
+}
+inline cudaError_t cudaGraphExecDestroy(cudaGraphExec_t g) {
+  delete g;
+  return cudaSuccess;
+}
+inline cudaError_t cudaGraphLaunch(cudaGraphExec_t g, cudaStream_t) {
+  for (const emu::Launch& l : g->launches) emu::run_launch(l);
+  return cudaSuccess;
+}

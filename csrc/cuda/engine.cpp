@@ -1,0 +1,516 @@
+// The CUDA backend's host side: uploads the model, owns device KV caches and
+// the activation workspace, and enqueues the forward pass of
+// csrc/model/forward.cpp kernel by kernel (kernels in kernels.cu). Decode
+// steps can be captured once per shape into CUDA graphs and replayed.
+#include "engine.h"
+
+#include "kernels.cuh"  // cuda_runtime.h, or the host emulator
+
+#include <algorithm>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+#include <vector>
+
+namespace intdet {
+namespace cuda {
+namespace {
+
+void ck(cudaError_t err, const char* what) {
+  if (err != cudaSuccess) {
+    cudaGetLastError();  // clear a non-sticky error
+    throw std::runtime_error(std::string("CUDA ") + what + ": " + cudaGetErrorString(err));
+  }
+}
+
+// A device buffer that only grows; grow() says whether the pointer changed.
+template <class T>
+struct Buf {
+  T* p = nullptr;
+  size_t n = 0;
+  Buf() = default;
+  Buf(const Buf&) = delete;
+  Buf& operator=(const Buf&) = delete;
+  ~Buf() {
+    if (p) cudaFree(p);
+  }
+  bool grow(size_t want) {
+    if (want <= n) return false;
+    if (p) cudaFree(p);
+    p = nullptr;
+    n = 0;
+    ck(cudaMalloc(&p, std::max<size_t>(want, 1) * sizeof(T)), "cudaMalloc (workspace)");
+    n = want;
+    return true;
+  }
+};
+
+template <class T>
+struct HostBuf {  // pinned, so async copies from it are real copies at execution time
+  T* p = nullptr;
+  size_t n = 0;
+  HostBuf() = default;
+  HostBuf(const HostBuf&) = delete;
+  HostBuf& operator=(const HostBuf&) = delete;
+  ~HostBuf() {
+    if (p) cudaFreeHost(p);
+  }
+  void grow(size_t want) {
+    if (want <= n) return;
+    if (p) cudaFreeHost(p);
+    p = nullptr;
+    n = 0;
+    ck(cudaMallocHost(&p, std::max<size_t>(want, 1) * sizeof(T)), "cudaMallocHost");
+    n = want;
+  }
+};
+
+struct DevLinear {
+  const int8_t* w = nullptr;
+  const int32_t* mant = nullptr;
+  const int32_t* shift = nullptr;
+  const int32_t* bias = nullptr;
+  int64_t N = 0, K = 0;
+};
+
+struct DevLayer {
+  const int16_t* attn_norm = nullptr;
+  DevLinear q, k, v, o;
+  const int16_t* q_norm = nullptr;
+  const int16_t* k_norm = nullptr;
+  int64_t score_mant = 0, score_shift = 0;
+  const int16_t* ffn_norm = nullptr;
+  DevLinear gate, up, down;
+};
+
+// Attention scratch (int32 per (row, head, position)) is bounded by this many
+// bytes; rows beyond it go to further attention launches.
+constexpr int64_t kScratchBudget = (int64_t)256 << 20;
+// Rows per pass through the layers (a longer call runs in chunks; causal
+// attention only reads earlier positions, so chunking cannot change a bit).
+constexpr int64_t kMaxChunkRows = 4096;
+// Logits buffer bound for the lm_head groups (at least one row).
+constexpr int64_t kLogitsBudget = (int64_t)256 << 20;
+
+struct Workspace {
+  int64_t rows = 0;  // row capacity of the per-row buffers
+  Buf<int32_t> meta;  // [4, rows]: tokens, seq, pos, sel
+  HostBuf<int32_t> h_meta;
+  Buf<DevKV> kvs;
+  HostBuf<DevKV> h_kvs;
+  Buf<int32_t> x, qb, kb, vb, gate, up, logits, act_e, scratch;
+  Buf<int16_t> act;
+  Buf<int64_t> o, a;
+  int32_t* tokens() { return meta.p; }
+  int32_t* seq() { return meta.p + rows; }
+  int32_t* pos() { return meta.p + 2 * rows; }
+  int32_t* sel() { return meta.p + 3 * rows; }
+};
+
+}  // namespace
+
+struct DeviceModel {
+  Config cfg;
+  int device = 0;
+  std::vector<void*> allocs;
+  int64_t bytes = 0;
+  const int8_t* tok_embd = nullptr;
+  const int32_t* embd_mant = nullptr;
+  const int32_t* embd_shift = nullptr;
+  const int16_t* rope_cos = nullptr;
+  const int16_t* rope_sin = nullptr;
+  std::vector<DevLayer> layers;
+  const int16_t* out_norm = nullptr;
+  DevLinear output;
+  cudaStream_t stream = nullptr;
+  Workspace ws;
+  bool use_graphs = false;
+  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t>, cudaGraphExec_t> graphs;
+
+  void drop_graphs() {
+    for (auto& kv : graphs) cudaGraphExecDestroy(kv.second);
+    graphs.clear();
+  }
+  ~DeviceModel() {
+    cudaSetDevice(device);
+    drop_graphs();
+    if (stream) cudaStreamDestroy(stream);
+    for (void* p : allocs) cudaFree(p);
+  }
+};
+
+struct DeviceState {
+  int device = 0;
+  DevKV kv{};
+  ~DeviceState() {
+    cudaSetDevice(device);
+    for (void* p : {(void*)kv.k, (void*)kv.v, (void*)kv.ka, (void*)kv.va})
+      if (p) cudaFree(p);
+  }
+};
+
+void ModelDeleter::operator()(DeviceModel* m) const { delete m; }
+void StateDeleter::operator()(DeviceState* s) const { delete s; }
+
+int device_count(std::string* why) {
+  int n = 0;
+  const cudaError_t err = cudaGetDeviceCount(&n);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    if (why) *why = cudaGetErrorString(err);
+    return 0;
+  }
+  if (n == 0 && why) *why = "the CUDA runtime sees no device";
+  return n;
+}
+
+std::string device_name(int device) {
+  cudaDeviceProp p{};
+  ck(cudaGetDeviceProperties(&p, device), "cudaGetDeviceProperties");
+  return std::string(p.name) + " (sm_" + std::to_string(p.major) + std::to_string(p.minor) + ")";
+}
+
+namespace {
+
+template <class T>
+const T* upload(DeviceModel& m, std::map<const void*, void*>& seen, const T* host, int64_t count) {
+  if (!host) return nullptr;
+  auto it = seen.find(host);
+  if (it != seen.end()) return static_cast<const T*>(it->second);
+  void* d = nullptr;
+  const size_t bytes = (size_t)std::max<int64_t>(count, 1) * sizeof(T);
+  ck(cudaMalloc(&d, bytes), "cudaMalloc (weights)");
+  m.allocs.push_back(d);
+  ck(cudaMemcpy(d, host, (size_t)count * sizeof(T), cudaMemcpyHostToDevice), "cudaMemcpy (weights)");
+  seen[host] = d;
+  m.bytes += (int64_t)bytes;
+  return static_cast<const T*>(d);
+}
+
+DevLinear upload_linear(DeviceModel& m, std::map<const void*, void*>& seen, const Linear& L) {
+  DevLinear d;
+  d.N = L.N;
+  d.K = L.K;
+  d.w = upload(m, seen, L.w, L.N * L.K);
+  d.mant = upload(m, seen, L.mant, L.N);
+  d.shift = upload(m, seen, L.shift, L.N);
+  d.bias = upload(m, seen, L.bias, L.N);
+  return d;
+}
+
+void lin(DeviceModel& m, const DevLinear& L, int64_t T, int32_t* out, bool residual) {
+  launch_linear(m.ws.act.p, m.ws.act_e.p, (int)T, (int)L.K, L.w, L.mant, L.shift, L.bias, (int)L.N, out, L.N, residual, kLinearAuto, m.stream);
+}
+
+// All layers for T rows (metadata already on the device); no host sync.
+void enqueue_body(DeviceModel& m, int64_t T, int64_t sstride, int64_t rows_per) {
+  const Config& c = m.cfg;
+  Workspace& w = m.ws;
+  const cudaStream_t st = m.stream;
+  const int H = (int)c.hidden, nh = (int)c.n_heads, nkv = (int)c.n_kv, D = (int)c.head_dim;
+  const int64_t F = c.ffn;
+  launch_embed(w.tokens(), m.tok_embd, m.embd_mant, m.embd_shift, (int)T, H, w.x.p, st);
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    const DevLayer& L = m.layers[(size_t)l];
+    // --- attention block ---
+    launch_norm_quant16(w.x.p, nullptr, L.attn_norm, (int)T, H, c.eps_hidden, w.act.p, w.act_e.p, st);
+    lin(m, L.q, T, w.qb.p, false);  // [T, nh*D] Q16
+    lin(m, L.k, T, w.kb.p, false);  // [T, nkv*D]
+    lin(m, L.v, T, w.vb.p, false);
+    launch_norm_rope(w.qb.p, (int)T, nh, D, c.qk_norm ? L.q_norm : nullptr, c.eps_head, w.pos(), m.rope_cos,
+                     m.rope_sin, st);
+    launch_norm_rope(w.kb.p, (int)T, nkv, D, c.qk_norm ? L.k_norm : nullptr, c.eps_head, w.pos(), m.rope_cos,
+                     m.rope_sin, st);
+    launch_kv_append(w.kb.p, w.vb.p, (int)T, nkv, D, (int)l, w.seq(), w.pos(), w.kvs.p, st);
+    for (int64_t r0 = 0; r0 < T; r0 += rows_per)
+      launch_attention(w.qb.p, (int)r0, (int)std::min(rows_per, T - r0), nh, nkv, D, (int)l, w.seq(), w.pos(),
+                       w.kvs.p, L.score_mant, L.score_shift, w.scratch.p, sstride, w.o.p, st);
+    launch_quant16_i64(w.o.p, (int)T, nh * D, w.act.p, w.act_e.p, st);
+    lin(m, L.o, T, w.x.p, true);  // x = sat32(x + o-proj)
+    // --- feed-forward block ---
+    launch_norm_quant16(w.x.p, nullptr, L.ffn_norm, (int)T, H, c.eps_hidden, w.act.p, w.act_e.p, st);
+    lin(m, L.gate, T, w.gate.p, false);  // [T, F] Q16
+    lin(m, L.up, T, w.up.p, false);
+    launch_swiglu(w.gate.p, w.up.p, T * F, w.a.p, st);  // Q32 int64
+    launch_quant16_i64(w.a.p, (int)T, (int)F, w.act.p, w.act_e.p, st);
+    lin(m, L.down, T, w.x.p, true);
+  }
+}
+
+// Final norm and lm_head for selected rows r0..r0+nr-1 (w.sel) into w.logits.
+void enqueue_head(DeviceModel& m, int64_t r0, int64_t nr) {
+  Workspace& w = m.ws;
+  launch_norm_quant16(w.x.p, w.sel() + r0, m.out_norm, (int)nr, (int)m.cfg.hidden, m.cfg.eps_hidden, w.act.p,
+                      w.act_e.p, m.stream);
+  lin(m, m.output, nr, w.logits.p, false);  // [nr, V] Q16
+}
+
+void forward_chunk(DeviceModel& m, DeviceState* const* states, int64_t n_states, const Row* rows, int64_t T,
+                   int32_t* logits) {
+  const Config& c = m.cfg;
+  Workspace& w = m.ws;
+  const int64_t H = c.hidden, F = c.ffn, nh = c.n_heads, nkv = c.n_kv, D = c.head_dim, V = c.vocab;
+  int64_t Tout = 0, nmax = 1, maxlen = 1;
+  for (int64_t t = 0; t < T; ++t) {
+    Tout += rows[t].want_logits ? 1 : 0;
+    nmax = std::max(nmax, rows[t].pos + 1);
+  }
+  for (int64_t i = 0; i < n_states; ++i) maxlen = std::max(maxlen, states[i]->kv.max_len);
+  const bool graph = m.use_graphs && T <= kGemvMaxRows;
+  // Scratch row stride: the longest cache for graphs (replayed as sequences
+  // grow), else this call's longest row, rounded up.
+  const int64_t sstride = graph ? maxlen : (nmax + 255) / 256 * 256;
+  const int64_t rows_per = std::max<int64_t>(1, std::min<int64_t>({T, 65535, kScratchBudget / (nh * sstride * 4)}));
+  const int64_t group = std::max<int64_t>(1, std::min<int64_t>(Tout, kLogitsBudget / (V * 4)));
+  const int64_t cap = std::max(T, w.rows);
+  bool moved = false;
+  if (cap > w.rows || !w.meta.p) {
+    moved |= w.meta.grow((size_t)(4 * cap));
+    w.h_meta.grow((size_t)(4 * cap));
+    w.rows = cap;
+  }
+  const int64_t kmax = std::max({H, nh * D, F});
+  moved |= w.kvs.grow((size_t)std::max<int64_t>(n_states, 1));
+  w.h_kvs.grow((size_t)std::max<int64_t>(n_states, 1));
+  moved |= w.x.grow((size_t)(cap * H));
+  moved |= w.act.grow((size_t)(cap * kmax));
+  moved |= w.act_e.grow((size_t)cap);
+  moved |= w.qb.grow((size_t)(cap * nh * D));
+  moved |= w.kb.grow((size_t)(cap * nkv * D));
+  moved |= w.vb.grow((size_t)(cap * nkv * D));
+  moved |= w.o.grow((size_t)(cap * nh * D));
+  moved |= w.gate.grow((size_t)(cap * F));
+  moved |= w.up.grow((size_t)(cap * F));
+  moved |= w.a.grow((size_t)(cap * F));
+  moved |= w.logits.grow((size_t)(std::max<int64_t>(group, 1) * V));
+  moved |= w.scratch.grow((size_t)(rows_per * nh * sstride));
+  if (moved) m.drop_graphs();
+
+  // Row metadata and the caches of this call to the device.
+  int32_t* hm = w.h_meta.p;
+  int64_t r = 0;
+  for (int64_t t = 0; t < T; ++t) {
+    hm[t] = rows[t].token;
+    hm[w.rows + t] = (int32_t)rows[t].seq;
+    hm[2 * w.rows + t] = (int32_t)rows[t].pos;
+    if (rows[t].want_logits) hm[3 * w.rows + r++] = (int32_t)t;
+  }
+  for (int64_t i = 0; i < n_states; ++i) w.h_kvs.p[i] = states[i]->kv;
+  for (int k = 0; k < 4; ++k)
+    ck(cudaMemcpyAsync(w.meta.p + k * w.rows, hm + k * w.rows, (size_t)T * sizeof(int32_t), cudaMemcpyHostToDevice,
+                       m.stream),
+       "cudaMemcpyAsync (rows)");
+  ck(cudaMemcpyAsync(w.kvs.p, w.h_kvs.p, (size_t)n_states * sizeof(DevKV), cudaMemcpyHostToDevice, m.stream),
+     "cudaMemcpyAsync (caches)");
+
+  if (graph && Tout <= group) {
+    const auto key = std::make_tuple(T, Tout, sstride, rows_per);
+    auto it = m.graphs.find(key);
+    if (it == m.graphs.end()) {
+      cudaGraph_t g = nullptr;
+      ck(cudaStreamBeginCapture(m.stream, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+      try {
+        enqueue_body(m, T, sstride, rows_per);
+        if (Tout) enqueue_head(m, 0, Tout);
+      } catch (...) {
+        cudaStreamEndCapture(m.stream, &g);
+        if (g) cudaGraphDestroy(g);
+        throw;
+      }
+      ck(cudaStreamEndCapture(m.stream, &g), "cudaStreamEndCapture");
+      cudaGraphExec_t ex = nullptr;
+      const cudaError_t err = cudaGraphInstantiate(&ex, g, 0);
+      cudaGraphDestroy(g);
+      ck(err, "cudaGraphInstantiate");
+      it = m.graphs.emplace(key, ex).first;
+    }
+    ck(cudaGraphLaunch(it->second, m.stream), "cudaGraphLaunch");
+    if (Tout)
+      ck(cudaMemcpyAsync(logits, w.logits.p, (size_t)(Tout * V) * sizeof(int32_t), cudaMemcpyDeviceToHost, m.stream),
+         "cudaMemcpyAsync (logits)");
+  } else {
+    enqueue_body(m, T, sstride, rows_per);
+    for (int64_t r0 = 0; r0 < Tout; r0 += group) {
+      const int64_t nr = std::min(group, Tout - r0);
+      enqueue_head(m, r0, nr);
+      ck(cudaMemcpyAsync(logits + r0 * V, w.logits.p, (size_t)(nr * V) * sizeof(int32_t), cudaMemcpyDeviceToHost,
+                         m.stream),
+         "cudaMemcpyAsync (logits)");
+    }
+  }
+  ck(cudaStreamSynchronize(m.stream), "forward");
+}
+
+}  // namespace
+
+ModelPtr upload_model(const Model& h) {
+  std::string why;
+  if (device_count(&why) == 0) throw std::runtime_error("no CUDA GPU available (" + why + ")");
+  const Config& c = h.cfg;
+  if (c.n_heads <= 0 || c.n_kv <= 0 || c.n_heads % c.n_kv || c.head_dim % 2 || c.head_dim > 256 || c.hidden > 8192)
+    throw std::invalid_argument("model config has unsupported head or hidden sizes");
+  ModelPtr m(new DeviceModel());
+  m->cfg = c;
+  ck(cudaGetDevice(&m->device), "cudaGetDevice");
+  ck(cudaStreamCreateWithFlags(&m->stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  std::map<const void*, void*> seen;
+  const int64_t H = c.hidden, half = c.head_dim / 2;
+  m->tok_embd = upload(*m, seen, h.tok_embd, c.vocab * H);
+  m->embd_mant = upload(*m, seen, h.embd_mant, c.vocab);
+  m->embd_shift = upload(*m, seen, h.embd_shift, c.vocab);
+  m->rope_cos = upload(*m, seen, h.rope_cos, c.ctx * half);
+  m->rope_sin = upload(*m, seen, h.rope_sin, c.ctx * half);
+  for (const Layer& L : h.layers) {
+    DevLayer d;
+    d.attn_norm = upload(*m, seen, L.attn_norm, H);
+    d.q = upload_linear(*m, seen, L.q);
+    d.k = upload_linear(*m, seen, L.k);
+    d.v = upload_linear(*m, seen, L.v);
+    d.o = upload_linear(*m, seen, L.o);
+    d.q_norm = upload(*m, seen, L.q_norm, c.head_dim);
+    d.k_norm = upload(*m, seen, L.k_norm, c.head_dim);
+    d.score_mant = L.score_mant;
+    d.score_shift = L.score_shift;
+    d.ffn_norm = upload(*m, seen, L.ffn_norm, H);
+    d.gate = upload_linear(*m, seen, L.gate);
+    d.up = upload_linear(*m, seen, L.up);
+    d.down = upload_linear(*m, seen, L.down);
+    m->layers.push_back(d);
+  }
+  m->out_norm = upload(*m, seen, h.out_norm, H);
+  m->output = upload_linear(*m, seen, h.output);
+  // The copies ran on the legacy stream, which the model's non-blocking
+  // stream does not wait for (a pageable cudaMemcpy may return before its DMA).
+  ck(cudaDeviceSynchronize(), "upload");
+  return m;
+}
+
+void set_graphs(DeviceModel& m, bool on) {
+  if (!on) {
+    cudaSetDevice(m.device);
+    m.drop_graphs();
+  }
+  m.use_graphs = on;
+}
+bool graphs(const DeviceModel& m) { return m.use_graphs; }
+int64_t weight_bytes(const DeviceModel& m) { return m.bytes; }
+
+StatePtr new_state(DeviceModel& m, int64_t max_len) {
+  if (max_len <= 0 || max_len > m.cfg.ctx) throw std::invalid_argument("max_len must be in [1, context_length]");
+  ck(cudaSetDevice(m.device), "cudaSetDevice");
+  const Config& c = m.cfg;
+  StatePtr s(new DeviceState());
+  s->device = m.device;
+  s->kv.max_len = max_len;
+  const size_t rows = (size_t)(c.n_layers * max_len * c.n_kv);
+  ck(cudaMalloc(&s->kv.k, rows * (size_t)c.head_dim), "cudaMalloc (KV cache)");
+  ck(cudaMalloc(&s->kv.v, rows * (size_t)c.head_dim), "cudaMalloc (KV cache)");
+  ck(cudaMalloc(&s->kv.ka, rows * sizeof(int32_t)), "cudaMalloc (KV cache)");
+  ck(cudaMalloc(&s->kv.va, rows * sizeof(int32_t)), "cudaMalloc (KV cache)");
+  ck(cudaMemset(s->kv.k, 0, rows * (size_t)c.head_dim), "cudaMemset");
+  ck(cudaMemset(s->kv.v, 0, rows * (size_t)c.head_dim), "cudaMemset");
+  ck(cudaMemset(s->kv.ka, 0, rows * sizeof(int32_t)), "cudaMemset");
+  ck(cudaMemset(s->kv.va, 0, rows * sizeof(int32_t)), "cudaMemset");
+  ck(cudaDeviceSynchronize(), "cudaMemset");  // legacy stream: finish before the model's stream writes the cache
+  return s;
+}
+
+int64_t state_max_len(const DeviceState& s) { return s.kv.max_len; }
+
+void forward_rows(DeviceModel& m, DeviceState* const* states, int64_t n_states, const Row* rows, int64_t T,
+                  int32_t* logits) {
+  if (T <= 0) return;
+  ck(cudaSetDevice(m.device), "cudaSetDevice");
+  for (int64_t i = 0; i < n_states; ++i)
+    if (!states[i] || states[i]->device != m.device) throw std::invalid_argument("forward: a state of another device");
+  for (int64_t t = 0; t < T; ++t) {
+    const Row& r = rows[t];
+    if (r.seq < 0 || r.seq >= n_states) throw std::invalid_argument("forward: row of an unknown sequence");
+    if (r.pos < 0 || r.pos >= states[r.seq]->kv.max_len) throw std::invalid_argument("sequence longer than the KV cache");
+    if (r.token < 0 || r.token >= m.cfg.vocab) throw std::invalid_argument("token id out of range");
+  }
+  for (int64_t c0 = 0; c0 < T; c0 += kMaxChunkRows) {
+    const int64_t n = std::min(kMaxChunkRows, T - c0);
+    forward_chunk(m, states, n_states, rows + c0, n, logits);
+    for (int64_t t = c0; t < c0 + n; ++t)
+      if (rows[t].want_logits) logits += m.cfg.vocab;
+  }
+}
+
+// ---------------------------------------------------------------- test entry points
+
+namespace test {
+namespace {
+
+template <class T>
+T* to_dev(std::vector<void*>& keep, const T* h, int64_t n) {
+  void* d = nullptr;
+  ck(cudaMalloc(&d, (size_t)std::max<int64_t>(n, 1) * sizeof(T)), "cudaMalloc");
+  keep.push_back(d);
+  if (h && n) ck(cudaMemcpy(d, h, (size_t)n * sizeof(T), cudaMemcpyHostToDevice), "cudaMemcpy");
+  return static_cast<T*>(d);
+}
+
+struct Keep {
+  std::vector<void*> p;
+  ~Keep() {
+    for (void* q : p) cudaFree(q);
+  }
+};
+
+template <class T>
+void from_dev(T* h, const T* d, int64_t n) {
+  ck(cudaDeviceSynchronize(), "kernel");
+  ck(cudaMemcpy(h, d, (size_t)n * sizeof(T), cudaMemcpyDeviceToHost), "cudaMemcpy");
+}
+
+}  // namespace
+
+void linear(const int16_t* q, const int32_t* e, int64_t T, int64_t K, const int8_t* w, const int32_t* mant,
+            const int32_t* shift, const int32_t* bias, int64_t N, int path, int32_t* out) {
+  Keep k;
+  int32_t* o = to_dev<int32_t>(k.p, nullptr, T * N);
+  launch_linear(to_dev(k.p, q, T * K), to_dev(k.p, e, T), (int)T, (int)K, to_dev(k.p, w, N * K), to_dev(k.p, mant, N),
+                to_dev(k.p, shift, N), bias ? to_dev(k.p, bias, N) : nullptr, (int)N, o, N, false, path, 0);
+  from_dev(out, o, T * N);
+}
+
+void attend(const int32_t* q, int64_t D, const int8_t* kc, const int32_t* ka, const int8_t* vc, const int32_t* va,
+            int64_t n, int64_t score_mant, int64_t score_shift, int64_t* out) {
+  Keep k;
+  DevKV kv{to_dev(k.p, kc, n * D), to_dev(k.p, vc, n * D), to_dev(k.p, ka, n), to_dev(k.p, va, n), n};
+  const int32_t zero = 0, last = (int32_t)(n - 1);
+  int64_t* o = to_dev<int64_t>(k.p, nullptr, D);
+  launch_attention(to_dev(k.p, q, D), 0, 1, 1, 1, (int)D, 0, to_dev(k.p, &zero, 1), to_dev(k.p, &last, 1),
+                   to_dev(k.p, &kv, 1), score_mant, score_shift, to_dev<int32_t>(k.p, nullptr, n), n, o, 0);
+  from_dev(out, o, D);
+}
+
+void norm_quant16(const int32_t* x, const int16_t* g, int64_t R, int64_t n, int64_t eps_q60, int16_t* q, int32_t* e) {
+  Keep k;
+  int16_t* dq = to_dev<int16_t>(k.p, nullptr, R * n);
+  int32_t* de = to_dev<int32_t>(k.p, nullptr, R);
+  launch_norm_quant16(to_dev(k.p, x, R * n), nullptr, to_dev(k.p, g, n), (int)R, (int)n, eps_q60, dq, de, 0);
+  from_dev(q, dq, R * n);
+  from_dev(e, de, R);
+}
+
+void swiglu(const int32_t* g, const int32_t* u, int64_t count, int64_t* a) {
+  Keep k;
+  int64_t* da = to_dev<int64_t>(k.p, nullptr, count);
+  launch_swiglu(to_dev(k.p, g, count), to_dev(k.p, u, count), count, da, 0);
+  from_dev(a, da, count);
+}
+
+void round_div(const int64_t* a, const int64_t* b, int64_t count, int64_t* out) {
+  Keep k;
+  int64_t* d = to_dev<int64_t>(k.p, nullptr, count);
+  launch_round_div(to_dev(k.p, a, count), to_dev(k.p, b, count), count, d, 0);
+  from_dev(out, d, count);
+}
+
+}  // namespace test
+
+}  // namespace cuda
+}  // namespace intdet

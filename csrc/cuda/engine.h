@@ -1,0 +1,67 @@
+// The CUDA backend's host API: a device copy of an intdet::Model, device KV
+// caches, and forward_rows with the same contract as the CPU core's
+// (csrc/include/intdet/model.h): the same logits, bit for bit.
+// No CUDA types here, so the pybind11 module is plain C++.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "intdet/model.h"
+
+namespace intdet {
+namespace cuda {
+
+// Number of CUDA devices the runtime sees (0 when there is no driver or GPU);
+// *why receives the runtime's reason when it is 0.
+int device_count(std::string* why = nullptr);
+std::string device_name(int device);
+
+struct DeviceModel;
+struct DeviceState;
+
+struct ModelDeleter {
+  void operator()(DeviceModel* m) const;
+};
+struct StateDeleter {
+  void operator()(DeviceState* s) const;
+};
+using ModelPtr = std::unique_ptr<DeviceModel, ModelDeleter>;
+using StatePtr = std::unique_ptr<DeviceState, StateDeleter>;
+
+// Uploads every tensor the host model points to (tied weights are uploaded
+// once). Throws std::runtime_error when there is no usable device.
+ModelPtr upload_model(const Model& host);
+// Decode steps (up to 32 rows) replayed from captured CUDA graphs when on.
+void set_graphs(DeviceModel& m, bool on);
+bool graphs(const DeviceModel& m);
+// Bytes of device memory the model's weights take.
+int64_t weight_bytes(const DeviceModel& m);
+
+StatePtr new_state(DeviceModel& m, int64_t max_len);
+int64_t state_max_len(const DeviceState& s);
+
+// Like intdet::forward_rows: rows[t].seq indexes states. Rows of one sequence
+// must come in increasing position order (forward and forward_batch do).
+// logits: host int32 [rows with want_logits, V] in row order.
+void forward_rows(DeviceModel& m, DeviceState* const* states, int64_t n_states, const Row* rows, int64_t T,
+                  int32_t* logits);
+
+// Op-level entry points for the tests (host arrays in, host arrays out).
+namespace test {
+// out [T, N] int32 = the linear layer; path: 0 auto, 1 GEMV, 2 GEMM.
+void linear(const int16_t* q, const int32_t* e, int64_t T, int64_t K, const int8_t* w, const int32_t* mant,
+            const int32_t* shift, const int32_t* bias, int64_t N, int path, int32_t* out);
+// One query head (q [D] int32, quantized on the device like the forward pass)
+// over n positions of a one-head cache (kc, vc [n, D]; ka, va [n]); out [D].
+void attend(const int32_t* q, int64_t D, const int8_t* kc, const int32_t* ka, const int8_t* vc, const int32_t* va,
+            int64_t n, int64_t score_mant, int64_t score_shift, int64_t* out);
+// RMSNorm then quant16 of rows x [R, n] int32: q [R, n], e [R].
+void norm_quant16(const int32_t* x, const int16_t* g, int64_t R, int64_t n, int64_t eps_q60, int16_t* q, int32_t* e);
+void swiglu(const int32_t* g, const int32_t* u, int64_t count, int64_t* a);
+void round_div(const int64_t* a, const int64_t* b, int64_t count, int64_t* out);
+}  // namespace test
+
+}  // namespace cuda
+}  // namespace intdet

@@ -1,0 +1,624 @@
+// CUDA kernels of the integer forward pass. Each one is the scalar C++
+// reference (csrc/cpu/ops_generic.cpp, csrc/model/forward.cpp) spread over
+// threads, and calls the same INTDET_HD primitives (intmath.h, ops.h).
+//
+// Why the bits cannot change: every value is an integer and every sum is an
+// exact integer sum. Sums are split across threads and warps in any order,
+// which is harmless for integers as long as no partial sum overflows its
+// type: int32 partial sums are bounded by the same argument as on the CPU
+// (at most 512 products of |int16 * int8| <= 32767 * 127 per int32 partial),
+// everything else accumulates in int64. Maxima are order-free too.
+//
+// No floating point: no float types, no '/' or '%' by a variable (nvcc lowers
+// those through MUFU.RCP; floor_div uses udiv_u64 on the device), no float
+// intrinsics. scripts/check_sass.py disassembles the result to prove it.
+#include "kernels.cuh"  // first: cuda_runtime.h, or the host emulator (emu.h)
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+#include "intdet/intmath.h"
+#include "intdet/ops.h"
+
+namespace intdet {
+namespace cuda {
+namespace {
+
+constexpr int64_t kI64Min = -9223372036854775807LL - 1;
+constexpr unsigned kFull = 0xffffffffu;
+
+void check_launch(const char* what) {
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) throw std::runtime_error(std::string("CUDA kernel ") + what + ": " + cudaGetErrorString(err));
+}
+
+__device__ __forceinline__ int64_t warp_sum(int64_t v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFull, v, o);
+  return v;
+}
+
+__device__ __forceinline__ int32_t warp_sum32(int32_t v) {  // callers bound the exact sum below 2^31
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFull, v, o);
+  return v;
+}
+
+__device__ __forceinline__ int64_t warp_max(int64_t v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = imax(v, __shfl_xor_sync(kFull, v, o));
+  return v;
+}
+
+// Block-wide exact reduction (sum or max) of one int64 per thread; every
+// thread gets the result. red: shared int64 [33]. blockDim.x is a multiple
+// of 32. Back-to-back calls may reuse red: a call's result slot red[32] is
+// rewritten only after the next call's first barrier.
+template <bool kMax>
+__device__ int64_t block_reduce(int64_t v, int64_t identity, int64_t* red) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  v = kMax ? warp_max(v) : warp_sum(v);
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    int64_t r = lane < nw ? red[lane] : identity;
+    r = kMax ? warp_max(r) : warp_sum(r);
+    if (lane == 0) red[32] = r;
+  }
+  __syncthreads();
+  return red[32];
+}
+
+__device__ __forceinline__ int64_t block_max(int64_t v, int64_t identity, int64_t* red) {
+  return block_reduce<true>(v, identity, red);
+}
+__device__ __forceinline__ int64_t block_sum(int64_t v, int64_t* red) { return block_reduce<false>(v, 0, red); }
+
+// ---------------------------------------------------------------- embedding
+
+__global__ void embed_kernel(const int32_t* __restrict__ tokens, const int8_t* __restrict__ emb,
+                             const int32_t* __restrict__ mant, const int32_t* __restrict__ shift, int H,
+                             int32_t* __restrict__ x) {
+  const int64_t t = blockIdx.x;
+  const int64_t tok = tokens[t];
+  const int8_t* row = emb + tok * H;
+  const int64_t m = mant[tok], s = shift[tok];
+  for (int i = threadIdx.x; i < H; i += blockDim.x)
+    x[t * H + i] = (int32_t)shift_round_sat32((int64_t)row[i] * m, s);
+}
+
+// ---------------------------------------------------------------- RMSNorm
+
+// rms_norm_row of x [n] (Q16) into y [n] (shared or global), by the whole
+// block; ops_generic.cpp's steps in the same order. Ends with a barrier.
+__device__ void norm_row(const int32_t* x, const int16_t* g, int n, int64_t eps_q60, int in_frac, int32_t* y,
+                         int64_t* red) {
+  int64_t m = 0;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) m = imax(m, iabs(x[i]));
+  m = block_max(m, 0, red);
+  if (m == 0) {  // block-uniform
+    for (int i = threadIdx.x; i < n; i += blockDim.x) y[i] = 0;
+    __syncthreads();
+    return;
+  }
+  const int a = kNormTopBit - bitlen(m);  // pre-shift so max|x'| has 24 bits
+  int64_t s = 0;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    const int64_t v = a >= 0 ? shl(x[i], a) : round_shift(x[i], -a);
+    s += v * v;  // the row's sum is < 2^61 (n <= 2^13), so is every partial sum
+  }
+  s = block_sum(s, red);
+  const int64_t e_shift = kEpsFrac - 2 * (in_frac + a);
+  int64_t eps;
+  if (e_shift >= 0) {
+    eps = round_shift(eps_q60, e_shift);
+  } else {
+    const int t = (int)imin(-e_shift, 62);
+    eps = (-e_shift >= 62 || eps_q60 > (kSCap >> t)) ? kSCap : shl(eps_q60, t);
+  }
+  s = imin(s + imin(eps, kSCap), kSCap);
+  const int64_t r = imax(isqrt(s), 1);
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    const int64_t v = a >= 0 ? shl(x[i], a) : round_shift(x[i], -a);
+    y[i] = (int32_t)round_div(v * g[i] * ((int64_t)1 << kNormOutFrac), r);
+  }
+  __syncthreads();
+}
+
+// quant16 of y [n] (by the block) into q [n], returns e; quant16_row's steps.
+template <typename T>
+__device__ int quant16_block(const T* y, int n, int16_t* q, int64_t* red) {
+  int64_t m = 0;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) m = imax(m, iabs((int64_t)y[i]));
+  m = block_max(m, 0, red);
+  const int e = (int)imax(bitlen(m) - 15, 0);
+  for (int i = threadIdx.x; i < n; i += blockDim.x)
+    q[i] = (int16_t)clamp(round_shift((int64_t)y[i], e), -kInt16QMax, kInt16QMax);
+  return e;
+}
+
+constexpr int kNormThreads = 256;
+
+// One block per row; dynamic shared memory holds the normed row (n int32).
+__global__ void __launch_bounds__(kNormThreads)
+    norm_quant16_kernel(const int32_t* __restrict__ x, const int32_t* __restrict__ idx, const int16_t* __restrict__ g,
+                        int n, int64_t eps_q60, int16_t* __restrict__ q, int32_t* __restrict__ e) {
+  INTDET_DYN_SMEM(int32_t, y_s);
+  __shared__ int64_t red[33];
+  const int64_t r = blockIdx.x;
+  const int64_t src = idx ? idx[r] : r;
+  norm_row(x + src * n, g, n, eps_q60, 16, y_s, red);
+  const int ex = quant16_block(y_s, n, q + r * n, red);
+  if (threadIdx.x == 0) e[r] = ex;
+}
+
+__global__ void __launch_bounds__(kNormThreads)
+    quant16_i64_kernel(const int64_t* __restrict__ x, int n, int16_t* __restrict__ q, int32_t* __restrict__ e) {
+  __shared__ int64_t red[33];
+  const int64_t r = blockIdx.x;
+  const int ex = quant16_block(x + r * n, n, q + r * n, red);
+  if (threadIdx.x == 0) e[r] = ex;
+}
+
+// ---------------------------------------------------------------- q/k norm + RoPE
+
+constexpr int kHeadThreads = 128;
+constexpr int kMaxHeadDim = 256;
+
+// grid (T, nheads): one block per (row, head) of x [T, nheads, D], in place.
+__global__ void __launch_bounds__(kHeadThreads)
+    norm_rope_kernel(int32_t* __restrict__ x, int nheads, int D, const int16_t* __restrict__ g, int64_t eps_q60,
+                     const int32_t* __restrict__ pos, const int16_t* __restrict__ cos,
+                     const int16_t* __restrict__ sin) {
+  __shared__ int32_t y[kMaxHeadDim];
+  __shared__ int64_t red[33];
+  const int64_t t = blockIdx.x;
+  int32_t* row = x + (t * nheads + blockIdx.y) * D;
+  if (g) {
+    norm_row(row, g, D, eps_q60, 16, y, red);
+  } else {
+    for (int i = threadIdx.x; i < D; i += blockDim.x) y[i] = row[i];
+    __syncthreads();
+  }
+  const int half = D >> 1;
+  const int16_t* c = cos + (int64_t)pos[t] * half;
+  const int16_t* s = sin + (int64_t)pos[t] * half;
+  for (int i = threadIdx.x; i < half; i += blockDim.x) {
+    const int64_t x1 = y[i], x2 = y[i + half];
+    row[i] = (int32_t)sat32(round_shift(x1 * c[i] - x2 * s[i], kRopeFrac));
+    row[i + half] = (int32_t)sat32(round_shift(x2 * c[i] + x1 * s[i], kRopeFrac));
+  }
+}
+
+// ---------------------------------------------------------------- KV cache append
+
+// quant8_row of x [D] into q [D] by the block; returns the absmax.
+__device__ int32_t quant8_block(const int32_t* x, int D, int8_t* q, int64_t* red) {
+  int64_t a = 0;
+  for (int i = threadIdx.x; i < D; i += blockDim.x) a = imax(a, iabs(x[i]));
+  a = block_max(a, 0, red);
+  const int64_t d = imax(a, 1);
+  for (int i = threadIdx.x; i < D; i += blockDim.x)
+    q[i] = (int8_t)clamp(round_div(127 * (int64_t)x[i], d), -kInt8QMax, kInt8QMax);
+  return (int32_t)a;
+}
+
+// grid (T, nkv): quantize row t, kv head h of k and v into the row's cache.
+__global__ void __launch_bounds__(kHeadThreads)
+    kv_append_kernel(const int32_t* __restrict__ k, const int32_t* __restrict__ v, int nkv, int D, int layer,
+                     const int32_t* __restrict__ seq, const int32_t* __restrict__ pos, const DevKV* __restrict__ kvs) {
+  __shared__ int64_t red[33];
+  const int64_t t = blockIdx.x, h = blockIdx.y;
+  const DevKV kv = kvs[seq[t]];
+  const int64_t base = ((int64_t)layer * kv.max_len + pos[t]) * nkv + h;  // [L, P, nkv] index
+  const int64_t src = (t * nkv + h) * D;
+  const int32_t ak = quant8_block(k + src, D, kv.k + base * D, red);
+  const int32_t av = quant8_block(v + src, D, kv.v + base * D, red);
+  if (threadIdx.x == 0) {
+    kv.ka[base] = ak;
+    kv.va[base] = av;
+  }
+}
+
+// ---------------------------------------------------------------- attention
+
+constexpr int kAttnThreads = 256;
+constexpr int kAttnWarps = kAttnThreads / 32;
+
+// grid (grp, nkv, nrows): one block per (row, query head), the exact steps of
+// attend_head. Per position: score z (int32, saturated), then exp2 (<= 2^30),
+// then p (<= 2^16), then the int16 value weight, each overwriting the same
+// int32 scratch slot. P.V: warp w takes positions w, w + 8, ...; lane takes
+// dims lane + 32 j; int32 partials over at most kPvBlock positions, then int64.
+__global__ void __launch_bounds__(kAttnThreads)
+    attention_kernel(const int32_t* __restrict__ qbuf, int row0, int nh, int nkv, int D, int layer,
+                     const int32_t* __restrict__ seq, const int32_t* __restrict__ pos, const DevKV* __restrict__ kvs,
+                     int64_t score_mant, int64_t score_shift, int32_t* __restrict__ scratch, int64_t sstride,
+                     int64_t* __restrict__ out) {
+  __shared__ int32_t qq[kMaxHeadDim];
+  __shared__ int64_t red[33];
+  __shared__ int64_t pv[kAttnWarps][kMaxHeadDim];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int kvh = blockIdx.y;
+  const int h = kvh * gridDim.x + blockIdx.x;  // heads kvh*grp .. kvh*grp+grp-1 share kv head kvh
+  const int64_t tl = blockIdx.z, t = row0 + tl;
+  const DevKV kv = kvs[seq[t]];
+  const int64_t n = (int64_t)pos[t] + 1;  // causal: positions 0..pos
+  const int32_t* qr = qbuf + (t * nh + h) * D;
+  int32_t* sc = scratch + (tl * nh + h) * sstride;
+  const int64_t lay = (int64_t)layer * kv.max_len * nkv + kvh;  // (layer, position 0, kvh) in [L, P, nkv]
+  const int8_t* kb = kv.k + lay * D;
+  const int8_t* vb = kv.v + lay * D;
+  const int32_t* kab = kv.ka + lay;
+  const int32_t* vab = kv.va + lay;
+  const int64_t rs = (int64_t)nkv * D;  // int8 elements between positions
+
+  // 1. The query head to int16: quant16_row.
+  int64_t m = 0;
+  for (int d = tid; d < D; d += blockDim.x) m = imax(m, iabs(qr[d]));
+  m = block_max(m, 0, red);
+  const int e_q = (int)imax(bitlen(m) - 15, 0);
+  for (int d = tid; d < D; d += blockDim.x) qq[d] = (int32_t)clamp(round_shift(qr[d], e_q), -kInt16QMax, kInt16QMax);
+  __syncthreads();
+
+  // 2. Scores, one warp per position: raw = q . k exactly (|raw| <= 2^15 * 127 * 256 < 2^31).
+  int64_t zmax = kI64Min;
+  for (int64_t i = warp; i < n; i += kAttnWarps) {
+    const int8_t* kr = kb + i * rs;
+    int32_t raw = 0;
+    for (int d = lane; d < D; d += 32) raw += qq[d] * (int32_t)kr[d];
+    raw = warp_sum32(raw);
+    if (lane == 0) {
+      const int64_t z = attn_score(raw, kab[i * nkv], e_q, score_mant, score_shift);  // sat32: fits int32
+      sc[i] = (int32_t)z;
+      zmax = imax(zmax, z);
+    }
+  }
+  zmax = block_max(zmax, kI64Min, red);  // the barrier also publishes sc[]
+
+  // 3. softmax_q16_row: e = exp2(-(zmax - z)) in Q30, tot = sum e, R = 2^62 / tot.
+  int64_t tot = 0;
+  for (int64_t i = tid; i < n; i += kAttnThreads) {
+    const int64_t ev = exp2_neg_q30(zmax - sc[i]);  // <= 2^30
+    sc[i] = (int32_t)ev;
+    tot += ev;
+  }
+  tot = block_sum(tot, red);  // >= 2^30 - 4: the max term
+  const int64_t R = floor_div((int64_t)1 << 62, tot);
+
+  // 4. p = round_shift(e R, 46) (Q16), value weights w = p * a_v < 2^47, quant16 of w.
+  int64_t wmax = 0;
+  for (int64_t i = tid; i < n; i += kAttnThreads) {
+    const int64_t p = round_shift((int64_t)sc[i] * R, 62 - kProbFrac);  // <= 2^16
+    sc[i] = (int32_t)p;
+    wmax = imax(wmax, p * vab[i * nkv]);
+  }
+  wmax = block_max(wmax, 0, red);
+  const int s = (int)imax(bitlen(wmax) - 15, 0);
+  for (int64_t i = tid; i < n; i += kAttnThreads)
+    sc[i] = (int32_t)clamp(round_shift((int64_t)sc[i] * vab[i * nkv], s), -kInt16QMax, kInt16QMax);
+  __syncthreads();
+
+  // 5. out = (sum_i w16_i v_i) << s.
+  int32_t part[8];
+  int64_t acc[8];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) part[j] = 0, acc[j] = 0;
+  int cnt = 0;
+  for (int64_t i = warp; i < n; i += kAttnWarps) {
+    const int32_t wi = sc[i];
+    const int8_t* vr = vb + i * rs;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const int d = lane + 32 * j;
+      if (d < D) part[j] += wi * (int32_t)vr[d];
+    }
+    if (++cnt == kPvBlock) {  // 512 * 32767 * 127 < 2^31
+#pragma unroll
+      for (int j = 0; j < 8; ++j) acc[j] += part[j], part[j] = 0;
+      cnt = 0;
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const int d = lane + 32 * j;
+    if (d < D) pv[warp][d] = acc[j] + part[j];
+  }
+  __syncthreads();
+  for (int d = tid; d < D; d += blockDim.x) {
+    int64_t sum = 0;
+#pragma unroll
+    for (int w = 0; w < kAttnWarps; ++w) sum += pv[w][d];
+    out[(t * nh + h) * D + d] = shl(sum, s);
+  }
+}
+
+// ---------------------------------------------------------------- SwiGLU
+
+__global__ void swiglu_kernel(const int32_t* __restrict__ gate, const int32_t* __restrict__ up, int64_t count,
+                              int64_t* __restrict__ a) {
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < count; i += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t g = gate[i];
+    const int64_t w = round_shift(iabs(g) * kLog2eQ30, 30);  // |g| * log2(e), Q16
+    const int64_t d = exp2_neg_q30(w);                      // exp(-|g|), Q30
+    const int64_t den = ((int64_t)1 << 30) + d;
+    const int64_t sig = g >= 0 ? round_div((int64_t)1 << 60, den) : round_div(d << 30, den);
+    a[i] = round_shift(g * sig, 30) * (int64_t)up[i];
+  }
+}
+
+__global__ void round_div_kernel(const int64_t* a, const int64_t* b, int64_t count, int64_t* out) {
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < count; i += (int64_t)gridDim.x * blockDim.x)
+    out[i] = round_div(a[i], b[i]);
+}
+
+// ---------------------------------------------------------------- linear layers
+
+__device__ __forceinline__ void store_out(int32_t* o, int64_t v, bool residual) {
+  *o = (int32_t)(residual ? sat32((int64_t)*o + v) : v);
+}
+
+// 16-byte load; p must be 16-byte aligned (the emulator checks it).
+__device__ __forceinline__ int4 load16(const void* p) {
+#if defined(INTDET_CUDA_EMU)
+  return ::emu::load16_checked(p);
+#else
+  return __ldg(reinterpret_cast<const int4*>(p));
+#endif
+}
+
+// Sixteen int16 x int8 products in int32 (|sum| < 2^26): __dp2a_lo/hi take two
+// int16 from the first operand and two int8 (low/high half) from the second.
+__device__ __forceinline__ int32_t dot16(const int4 a0, const int4 a1, const int4 w) {
+  int32_t p = __dp2a_lo(a0.x, w.x, 0);
+  p = __dp2a_hi(a0.y, w.x, p);
+  p = __dp2a_lo(a0.z, w.y, p);
+  p = __dp2a_hi(a0.w, w.y, p);
+  p = __dp2a_lo(a1.x, w.z, p);
+  p = __dp2a_hi(a1.y, w.z, p);
+  p = __dp2a_lo(a1.z, w.w, p);
+  p = __dp2a_hi(a1.w, w.w, p);
+  return p;
+}
+
+constexpr int kGemvWarps = 4;
+
+// Decode GEMV: one warp per output channel j, rows t0..t0+TT-1 (blockIdx.y).
+// vec: K % 16 == 0, so 16-byte loads of w rows and q rows are aligned.
+template <int TT>
+__global__ void __launch_bounds__(kGemvWarps * 32)
+    gemv_kernel(const int16_t* __restrict__ q, const int32_t* __restrict__ e, int T, int K,
+                const int8_t* __restrict__ w, const int32_t* __restrict__ mant, const int32_t* __restrict__ shift,
+                const int32_t* __restrict__ bias, int N, int32_t* __restrict__ out, int64_t ldo, int residual,
+                int vec) {
+  const int lane = threadIdx.x & 31;
+  const int64_t j = (int64_t)blockIdx.x * kGemvWarps + (threadIdx.x >> 5);
+  if (j >= N) return;  // whole warps only; no block barrier below
+  const int t0 = blockIdx.y * TT;
+  const int nt = T - t0 < TT ? T - t0 : TT;
+  const int8_t* wj = w + j * K;
+  const int16_t* q0 = q + (int64_t)t0 * K;
+  int64_t acc[TT];
+#pragma unroll
+  for (int tt = 0; tt < TT; ++tt) acc[tt] = 0;
+  if (vec) {
+    for (int k = lane * 16; k < K; k += 32 * 16) {
+      const int4 wv = load16(wj + k);
+#pragma unroll
+      for (int tt = 0; tt < TT; ++tt) {
+        if (tt < nt) {
+          const int16_t* ap = q0 + (int64_t)tt * K + k;
+          acc[tt] += dot16(load16(ap), load16(ap + 8), wv);
+        }
+      }
+    }
+  } else {
+    for (int k = lane; k < K; k += 32) {
+      const int32_t wk = wj[k];
+#pragma unroll
+      for (int tt = 0; tt < TT; ++tt)
+        if (tt < nt) acc[tt] += (int32_t)q0[(int64_t)tt * K + k] * wk;
+    }
+  }
+#pragma unroll
+  for (int tt = 0; tt < TT; ++tt) acc[tt] = warp_sum(acc[tt]);
+  if (lane == 0) {
+    const int32_t mj = mant[j], sj = shift[j];
+#pragma unroll
+    for (int tt = 0; tt < TT; ++tt) {
+      if (tt < nt) {
+        const int64_t t = t0 + tt;
+        store_out(out + t * ldo + j, linear_epilogue(acc[tt], mj, sj, e[t], bias, j), residual);
+      }
+    }
+  }
+}
+
+// Prefill GEMM: 64 rows x 64 channels per block of 256 threads, K in tiles of
+// 32; each thread owns a 4 x 4 micro-tile (rows ty + 16 r, channels tx + 16 c).
+// int32 partials over 8 tiles (256 products), then int64.
+constexpr int kTileM = 64, kTileN = 64, kTileK = 32, kTilesPerPart = 8;
+
+__global__ void __launch_bounds__(256)
+    gemm_kernel(const int16_t* __restrict__ q, const int32_t* __restrict__ e, int T, int K,
+                const int8_t* __restrict__ w, const int32_t* __restrict__ mant, const int32_t* __restrict__ shift,
+                const int32_t* __restrict__ bias, int N, int32_t* __restrict__ out, int64_t ldo, int residual,
+                int vec) {
+  __shared__ __align__(16) int32_t As[kTileM][kTileK / 2 + 1];  // int16 pairs (+1 word pad)
+  __shared__ __align__(16) int32_t Bs[kTileN][kTileK / 4 + 1];  // int8 quads (+1 word pad)
+  int16_t* As16 = reinterpret_cast<int16_t*>(&As[0][0]);
+  int8_t* Bs8 = reinterpret_cast<int8_t*>(&Bs[0][0]);
+  constexpr int kAStride16 = 2 * (kTileK / 2 + 1), kBStride8 = 4 * (kTileK / 4 + 1);
+  const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
+  const int64_t t0 = (int64_t)blockIdx.y * kTileM, j0 = (int64_t)blockIdx.x * kTileN;
+  int64_t acc[4][4];
+#pragma unroll
+  for (int r = 0; r < 4; ++r)
+#pragma unroll
+    for (int c = 0; c < 4; ++c) acc[r][c] = 0;
+  for (int64_t kb = 0; kb < K; kb += (int64_t)kTileK * kTilesPerPart) {
+    int32_t part[4][4];
+#pragma unroll
+    for (int r = 0; r < 4; ++r)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) part[r][c] = 0;
+    for (int kt = 0; kt < kTilesPerPart; ++kt) {
+      const int64_t k0 = kb + (int64_t)kt * kTileK;
+      if (k0 >= K) break;  // block-uniform
+      if (vec) {  // K % 16 == 0: whole 8- and 16-element chunks are in or out
+        {
+          const int r = tid >> 2, c = (tid & 3) * 8;
+          const int64_t t = t0 + r;
+          int4 v = make_int4(0, 0, 0, 0);
+          if (t < T && k0 + c < K) v = load16(q + t * K + k0 + c);
+          int32_t* dst = &As[r][c >> 1];
+          dst[0] = v.x, dst[1] = v.y, dst[2] = v.z, dst[3] = v.w;
+        }
+        if (tid < 128) {
+          const int r = tid >> 1, c = (tid & 1) * 16;
+          const int64_t j = j0 + r;
+          int4 u = make_int4(0, 0, 0, 0);
+          if (j < N && k0 + c < K) u = load16(w + j * K + k0 + c);
+          int32_t* dst = &Bs[r][c >> 2];
+          dst[0] = u.x, dst[1] = u.y, dst[2] = u.z, dst[3] = u.w;
+        }
+      } else {
+#pragma unroll
+        for (int i = 0; i < (kTileM * kTileK) / 256; ++i) {
+          const int idx = tid + 256 * i, r = idx >> 5, c = idx & 31;
+          const int64_t k = k0 + c, t = t0 + r, j = j0 + r;
+          As16[r * kAStride16 + c] = (t < T && k < K) ? q[t * K + k] : (int16_t)0;
+          Bs8[r * kBStride8 + c] = (j < N && k < K) ? w[j * K + k] : (int8_t)0;
+        }
+      }
+      __syncthreads();
+#pragma unroll
+      for (int kw = 0; kw < kTileK / 4; ++kw) {
+        int32_t alo[4], ahi[4], b[4];
+#pragma unroll
+        for (int r = 0; r < 4; ++r) alo[r] = As[ty + 16 * r][2 * kw], ahi[r] = As[ty + 16 * r][2 * kw + 1];
+#pragma unroll
+        for (int c = 0; c < 4; ++c) b[c] = Bs[tx + 16 * c][kw];
+#pragma unroll
+        for (int r = 0; r < 4; ++r)
+#pragma unroll
+          for (int c = 0; c < 4; ++c) part[r][c] = __dp2a_hi(ahi[r], b[c], __dp2a_lo(alo[r], b[c], part[r][c]));
+      }
+      __syncthreads();
+    }
+#pragma unroll
+    for (int r = 0; r < 4; ++r)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) acc[r][c] += part[r][c];
+  }
+#pragma unroll
+  for (int r = 0; r < 4; ++r) {
+    const int64_t t = t0 + ty + 16 * r;
+    if (t >= T) continue;
+    const int32_t et = e[t];
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const int64_t j = j0 + tx + 16 * c;
+      if (j < N) store_out(out + t * ldo + j, linear_epilogue(acc[r][c], mant[j], shift[j], et, bias, j), residual);
+    }
+  }
+}
+
+unsigned grid_1d(int64_t count, int threads) {
+  int64_t b = (count + threads - 1) / threads;
+  if (b > 65535) b = 65535;  // grid-stride loops cover the rest
+  return (unsigned)(b < 1 ? 1 : b);
+}
+
+}  // namespace
+
+void launch_embed(const int32_t* tokens, const int8_t* emb, const int32_t* mant, const int32_t* shift, int T, int H,
+                  int32_t* x, cudaStream_t st) {
+  INTDET_LAUNCH(embed_kernel, T, 256, 0, st, tokens, emb, mant, shift, H, x);
+  check_launch("embed");
+}
+
+void launch_norm_quant16(const int32_t* x, const int32_t* idx, const int16_t* g, int R, int n, int64_t eps_q60,
+                         int16_t* q, int32_t* e, cudaStream_t st) {
+  if (R <= 0) return;
+  INTDET_LAUNCH(norm_quant16_kernel, R, kNormThreads, (size_t)n * sizeof(int32_t), st, x, idx, g, n, eps_q60, q, e);
+  check_launch("norm_quant16");
+}
+
+void launch_quant16_i64(const int64_t* x, int R, int n, int16_t* q, int32_t* e, cudaStream_t st) {
+  if (R <= 0) return;
+  INTDET_LAUNCH(quant16_i64_kernel, R, kNormThreads, 0, st, x, n, q, e);
+  check_launch("quant16_i64");
+}
+
+void launch_linear(const int16_t* q, const int32_t* e, int T, int K, const int8_t* w, const int32_t* mant,
+                   const int32_t* shift, const int32_t* bias, int N, int32_t* out, int64_t ldo, bool residual,
+                   int path, cudaStream_t st) {
+  if (T <= 0 || N <= 0) return;
+  const int vec = K % 16 == 0;
+  if (path == kLinearAuto) path = T <= kGemvMaxRows ? kLinearGemv : kLinearGemm;
+  if (path == kLinearGemv) {
+    const unsigned gx = (unsigned)((N + kGemvWarps - 1) / kGemvWarps);
+    const int threads = kGemvWarps * 32;
+    if (T == 1) {
+      INTDET_LAUNCH(gemv_kernel<1>, dim3(gx, 1), threads, 0, st, q, e, T, K, w, mant, shift, bias, N, out, ldo, residual, vec);
+    } else if (T <= 2) {
+      INTDET_LAUNCH(gemv_kernel<2>, dim3(gx, 1), threads, 0, st, q, e, T, K, w, mant, shift, bias, N, out, ldo, residual, vec);
+    } else if (T <= 4) {
+      INTDET_LAUNCH(gemv_kernel<4>, dim3(gx, 1), threads, 0, st, q, e, T, K, w, mant, shift, bias, N, out, ldo, residual, vec);
+    } else {
+      const unsigned gy = (unsigned)((T + 7) / 8);
+      if (gy > 65535) throw std::invalid_argument("linear (GEMV): too many rows");
+      INTDET_LAUNCH(gemv_kernel<8>, dim3(gx, gy), threads, 0, st, q, e, T, K, w, mant, shift, bias, N, out, ldo, residual, vec);
+    }
+  } else {
+    const unsigned gy = (unsigned)((T + kTileM - 1) / kTileM);
+    if (gy > 65535) throw std::invalid_argument("linear (GEMM): too many rows");
+    INTDET_LAUNCH(gemm_kernel, dim3((unsigned)((N + kTileN - 1) / kTileN), gy), 256, 0, st, q, e, T, K, w, mant, shift, bias,
+                                                                                 N, out, ldo, residual, vec);
+  }
+  check_launch("linear");
+}
+
+void launch_norm_rope(int32_t* x, int T, int nheads, int D, const int16_t* g, int64_t eps_q60, const int32_t* pos,
+                      const int16_t* cos, const int16_t* sin, cudaStream_t st) {
+  if (T <= 0) return;
+  if (D > kMaxHeadDim || nheads > 65535) throw std::invalid_argument("norm_rope: head_dim > 256 or too many heads");
+  INTDET_LAUNCH(norm_rope_kernel, dim3(T, nheads), kHeadThreads, 0, st, x, nheads, D, g, eps_q60, pos, cos, sin);
+  check_launch("norm_rope");
+}
+
+void launch_kv_append(const int32_t* k, const int32_t* v, int T, int nkv, int D, int layer, const int32_t* seq,
+                      const int32_t* pos, const DevKV* kvs, cudaStream_t st) {
+  if (T <= 0) return;
+  if (nkv > 65535) throw std::invalid_argument("kv_append: too many kv heads");
+  INTDET_LAUNCH(kv_append_kernel, dim3(T, nkv), kHeadThreads, 0, st, k, v, nkv, D, layer, seq, pos, kvs);
+  check_launch("kv_append");
+}
+
+void launch_attention(const int32_t* q, int row0, int nrows, int nh, int nkv, int D, int layer, const int32_t* seq,
+                      const int32_t* pos, const DevKV* kvs, int64_t score_mant, int64_t score_shift,
+                      int32_t* scratch, int64_t sstride, int64_t* out, cudaStream_t st) {
+  if (nrows <= 0) return;
+  if (D > kMaxHeadDim || nrows > 65535 || nkv > 65535) throw std::invalid_argument("attention: shape out of range");
+  const int grp = nh / nkv;  // host-side division
+  INTDET_LAUNCH(attention_kernel, dim3(grp, nkv, nrows), kAttnThreads, 0, st, q, row0, nh, nkv, D, layer, seq, pos, kvs,
+                                                                   score_mant, score_shift, scratch, sstride, out);
+  check_launch("attention");
+}
+
+void launch_swiglu(const int32_t* g, const int32_t* u, int64_t count, int64_t* a, cudaStream_t st) {
+  if (count <= 0) return;
+  INTDET_LAUNCH(swiglu_kernel, grid_1d(count, 256), 256, 0, st, g, u, count, a);
+  check_launch("swiglu");
+}
+
+void launch_round_div(const int64_t* a, const int64_t* b, int64_t count, int64_t* out, cudaStream_t st) {
+  if (count <= 0) return;
+  INTDET_LAUNCH(round_div_kernel, grid_1d(count, 256), 256, 0, st, a, b, count, out);
+  check_launch("round_div");
+}
+
+}  // namespace cuda
+}  // namespace intdet

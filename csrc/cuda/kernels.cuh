@@ -1,0 +1,78 @@
+// Launchers of the CUDA kernels (csrc/cuda/kernels.cu). Host-side header:
+// plain C++ plus cuda_runtime.h, included by engine.cpp and the tests' op
+// bindings. Every kernel computes exactly what the scalar C++ reference
+// (csrc/cpu/ops_generic.cpp, csrc/model/forward.cpp) computes, bit for bit;
+// docs/cuda.md explains why each parallel decomposition keeps that.
+#pragma once
+
+#if defined(INTDET_CUDA_EMU)
+#include "emu.h"  // host emulation for tests without a GPU
+#else
+#include <cuda_runtime.h>
+#define INTDET_DYN_SMEM(T, name) extern __shared__ T name[]
+#define INTDET_LAUNCH(kernel, grid, block, smem, stream, ...) kernel<<<grid, block, smem, stream>>>(__VA_ARGS__)
+#endif
+
+#include <cstdint>
+
+namespace intdet {
+namespace cuda {
+
+// One sequence's int8 KV cache on the device, laid out like intdet::KVCache:
+// k, v [L, max_len, n_kv, D] int8; ka, va [L, max_len, n_kv] int32 absmax.
+struct DevKV {
+  int8_t* k;
+  int8_t* v;
+  int32_t* ka;
+  int32_t* va;
+  int64_t max_len;
+};
+
+// Linear kernel choice: auto (GEMV for T <= kGemvMaxRows, else tiled GEMM),
+// or forced (tests compare both against the CPU).
+enum LinearPath { kLinearAuto = 0, kLinearGemv = 1, kLinearGemm = 2 };
+constexpr int kGemvMaxRows = 32;
+
+// x [T, H] int32 Q16 = embedding rows of tokens [T] times their dyadic scale.
+void launch_embed(const int32_t* tokens, const int8_t* emb, const int32_t* mant, const int32_t* shift, int T, int H,
+                  int32_t* x, cudaStream_t st);
+
+// For each output row r (source row idx ? idx[r] : r of x [*, n] int32):
+// y = rms_norm_row(x) (norm units), then (q [R, n] int16, e [R]) = quant16(y).
+void launch_norm_quant16(const int32_t* x, const int32_t* idx, const int16_t* g, int R, int n, int64_t eps_q60,
+                         int16_t* q, int32_t* e, cudaStream_t st);
+
+// (q [R, n] int16, e [R]) = quant16 of each row of x [R, n] int64.
+void launch_quant16_i64(const int64_t* x, int R, int n, int16_t* q, int32_t* e, cudaStream_t st);
+
+// out[t * ldo + j] (int32) = linear_epilogue(sum_k q[t,k] w[j,k], mant[j], shift[j], e[t], bias, j),
+// or sat32(out + that) when residual != 0. q [T, K] int16, w [N, K] int8.
+void launch_linear(const int16_t* q, const int32_t* e, int T, int K, const int8_t* w, const int32_t* mant,
+                   const int32_t* shift, const int32_t* bias, int N, int32_t* out, int64_t ldo, bool residual,
+                   int path, cudaStream_t st);
+
+// In place on x [T, nheads, D] int32: per-head RMSNorm with gamma g (when g is
+// not null; Qwen3 q/k norm), then split-half RoPE at position pos[t].
+void launch_norm_rope(int32_t* x, int T, int nheads, int D, const int16_t* g, int64_t eps_q60, const int32_t* pos,
+                      const int16_t* cos, const int16_t* sin, cudaStream_t st);
+
+// Quantize K and V rows (k, v [T, nkv, D] int32) to int8 absmax and store
+// them at (layer, pos[t]) of cache kvs[seq[t]].
+void launch_kv_append(const int32_t* k, const int32_t* v, int T, int nkv, int D, int layer, const int32_t* seq,
+                      const int32_t* pos, const DevKV* kvs, cudaStream_t st);
+
+// Attention of rows row0..row0+nrows-1 (queries q [T, nh, D] int32 after
+// RoPE) over their sequence's cache positions 0..pos[t]; out [T, nh, D]
+// int64. scratch: int32 [nrows * nh, sstride] with sstride >= pos[t] + 1.
+void launch_attention(const int32_t* q, int row0, int nrows, int nh, int nkv, int D, int layer, const int32_t* seq,
+                      const int32_t* pos, const DevKV* kvs, int64_t score_mant, int64_t score_shift,
+                      int32_t* scratch, int64_t sstride, int64_t* out, cudaStream_t st);
+
+// a[i] = swiglu(g[i], u[i]) (Q32 int64) for count elements of int32 Q16 inputs.
+void launch_swiglu(const int32_t* g, const int32_t* u, int64_t count, int64_t* a, cudaStream_t st);
+
+// out[i] = round_div(a[i], b[i]) on the device (tests of the integer division).
+void launch_round_div(const int64_t* a, const int64_t* b, int64_t count, int64_t* out, cudaStream_t st);
+
+}  // namespace cuda
+}  // namespace intdet

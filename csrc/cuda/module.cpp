@@ -1,0 +1,316 @@
+// pybind11 module intdet._cuda: the CUDA backend with the API of intdet._core
+// (Model, State, forward, forward_batch), so python/intdet/model.py's Engine
+// uses either one. Built only when CMake finds nvcc (INTDET_CUDA); it imports
+// without a GPU, and device_count() then says 0 and why.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "engine.h"
+#include "intdet/intmath.h"
+#include "intdet/model.h"
+
+namespace py = pybind11;
+using namespace intdet;
+
+namespace {
+
+// The tensor dict checks of csrc/bindings/module.cpp (same names, dtypes, shapes).
+template <typename T>
+const T* ptr_of(const py::dict& tensors, const std::string& name, std::vector<int64_t> shape, bool optional = false) {
+  if (!tensors.contains(name)) {
+    if (optional) return nullptr;
+    throw std::invalid_argument("model tensor '" + name + "' is missing");
+  }
+  py::object obj = tensors[name.c_str()];
+  if (!py::isinstance<py::array_t<T>>(obj))
+    throw std::invalid_argument("model tensor '" + name + "' has the wrong dtype");
+  py::array a = obj.cast<py::array>();
+  if (!(a.flags() & py::array::c_style)) throw std::invalid_argument("model tensor '" + name + "' is not contiguous");
+  if ((int64_t)a.ndim() != (int64_t)shape.size())
+    throw std::invalid_argument("model tensor '" + name + "' has the wrong rank");
+  for (size_t i = 0; i < shape.size(); ++i)
+    if (a.shape(i) != shape[i]) throw std::invalid_argument("model tensor '" + name + "' has the wrong shape");
+  return static_cast<const T*>(a.data());
+}
+
+Linear make_linear(const py::dict& t, const std::string& name, int64_t N, int64_t K, bool bias,
+                   const std::string& wname = "") {
+  Linear L;
+  L.N = N;
+  L.K = K;
+  L.w = ptr_of<int8_t>(t, wname.empty() ? name + ".q" : wname, {N, K});
+  L.mant = ptr_of<int32_t>(t, name + ".mant", {N});
+  L.shift = ptr_of<int32_t>(t, name + ".shift", {N});
+  L.bias = ptr_of<int32_t>(t, name + ".bias", {N}, !bias);
+  return L;
+}
+
+// A host Model pointing into the Python arrays (valid while `t` lives).
+Model host_model(const py::dict& cfg, const py::dict& t) {
+  Model m;
+  Config& c = m.cfg;
+  c.hidden = cfg["hidden_size"].cast<int64_t>();
+  c.ffn = cfg["intermediate_size"].cast<int64_t>();
+  c.n_layers = cfg["num_layers"].cast<int64_t>();
+  c.n_heads = cfg["num_heads"].cast<int64_t>();
+  c.n_kv = cfg["num_kv_heads"].cast<int64_t>();
+  c.head_dim = cfg["head_dim"].cast<int64_t>();
+  c.vocab = cfg["vocab_size"].cast<int64_t>();
+  c.ctx = cfg["context_length"].cast<int64_t>();
+  c.qk_norm = cfg["qk_norm"].cast<bool>();
+  py::dict eps = cfg["rms_eps_q60"];
+  c.eps_hidden = eps["hidden"].cast<int64_t>();
+  c.eps_head = eps["head"].cast<int64_t>();
+  const bool bias = cfg["attn_bias"].cast<bool>();
+  const int64_t H = c.hidden, D = c.head_dim;
+  if (c.n_heads <= 0 || c.n_kv <= 0 || c.n_heads % c.n_kv || D % 2 || D > 256 || H > 8192)
+    throw std::invalid_argument("model config has unsupported head or hidden sizes");
+  if (c.vocab >= ((int64_t)1 << 31) || c.ffn >= ((int64_t)1 << 24) || c.n_heads * D >= ((int64_t)1 << 24))
+    throw std::invalid_argument("model config has sizes beyond the CUDA kernels' index range");
+  m.tok_embd = ptr_of<int8_t>(t, "tok_embd.q", {c.vocab, H});
+  m.embd_mant = ptr_of<int32_t>(t, "tok_embd.mant", {c.vocab});
+  m.embd_shift = ptr_of<int32_t>(t, "tok_embd.shift", {c.vocab});
+  m.rope_cos = ptr_of<int16_t>(t, "rope.cos", {c.ctx, D / 2});
+  m.rope_sin = ptr_of<int16_t>(t, "rope.sin", {c.ctx, D / 2});
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    const std::string p = "blk." + std::to_string(l) + ".";
+    Layer L;
+    L.attn_norm = ptr_of<int16_t>(t, p + "attn_norm.g", {H});
+    L.q = make_linear(t, p + "attn_q", c.n_heads * D, H, bias);
+    L.k = make_linear(t, p + "attn_k", c.n_kv * D, H, bias);
+    L.v = make_linear(t, p + "attn_v", c.n_kv * D, H, bias);
+    L.o = make_linear(t, p + "attn_output", H, c.n_heads * D, t.contains(p + "attn_output.bias"));
+    if (c.qk_norm) {
+      L.q_norm = ptr_of<int16_t>(t, p + "attn_q_norm.g", {D});
+      L.k_norm = ptr_of<int16_t>(t, p + "attn_k_norm.g", {D});
+    }
+    L.score_mant = ptr_of<int32_t>(t, p + "attn_score.mant", {1})[0];
+    L.score_shift = ptr_of<int32_t>(t, p + "attn_score.shift", {1})[0];
+    L.ffn_norm = ptr_of<int16_t>(t, p + "ffn_norm.g", {H});
+    L.gate = make_linear(t, p + "ffn_gate", c.ffn, H, false);
+    L.up = make_linear(t, p + "ffn_up", c.ffn, H, false);
+    L.down = make_linear(t, p + "ffn_down", H, c.ffn, false);
+    m.layers.push_back(L);
+  }
+  m.out_norm = ptr_of<int16_t>(t, "output_norm.g", {H});
+  const bool tied = !t.contains("output.q");
+  m.output = make_linear(t, "output", c.vocab, H, false, tied ? "tok_embd.q" : "output.q");
+  return m;
+}
+
+struct PyModel {
+  cuda::ModelPtr dev;
+  Config cfg;
+};
+
+struct PyState {
+  cuda::StatePtr dev;
+  int64_t n_past = 0;
+  int64_t max_len = 0;
+};
+
+bool env_graphs() {
+  const char* v = std::getenv("INTDET_CUDA_GRAPHS");
+  return v && *v && std::string(v) != "0";
+}
+
+template <class T>
+using Arr = py::array_t<T, py::array::c_style>;
+
+}  // namespace
+
+#ifndef INTDET_CUDA_MODULE_NAME
+#define INTDET_CUDA_MODULE_NAME _cuda  // _cuda_emu for the host emulation build (tests)
+#endif
+
+PYBIND11_MODULE(INTDET_CUDA_MODULE_NAME, mod) {
+  mod.doc() = "intdet integer engine, CUDA backend (same logits as intdet._core, bit for bit)";
+  mod.def(
+      "device_count", []() { return cuda::device_count(); }, "CUDA devices visible (0 without a driver or GPU).");
+  mod.def(
+      "no_device_reason",
+      []() {
+        std::string why;
+        return cuda::device_count(&why) ? std::string() : why;
+      },
+      "Why device_count() is 0 ('' when a device is visible).");
+  mod.def("device_name", &cuda::device_name, py::arg("device") = 0);
+  mod.def("isa", []() { return std::string("cuda"); });
+
+  py::class_<PyModel>(mod, "Model")
+      .def(py::init([](const py::dict& cfg, const py::dict& tensors, py::object graphs) {
+             Model h = host_model(cfg, tensors);
+             auto* pm = new PyModel();
+             pm->cfg = h.cfg;
+             {
+               py::gil_scoped_release nogil;
+               pm->dev = cuda::upload_model(h);
+             }
+             cuda::set_graphs(*pm->dev, graphs.is_none() ? env_graphs() : graphs.cast<bool>());
+             return pm;
+           }),
+           py::arg("config"), py::arg("tensors"), py::arg("cuda_graphs") = py::none(),
+           "Upload converted tensors (dict name -> numpy array, exact dtypes) to the GPU. cuda_graphs: replay "
+           "decode steps from CUDA graphs (default: env INTDET_CUDA_GRAPHS=1).")
+      .def_property(
+          "cuda_graphs", [](const PyModel& m) { return cuda::graphs(*m.dev); },
+          [](PyModel& m, bool on) { cuda::set_graphs(*m.dev, on); })
+      .def_property_readonly("weight_bytes", [](const PyModel& m) { return cuda::weight_bytes(*m.dev); });
+
+  py::class_<PyState>(mod, "State")
+      .def(py::init([](PyModel& pm, int64_t max_len) {
+             auto* s = new PyState();
+             s->dev = cuda::new_state(*pm.dev, max_len);
+             s->max_len = max_len;
+             return s;
+           }),
+           py::arg("model"), py::arg("max_len"), py::keep_alive<1, 2>())
+      .def_readonly("n_past", &PyState::n_past)
+      .def("reset", [](PyState& s) { s.n_past = 0; });
+
+  mod.def(
+      "forward",
+      [](PyModel& pm, PyState& s, Arr<int32_t> tokens, int64_t start, bool all_logits) {
+        const int64_t T = tokens.size();
+        const Config& c = pm.cfg;
+        if (T == 0) throw std::invalid_argument("forward needs at least one token");
+        if (start != s.n_past) throw std::invalid_argument("start must equal the number of cached positions");
+        if (start + T > s.max_len) throw std::invalid_argument("sequence longer than the KV cache");
+        std::vector<Row> rows((size_t)T);
+        for (int64_t i = 0; i < T; ++i) {
+          const int32_t tok = tokens.data()[i];
+          if (tok < 0 || tok >= c.vocab) throw std::invalid_argument("token id out of range");
+          rows[(size_t)i] = Row{0, start + i, tok, all_logits || i == T - 1};
+        }
+        const int64_t Tout = all_logits ? T : 1;
+        py::array_t<int32_t> out({Tout, c.vocab});
+        cuda::DeviceState* st = s.dev.get();
+        int32_t* o = out.mutable_data();
+        {
+          py::gil_scoped_release nogil;
+          cuda::forward_rows(*pm.dev, &st, 1, rows.data(), T, o);
+        }
+        s.n_past = start + T;
+        return out;
+      },
+      py::arg("model"), py::arg("state"), py::arg("tokens"), py::arg("start"), py::arg("all_logits") = false,
+      "Prefill or decode tokens (int32 [T]) at positions start..start+T-1; returns int32 logits [T or 1, V] (Q16).");
+
+  mod.def(
+      "forward_batch",
+      [](PyModel& pm, std::vector<PyState*> states, std::vector<Arr<int32_t>> toks, bool all_logits) {
+        const Config& c = pm.cfg;
+        if (states.size() != toks.size() || states.empty())
+          throw std::invalid_argument("forward_batch needs one token array per state");
+        std::vector<cuda::DeviceState*> devs;
+        std::vector<Row> rows;
+        std::vector<int64_t> nout;
+        for (size_t i = 0; i < states.size(); ++i) {
+          for (size_t j = 0; j < i; ++j)
+            if (states[j] == states[i]) throw std::invalid_argument("forward_batch: a state appears twice");
+          const int64_t T = toks[i].size();
+          if (T == 0) throw std::invalid_argument("forward_batch: empty token array");
+          if (states[i]->n_past + T > states[i]->max_len) throw std::invalid_argument("sequence longer than the KV cache");
+          devs.push_back(states[i]->dev.get());
+          for (int64_t t = 0; t < T; ++t) {
+            const int32_t tok = toks[i].data()[t];
+            if (tok < 0 || tok >= c.vocab) throw std::invalid_argument("token id out of range");
+            rows.push_back(Row{(int64_t)i, states[i]->n_past + t, tok, all_logits || t == T - 1});
+          }
+          nout.push_back(all_logits ? T : 1);
+        }
+        int64_t total = 0;
+        for (auto n : nout) total += n;
+        std::vector<int32_t> out((size_t)(total * c.vocab));
+        {
+          py::gil_scoped_release nogil;
+          cuda::forward_rows(*pm.dev, devs.data(), (int64_t)devs.size(), rows.data(), (int64_t)rows.size(), out.data());
+        }
+        py::list res;
+        int64_t off = 0;
+        for (size_t i = 0; i < states.size(); ++i) {
+          py::array_t<int32_t> a({nout[i], c.vocab});
+          std::copy(out.begin() + off * c.vocab, out.begin() + (off + nout[i]) * c.vocab, a.mutable_data());
+          off += nout[i];
+          states[i]->n_past += toks[i].size();
+          res.append(a);
+        }
+        return res;
+      },
+      py::arg("model"), py::arg("states"), py::arg("tokens"), py::arg("all_logits") = false,
+      "Advance several sequences in one call; one int32 logits array per sequence ([T_i or 1, V]).");
+
+  // ---- single ops on the device, for the bit-exact tests against intdet._core.ops ----
+  py::module_ ops = mod.def_submodule("ops", "CUDA kernels on host arrays, for tests");
+  ops.def(
+      "linear",
+      [](Arr<int16_t> q, Arr<int32_t> e, Arr<int8_t> w, Arr<int32_t> mant, Arr<int32_t> shift, py::object bias,
+         int path) {
+        if (q.ndim() != 2 || w.ndim() != 2 || w.shape(1) != q.shape(1) || e.size() != q.shape(0) ||
+            mant.size() != w.shape(0) || shift.size() != w.shape(0))
+          throw std::invalid_argument("linear: shape mismatch");
+        const int64_t T = q.shape(0), K = q.shape(1), N = w.shape(0);
+        Arr<int32_t> b;
+        if (!bias.is_none()) {
+          b = bias.cast<Arr<int32_t>>();
+          if (b.size() != N) throw std::invalid_argument("linear: bias shape mismatch");
+        }
+        std::vector<int32_t> o((size_t)(T * N));
+        cuda::test::linear(q.data(), e.data(), T, K, w.data(), mant.data(), shift.data(),
+                           bias.is_none() ? nullptr : b.data(), N, path, o.data());
+        py::array_t<int64_t> out({T, N});
+        std::copy(o.begin(), o.end(), out.mutable_data());
+        return out;
+      },
+      py::arg("q"), py::arg("e"), py::arg("w"), py::arg("mant"), py::arg("shift"), py::arg("bias") = py::none(),
+      py::arg("path") = 0, "int64 [T, N]; path 0 auto, 1 GEMV, 2 tiled GEMM.");
+  ops.def(
+      "attend",
+      [](Arr<int32_t> q, Arr<int8_t> kc, Arr<int32_t> ka, Arr<int8_t> vc, Arr<int32_t> va, int64_t score_mant,
+         int64_t score_shift) {
+        const int64_t n = kc.shape(0), D = kc.shape(1);
+        if (kc.ndim() != 2 || q.size() != D || vc.shape(0) != n || vc.shape(1) != D || ka.size() != n ||
+            va.size() != n || D > 256 || n < 1)
+          throw std::invalid_argument("attend: shape mismatch");
+        py::array_t<int64_t> out(D);
+        cuda::test::attend(q.data(), D, kc.data(), ka.data(), vc.data(), va.data(), n, score_mant, score_shift,
+                           out.mutable_data());
+        return out;
+      },
+      "One int32 query head (quantized to int16 on the device) over n cached positions; int64 [D].");
+  ops.def("norm_quant16", [](Arr<int32_t> x, Arr<int16_t> g, int64_t eps_q60) {
+    if (x.ndim() != 2 || g.size() != x.shape(1) || x.shape(1) > 8192) throw std::invalid_argument("norm_quant16: shape");
+    const int64_t R = x.shape(0), n = x.shape(1);
+    py::array_t<int16_t> q({R, n});
+    py::array_t<int32_t> e(R);
+    cuda::test::norm_quant16(x.data(), g.data(), R, n, eps_q60, q.mutable_data(), e.mutable_data());
+    return py::make_tuple(q, e);
+  });
+  ops.def("swiglu", [](Arr<int32_t> g, Arr<int32_t> u) {
+    if (g.size() != u.size()) throw std::invalid_argument("swiglu: shape mismatch");
+    py::array_t<int64_t> a(g.size());
+    cuda::test::swiglu(g.data(), u.data(), g.size(), a.mutable_data());
+    return a;
+  });
+  ops.def("round_div", [](Arr<int64_t> a, Arr<int64_t> b) {
+    if (a.size() != b.size()) throw std::invalid_argument("round_div: shape mismatch");
+    py::array_t<int64_t> out(a.size());
+    cuda::test::round_div(a.data(), b.data(), a.size(), out.mutable_data());
+    return out;
+  });
+  // The device's division algorithm run on the host (testable without a GPU).
+  ops.def("floor_div_intonly", [](Arr<int64_t> a, Arr<int64_t> b) {
+    if (a.size() != b.size()) throw std::invalid_argument("floor_div_intonly: shape mismatch");
+    py::array_t<int64_t> out(a.size());
+    for (py::ssize_t i = 0; i < a.size(); ++i) {
+      if (b.data()[i] <= 0) throw std::invalid_argument("floor_div_intonly: divisor must be > 0");
+      out.mutable_data()[i] = floor_div_intonly(a.data()[i], b.data()[i]);
+    }
+    return out;
+  });
+}

@@ -1,0 +1,474 @@
+"""The CUDA backend (csrc/cuda/, docs/cuda.md): the same logits as the CPU core, bit for bit.
+
+Three layers, so that most of it runs on machines without a GPU:
+- build checks: intdet._cuda imports (or, when it was not built, csrc/cuda/*.cu
+  compile with nvcc) and its machine code has no floating-point instruction
+  (scripts/check_sass.py; skipped without cuobjdump);
+- the host emulator: the same CUDA sources built with g++ -DINTDET_CUDA_EMU
+  (csrc/cuda/emu.h runs every CUDA thread as a fiber, with real barriers and
+  warp shuffles) into a module _cuda_emu, compared op by op and model by model
+  with intdet._core; it needs only g++ and pybind11;
+- a real GPU (skipped when intdet._cuda sees none): the same comparisons, plus
+  longer contexts, batches up to 32 and chain-hash equality of generations.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+
+import numpy as np
+import pytest
+
+import models
+from intdet import _core as C
+from intdet.convert import convert
+from intdet.model import Engine, load_model
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+import check_sass  # noqa: E402
+
+CUDA_SRC = os.path.join(ROOT, "csrc", "cuda")
+
+
+def _cuda_module():
+    try:
+        from intdet import _cuda
+    except ImportError:
+        return None
+    return _cuda
+
+
+CUDA = _cuda_module()
+HAVE_GPU = CUDA is not None and CUDA.device_count() > 0
+needs_gpu = pytest.mark.skipif(not HAVE_GPU, reason="no CUDA GPU (or intdet built without intdet._cuda)")
+
+
+# ------------------------------------------------------------------ build checks
+
+
+def test_cuda_module_or_sources_compile(tmp_path):
+    """With nvcc present the module must have been built; if it was not (built
+    with -DINTDET_CUDA=OFF, say), the sources must still compile."""
+    if CUDA is not None:
+        assert isinstance(CUDA.device_count(), int)
+        assert CUDA.isa() == "cuda"
+        if not HAVE_GPU:
+            assert CUDA.no_device_reason()
+        return
+    nvcc = check_sass.find_tool("nvcc")
+    if not nvcc:
+        pytest.skip("no nvcc and intdet._cuda not built")
+    cmd = [nvcc, "-std=c++20", "-O3", "-fmad=false", "-I", os.path.join(ROOT, "csrc", "include"),
+           "-gencode", "arch=compute_90,code=sm_90", "-c", os.path.join(CUDA_SRC, "kernels.cu"),
+           "-o", str(tmp_path / "kernels.o")]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=900, check=False)
+    assert r.returncode == 0, r.stderr[-3000:]
+
+
+def test_sass_has_no_float_instruction():
+    if not check_sass.tools_available():
+        pytest.skip("cuobjdump/nvdisasm not found (pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm)")
+    if CUDA is not None:
+        args = [CUDA.__file__]
+    elif check_sass.find_tool("nvcc"):
+        args = ["--compile"]
+    else:
+        pytest.skip("intdet._cuda not built and no nvcc")
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "check_sass.py"), *args],
+                       capture_output=True, text=True, timeout=1200, check=False)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "float opcodes: none" in r.stdout and "none found" in r.stdout
+
+
+def test_sass_check_catches_float(tmp_path):
+    """The checker itself: a kernel with one float multiply must fail it."""
+    nvcc = check_sass.find_tool("nvcc")
+    if not nvcc or not check_sass.tools_available():
+        pytest.skip("needs nvcc and cuobjdump")
+    src = tmp_path / "f.cu"
+    src.write_text("__global__ void f(float* a) { a[threadIdx.x] *= 2.5f; }\n"
+                   "__global__ void g(long long* a, long long b) { a[threadIdx.x] /= b; }\n")
+    obj = tmp_path / "f.o"
+    subprocess.run([nvcc, "-c", "-gencode", "arch=compute_90,code=sm_90", str(src), "-o", str(obj)], check=True,
+                   timeout=600)
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "check_sass.py"), str(obj)],
+                       capture_output=True, text=True, timeout=600, check=False)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "FMUL" in r.stdout and "MUFU" in r.stdout  # int64 '/' by a variable: a float reciprocal estimate
+
+
+def test_floor_div_intonly_host():
+    """The device's integer-only division (intmath.h udiv_u64), run on the host."""
+    mod = CUDA or _emu_or_skip()
+    rng = np.random.default_rng(7)
+    a = np.concatenate([rng.integers(-2**62, 2**62, 3000), rng.integers(-1000, 1000, 3000),
+                        np.array([0, 1, -1, 2**62 - 1, -(2**62), 2**63 - 1, -(2**63) + 1])]).astype(np.int64)
+    b = np.concatenate([rng.integers(1, 2**62, 2000), rng.integers(1, 40, 2000), rng.integers(1, 2**31, 2000),
+                        np.array([1, 1, 1, 3, 7, 1, 2**62])]).astype(np.int64)
+    assert np.array_equal(mod.ops.floor_div_intonly(a, b), a // b)
+
+
+def test_engine_cuda_without_gpu_is_one_clear_error(tmp_path_factory, tiny_llama_hf):
+    if HAVE_GPU:
+        pytest.skip("a GPU is present")
+    from intdet.errors import IntdetError
+
+    lm = load_model(convert(tiny_llama_hf, str(tmp_path_factory.mktemp("nogpu") / "m"), progress=False))
+    with pytest.raises(IntdetError, match=r"^--device cuda: no CUDA GPU available \(.+\)$"):
+        Engine(lm, "cuda")
+
+
+# ------------------------------------------------------------------ the host emulator
+
+_EMU = {}
+
+
+def _emu_sources():
+    names = ["kernels.cu", "kernels.cuh", "engine.cpp", "engine.h", "module.cpp", "emu.h"]
+    paths = [os.path.join(CUDA_SRC, n) for n in names]
+    paths += [os.path.join(ROOT, "csrc", "include", "intdet", n) for n in ("intmath.h", "ops.h", "model.h")]
+    return paths
+
+
+def build_emu_module():
+    """Build _cuda_emu from csrc/cuda with g++ (cached in build/cuda-emu/<hash>);
+    returns the imported module, or raises RuntimeError saying why not."""
+    if "mod" in _EMU:
+        return _EMU["mod"]
+    cxx = shutil.which(os.environ.get("CXX", "g++")) or shutil.which("c++")
+    if not cxx:
+        raise RuntimeError("no C++ compiler")
+    try:
+        import pybind11
+    except ImportError:
+        raise RuntimeError("pybind11 not installed") from None
+    h = hashlib.sha256()
+    for p in _emu_sources():
+        with open(p, "rb") as f:
+            h.update(f.read())
+    h.update(sys.version.encode())
+    out = os.path.join(ROOT, "build", "cuda-emu", h.hexdigest()[:16])
+    ext = sysconfig.get_config_var("EXT_SUFFIX")
+    so = os.path.join(out, "_cuda_emu" + ext)
+    if not os.path.isfile(so):
+        os.makedirs(out, exist_ok=True)
+        inc = ["-I", os.path.join(ROOT, "csrc", "include"), "-I", CUDA_SRC]
+        base = [cxx, "-std=c++20", "-O2", "-fPIC", "-DINTDET_CUDA_EMU", *inc]
+        jobs = [
+            base + ["-D__CUDA_ARCH__=900", "-x", "c++", "-c", os.path.join(CUDA_SRC, "kernels.cu"), "-o", os.path.join(out, "k.o")],
+            base + ["-c", os.path.join(CUDA_SRC, "engine.cpp"), "-o", os.path.join(out, "e.o")],
+            base + ["-fvisibility=hidden", "-DINTDET_CUDA_MODULE_NAME=_cuda_emu", "-I", sysconfig.get_paths()["include"],
+                    "-I", pybind11.get_include(), "-c", os.path.join(CUDA_SRC, "module.cpp"), "-o", os.path.join(out, "m.o")],
+        ]
+        procs = [subprocess.Popen(j, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for j in jobs]
+        for p, j in zip(procs, jobs):
+            log, _ = p.communicate(timeout=900)
+            if p.returncode:
+                raise RuntimeError(f"emulator build failed: {' '.join(j)}\n{log[-3000:]}")
+        tmp_so = so + ".tmp"
+        subprocess.run([cxx, "-shared", "-o", tmp_so] + [os.path.join(out, n) for n in ("k.o", "e.o", "m.o")], check=True,
+                       timeout=300)
+        os.replace(tmp_so, so)
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("_cuda_emu", so)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    _EMU["mod"] = mod
+    return mod
+
+
+def _emu_or_skip():
+    try:
+        return build_emu_module()
+    except RuntimeError as e:
+        if os.environ.get("INTDET_REQUIRE_CUDA_EMU"):
+            raise
+        pytest.skip(str(e))
+
+
+@pytest.fixture(scope="session", params=["emu", "gpu"])
+def backend(request):
+    """The module under test: the host emulator or the real GPU module."""
+    if request.param == "gpu":
+        if not HAVE_GPU:
+            pytest.skip("no CUDA GPU")
+        return CUDA
+    return _emu_or_skip()
+
+
+def is_emu(mod) -> bool:
+    return mod.__name__.endswith("_cuda_emu")
+
+
+# ------------------------------------------------------------------ ops, bit for bit against intdet._core.ops
+
+
+def test_round_div(backend):
+    rng = np.random.default_rng(1)
+    a = np.concatenate([rng.integers(-2**61, 2**61, 3000), rng.integers(-500, 500, 1000)]).astype(np.int64)
+    b = np.concatenate([rng.integers(1, 2**40, 1000), rng.integers(1, 300, 1000), rng.integers(2**30, 2**31, 2000)])
+    b = b.astype(np.int64)
+    assert np.array_equal(backend.ops.round_div(a, b), C.ops.round_div(a, b))
+
+
+LINEAR_SHAPES = [(1, 72, 40), (2, 64, 33), (3, 48, 5), (8, 136, 70), (13, 256, 65), (32, 96, 64), (40, 72, 130),
+                 (70, 96, 64), (65, 160, 129)]
+
+
+@pytest.mark.parametrize("T,K,N", LINEAR_SHAPES)
+def test_linear(backend, T, K, N):
+    rng = np.random.default_rng(T * 1000 + K + N)
+    q = rng.integers(-32767, 32768, size=(T, K)).astype(np.int16)
+    e = rng.integers(0, 24, size=T).astype(np.int32)
+    w = rng.integers(-127, 128, size=(N, K)).astype(np.int8)
+    mant = rng.integers(0, 2**15 + 1, size=N).astype(np.int32)
+    shift = rng.integers(-8, 60, size=N).astype(np.int32)
+    want = C.ops.linear(q, e, w, mant, shift)
+    for path in (0, 1, 2):
+        assert np.array_equal(backend.ops.linear(q, e, w, mant, shift, None, path), want), path
+    bias = rng.integers(-2**31 + 1, 2**31, size=N).astype(np.int32)
+    want_b = np.clip(want + bias, -(2**31 - 1), 2**31 - 1)
+    assert np.array_equal(backend.ops.linear(q, e, w, mant, shift, bias, 0), want_b)
+
+
+@pytest.mark.parametrize("K", [4096, 4104])
+def test_linear_extreme_sums(backend, K):
+    """All-maximal products: the exact sum needs int64; partial sums must not overflow int32."""
+    T, N = 3, 6
+    q = np.full((T, K), 32767, np.int16)
+    q[1] = -32767
+    w = np.full((N, K), 127, np.int8)
+    w[::2] = -127
+    e = np.zeros(T, np.int32)
+    mant = np.full(N, 1 << 15, np.int32)
+    shift = np.full(N, 40, np.int32)
+    want = C.ops.linear(q, e, w, mant, shift)
+    for path in (1, 2):
+        assert np.array_equal(backend.ops.linear(q, e, w, mant, shift, None, path), want)
+
+
+@pytest.mark.parametrize("n,D", [(1, 48), (37, 48), (300, 64), (600, 32), (1100, 128), (1030, 256), (5, 30)])
+def test_attend(backend, n, D):
+    rng = np.random.default_rng(n + D)
+    q = rng.integers(-2**30, 2**30, size=D).astype(np.int32)
+    kc = rng.integers(-127, 128, size=(n, D)).astype(np.int8)
+    vc = rng.integers(-127, 128, size=(n, D)).astype(np.int8)
+    ka = rng.integers(0, 2**31 - 1, size=n).astype(np.int32)
+    va = rng.integers(0, 2**31 - 1, size=n).astype(np.int32)
+    for sm, ss in ((23456, 40), (32768, 52), (1, 0)):
+        qq, qe = C.ops.quant16(q.astype(np.int64))
+        want = C.ops.attend(qq.astype(np.int16), int(qe[0]), kc, ka, vc, va, sm, ss)
+        assert np.array_equal(backend.ops.attend(q, kc, ka, vc, va, sm, ss), want)
+
+
+def test_attend_flat_scores_max_values(backend):
+    """Equal scores over > 512 positions with v = 127: value weights all at
+    their maximum, so the int32 P.V blocks are at their bound."""
+    n, D = 1500, 64
+    q = np.zeros(D, np.int32)
+    kc = np.zeros((n, D), np.int8)
+    vc = np.full((n, D), 127, np.int8)
+    vc[:, ::3] = -127
+    ka = np.full(n, 1000, np.int32)
+    va = np.full(n, 2**31 - 1, np.int32)
+    qq, qe = C.ops.quant16(q.astype(np.int64))
+    want = C.ops.attend(qq.astype(np.int16), int(qe[0]), kc, ka, vc, va, 23456, 40)
+    assert np.array_equal(backend.ops.attend(q, kc, ka, vc, va, 23456, 40), want)
+
+
+def test_norm_quant16(backend):
+    rng = np.random.default_rng(3)
+    for n in (72, 1024, 8192):
+        g = rng.integers(2**13, 2**14, size=n).astype(np.int16)
+        x = rng.integers(-2**31 + 1, 2**31, size=(6, n)).astype(np.int32)
+        x[1] = 0
+        x[2] = rng.integers(-3, 4, size=n)
+        x[3, :] = 0
+        x[3, 5] = -(2**31 - 1)
+        x[4] = rng.integers(-2**10, 2**10, size=n)
+        for eps in (0, 12345678, 2**62):
+            q, e = backend.ops.norm_quant16(x, g, eps)
+            wq, we = C.ops.quant16(C.ops.rms_norm(x.astype(np.int64), g, eps, 16))
+            assert np.array_equal(q, wq) and np.array_equal(e, we)
+
+
+def test_swiglu(backend):
+    rng = np.random.default_rng(4)
+    g = np.concatenate([rng.integers(-2**31 + 1, 2**31, 3000), rng.integers(-2**20, 2**20, 3000),
+                        [0, 1, -1, 2**31 - 1, -(2**31 - 1)]]).astype(np.int32)
+    u = rng.integers(-2**31 + 1, 2**31, size=g.size).astype(np.int32)
+    assert np.array_equal(backend.ops.swiglu(g, u), C.ops.swiglu(g.astype(np.int64), u.astype(np.int64)))
+
+
+def test_emulator_reverse_thread_order():
+    """The emulator normally runs a block's threads first to last between
+    barriers; last to first finds races the other order hides."""
+    mod = _emu_or_skip()
+    code = f"""
+import importlib.util, sys, numpy as np
+sys.path.insert(0, {os.path.dirname(__file__)!r})
+from intdet import _core as C
+spec = importlib.util.spec_from_file_location("_cuda_emu", {mod.__file__!r})
+E = importlib.util.module_from_spec(spec); spec.loader.exec_module(E)
+rng = np.random.default_rng(5)
+q = rng.integers(-32767, 32768, size=(9, 80)).astype(np.int16); e = rng.integers(0, 9, 9).astype(np.int32)
+w = rng.integers(-127, 128, size=(33, 80)).astype(np.int8); m = rng.integers(1, 2**15, 33).astype(np.int32)
+s = rng.integers(10, 40, 33).astype(np.int32)
+for p in (1, 2): assert np.array_equal(E.ops.linear(q, e, w, m, s, None, p), C.ops.linear(q, e, w, m, s))
+x = rng.integers(-2**28, 2**28, size=(3, 96)).astype(np.int32); g = rng.integers(2**13, 2**14, 96).astype(np.int16)
+qq, ee = E.ops.norm_quant16(x, g, 1000)
+wq, we = C.ops.quant16(C.ops.rms_norm(x.astype(np.int64), g, 1000, 16))
+assert np.array_equal(qq, wq) and np.array_equal(ee, we)
+n, D = 700, 48
+kc = rng.integers(-127, 128, size=(n, D)).astype(np.int8); vc = rng.integers(-127, 128, size=(n, D)).astype(np.int8)
+ka = rng.integers(0, 2**31 - 1, n).astype(np.int32); va = rng.integers(0, 2**31 - 1, n).astype(np.int32)
+qv = rng.integers(-2**30, 2**30, D).astype(np.int32)
+q16, e16 = C.ops.quant16(qv.astype(np.int64))
+assert np.array_equal(E.ops.attend(qv, kc, ka, vc, va, 23456, 40),
+                      C.ops.attend(q16.astype(np.int16), int(e16[0]), kc, ka, vc, va, 23456, 40))
+print("ok")
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, check=False,
+                       env=dict(os.environ, INTDET_EMU_REVERSE="1"))
+    assert r.returncode == 0 and "ok" in r.stdout, r.stdout + r.stderr
+
+
+# ------------------------------------------------------------------ whole models
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory, tiny_llama_hf, tiny_qwen2_hf, tiny_qwen3_hf):
+    """Converted tiny models: llama (untied, K=72 scalar paths), qwen2 (bias,
+    tied), qwen3 (q/k norm) and a wider qwen3 whose sizes take the 16-byte
+    vector paths (hidden 256, ffn 512, head_dim 64, 2 kv heads, 4 heads)."""
+    d = tmp_path_factory.mktemp("cuda_models")
+    wide = models.write_hf_model(str(d / "wide_hf"), "qwen3", hidden_size=256, intermediate_size=512,
+                                 num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+                                 max_position_embeddings=1280)
+    out = {}
+    for name, src in (("llama", tiny_llama_hf), ("qwen2", tiny_qwen2_hf), ("qwen3", tiny_qwen3_hf), ("wide", wide)):
+        out[name] = load_model(convert(src, str(d / name), progress=False))
+    return out
+
+
+def _compare_model(mod, lm, graphs, prompt, steps, batch_co=3, ctx=96):
+    cpu = Engine(lm)
+    m = mod.Model(lm.cfg, lm.tensors, graphs)
+    V = lm.cfg["vocab_size"]
+    # prefill with every row's logits, then decode steps
+    s = mod.State(m, ctx)
+    ref = cpu.new_sequence(ctx)
+    got = mod.forward(m, s, np.array(prompt, np.int32), 0, True)
+    assert np.array_equal(got, ref.forward(prompt, all_logits=True)), "prefill"
+    rng = np.random.default_rng(len(prompt))
+    for i in range(steps):
+        tok = int(rng.integers(0, V))
+        assert np.array_equal(mod.forward(m, s, np.array([tok], np.int32), s.n_past, False), ref.forward([tok])), i
+    # prefill in chunks of 3 matches the whole prefill's last row
+    s2 = mod.State(m, ctx)
+    for i in range(0, len(prompt), 3):
+        last = mod.forward(m, s2, np.array(prompt[i:i + 3], np.int32), s2.n_past, False)
+    assert np.array_equal(last, got[-1:])
+    # the sequence inside a batch (mixed prefill, then batched decode)
+    cos = [list(rng.integers(0, V, size=int(rng.integers(1, 2 * len(prompt))))) for _ in range(batch_co)]
+    ss = [mod.State(m, ctx) for _ in range(batch_co + 1)]
+    rr = [cpu.new_sequence(ctx) for _ in range(batch_co + 1)]
+    prompts = cos[:1] + [prompt] + cos[1:]
+    outs = mod.forward_batch(m, ss, [np.array(p, np.int32) for p in prompts], True)
+    want = cpu.forward_batch(rr, prompts, all_logits=True)
+    assert all(np.array_equal(a, b) for a, b in zip(outs, want)), "batch prefill"
+    assert np.array_equal(outs[1], got)
+    for i in range(2):
+        nxt = [[int(rng.integers(0, V))] for _ in prompts]
+        outs = mod.forward_batch(m, ss, [np.array(t, np.int32) for t in nxt])
+        want = cpu.forward_batch(rr, nxt)
+        assert all(np.array_equal(a, b) for a, b in zip(outs, want)), f"batch decode {i}"
+
+
+EMU_CASES = [("llama", False), ("qwen2", True), ("qwen3", False), ("wide", True)]
+
+
+@pytest.mark.parametrize("name,graphs", EMU_CASES)
+def test_model_matches_cpu(backend, converted, name, graphs):
+    steps = 3 if is_emu(backend) else 20
+    _compare_model(backend, converted[name], graphs, [5, 17, 99, 230, 41, 7, 300, 1, 2], steps)
+
+
+def test_engine_generate_hash_equal(monkeypatch, converted):
+    """Engine(device='cuda') end to end (emulator here, the GPU below): the
+    chain hash of a greedy generation equals the CPU's."""
+    import intdet.model as M
+    from intdet.generate import generate
+
+    mod = _emu_or_skip()
+    monkeypatch.setattr(M, "cuda_module", lambda: mod)
+    lm = converted["qwen3"]
+    g_cpu = generate(Engine(lm, "cpu"), [1, 40, 41, 42, 43], 6)
+    for graphs in (False, True):
+        g = generate(Engine(lm, "cuda", cuda_graphs=graphs), [1, 40, 41, 42, 43], 6)
+        assert g.hash == g_cpu.hash and g.tokens == g_cpu.tokens
+
+
+# ------------------------------------------------------------------ GPU only
+
+
+@needs_gpu
+@pytest.mark.parametrize("name", ["llama", "qwen2", "qwen3", "wide"])
+def test_gpu_generate_hash_equal(converted, name):
+    from intdet.generate import generate
+
+    lm = converted[name]
+    want = generate(Engine(lm, "cpu"), [1, 40, 41, 42, 43, 44, 45], 40)
+    for graphs in (False, True):
+        g = generate(Engine(lm, "cuda", cuda_graphs=graphs), [1, 40, 41, 42, 43, 44, 45], 40, prefill_chunk=3)
+        assert g.hash == want.hash and g.tokens == want.tokens
+
+
+@needs_gpu
+@pytest.mark.parametrize("batch", [1, 2, 8, 32])
+def test_gpu_batch_invariance(converted, batch):
+    lm = converted["wide"]
+    cpu, gpu = Engine(lm, "cpu"), Engine(lm, "cuda")
+    rng = np.random.default_rng(batch)
+    prompts = [list(rng.integers(0, 320, size=int(rng.integers(1, 40)))) for _ in range(batch)]
+    cs, gs = [cpu.new_sequence(128) for _ in prompts], [gpu.new_sequence(128) for _ in prompts]
+    assert all(np.array_equal(a, b) for a, b in zip(gpu.forward_batch(gs, prompts, True), cpu.forward_batch(cs, prompts, True)))
+    for graphs in (False, True, True):
+        gpu._model.cuda_graphs = graphs
+        nxt = [[int(rng.integers(0, 320))] for _ in prompts]
+        assert all(np.array_equal(a, b) for a, b in zip(gpu.forward_batch(gs, nxt), cpu.forward_batch(cs, nxt)))
+
+
+@needs_gpu
+def test_gpu_long_context(converted):
+    """Over 1024 cached positions: P.V runs in several int32 blocks; the
+    prefill takes the tiled GEMM, decode the GEMV."""
+    lm = converted["wide"]
+    rng = np.random.default_rng(11)
+    prompt = list(rng.integers(0, 320, size=1100))
+    cpu, gpu = Engine(lm, "cpu").new_sequence(1200), Engine(lm, "cuda").new_sequence(1200)
+    assert np.array_equal(gpu.forward(prompt, all_logits=True), cpu.forward(prompt, all_logits=True))
+    for t in rng.integers(0, 320, size=10):
+        assert np.array_equal(gpu.forward([int(t)]), cpu.forward([int(t)]))
+
+
+def test_random_model_cli_matches_generator(tmp_path):
+    """`intdet random-model` (the device check's model source) writes the
+    same bytes as tests/models.py."""
+    from click.testing import CliRunner
+
+    from intdet.cli import main
+
+    r = CliRunner().invoke(main, ["random-model", str(tmp_path / "cli"), "--shape", "tiny-qwen3", "--seed", "3"])
+    assert r.exit_code == 0, r.output
+    ref = models.write_hf_model(str(tmp_path / "ref"), "qwen3", seed=3)
+    for name in ("model.safetensors", "config.json", "tokenizer.json"):
+        with open(tmp_path / "cli" / name, "rb") as a, open(os.path.join(ref, name), "rb") as b:
+            assert a.read() == b.read(), name
