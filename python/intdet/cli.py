@@ -280,7 +280,10 @@ def random_model(out_dir, shape, seed):
     import importlib.util
     import os
 
-    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts", "make_random_model.py")
+    # An editable install finds scripts/ next to the package; an installed
+    # wheel finds it when run from the source checkout.
+    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts", "make_random_model.py")
+    script = here if os.path.isfile(here) else os.path.join(os.getcwd(), "scripts", "make_random_model.py")
     if not os.path.isfile(script):
         raise IntdetError("random-model needs a source checkout of intdet (scripts/make_random_model.py)")
     spec = importlib.util.spec_from_file_location("intdet_make_random_model", script)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
+import secrets
 
 from ..errors import IntdetError
 from .quantize import quantize_model
@@ -33,8 +33,11 @@ def convert(src: str, out_dir: str, force: bool = False, progress: bool = True) 
     tensors, cfg = quantize_model(fm, progress=progress)
     parent = os.path.dirname(out_dir) or "."
     os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=".intdet-convert-", dir=parent)
+    # The name is fixed before the directory exists, so an interrupt at any
+    # point (even inside mkdir) is cleaned up by the handler below.
+    tmp = os.path.join(parent, f".intdet-convert-{os.getpid()}-{secrets.token_hex(4)}")
     try:
+        os.mkdir(tmp)
         from ..safetensors_io import save_atomic
 
         save_atomic(tensors, os.path.join(tmp, "model.safetensors"), metadata={"format": "intdet"})
@@ -49,6 +52,16 @@ def convert(src: str, out_dir: str, force: bool = False, progress: bool = True) 
             os.unlink(out_dir)
         os.replace(tmp, out_dir)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        _remove(tmp)
         raise
     return out_dir
+
+
+def _remove(path: str):
+    """rmtree that a second Ctrl-C arriving during the cleanup cannot cut short."""
+    for _ in range(5):
+        try:
+            shutil.rmtree(path, ignore_errors=True)
+            return
+        except KeyboardInterrupt:
+            continue
