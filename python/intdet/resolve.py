@@ -81,8 +81,10 @@ def resolve_source(spec: str | None, revision: str | None = None) -> str | None:
         if os.path.isdir(spec) and is_converted(spec):
             return None
         src = spec
-    elif REPO_ID.match(spec):
+    elif REPO_ID.match(spec) and not spec.endswith(".gguf") and not spec.startswith((".", "/", "~")):
         src = download_repo(spec, revision)
+    elif os.sep in spec or spec.endswith(".gguf"):
+        raise IntdetError(f"-m: {spec}: no such file or directory")
     else:
         raise IntdetError(f"-m: {spec!r} is not a file, a directory or a Hugging Face repo id")
     if os.path.isdir(src) and not os.path.isfile(os.path.join(src, "config.json")):
