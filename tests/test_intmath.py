@@ -135,6 +135,35 @@ def test_linear_and_rope(K):
     assert np.array_equal(C.rope(x, cos, sin), ops.rope(x, cos, sin))
 
 
+@settings(max_examples=60, deadline=None)
+@given(T=st.integers(1, 200), N=st.integers(1, 70), K=st.integers(1, 1100), seed=st.integers(0, 2**32 - 1),
+       extreme=st.sampled_from(["random", "max", "alternating"]))
+def test_linear_tiles_every_isa(T, N, K, seed, extreme):
+    """Every tile shape of the packed SIMD GEMM (tokens not a multiple of the
+    register tile or the L2 chunk, channels not a multiple of 8/16/32, odd K)
+    and the largest sums the bounds allow, all bits against the spec."""
+    rng = np.random.default_rng(seed)
+    q = rng.integers(-32767, 32768, size=(T, K)).astype(np.int16)
+    w = rng.integers(-127, 128, size=(N, K)).astype(np.int8)
+    if extreme == "max":  # every product +32767 * 127: the int32 blocks at their limit
+        q[:] = 32767
+        w[:] = 127
+    elif extreme == "alternating":
+        q[:] = -32767
+        w[:] = np.where(np.arange(N)[:, None] % 2 == 0, 127, -127)
+    e = rng.integers(0, 20, size=T).astype(np.int32)
+    mant = rng.integers(1 << 14, (1 << 15) + 1, size=N).astype(np.int32)
+    shift = rng.integers(20, 60, size=N).astype(np.int32)
+    want = ops.linear(q, e, w, mant, shift)
+    before = _core.isa()
+    try:
+        for isa in _core.available_isas():
+            _core.set_isa(isa)
+            assert np.array_equal(C.linear(q, e, w, mant, shift), want), isa
+    finally:
+        _core.set_isa(before)
+
+
 @pytest.mark.parametrize("n", [1, 2, 3, 63, 64, 65, 511, 512, 513, 1100])
 @pytest.mark.parametrize("D", [16, 48, 64, 72, 128])
 def test_attention_every_isa(n, D):

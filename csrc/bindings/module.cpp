@@ -55,7 +55,7 @@ Linear make_linear(const py::dict& t, const std::string& name, int64_t N, int64_
   return L;
 }
 
-PyModel* make_model(const py::dict& cfg, const py::dict& t) {
+PyModel* make_model(const py::dict& cfg, const py::dict& t, bool mapped) {
   auto* pm = new PyModel();
   pm->keep = t;
   Model& m = pm->m;
@@ -104,6 +104,7 @@ PyModel* make_model(const py::dict& cfg, const py::dict& t) {
   m.out_norm = ptr_of<int16_t>(t, "output_norm.g", {H});
   const bool tied = !t.contains("output.q");
   m.output = make_linear(t, "output", c.vocab, H, false, tied ? "tok_embd.q" : "output.q");
+  pack_model(m, mapped);
   return pm;
 }
 
@@ -134,7 +135,7 @@ I64Arr rows(const I64Arr& x, F f) {
 PYBIND11_MODULE(_core, mod) {
   mod.doc() = "intdet integer engine (portable scalar C++ backend)";
   py::class_<PyModel>(mod, "Model")
-      .def(py::init(&make_model), py::arg("config"), py::arg("tensors"),
+      .def(py::init(&make_model), py::arg("config"), py::arg("tensors"), py::arg("mapped") = false,
            "Wrap converted tensors (dict name -> numpy array, exact dtypes) without copying.");
   py::class_<PyState>(mod, "State")
       .def(py::init([](const PyModel& pm, int64_t max_len) {
@@ -298,7 +299,14 @@ PYBIND11_MODULE(_core, mod) {
     const int64_t T = q.shape(0), K = q.shape(1), N = w.shape(0);
     if (w.shape(1) != K) throw std::invalid_argument("linear: K mismatch");
     I64Arr out({T, N});
-    kernels().linear(q.data(), e.data(), T, K, w.data(), mant.data(), shift.data(), nullptr, N, out.mutable_data(), N);
+    const Kernels& k = kernels();
+    if (k.linear_packed) {  // this kernel set reads repacked weights, as after pack_model
+      std::vector<int8_t> wp((size_t)packed_size_w8x2(N, K));
+      pack_w8x2(w.data(), N, K, wp.data());
+      k.linear_packed(q.data(), e.data(), T, K, wp.data(), mant.data(), shift.data(), nullptr, N, out.mutable_data(), N);
+    } else {
+      k.linear(q.data(), e.data(), T, K, w.data(), mant.data(), shift.data(), nullptr, N, out.mutable_data(), N);
+    }
     return out;
   });
   ops.def("attend", [](py::array_t<int16_t, py::array::c_style> q, int e_q, py::array_t<int8_t, py::array::c_style> kc,

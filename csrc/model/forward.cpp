@@ -1,5 +1,6 @@
 // The decoder forward pass (Llama / Qwen2 / Qwen3), integer only.
 // Mirrors python/intdet/ref/model.py line for line; formats in comments.
+#include <stdexcept>
 #include <vector>
 
 #include "intdet/intmath.h"
@@ -24,13 +25,18 @@ struct Act16 {
 // Output channels are split into blocks across threads; each output is
 // computed by exactly one thread, so the thread count cannot change a bit.
 void run_linear(const Linear& L, const Act16& a, int64_t T, int64_t* out) {
-  const LinearFn fn = kernels().linear;
-  constexpr int64_t kRows = 64;
+  const Kernels& k = kernels();
+  const bool packed = k.linear_packed != nullptr;
+  if (packed && !L.wp) throw std::logic_error("linear weights were not packed (pack_model not called)");
+  const LinearFn fn = packed ? k.linear_packed : k.linear;
+  const int64_t wrow = packed ? (L.K + 1) / 2 * 2 : L.K;  // bytes per channel in either layout
+  const int8_t* w = packed ? L.wp : L.w;
+  constexpr int64_t kRows = 64;  // a multiple of 8: packed groups never straddle blocks
   const int64_t nblk = (L.N + kRows - 1) / kRows;
 #pragma omp parallel for schedule(static)
   for (int64_t b = 0; b < nblk; ++b) {
     const int64_t j0 = b * kRows, n = j0 + kRows < L.N ? kRows : L.N - j0;
-    fn(a.q.data(), a.e.data(), T, L.K, L.w + j0 * L.K, L.mant + j0, L.shift + j0, L.bias ? L.bias + j0 : nullptr, n,
+    fn(a.q.data(), a.e.data(), T, L.K, w + j0 * wrow, L.mant + j0, L.shift + j0, L.bias ? L.bias + j0 : nullptr, n,
        out + j0, L.N);
   }
 }

@@ -613,6 +613,7 @@ std::unique_ptr<LoadedModel> load_model(const std::string& dir, const std::vecto
   const bool tied = lm->tensors.count("output.q") == 0;
   if (tied != tied_cfg) fail(st_path + ": output.q presence disagrees with tied_embeddings in config.json");
   m.output = t.linear("output", c.vocab, H, false, tied ? "tok_embd.q" : "output.q");
+  pack_model(m);
   return lm;
 }
 

@@ -32,6 +32,7 @@ class LoadedModel:
     tokenizer: object
     tok_meta: dict
     model_sha256: str
+    st: object = None  # the SafetensorsFile the tensors view
 
 
 def _expected_shapes(c: dict) -> dict:
@@ -102,12 +103,14 @@ def load_model(path: str) -> LoadedModel:
         if arr.dtype != want_dt or arr.shape != shape:
             raise IntdetError(f"{st_path}: tensor '{name}' is {arr.dtype}{list(arr.shape)}, expected {np.dtype(want_dt)}{list(shape)}")
         tensors[name] = arr
-    _check_value_ranges(tensors, st_path)
+        _check_value_ranges({name: arr}, st_path)
+        if name.endswith(".q"):  # checked: drop its pages until the engine reads (or packs) it
+            st.release(name)
     try:
         tok, meta = load_tokenizer(path)
     except (OSError, ValueError) as e:  # missing or malformed tokenizer files
         raise IntdetError(str(e) if str(path) in str(e) else f"{path}: {e}") from None
-    return LoadedModel(path=path, cfg=cfg, tensors=tensors, tokenizer=tok, tok_meta=meta, model_sha256=sha256_file(st_path))
+    return LoadedModel(path=path, cfg=cfg, tensors=tensors, tokenizer=tok, tok_meta=meta, model_sha256=sha256_file(st_path), st=st)
 
 
 def _check_value_ranges(t: dict, where: str):
@@ -198,7 +201,9 @@ class Engine:
             if threads is not None:
                 _core.set_num_threads(threads or default_threads())
             try:
-                self._model = _core.Model(lm.cfg, lm.tensors)
+                # mapped: the tensors are views of the read-only file mapping,
+                # so the core may drop each weight's pages once it has packed it.
+                self._model = _core.Model(lm.cfg, lm.tensors, mapped=lm.st is not None)
             except ValueError as e:
                 raise IntdetError(f"{lm.path}: {e}") from None
         elif device == "cuda":

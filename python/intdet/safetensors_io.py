@@ -119,6 +119,20 @@ class SafetensorsFile:
             return (arr.astype(np.uint32) << 16).view(np.float32)
         return arr
 
+    def release(self, name):
+        """Drop this tensor's pages from the process (madvise MADV_DONTNEED on
+        the whole pages inside its byte range), e.g. once the C++ core holds a
+        repacked copy. The mapping is read-only and file-backed, so a later
+        read faults the bytes back in from the file: views stay valid."""
+        if self._mm is None or not hasattr(mmap, "MADV_DONTNEED"):
+            return
+        _, _, b, e = self._entries[name]
+        page = mmap.PAGESIZE
+        lo = -(-(self._base + b) // page) * page
+        hi = (self._base + e) // page * page
+        if hi > lo:
+            self._mm.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+
 
 def save_atomic(tensors: dict, path: str, metadata: dict | None = None):
     """Write tensors (name -> numpy array, little-endian) to ``path`` with the

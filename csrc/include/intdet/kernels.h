@@ -17,9 +17,13 @@ using AttendFn = void (*)(const int16_t* q, int e_q, const int8_t* kc, const int
                           const int32_t* va, int64_t n, int64_t stride, int64_t D, int64_t score_mant,
                           int64_t score_shift, int64_t* z, int64_t* p, int16_t* w16, int64_t* out);
 
+// `linear` reads row-major weights [N, K]; `linear_packed`, when not null,
+// is used instead and reads Linear::wp (pack_w8x2 layout, made by
+// pack_model at load).
 struct Kernels {
   const char* name;
   LinearFn linear;
+  LinearFn linear_packed;
   AttendFn attend;
 };
 
@@ -35,10 +39,17 @@ void set_isa(const std::string& name);
 void set_num_threads(int n);
 int num_threads();
 
+// Weight layout of the packed kernels: output channels in groups of 8, K in
+// pairs, 16 bytes = w[8g + c][2p + i] at byte 2c + i (zero padded). The
+// group holding channel j (a multiple of 8) starts at byte j * ((K + 1) / 2) * 2.
+int64_t packed_size_w8x2(int64_t N, int64_t K);
+void pack_w8x2(const int8_t* w, int64_t N, int64_t K, int8_t* out);
+
 // Kernel sets compiled in their own files with their own flags.
 #if defined(__x86_64__) || defined(_M_X64)
-void linear_avx2(const int16_t* q, const int32_t* e, int64_t T, int64_t K, const int8_t* w, const int32_t* mant,
-                 const int32_t* shift, const int32_t* bias, int64_t N, int64_t* out, int64_t ldo);
+void linear_avx2_packed(const int16_t* q, const int32_t* e, int64_t T, int64_t K, const int8_t* wp,
+                        const int32_t* mant, const int32_t* shift, const int32_t* bias, int64_t N, int64_t* out,
+                        int64_t ldo);
 void attend_head_avx2(const int16_t* q, int e_q, const int8_t* kc, const int32_t* ka, const int8_t* vc,
                       const int32_t* va, int64_t n, int64_t stride, int64_t D, int64_t score_mant,
                       int64_t score_shift, int64_t* z, int64_t* p, int16_t* w16, int64_t* out);

@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 namespace intdet {
@@ -14,6 +15,7 @@ struct Linear {
   const int32_t* shift = nullptr;  // [N] dyadic shift
   const int32_t* bias = nullptr;   // [N] Q16 or null
   int64_t N = 0, K = 0;
+  const int8_t* wp = nullptr;  // w repacked for the SIMD kernels (pack_w8x2), owned by Model
 };
 
 struct Layer {
@@ -42,7 +44,17 @@ struct Model {
   std::vector<Layer> layers;
   const int16_t* out_norm = nullptr;
   Linear output;  // lm_head (may share w with tok_embd)
+  // Buffers made at load (repacked weights); shared so a copy stays valid.
+  std::shared_ptr<std::vector<std::vector<int8_t>>> owned;
 };
+
+// Repacks every linear layer's weights for the kernel sets that read packed
+// weights (x86: AVX2), so any ISA chosen later finds them; a no-op where no
+// such kernel set is compiled in. Call once after filling the pointers.
+// release_source: the weights lie in a read-only file mapping, so each
+// source tensor's pages are dropped (madvise) once packed, keeping peak RSS
+// near one copy. Never set it for weights in ordinary (anonymous) memory.
+void pack_model(Model& m, bool release_source = false);
 
 // KV cache for one sequence: int8 rows plus one absmax scale per (pos, kv head).
 struct KVCache {

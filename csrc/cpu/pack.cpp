@@ -1,0 +1,63 @@
+// Weight repacking for the SIMD kernels (portable code, run once at load).
+#include <cstdint>
+
+#if defined(__unix__) || defined(__APPLE__)
+#include <sys/mman.h>
+#include <unistd.h>
+#endif
+
+#include "intdet/kernels.h"
+#include "intdet/model.h"
+
+namespace intdet {
+
+int64_t packed_size_w8x2(int64_t N, int64_t K) { return (N + 7) / 8 * ((K + 1) / 2) * 16; }
+
+void pack_w8x2(const int8_t* w, int64_t N, int64_t K, int8_t* out) {
+  const int64_t Kp = (K + 1) / 2, G = (N + 7) / 8;
+#pragma omp parallel for schedule(static)
+  for (int64_t g = 0; g < G; ++g)
+    for (int64_t p = 0; p < Kp; ++p)
+      for (int64_t c = 0; c < 8; ++c)
+        for (int64_t i = 0; i < 2; ++i) {
+          const int64_t n = 8 * g + c, k = 2 * p + i;
+          out[(g * Kp + p) * 16 + 2 * c + i] = (n < N && k < K) ? w[n * K + k] : 0;
+        }
+}
+
+namespace {
+
+// Whole pages inside [p, p + n) leave the process; for a read-only file
+// mapping a later read faults them back in from the file.
+void drop_pages(const void* p, int64_t n) {
+#if defined(__unix__) || defined(__APPLE__)
+  const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+  const uintptr_t lo = ((uintptr_t)p + page - 1) / page * page, hi = ((uintptr_t)p + (uintptr_t)n) / page * page;
+  if (hi > lo) madvise((void*)lo, hi - lo, MADV_DONTNEED);
+#else
+  (void)p;
+  (void)n;
+#endif
+}
+
+}  // namespace
+
+void pack_model(Model& m, bool release_source) {
+#if defined(__x86_64__) || defined(_M_X64)
+  m.owned = std::make_shared<std::vector<std::vector<int8_t>>>();
+  auto pack = [&](Linear& L) {
+    m.owned->emplace_back((size_t)packed_size_w8x2(L.N, L.K));
+    pack_w8x2(L.w, L.N, L.K, m.owned->back().data());
+    L.wp = m.owned->back().data();
+    if (release_source) drop_pages(L.w, L.N * L.K);
+  };
+  for (Layer& L : m.layers)
+    for (Linear* x : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down}) pack(*x);
+  pack(m.output);
+#else
+  (void)m;
+  (void)release_source;
+#endif
+}
+
+}  // namespace intdet
