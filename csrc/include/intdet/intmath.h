@@ -145,9 +145,10 @@ INTDET_HD int64_t exp2_neg_q30(int64_t u) {
 #else
   const int64_t* c = kExp2Poly;
 #endif
+  if (i >= 31) return 0;  // 2^-31 and below round to 0 in Q30 (p < 2^31)
   int64_t p = c[6];
   for (int k = 5; k >= 0; --k) p = c[k] + round_shift(p * f, kExpFrac);
-  return i >= 31 ? 0 : round_shift(p, i);
+  return round_shift(p, i);
 }
 
 // a ~= m * 2^k with m <= 2^15: keeps score products inside int64.
