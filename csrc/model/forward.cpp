@@ -18,6 +18,7 @@ struct Act16 {
   void from_rows(const int64_t* x, int64_t T, int64_t n) {
     q.resize((size_t)(T * n));
     e.resize((size_t)T);
+#pragma omp parallel for schedule(static) if (T > 1)
     for (int64_t t = 0; t < T; ++t) e[t] = quant16_row(x + t * n, n, q.data() + t * n);
   }
 };
@@ -41,13 +42,24 @@ void run_linear(const Linear& L, const Act16& a, int64_t T, int64_t* out) {
   }
 }
 
+// Row-wise ops run rows in parallel: each row's result depends on that row
+// alone, so the split cannot change a bit.
 void norm_rows(const int64_t* x, const int16_t* g, int64_t T, int64_t n, int64_t eps, std::vector<int64_t>& y) {
-  std::vector<int32_t> row((size_t)n);
   y.resize((size_t)(T * n));
-  for (int64_t t = 0; t < T; ++t) {
-    rms_norm_row(x + t * n, g, n, eps, 16, row.data());
-    for (int64_t i = 0; i < n; ++i) y[t * n + i] = row[i];
+#pragma omp parallel if (T > 1)
+  {
+    std::vector<int32_t> row((size_t)n);
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < T; ++t) {
+      rms_norm_row(x + t * n, g, n, eps, 16, row.data());
+      for (int64_t i = 0; i < n; ++i) y[t * n + i] = row[i];
+    }
   }
+}
+
+void add_residual(std::vector<int64_t>& x, const std::vector<int64_t>& d, int64_t n) {
+#pragma omp parallel for schedule(static) if (n > 4096)
+  for (int64_t i = 0; i < n; ++i) x[i] = sat32(x[i] + d[i]);
 }
 
 }  // namespace
@@ -83,7 +95,8 @@ void forward_rows(const Model& m, KVCache* const* caches, const Row* rows, int64
       norm_rows(k.data(), L.k_norm, T * nkv, D, c.eps_head, qn);
       k.swap(qn);
     }
-    for (int64_t t = 0; t < T; ++t) {  // RoPE, then append K, V to the row's int8 cache
+#pragma omp parallel for schedule(static) if (T > 1)
+    for (int64_t t = 0; t < T; ++t) {  // RoPE, then append K, V to the row's int8 cache (own position)
       const int64_t pos = rows[t].pos;
       KVCache& kv = *caches[rows[t].seq];
       rope_row(q.data() + t * nh * D, nh, D, m.rope_cos + pos * half, m.rope_sin + pos * half);
@@ -111,16 +124,17 @@ void forward_rows(const Model& m, KVCache* const* caches, const Row* rows, int64
     }
     act.from_rows(o.data(), T, nh * D);
     run_linear(L.o, act, T, tmp.data());  // [T, H] Q16
-    for (int64_t i = 0; i < T * H; ++i) x[i] = sat32(x[i] + tmp[i]);
+    add_residual(x, tmp, T * H);
     // --- feed-forward block ---
     norm_rows(x.data(), L.ffn_norm, T, H, c.eps_hidden, h);
     act.from_rows(h.data(), T, H);
     run_linear(L.gate, act, T, gate.data());  // [T, F] Q16
     run_linear(L.up, act, T, up.data());      // [T, F] Q16
+#pragma omp parallel for schedule(static) if (T > 1)
     for (int64_t t = 0; t < T; ++t) swiglu_row(gate.data() + t * F, up.data() + t * F, F, gate.data() + t * F);
     act.from_rows(gate.data(), T, F);  // SwiGLU output was Q32
     run_linear(L.down, act, T, tmp.data());
-    for (int64_t i = 0; i < T * H; ++i) x[i] = sat32(x[i] + tmp[i]);
+    add_residual(x, tmp, T * H);
   }
   // Final norm and lm_head only for the rows that want logits.
   std::vector<int64_t> sel;
