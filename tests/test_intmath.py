@@ -67,9 +67,16 @@ def test_isqrt_bitlen(xs):
 
 def test_exp2_all_fractions_and_shifts():
     u = np.arange(0, 40 << 16, 7, dtype=I64)
-    u = np.concatenate([u, arr([0, 1, 65535, 65536, (31 << 16) - 1, 31 << 16, 2**40])])
-    got = C.exp2_neg_q30(u)
-    assert np.array_equal(got, im.exp2_neg_q30(u))
+    u = np.concatenate([u, arr([0, 1, 65535, 65536, (31 << 16) - 1, 31 << 16, 2**40, 2**47 + 5, 2**62, 2**63 - 1])])
+    want = im.exp2_neg_q30(u)
+    before = _core.isa()
+    try:
+        for isa in _core.available_isas():  # the SIMD lanes too, every input
+            _core.set_isa(isa)
+            for n in (1, 2, 3, 5, len(u)):
+                assert np.array_equal(C.exp2_neg_q30(u[-n:]), want[-n:]), (isa, n)
+    finally:
+        _core.set_isa(before)
     f = np.arange(65536, dtype=I64)
     err = np.abs(im.exp2_neg_q30(f) - 2.0 ** (30 - f / 65536.0))
     assert err.max() < 5  # the documented bound of EXP2_POLY_Q30
@@ -160,6 +167,34 @@ def test_linear_tiles_every_isa(T, N, K, seed, extreme):
         for isa in _core.available_isas():
             _core.set_isa(isa)
             assert np.array_equal(C.linear(q, e, w, mant, shift), want), isa
+    finally:
+        _core.set_isa(before)
+
+
+@pytest.mark.parametrize("case", ["every_fraction", "every_exponent", "int32_extremes", "short_rows"])
+def test_softmax_every_isa(case):
+    """The SIMD exp2 lanes against the spec: every Q16 fraction below the max,
+    exponents across the 2^-31 cut-off, and scores at the int32 limits."""
+    rng = np.random.default_rng(7)
+    if case == "every_fraction":
+        z = (2**20 - np.arange(2**16 + 3, dtype=I64)).reshape(1, -1)
+    elif case == "every_exponent":
+        u = (np.arange(0, 40, dtype=I64)[:, None] << 16) + rng.integers(0, 2**16, size=(40, 37))
+        z = np.concatenate([np.zeros((40, 1), I64), -u], axis=1)
+    elif case == "int32_extremes":
+        z = rng.choice(np.array([2**31 - 1, -(2**31) + 1, 0, 2**31 - 2, 2**31 - 65536 * 31, 2**31 - 65536 * 30], I64),
+                       size=(5, 101))
+    else:
+        z = rng.integers(-(2**22), 2**22, size=(64, 7), dtype=I64)
+    want = ops.softmax_q16(z)
+    before = _core.isa()
+    try:
+        for isa in _core.available_isas():
+            _core.set_isa(isa)
+            for n in sorted({1, 2, 3, 4, 5, z.shape[1]}):
+                zz = np.ascontiguousarray(z[:, :n])
+                assert np.array_equal(C.softmax_q16(zz), ops.softmax_q16(zz)), (isa, n)
+            assert np.array_equal(C.softmax_q16(z), want), isa
     finally:
         _core.set_isa(before)
 

@@ -247,9 +247,11 @@ PYBIND11_MODULE(_core, mod) {
     for (py::ssize_t i = 0; i < x.size(); ++i) out.mutable_data()[i] = bitlen(x.data()[i]);
     return out;
   });
-  ops.def("exp2_neg_q30", [](const I64Arr& x) {
+  ops.def("exp2_neg_q30", [](const I64Arr& x) {  // active ISA's row kernel
     I64Arr out = new_like(x);
-    for (py::ssize_t i = 0; i < x.size(); ++i) out.mutable_data()[i] = exp2_neg_q30(x.data()[i]);
+    for (py::ssize_t i = 0; i < x.size(); ++i)
+      if (x.data()[i] < 0) throw std::invalid_argument("exp2_neg_q30: negative input");
+    kernels().exp2_row(x.data(), (int64_t)x.size(), out.mutable_data());
     return out;
   });
   ops.def("rms_norm", [](const I64Arr& x, py::array_t<int16_t, py::array::c_style> g, int64_t eps, int in_frac) {
@@ -277,7 +279,7 @@ PYBIND11_MODULE(_core, mod) {
     });
     return py::make_tuple(q, py::array_t<int64_t>((py::ssize_t)as.size(), as.data()));
   });
-  ops.def("softmax_q16", [](const I64Arr& z) { return rows(z, softmax_q16_row); });
+  ops.def("softmax_q16", [](const I64Arr& z) { return rows(z, kernels().softmax); });  // active ISA
   ops.def("swiglu", [](const I64Arr& g, const I64Arr& u) {
     I64Arr out = new_like(g);
     swiglu_row(g.data(), u.data(), g.size(), out.mutable_data());

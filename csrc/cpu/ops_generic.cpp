@@ -84,6 +84,10 @@ void rope_row(int64_t* x, int64_t nh, int64_t D, const int16_t* cos, const int16
   }
 }
 
+void exp2_neg_q30_row(const int64_t* u, int64_t n, int64_t* p) {
+  for (int64_t i = 0; i < n; ++i) p[i] = exp2_neg_q30(u[i]);
+}
+
 void softmax_q16_row(const int64_t* z, int64_t n, int64_t* p) {
   int64_t zmax = z[0];
   for (int64_t i = 1; i < n; ++i) zmax = imax(zmax, z[i]);

@@ -61,6 +61,44 @@ inline void pv_pass(const int16_t* w16, const int8_t* vc, int64_t stride, int64_
 
 }  // namespace
 
+// exp2_neg_q30 on four int64 lanes (same bits). Horner steps keep p in the
+// low 32 bits of each lane: every intermediate fits int32 and vpmuldq reads
+// exactly those bits; a logical right shift gives the same low 32 bits as
+// the arithmetic one. u >= 0; in place (p == u) is allowed.
+void exp2_neg_q30_row_avx2(const int64_t* u, int64_t n, int64_t* p) {
+  const __m256i fmask = _mm256_set1_epi64x((1 << kExpFrac) - 1);
+  const __m256i half = _mm256_set1_epi64x((int64_t)1 << (kExpFrac - 1)), lo32 = _mm256_set1_epi64x(0xffffffffLL);
+  const __m256i one = _mm256_set1_epi64x(1), i30 = _mm256_set1_epi64x(30);
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    const __m256i uu = _mm256_loadu_si256((const __m256i*)(u + i));
+    const __m256i ip = _mm256_srli_epi64(uu, kExpFrac), f = _mm256_and_si256(uu, fmask);
+    __m256i q = _mm256_set1_epi64x(kExp2Poly[6]);
+    for (int k = 5; k >= 0; --k) {
+      const __m256i prod = _mm256_add_epi64(_mm256_mul_epi32(q, f), half);
+      q = _mm256_add_epi32(_mm256_srli_epi64(prod, kExpFrac), _mm256_set1_epi64x(kExp2Poly[k]));
+    }
+    q = _mm256_and_si256(q, lo32);  // 2^-f in Q30 is positive: zero-extend
+    const __m256i past = _mm256_cmpgt_epi64(ip, i30);  // 2^-31 and below: 0
+    const __m256i ish = _mm256_blendv_epi8(ip, i30, past);
+    const __m256i bias = _mm256_srli_epi64(_mm256_sllv_epi64(one, ish), 1);
+    const __m256i r = _mm256_srlv_epi64(_mm256_add_epi64(q, bias), ish);
+    _mm256_storeu_si256((__m256i*)(p + i), _mm256_andnot_si256(past, r));
+  }
+  for (; i < n; ++i) p[i] = exp2_neg_q30(u[i]);
+}
+
+void softmax_q16_row_avx2(const int64_t* z, int64_t n, int64_t* p) {
+  int64_t zmax = z[0];
+  for (int64_t i = 1; i < n; ++i) zmax = imax(zmax, z[i]);
+  for (int64_t i = 0; i < n; ++i) p[i] = zmax - z[i];
+  exp2_neg_q30_row_avx2(p, n, p);
+  int64_t tot = 0;
+  for (int64_t i = 0; i < n; ++i) tot += p[i];
+  const int64_t r = ((int64_t)1 << 62) / tot;  // tot >= 2^30 - 4 > 0: the max term
+  for (int64_t i = 0; i < n; ++i) p[i] = round_shift(p[i] * r, 62 - kProbFrac);
+}
+
 // Attention for one query head (same bits as attend_head in ops_generic.cpp).
 // q . k: int8 keys widened to int16, vpmaddwd; P . V: pv_pass.
 void attend_head_avx2(const int16_t* q, int e_q, const int8_t* kc, const int32_t* ka, const int8_t* vc,
@@ -100,7 +138,7 @@ void attend_head_avx2(const int16_t* q, int e_q, const int8_t* kc, const int32_t
                                                 _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(k + d)))));
     z[t] = attn_score((int32_t)hsum_epi32_to_i64(s), ka[t * sstride], e_q, score_mant, score_shift);
   }
-  softmax_q16_row(z, n, p);
+  softmax_q16_row_avx2(z, n, p);
   for (int64_t t = 0; t < n; ++t) p[t] *= va[t * sstride];
   const int sh = quant16_row(p, n, w16);
   for (int64_t d = 0; d < D; ++d) out[d] = 0;

@@ -20,11 +20,15 @@ using AttendFn = void (*)(const int16_t* q, int e_q, const int8_t* kc, const int
 // `linear` reads row-major weights [N, K]; `linear_packed`, when not null,
 // is used instead and reads Linear::wp (pack_w8x2 layout, made by
 // pack_model at load).
+using RowFn = void (*)(const int64_t* x, int64_t n, int64_t* y);
+
 struct Kernels {
   const char* name;
   LinearFn linear;
   LinearFn linear_packed;
   AttendFn attend;
+  RowFn softmax;   // softmax_q16_row; the attend kernel uses its own set's
+  RowFn exp2_row;  // y[i] = exp2_neg_q30(x[i]), x >= 0
 };
 
 // The active kernel set: the best the CPU supports, or INTDET_ISA / set_isa().
@@ -50,6 +54,8 @@ void pack_w8x2(const int8_t* w, int64_t N, int64_t K, int8_t* out);
 void linear_avx2_packed(const int16_t* q, const int32_t* e, int64_t T, int64_t K, const int8_t* wp,
                         const int32_t* mant, const int32_t* shift, const int32_t* bias, int64_t N, int64_t* out,
                         int64_t ldo);
+void softmax_q16_row_avx2(const int64_t* z, int64_t n, int64_t* p);
+void exp2_neg_q30_row_avx2(const int64_t* u, int64_t n, int64_t* p);
 void attend_head_avx2(const int16_t* q, int e_q, const int8_t* kc, const int32_t* ka, const int8_t* vc,
                       const int32_t* va, int64_t n, int64_t stride, int64_t D, int64_t score_mant,
                       int64_t score_shift, int64_t* z, int64_t* p, int16_t* w16, int64_t* out);

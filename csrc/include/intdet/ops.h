@@ -29,6 +29,8 @@ void linear_generic(const int16_t* q, const int32_t* e, int64_t T, int64_t K, co
                     const int32_t* shift, const int32_t* bias, int64_t N, int64_t* out, int64_t ldo);
 // In place on x [nh, D] for one position: split-half RoPE with Q14 tables [D/2].
 void rope_row(int64_t* x, int64_t nh, int64_t D, const int16_t* cos, const int16_t* sin);
+// p[i] = exp2_neg_q30(u[i]) (u >= 0; in place allowed).
+void exp2_neg_q30_row(const int64_t* u, int64_t n, int64_t* p);
 // z [n] Q16 log2 units -> p [n] Q16 probabilities.
 void softmax_q16_row(const int64_t* z, int64_t n, int64_t* p);
 // a[i] = silu(g[i]) * u[i] in Q32 (g, u Q16).
