@@ -171,6 +171,31 @@ def test_linear_tiles_every_isa(T, N, K, seed, extreme):
         _core.set_isa(before)
 
 
+@settings(max_examples=200, deadline=None)
+@given(n=st.integers(1, 70), seed=st.integers(0, 2**32 - 1), bits=st.integers(0, 62),
+       kind=st.sampled_from(["random", "rounds_to_limit", "negative_limit", "zeros"]))
+def test_quant16_every_isa(n, seed, bits, kind):
+    """int16 per-token quantization: SIMD lanes and tails against the spec,
+    including values that round up to +-2^15 (then saturate to +-32767)."""
+    rng = np.random.default_rng(seed)
+    x = rng.integers(-(2**bits), 2**bits + 1, size=(2, n), dtype=I64)
+    if kind == "rounds_to_limit" and bits >= 16:
+        x[:, ::3] = (2**bits) - 1  # max has `bits` bits: e = bits - 15, rounds to 2^15
+    elif kind == "negative_limit" and bits >= 16:
+        x[:, 1::2] = -(2**bits - 1)
+    elif kind == "zeros":
+        x[0] = 0
+    want_q, want_e = im.quant16(x)
+    before = _core.isa()
+    try:
+        for isa in _core.available_isas():
+            _core.set_isa(isa)
+            q, e = C.quant16(x)
+            assert np.array_equal(q, want_q) and np.array_equal(e, want_e), isa
+    finally:
+        _core.set_isa(before)
+
+
 @pytest.mark.parametrize("case", ["every_fraction", "every_exponent", "int32_extremes", "short_rows"])
 def test_softmax_every_isa(case):
     """The SIMD exp2 lanes against the spec: every Q16 fraction below the max,

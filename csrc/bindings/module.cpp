@@ -192,7 +192,7 @@ PYBIND11_MODULE(_core, mod) {
     std::vector<int64_t> es;
     I64Arr q = rows(x, [&](const int64_t* r, int64_t n, int64_t* o) {
       std::vector<int16_t> v((size_t)n);
-      es.push_back(quant16_row(r, n, v.data()));
+      es.push_back(kernels().quant16(r, n, v.data()));  // active ISA
       for (int64_t i = 0; i < n; ++i) o[i] = v[i];
     });
     return py::make_tuple(q, py::array_t<int64_t>((py::ssize_t)es.size(), es.data()));

@@ -18,8 +18,9 @@ struct Act16 {
   void from_rows(const int64_t* x, int64_t T, int64_t n) {
     q.resize((size_t)(T * n));
     e.resize((size_t)T);
+    const auto quant = kernels().quant16;
 #pragma omp parallel for schedule(static) if (T > 1)
-    for (int64_t t = 0; t < T; ++t) e[t] = quant16_row(x + t * n, n, q.data() + t * n);
+    for (int64_t t = 0; t < T; ++t) e[t] = quant(x + t * n, n, q.data() + t * n);
   }
 };
 
@@ -117,7 +118,7 @@ void forward_rows(const Model& m, KVCache* const* caches, const Row* rows, int64
       const int64_t lay = l * kv.max_len * nkv;
       std::vector<int64_t> z((size_t)n), p((size_t)n);
       std::vector<int16_t> qq((size_t)D), w16((size_t)n);
-      const int e_q = quant16_row(q.data() + (t * nh + hd) * D, D, qq.data());
+      const int e_q = kernels().quant16(q.data() + (t * nh + hd) * D, D, qq.data());
       attend(qq.data(), e_q, kv.k.data() + (lay + g) * D, kv.ka.data() + lay + g, kv.v.data() + (lay + g) * D,
              kv.va.data() + lay + g, n, nkv * D, D, L.score_mant, L.score_shift, z.data(), p.data(), w16.data(),
              o.data() + (t * nh + hd) * D);

@@ -99,6 +99,43 @@ void softmax_q16_row_avx2(const int64_t* z, int64_t n, int64_t* p) {
   for (int64_t i = 0; i < n; ++i) p[i] = round_shift(p[i] * r, 62 - kProbFrac);
 }
 
+// quant16_row on four int64 lanes (same bits). |x| <= m < 2^(e+15), so
+// every rounded value fits in 17 bits; an arithmetic right shift is built
+// from the logical one by the sign-flip identity (x >> e) = ~(~x >>> e).
+int quant16_row_avx2(const int64_t* x, int64_t n, int16_t* q) {
+  const __m256i zero = _mm256_setzero_si256();
+  __m256i vm = zero;
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    const __m256i v = _mm256_loadu_si256((const __m256i*)(x + i));
+    const __m256i sg = _mm256_cmpgt_epi64(zero, v);
+    const __m256i a = _mm256_sub_epi64(_mm256_xor_si256(v, sg), sg);  // |v| (inputs exceed -2^63)
+    vm = _mm256_blendv_epi8(vm, a, _mm256_cmpgt_epi64(a, vm));
+  }
+  alignas(32) int64_t m4[4];
+  _mm256_store_si256((__m256i*)m4, vm);
+  int64_t m = imax(imax(m4[0], m4[1]), imax(m4[2], m4[3]));
+  for (int64_t j = i; j < n; ++j) m = imax(m, iabs(x[j]));
+  const int e = (int)imax(bitlen(m) - 15, 0);
+  const __m256i half = _mm256_set1_epi64x(e ? (int64_t)1 << (e - 1) : 0);
+  const __m128i sh = _mm_cvtsi32_si128(e);
+  const __m256i lo = _mm256_set1_epi32(-(int32_t)kInt16QMax), pick = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
+  auto four = [&](int64_t k) {  // 4 rounded values in the low 128 bits as int32
+    const __m256i y = _mm256_add_epi64(_mm256_loadu_si256((const __m256i*)(x + k)), half);
+    const __m256i sg = _mm256_cmpgt_epi64(zero, y);
+    const __m256i r = _mm256_xor_si256(_mm256_srl_epi64(_mm256_xor_si256(y, sg), sh), sg);
+    return _mm256_permutevar8x32_epi32(r, pick);
+  };
+  for (i = 0; i + 8 <= n; i += 8) {
+    const __m256i a = _mm256_max_epi32(_mm256_permute2x128_si256(four(i), four(i + 4), 0x20), lo);
+    // packs saturates +32768 to 32767; the max above lifts -32768 to -32767
+    const __m256i p = _mm256_permute4x64_epi64(_mm256_packs_epi32(a, a), 0x08);
+    _mm_storeu_si128((__m128i*)(q + i), _mm256_castsi256_si128(p));
+  }
+  for (; i < n; ++i) q[i] = (int16_t)clamp(round_shift(x[i], e), -kInt16QMax, kInt16QMax);
+  return e;
+}
+
 // Attention for one query head (same bits as attend_head in ops_generic.cpp).
 // q . k: int8 keys widened to int16, vpmaddwd; P . V: pv_pass.
 void attend_head_avx2(const int16_t* q, int e_q, const int8_t* kc, const int32_t* ka, const int8_t* vc,
@@ -140,7 +177,7 @@ void attend_head_avx2(const int16_t* q, int e_q, const int8_t* kc, const int32_t
   }
   softmax_q16_row_avx2(z, n, p);
   for (int64_t t = 0; t < n; ++t) p[t] *= va[t * sstride];
-  const int sh = quant16_row(p, n, w16);
+  const int sh = quant16_row_avx2(p, n, w16);
   for (int64_t d = 0; d < D; ++d) out[d] = 0;
   // Passes over 64 (else 16) dims keep each pass's accumulators in registers.
   if (D % 64 == 0)

@@ -29,6 +29,7 @@ struct Kernels {
   AttendFn attend;
   RowFn softmax;   // softmax_q16_row; the attend kernel uses its own set's
   RowFn exp2_row;  // y[i] = exp2_neg_q30(x[i]), x >= 0
+  int (*quant16)(const int64_t* x, int64_t n, int16_t* q);  // quant16_row
 };
 
 // The active kernel set: the best the CPU supports, or INTDET_ISA / set_isa().
@@ -56,6 +57,7 @@ void linear_avx2_packed(const int16_t* q, const int32_t* e, int64_t T, int64_t K
                         int64_t ldo);
 void softmax_q16_row_avx2(const int64_t* z, int64_t n, int64_t* p);
 void exp2_neg_q30_row_avx2(const int64_t* u, int64_t n, int64_t* p);
+int quant16_row_avx2(const int64_t* x, int64_t n, int16_t* q);
 void attend_head_avx2(const int16_t* q, int e_q, const int8_t* kc, const int32_t* ka, const int8_t* vc,
                       const int32_t* va, int64_t n, int64_t stride, int64_t D, int64_t score_mant,
                       int64_t score_shift, int64_t* z, int64_t* p, int16_t* w16, int64_t* out);
