@@ -196,6 +196,25 @@ def test_quant16_every_isa(n, seed, bits, kind):
         _core.set_isa(before)
 
 
+@settings(max_examples=100, deadline=None)
+@given(n=st.integers(1, 70), seed=st.integers(0, 2**32 - 1), bits=st.integers(0, 31))
+def test_swiglu_every_isa(n, seed, bits):
+    """SwiGLU (Q16 in, Q32 out) on every ISA: gates from 0 to +-(2^31 - 1),
+    so exp(-|g|) runs from 1 down past the 2^-31 cut-off."""
+    rng = np.random.default_rng(seed)
+    g = rng.integers(-(2**bits) + 1, 2**bits, size=n, dtype=I64)
+    g[::5] = rng.choice(np.array([0, 1, -1, 2**31 - 1, -(2**31 - 1), 65536 * 22, -65536 * 22], I64), size=len(g[::5]))
+    u = rng.integers(-(2**31) + 1, 2**31, size=n, dtype=I64)
+    want = ops.swiglu(g, u)
+    before = _core.isa()
+    try:
+        for isa in _core.available_isas():
+            _core.set_isa(isa)
+            assert np.array_equal(C.swiglu(g, u), want), isa
+    finally:
+        _core.set_isa(before)
+
+
 @pytest.mark.parametrize("case", ["every_fraction", "every_exponent", "int32_extremes", "short_rows"])
 def test_softmax_every_isa(case):
     """The SIMD exp2 lanes against the spec: every Q16 fraction below the max,

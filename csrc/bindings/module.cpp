@@ -209,7 +209,7 @@ PYBIND11_MODULE(_core, mod) {
   ops.def("softmax_q16", [](const I64Arr& z) { return rows(z, kernels().softmax); });  // active ISA
   ops.def("swiglu", [](const I64Arr& g, const I64Arr& u) {
     I64Arr out = new_like(g);
-    swiglu_row(g.data(), u.data(), g.size(), out.mutable_data());
+    kernels().swiglu(g.data(), u.data(), g.size(), out.mutable_data());  // active ISA
     return out;
   });
   ops.def("rope", [](const I64Arr& x, py::array_t<int16_t, py::array::c_style> cos,

@@ -131,8 +131,9 @@ void forward_rows(const Model& m, KVCache* const* caches, const Row* rows, int64
     act.from_rows(h.data(), T, H);
     run_linear(L.gate, act, T, gate.data());  // [T, F] Q16
     run_linear(L.up, act, T, up.data());      // [T, F] Q16
+    const auto swiglu = kernels().swiglu;
 #pragma omp parallel for schedule(static) if (T > 1)
-    for (int64_t t = 0; t < T; ++t) swiglu_row(gate.data() + t * F, up.data() + t * F, F, gate.data() + t * F);
+    for (int64_t t = 0; t < T; ++t) swiglu(gate.data() + t * F, up.data() + t * F, F, gate.data() + t * F);
     act.from_rows(gate.data(), T, F);  // SwiGLU output was Q32
     run_linear(L.down, act, T, tmp.data());
     add_residual(x, tmp, T * H);

@@ -136,6 +136,20 @@ int quant16_row_avx2(const int64_t* x, int64_t n, int16_t* q) {
   return e;
 }
 
+// swiglu_row with its exp(-|g|) on the exp2 lanes (same bits); the
+// sigmoid's division stays scalar.
+void swiglu_row_avx2(const int64_t* g, const int64_t* u, int64_t n, int64_t* a) {
+  thread_local std::vector<int64_t> d;
+  d.resize((size_t)n);
+  for (int64_t i = 0; i < n; ++i) d[i] = round_shift(iabs(g[i]) * kLog2eQ30, 30);  // |g| * log2(e), Q16
+  exp2_neg_q30_row_avx2(d.data(), n, d.data());                                    // exp(-|g|), Q30
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t den = ((int64_t)1 << 30) + d[i];
+    const int64_t sig = g[i] >= 0 ? round_div((int64_t)1 << 60, den) : round_div(d[i] << 30, den);
+    a[i] = round_shift(g[i] * sig, 30) * u[i];
+  }
+}
+
 // Attention for one query head (same bits as attend_head in ops_generic.cpp).
 // q . k: int8 keys widened to int16, vpmaddwd; P . V: pv_pass.
 void attend_head_avx2(const int16_t* q, int e_q, const int8_t* kc, const int32_t* ka, const int8_t* vc,

@@ -30,6 +30,7 @@ struct Kernels {
   RowFn softmax;   // softmax_q16_row; the attend kernel uses its own set's
   RowFn exp2_row;  // y[i] = exp2_neg_q30(x[i]), x >= 0
   int (*quant16)(const int64_t* x, int64_t n, int16_t* q);  // quant16_row
+  void (*swiglu)(const int64_t* g, const int64_t* u, int64_t n, int64_t* a);  // swiglu_row (a may alias g)
 };
 
 // The active kernel set: the best the CPU supports, or INTDET_ISA / set_isa().
@@ -58,6 +59,7 @@ void linear_avx2_packed(const int16_t* q, const int32_t* e, int64_t T, int64_t K
 void softmax_q16_row_avx2(const int64_t* z, int64_t n, int64_t* p);
 void exp2_neg_q30_row_avx2(const int64_t* u, int64_t n, int64_t* p);
 int quant16_row_avx2(const int64_t* x, int64_t n, int16_t* q);
+void swiglu_row_avx2(const int64_t* g, const int64_t* u, int64_t n, int64_t* a);
 void attend_head_avx2(const int16_t* q, int e_q, const int8_t* kc, const int32_t* ka, const int8_t* vc,
                       const int32_t* va, int64_t n, int64_t stride, int64_t D, int64_t score_mant,
                       int64_t score_shift, int64_t* z, int64_t* p, int16_t* w16, int64_t* out);
