@@ -33,11 +33,16 @@ void run_linear(const Linear& L, const Act16& a, int64_t T, int64_t* out) {
   const LinearFn fn = packed ? k.linear_packed : k.linear;
   const int64_t wrow = packed ? (L.K + 1) / 2 * 2 : L.K;  // bytes per channel in either layout
   const int8_t* w = packed ? L.wp : L.w;
-  constexpr int64_t kRows = 64;  // a multiple of 8: packed groups never straddle blocks
-  const int64_t nblk = (L.N + kRows - 1) / kRows;
+  // Blocks of 64 rows, halved (down to 16) until every thread gets about 4:
+  // small layers (GQA's K and V) would otherwise leave threads idle. A
+  // multiple of 8, so packed groups never straddle blocks; each output is
+  // computed whole by one call, so the split cannot change a bit.
+  int64_t rows = 64;
+  while (rows > 16 && (L.N + rows - 1) / rows < 4 * (int64_t)num_threads()) rows /= 2;
+  const int64_t nblk = (L.N + rows - 1) / rows;
 #pragma omp parallel for schedule(static)
   for (int64_t b = 0; b < nblk; ++b) {
-    const int64_t j0 = b * kRows, n = j0 + kRows < L.N ? kRows : L.N - j0;
+    const int64_t j0 = b * rows, n = j0 + rows < L.N ? rows : L.N - j0;
     fn(a.q.data(), a.e.data(), T, L.K, w + j0 * wrow, L.mant + j0, L.shift + j0, L.bias ? L.bias + j0 : nullptr, n,
        out + j0, L.N);
   }
