@@ -106,9 +106,10 @@ void linear_avx2_packed(const int16_t* q, const int32_t* e, int64_t T, int64_t K
                         int64_t ldo) {
   const int64_t Kp = (K + 1) / 2;
   if (T <= 2) {
-    // Decode: stream each 32-channel block once per token set.
+    // Decode: the widest tiles that fit (more independent accumulators).
     int64_t j = 0;
     for (; j + 32 <= N; j += 32) tokens<4>(q, e, 0, T, K, wp, Kp, mant, shift, bias, j, N, out, ldo);
+    for (; j + 16 <= N; j += 16) tokens<2>(q, e, 0, T, K, wp, Kp, mant, shift, bias, j, N, out, ldo);
     for (; j < N; j += 8) tokens<1>(q, e, 0, T, K, wp, Kp, mant, shift, bias, j, N, out, ldo);
     return;
   }
