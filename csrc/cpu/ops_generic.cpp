@@ -2,6 +2,9 @@
 // and CUDA backends must match bit for bit. Definitions: ref/ops.py.
 #include "intdet/ops.h"
 
+#include <cstddef>
+#include <vector>
+
 #include "intdet/intmath.h"
 
 namespace intdet {
@@ -88,26 +91,33 @@ void exp2_neg_q30_row(const int64_t* u, int64_t n, int64_t* p) {
   for (int64_t i = 0; i < n; ++i) p[i] = exp2_neg_q30(u[i]);
 }
 
-void softmax_q16_row(const int64_t* z, int64_t n, int64_t* p) {
+void softmax_q16_row_with(const int64_t* z, int64_t n, int64_t* p, ExpRowFn exp_row) {
   int64_t zmax = z[0];
   for (int64_t i = 1; i < n; ++i) zmax = imax(zmax, z[i]);
+  for (int64_t i = 0; i < n; ++i) p[i] = zmax - z[i];
+  exp_row(p, n, p);
   int64_t tot = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    p[i] = exp2_neg_q30(zmax - z[i]);
-    tot += p[i];
-  }
+  for (int64_t i = 0; i < n; ++i) tot += p[i];
   const int64_t r = ((int64_t)1 << 62) / tot;  // tot >= 2^30 - 4 > 0: the max term
   for (int64_t i = 0; i < n; ++i) p[i] = round_shift(p[i] * r, 62 - kProbFrac);
 }
 
-void swiglu_row(const int64_t* g, const int64_t* u, int64_t n, int64_t* a) {
+void softmax_q16_row(const int64_t* z, int64_t n, int64_t* p) { softmax_q16_row_with(z, n, p, exp2_neg_q30_row); }
+
+void swiglu_row_with(const int64_t* g, const int64_t* u, int64_t n, int64_t* a, ExpRowFn exp_row) {
+  thread_local std::vector<int64_t> d;
+  d.resize((size_t)n);
+  for (int64_t i = 0; i < n; ++i) d[i] = round_shift(iabs(g[i]) * kLog2eQ30, 30);  // |g| * log2(e), Q16
+  exp_row(d.data(), n, d.data());                                                  // exp(-|g|), Q30
   for (int64_t i = 0; i < n; ++i) {
-    const int64_t w = round_shift(iabs(g[i]) * kLog2eQ30, 30);  // |g| * log2(e), Q16
-    const int64_t d = exp2_neg_q30(w);                         // exp(-|g|), Q30
-    const int64_t den = ((int64_t)1 << 30) + d;
-    const int64_t sig = g[i] >= 0 ? round_div((int64_t)1 << 60, den) : round_div(d << 30, den);
+    const int64_t den = ((int64_t)1 << 30) + d[i];
+    const int64_t sig = g[i] >= 0 ? round_div((int64_t)1 << 60, den) : round_div(d[i] << 30, den);
     a[i] = round_shift(g[i] * sig, 30) * u[i];
   }
+}
+
+void swiglu_row(const int64_t* g, const int64_t* u, int64_t n, int64_t* a) {
+  swiglu_row_with(g, u, n, a, exp2_neg_q30_row);
 }
 
 void attend_head(const int16_t* q, int e_q, const int8_t* kc, const int32_t* ka, const int8_t* vc,

@@ -1,4 +1,5 @@
 // Weight repacking for the SIMD kernels (portable code, run once at load).
+#include <algorithm>
 #include <cstdint>
 
 #if defined(__unix__) || defined(__APPLE__)
@@ -44,6 +45,8 @@ void drop_pages(const void* p, int64_t n) {
 
 void pack_model(Model& m, bool release_source) {
 #if defined(__x86_64__) || defined(_M_X64)
+  const auto isas = available_isas();  // a CPU without AVX2 never reads packed weights
+  if (std::find(isas.begin(), isas.end(), "avx2") == isas.end()) return;
   m.owned = std::make_shared<std::vector<std::vector<int8_t>>>();
   auto pack = [&](Linear& L) {
     m.owned->emplace_back((size_t)packed_size_w8x2(L.N, L.K));

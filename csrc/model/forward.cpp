@@ -115,6 +115,7 @@ void forward_rows(const Model& m, KVCache* const* caches, const Row* rows, int64
     }
     // One (row, head) pair per task; each writes only its own output.
     const AttendFn attend = kernels().attend;
+    const auto quant = kernels().quant16;
 #pragma omp parallel for schedule(dynamic, 1)
     for (int64_t th = 0; th < T * nh; ++th) {
       const int64_t t = th / nh, hd = th % nh, g = hd / grp;
@@ -123,7 +124,7 @@ void forward_rows(const Model& m, KVCache* const* caches, const Row* rows, int64
       const int64_t lay = l * kv.max_len * nkv;
       std::vector<int64_t> z((size_t)n), p((size_t)n);
       std::vector<int16_t> qq((size_t)D), w16((size_t)n);
-      const int e_q = kernels().quant16(q.data() + (t * nh + hd) * D, D, qq.data());
+      const int e_q = quant(q.data() + (t * nh + hd) * D, D, qq.data());
       attend(qq.data(), e_q, kv.k.data() + (lay + g) * D, kv.ka.data() + lay + g, kv.v.data() + (lay + g) * D,
              kv.va.data() + lay + g, n, nkv * D, D, L.score_mant, L.score_shift, z.data(), p.data(), w16.data(),
              o.data() + (t * nh + hd) * D);

@@ -89,14 +89,7 @@ void exp2_neg_q30_row_avx2(const int64_t* u, int64_t n, int64_t* p) {
 }
 
 void softmax_q16_row_avx2(const int64_t* z, int64_t n, int64_t* p) {
-  int64_t zmax = z[0];
-  for (int64_t i = 1; i < n; ++i) zmax = imax(zmax, z[i]);
-  for (int64_t i = 0; i < n; ++i) p[i] = zmax - z[i];
-  exp2_neg_q30_row_avx2(p, n, p);
-  int64_t tot = 0;
-  for (int64_t i = 0; i < n; ++i) tot += p[i];
-  const int64_t r = ((int64_t)1 << 62) / tot;  // tot >= 2^30 - 4 > 0: the max term
-  for (int64_t i = 0; i < n; ++i) p[i] = round_shift(p[i] * r, 62 - kProbFrac);
+  softmax_q16_row_with(z, n, p, exp2_neg_q30_row_avx2);
 }
 
 // quant16_row on four int64 lanes (same bits). |x| <= m < 2^(e+15), so
@@ -136,18 +129,9 @@ int quant16_row_avx2(const int64_t* x, int64_t n, int16_t* q) {
   return e;
 }
 
-// swiglu_row with its exp(-|g|) on the exp2 lanes (same bits); the
-// sigmoid's division stays scalar.
+// swiglu_row with its exp(-|g|) on the exp2 lanes (same bits).
 void swiglu_row_avx2(const int64_t* g, const int64_t* u, int64_t n, int64_t* a) {
-  thread_local std::vector<int64_t> d;
-  d.resize((size_t)n);
-  for (int64_t i = 0; i < n; ++i) d[i] = round_shift(iabs(g[i]) * kLog2eQ30, 30);  // |g| * log2(e), Q16
-  exp2_neg_q30_row_avx2(d.data(), n, d.data());                                    // exp(-|g|), Q30
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t den = ((int64_t)1 << 30) + d[i];
-    const int64_t sig = g[i] >= 0 ? round_div((int64_t)1 << 60, den) : round_div(d[i] << 30, den);
-    a[i] = round_shift(g[i] * sig, 30) * u[i];
-  }
+  swiglu_row_with(g, u, n, a, exp2_neg_q30_row_avx2);
 }
 
 // Attention for one query head (same bits as attend_head in ops_generic.cpp).

@@ -50,7 +50,7 @@ struct Model {
 
 // Repacks every linear layer's weights for the kernel sets that read packed
 // weights (x86: AVX2), so any ISA chosen later finds them; a no-op where no
-// such kernel set is compiled in. Call once after filling the pointers.
+// such kernel set is compiled in or the CPU cannot run it. Call once after filling the pointers.
 // release_source: the weights lie in a read-only file mapping, so each
 // source tensor's pages are dropped (madvise) once packed, keeping peak RSS
 // near one copy. Never set it for weights in ordinary (anonymous) memory.

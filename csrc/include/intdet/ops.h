@@ -31,10 +31,14 @@ void linear_generic(const int16_t* q, const int32_t* e, int64_t T, int64_t K, co
 void rope_row(int64_t* x, int64_t nh, int64_t D, const int16_t* cos, const int16_t* sin);
 // p[i] = exp2_neg_q30(u[i]) (u >= 0; in place allowed).
 void exp2_neg_q30_row(const int64_t* u, int64_t n, int64_t* p);
+// The exp2 row used by softmax and SwiGLU: exp2_neg_q30_row or a SIMD twin.
+using ExpRowFn = void (*)(const int64_t* u, int64_t n, int64_t* p);
 // z [n] Q16 log2 units -> p [n] Q16 probabilities.
 void softmax_q16_row(const int64_t* z, int64_t n, int64_t* p);
+void softmax_q16_row_with(const int64_t* z, int64_t n, int64_t* p, ExpRowFn exp_row);
 // a[i] = silu(g[i]) * u[i] in Q32 (g, u Q16).
-void swiglu_row(const int64_t* g, const int64_t* u, int64_t n, int64_t* a);
+void swiglu_row(const int64_t* g, const int64_t* u, int64_t n, int64_t* a);  // a may alias g
+void swiglu_row_with(const int64_t* g, const int64_t* u, int64_t n, int64_t* a, ExpRowFn exp_row);
 // One query head over n cached positions: out [D] int64. z, p: scratch [n]
 // int64; w16: scratch [n] int16.
 constexpr int64_t kPvBlock = 512;
