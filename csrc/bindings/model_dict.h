@@ -43,7 +43,19 @@ inline Linear make_linear(const py::dict& t, const std::string& name, int64_t N,
   Linear L;
   L.N = N;
   L.K = K;
-  L.w = ptr_of<int8_t>(t, wname.empty() ? name + ".q" : wname, {N, K});
+  if (wname.empty() && t.contains(name + ".q4")) {  // int4 weights (docs/format.md)
+    if (K % 32) throw std::invalid_argument("model tensor '" + name + ".q4': input size is not a multiple of 32");
+    L.w4 = ptr_of<uint8_t>(t, name + ".q4", {N, K / 2});
+    L.gd = ptr_of<int16_t>(t, name + ".gd", {N, K / 32});
+    L.gm = ptr_of<int16_t>(t, name + ".gm", {N, K / 32});
+    for (int64_t i = 0; i < N * (K / 32); ++i) {  // the bound the kernels' int32 blocks rely on
+      const int32_t d = L.gd[i], m = L.gm[i];
+      if (d < 0 || m < -2047 || m > 2047 || m + 15 * d > 2047)
+        throw std::invalid_argument("model tensor '" + name + ".gm': int4 group outside |gd * u + gm| <= 2047");
+    }
+  } else {
+    L.w = ptr_of<int8_t>(t, wname.empty() ? name + ".q" : wname, {N, K});
+  }
   L.mant = ptr_of<int32_t>(t, name + ".mant", {N});
   L.shift = ptr_of<int32_t>(t, name + ".shift", {N});
   L.bias = ptr_of<int32_t>(t, name + ".bias", {N}, !bias);

@@ -12,12 +12,15 @@
 namespace intdet {
 namespace {
 
-const Kernels kScalar{"scalar", linear_generic, nullptr, attend_head, softmax_q16_row, exp2_neg_q30_row, quant16_row, swiglu_row};
+const Kernels kScalar{"scalar", linear_generic, nullptr, attend_head, softmax_q16_row, exp2_neg_q30_row, quant16_row, swiglu_row,
+                      linear_w4_generic, nullptr};
 #if defined(__x86_64__) || defined(_M_X64)
-const Kernels kAvx2{"avx2", nullptr, linear_avx2_packed, attend_head_avx2, softmax_q16_row_avx2, exp2_neg_q30_row_avx2, quant16_row_avx2, swiglu_row_avx2};
+const Kernels kAvx2{"avx2", nullptr, linear_avx2_packed, attend_head_avx2, softmax_q16_row_avx2, exp2_neg_q30_row_avx2, quant16_row_avx2, swiglu_row_avx2,
+                    nullptr, linear_w4_avx2_packed};
 #endif
 #if defined(__aarch64__)
-const Kernels kNeon{"neon", linear_neon, nullptr, attend_head_neon, softmax_q16_row, exp2_neg_q30_row, quant16_row, swiglu_row};
+const Kernels kNeon{"neon", linear_neon, nullptr, attend_head_neon, softmax_q16_row, exp2_neg_q30_row, quant16_row, swiglu_row,
+                    linear_w4_generic, nullptr};
 #endif
 
 bool cpu_has(const std::string& name) {

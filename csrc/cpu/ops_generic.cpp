@@ -75,6 +75,35 @@ void linear_generic(const int16_t* q, const int32_t* e, int64_t T, int64_t K, co
   }
 }
 
+// Exact dot product with int4 weights w = gd * u + gm per group of 32:
+// sum_k a_k (gd u_k + gm) = gd * S + gm * Q with S = sum a_k u_k,
+// Q = sum a_k over the group (|S| < 2^24, |Q| <= 2^20), all in int64.
+static inline int64_t dot_i16_w4(const int16_t* a, const uint8_t* w4, const int16_t* gd, const int16_t* gm,
+                                 int64_t K) {
+  int64_t acc = 0;
+  for (int64_t g = 0; g < K / 32; ++g) {
+    int64_t s = 0, sq = 0;
+    for (int64_t i = 0; i < 16; ++i) {
+      const int64_t a0 = a[32 * g + 2 * i], a1 = a[32 * g + 2 * i + 1];
+      const uint8_t b = w4[16 * g + i];
+      s += a0 * (b & 15) + a1 * (b >> 4);
+      sq += a0 + a1;
+    }
+    acc += gd[g] * s + gm[g] * sq;
+  }
+  return acc;
+}
+
+void linear_w4_generic(const int16_t* q, const int32_t* e, int64_t T, int64_t K, const uint8_t* w4, const int16_t* gd,
+                       const int16_t* gm, const int32_t* mant, const int32_t* shift, const int32_t* bias, int64_t N,
+                       int64_t* out, int64_t ldo) {
+  const int64_t G = K / 32;
+  for (int64_t j = 0; j < N; ++j)
+    for (int64_t t = 0; t < T; ++t)
+      out[t * ldo + j] = linear_epilogue(dot_i16_w4(q + t * K, w4 + j * (K / 2), gd + j * G, gm + j * G, K), mant[j],
+                                         shift[j], e[t], bias, j);
+}
+
 void rope_row(int64_t* x, int64_t nh, int64_t D, const int16_t* cos, const int16_t* sin) {
   const int64_t h = D / 2;
   for (int64_t hd = 0; hd < nh; ++hd) {

@@ -1,6 +1,7 @@
 // Weight repacking for the SIMD kernels (portable code, run once at load).
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 
 #if defined(__unix__) || defined(__APPLE__)
 #include <sys/mman.h>
@@ -26,6 +27,33 @@ void pack_w8x2(const int8_t* w, int64_t N, int64_t K, int8_t* out) {
         }
 }
 
+int64_t packed_size_w4(int64_t N, int64_t K) { return (N + 7) / 8 * (K / kW4Group) * kW4Block; }
+
+void pack_w4(const uint8_t* w4, const int16_t* gd, const int16_t* gm, int64_t N, int64_t K, uint8_t* out) {
+  const int64_t G = K / kW4Group, NG = (N + 7) / 8;
+  auto code = [&](int64_t n, int64_t k) -> uint8_t { return (w4[n * (K / 2) + k / 2] >> (4 * (k & 1))) & 15; };
+#pragma omp parallel for schedule(static)
+  for (int64_t g = 0; g < NG; ++g)
+    for (int64_t j = 0; j < G; ++j) {
+      uint8_t* b = out + (g * G + j) * kW4Block;
+      int16_t sc[16] = {};
+      for (int64_t c = 0; c < 8; ++c) {
+        const int64_t n = 8 * g + c;
+        if (n < N) {
+          sc[c] = gd[n * G + j];
+          sc[8 + c] = gm[n * G + j];
+        }
+      }
+      std::memcpy(b, sc, sizeof sc);  // host order: the kernels read them as int16
+      for (int64_t r = 0; r < 8; ++r)
+        for (int64_t c = 0; c < 8; ++c)
+          for (int64_t i = 0; i < 2; ++i) {
+            const int64_t n = 8 * g + c, k = 32 * j + 4 * r + i;
+            b[32 + 16 * r + 2 * c + i] = n < N ? (uint8_t)(code(n, k) | code(n, k + 2) << 4) : 0;
+          }
+    }
+}
+
 namespace {
 
 // Whole pages inside [p, p + n) leave the process; for a read-only file
@@ -49,6 +77,13 @@ void pack_model(Model& m, bool release_source) {
   if (std::find(isas.begin(), isas.end(), "avx2") == isas.end()) return;
   m.owned = std::make_shared<std::vector<std::vector<int8_t>>>();
   auto pack = [&](Linear& L) {
+    if (L.w4) {
+      m.owned->emplace_back((size_t)packed_size_w4(L.N, L.K));
+      pack_w4(L.w4, L.gd, L.gm, L.N, L.K, reinterpret_cast<uint8_t*>(m.owned->back().data()));
+      L.w4p = reinterpret_cast<const uint8_t*>(m.owned->back().data());
+      if (release_source) drop_pages(L.w4, L.N * L.K / 2);
+      return;
+    }
     m.owned->emplace_back((size_t)packed_size_w8x2(L.N, L.K));
     pack_w8x2(L.w, L.N, L.K, m.owned->back().data());
     L.wp = m.owned->back().data();

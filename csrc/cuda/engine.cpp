@@ -189,6 +189,8 @@ const T* upload(DeviceModel& m, std::map<const void*, void*>& seen, const T* hos
 }
 
 DevLinear upload_linear(DeviceModel& m, std::map<const void*, void*>& seen, const Linear& L) {
+  if (L.w4)  // int4 (W4A16) kernels exist for the CPU only so far
+    throw std::invalid_argument("int4 weights: --device cuda runs int8 models only (convert with --weights int8)");
   DevLinear d;
   d.N = L.N;
   d.K = L.K;

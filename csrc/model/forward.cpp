@@ -28,11 +28,17 @@ struct Act16 {
 // computed by exactly one thread, so the thread count cannot change a bit.
 void run_linear(const Linear& L, const Act16& a, int64_t T, int64_t* out) {
   const Kernels& k = kernels();
-  const bool packed = k.linear_packed != nullptr;
-  if (packed && !L.wp) throw std::logic_error("linear weights were not packed (pack_model not called)");
+  const bool int4 = L.w4 != nullptr;
+  const bool packed = (int4 ? (void*)k.linear_w4_packed : (void*)k.linear_packed) != nullptr;
+  if (packed && !(int4 ? (const void*)L.w4p : (const void*)L.wp))
+    throw std::logic_error("linear weights were not packed (pack_model not called)");
   const LinearFn fn = packed ? k.linear_packed : k.linear;
-  const int64_t wrow = packed ? (L.K + 1) / 2 * 2 : L.K;  // bytes per channel in either layout
+  const LinearW4Fn fn4 = packed ? k.linear_w4_packed : k.linear_w4;
+  // Bytes per channel in each layout.
+  const int64_t wrow = int4 ? (packed ? L.K / kW4Group * (kW4Block / 8) : L.K / 2) : packed ? (L.K + 1) / 2 * 2 : L.K;
+  const int64_t G = L.K / kW4Group;
   const int8_t* w = packed ? L.wp : L.w;
+  const uint8_t* w4 = packed ? L.w4p : L.w4;
   // Blocks of 64 rows, halved (down to 16) until every thread gets about 4:
   // small layers (GQA's K and V) would otherwise leave threads idle. A
   // multiple of 8, so packed groups never straddle blocks; each output is
@@ -43,8 +49,12 @@ void run_linear(const Linear& L, const Act16& a, int64_t T, int64_t* out) {
 #pragma omp parallel for schedule(static)
   for (int64_t b = 0; b < nblk; ++b) {
     const int64_t j0 = b * rows, n = j0 + rows < L.N ? rows : L.N - j0;
-    fn(a.q.data(), a.e.data(), T, L.K, w + j0 * wrow, L.mant + j0, L.shift + j0, L.bias ? L.bias + j0 : nullptr, n,
-       out + j0, L.N);
+    const int32_t* bias = L.bias ? L.bias + j0 : nullptr;
+    if (int4)
+      fn4(a.q.data(), a.e.data(), T, L.K, w4 + j0 * wrow, packed ? nullptr : L.gd + j0 * G,
+          packed ? nullptr : L.gm + j0 * G, L.mant + j0, L.shift + j0, bias, n, out + j0, L.N);
+    else
+      fn(a.q.data(), a.e.data(), T, L.K, w + j0 * wrow, L.mant + j0, L.shift + j0, bias, n, out + j0, L.N);
   }
 }
 

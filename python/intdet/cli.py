@@ -56,8 +56,10 @@ def main():
 @click.option("-o", "--out", "out_dir", required=True, help="Output model directory.")
 @click.option("--revision", default=None, help="Hub revision when SRC is a repo id.")
 @click.option("--force", is_flag=True, help="Replace OUT if it exists.")
+@click.option("--weights", type=click.Choice(["int8", "int4"]), default="int8", show_default=True,
+              help="Linear weights: int8 per channel, or int4 in groups of 32 (W4A16; embedding and lm_head stay int8).")
 @user_errors
-def convert(src, out_dir, revision, force):
+def convert(src, out_dir, revision, force, weights):
     """Convert SRC (GGUF file, Hugging Face directory or repo id) to an intdet model."""
     import os
 
@@ -66,7 +68,7 @@ def convert(src, out_dir, revision, force):
 
     if not os.path.exists(src) and REPO_ID.match(src):
         src = download_repo(src, revision)
-    out = do_convert(src, out_dir, force=force, progress=sys.stderr.isatty())
+    out = do_convert(src, out_dir, force=force, progress=sys.stderr.isatty(), weights=weights)
     click.echo(f"converted {src} -> {out}", err=True)
 
 
@@ -111,9 +113,11 @@ def _read_prompt(prompt, prompt_opt, file, ids):
 @click.option("--threads", default=0, type=int, help="CPU threads (default 0: all cores).")
 @click.option("--revision", default=None, help="Hub revision when -m is a repo id.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of streaming text.")
+@click.option("--weights", type=click.Choice(["int8", "int4"]), default=None,
+              help="Linear weights when -m needs converting: int8 (default) or int4 (W4A16, groups of 32).")
 @user_errors
 def generate(prompt, model, prompt_opt, file, ids, max_new_tokens, chat, temperature, top_k, top_p, seed, device, threads,
-             revision, as_json):
+             revision, as_json, weights):
     """Generate text; stream it to stdout, stats and the chain hash to stderr."""
     from .generate import generate as run
     from .model import DEVICES, Engine, load_model
@@ -127,7 +131,7 @@ def generate(prompt, model, prompt_opt, file, ids, max_new_tokens, chat, tempera
         raise IntdetError(f"-n: {max_new_tokens} must be >= 0")
     sampler = Sampler(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     text, prompt_ids = _read_prompt(prompt, prompt_opt, file, ids)
-    lm = load_model(resolve_model(model, revision, progress=sys.stderr.isatty()))
+    lm = load_model(resolve_model(model, revision, progress=sys.stderr.isatty(), weights=weights))
     tok, meta = lm.tokenizer, lm.tok_meta
     if prompt_ids is None:
         if chat:
@@ -184,14 +188,16 @@ def generate(prompt, model, prompt_opt, file, ids, max_new_tokens, chat, tempera
 @click.option("--threads", default=0, type=int, help="CPU threads (default 0: all cores).")
 @click.option("--revision", default=None, help="Hub revision when -m is a repo id.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.option("--weights", type=click.Choice(["int8", "int4"]), default=None,
+              help="Linear weights when -m needs converting: int8 (default) or int4 (W4A16, groups of 32).")
 @user_errors
-def perplexity(model, file, ctx, max_windows, use_float, second_half, device, threads, revision, as_json):
+def perplexity(model, file, ctx, max_windows, use_float, second_half, device, threads, revision, as_json, weights):
     """Perplexity of a text file: non-overlapping windows of --ctx tokens."""
     import os
 
     from .model import Engine, load_model
     from .perplexity import float_logits_fn, integer_logits_fn, perplexity as run, windows_of
-    from .resolve import converted_path, resolve_source
+    from .resolve import check_weights, converted_path, resolve_source
     from .tokenizer import encode
 
     try:
@@ -204,7 +210,9 @@ def perplexity(model, file, ctx, max_windows, use_float, second_half, device, th
     src = resolve_source(model, revision)
     if use_float and src is None:
         raise IntdetError("--float needs the source model (GGUF file, Hugging Face dir or repo id), not a converted dir")
-    lm = load_model(model if src is None else converted_path(src, progress=sys.stderr.isatty()))
+    if src is None:
+        check_weights(model, weights)
+    lm = load_model(model if src is None else converted_path(src, progress=sys.stderr.isatty(), weights=weights or "int8"))
     if ctx > lm.cfg["context_length"]:
         raise IntdetError(f"--ctx: {ctx} exceeds the model's context length {lm.cfg['context_length']}")
     ids = encode(lm.tokenizer, lm.tok_meta, text, add_bos=False)
@@ -305,14 +313,16 @@ def random_model(out_dir, shape, seed):
               help="cpu: every ISA x threads; cuda: GPU prefill splits, batches and CUDA graphs against a CPU run.")
 @click.option("--revision", default=None, help="Hub revision when -m is a repo id.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.option("--weights", type=click.Choice(["int8", "int4"]), default=None,
+              help="Linear weights when -m needs converting: int8 (default) or int4 (W4A16, groups of 32).")
 @user_errors
-def hash_check(model, prompt, steps, seed, temperature, expect, with_ref, with_float, device, revision, as_json):
+def hash_check(model, prompt, steps, seed, temperature, expect, with_ref, with_float, device, revision, as_json, weights):
     """Run one generation under every configuration here; exit 1 unless all hashes agree."""
     import re
 
     from .hashcheck import float_check, hash_check as run
     from .model import Engine, load_model
-    from .resolve import converted_path, resolve_source
+    from .resolve import check_weights, converted_path, resolve_source
     from .sampling import Sampler
     from .tokenizer import encode
 
@@ -324,7 +334,9 @@ def hash_check(model, prompt, steps, seed, temperature, expect, with_ref, with_f
     src = resolve_source(model, revision)
     if with_float and src is None:
         raise IntdetError("--float needs the source model (GGUF file, Hugging Face dir or repo id), not a converted dir")
-    lm = load_model(model if src is None else converted_path(src, progress=sys.stderr.isatty()))
+    if src is None:
+        check_weights(model, weights)
+    lm = load_model(model if src is None else converted_path(src, progress=sys.stderr.isatty(), weights=weights or "int8"))
     ids = encode(lm.tokenizer, lm.tok_meta, prompt)
     if not ids:
         raise IntdetError("--prompt: empty")
@@ -370,14 +382,16 @@ def hash_check(model, prompt, steps, seed, temperature, expect, with_ref, with_f
 @click.option("--batch", default=1, show_default=True, type=int, help="Also decode B sequences together (forward_batch).")
 @click.option("--revision", default=None, help="Hub revision when -m is a repo id.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.option("--weights", type=click.Choice(["int8", "int4"]), default=None,
+              help="Linear weights when -m needs converting: int8 (default) or int4 (W4A16, groups of 32).")
 @user_errors
-def bench(model, prompt_tokens, gen_tokens, threads, batch, revision, as_json):
+def bench(model, prompt_tokens, gen_tokens, threads, batch, revision, as_json, weights):
     """Prompt-processing and decode speed, peak RSS, ISA and threads: one row per --threads."""
     from .bench import format_table, run_bench
     from .model import load_model
     from .resolve import resolve_model
 
-    lm = load_model(resolve_model(model, revision, progress=sys.stderr.isatty()))
+    lm = load_model(resolve_model(model, revision, progress=sys.stderr.isatty(), weights=weights))
     show = (lambda msg: click.echo(f"  {msg}", err=True)) if sys.stderr.isatty() and not as_json else None
     rows = run_bench(lm, prompt_tokens, gen_tokens, threads or (0,), batch, progress=show)
     click.echo(json.dumps({"model": lm.path, "rows": rows}) if as_json else format_table(rows))

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .convert.quantize import FORMAT_VERSION
+from .convert.quantize import FORMAT_VERSION, W4_GROUP, W4_MAX
 from .convert.sources import sha256_file
 from .errors import IntdetError
 from .safetensors_io import SafetensorsFile
@@ -42,6 +42,7 @@ def _expected_shapes(c: dict) -> dict:
             "rope.sin": (P, D // 2), "output_norm.g": (H,), "output.mant": (V,), "output.shift": (V,)}
     if not c["tied_embeddings"]:
         want["output.q"] = (V, H)
+    int4 = c.get("weight_format", "int8") == "int4"
     lin = {"attn_q": (nh * D, H), "attn_k": (nkv * D, H), "attn_v": (nkv * D, H), "attn_output": (H, nh * D),
            "ffn_gate": (F, H), "ffn_up": (F, H), "ffn_down": (H, F)}
     for i in range(c["num_layers"]):
@@ -49,7 +50,11 @@ def _expected_shapes(c: dict) -> dict:
         want[p + "attn_norm.g"] = want[p + "ffn_norm.g"] = (H,)
         want[p + "attn_score.mant"] = want[p + "attn_score.shift"] = (1,)
         for n, (N, K) in lin.items():
-            want[p + n + ".q"] = (N, K)
+            if int4:
+                want[p + n + ".q4"] = (N, K // 2)
+                want[p + n + ".gd"] = want[p + n + ".gm"] = (N, K // W4_GROUP)
+            else:
+                want[p + n + ".q"] = (N, K)
             want[p + n + ".mant"] = want[p + n + ".shift"] = (N,)
         if c["attn_bias"]:
             for n in ("attn_q", "attn_k", "attn_v"):
@@ -59,7 +64,7 @@ def _expected_shapes(c: dict) -> dict:
     return want
 
 
-_DTYPE_OF_SUFFIX = {".q": np.int8, ".mant": np.int32, ".shift": np.int32, ".bias": np.int32, ".g": np.int16,
+_DTYPE_OF_SUFFIX = {".q": np.int8, ".q4": np.uint8, ".gd": np.int16, ".gm": np.int16, ".mant": np.int32, ".shift": np.int32, ".bias": np.int32, ".g": np.int16,
                     ".cos": np.int16, ".sin": np.int16}
 
 
@@ -93,6 +98,14 @@ def load_model(path: str) -> LoadedModel:
         raise IntdetError(f"{cfg_path}: head counts/sizes outside the overflow-checked range (docs/format.md)")
     if max(cfg["intermediate_size"], cfg["num_heads"] * cfg["head_dim"]) >= 1 << 24 or cfg["context_length"] >= 1 << 19:
         raise IntdetError(f"{cfg_path}: a linear input of 2^24 features or a context of 2^19 positions could overflow an accumulator")
+    wf = cfg.get("weight_format", "int8")
+    if wf not in ("int8", "int4"):
+        raise IntdetError(f"{cfg_path}: weight_format {wf!r} is not int8 or int4")
+    if wf == "int4":
+        ks = (cfg["hidden_size"], cfg["intermediate_size"], cfg["num_heads"] * cfg["head_dim"])
+        if cfg.get("weight_group_size") != W4_GROUP or any(k % W4_GROUP for k in ks) or max(ks) >= 1 << 21:
+            raise IntdetError(f"{cfg_path}: int4 weights need weight_group_size {W4_GROUP}, linear inputs that are "
+                              f"multiples of {W4_GROUP} and below 2^21")
     st = SafetensorsFile(st_path)
     tensors = {}
     for name, shape in _expected_shapes(cfg).items():
@@ -104,7 +117,12 @@ def load_model(path: str) -> LoadedModel:
             raise IntdetError(f"{st_path}: tensor '{name}' is {arr.dtype}{list(arr.shape)}, expected {np.dtype(want_dt)}{list(shape)}")
         tensors[name] = arr
         _check_value_ranges({name: arr}, st_path)
-        if name.endswith(".q"):  # checked: drop its pages until the engine reads (or packs) it
+        if name.endswith(".gm"):  # the int4 bound |gd * u + gm| <= 2047 for u in 0..15
+            gd = tensors[name[:-3] + ".gd"]
+            if gd.size and (gd.min() < 0 or np.abs(arr).max() > W4_MAX or np.abs(arr + 15 * gd.astype(np.int64)).max() > W4_MAX):
+                raise IntdetError(f"{st_path}: tensor '{name[:-3]}' has int4 group steps/offsets outside "
+                                  f"|gd * u + gm| <= {W4_MAX}")
+        if name.endswith((".q", ".q4")):  # checked: drop its pages until the engine reads (or packs) it
             st.release(name)
     try:
         tok, meta = load_tokenizer(path)

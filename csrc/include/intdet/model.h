@@ -16,6 +16,13 @@ struct Linear {
   const int32_t* bias = nullptr;   // [N] Q16 or null
   int64_t N = 0, K = 0;
   const int8_t* wp = nullptr;  // w repacked for the SIMD kernels (pack_w8x2), owned by Model
+  // Int4 weights (docs/format.md; w is null then): codes w4 [N, K/2] uint8,
+  // per group of 32 inputs step gd and offset gm [N, K/32] int16, the
+  // effective weight gd * u + gm (|.| <= 2047).
+  const uint8_t* w4 = nullptr;
+  const int16_t* gd = nullptr;
+  const int16_t* gm = nullptr;
+  const uint8_t* w4p = nullptr;  // w4 + gd + gm repacked (pack_w4), owned by Model
 };
 
 struct Layer {

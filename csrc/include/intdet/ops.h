@@ -27,6 +27,10 @@ int32_t quant8_row(const int64_t* x, int64_t n, int8_t* q);
 // csrc/cpu/x86/ and are chosen by kernels() (csrc/include/intdet/kernels.h).
 void linear_generic(const int16_t* q, const int32_t* e, int64_t T, int64_t K, const int8_t* w, const int32_t* mant,
                     const int32_t* shift, const int32_t* bias, int64_t N, int64_t* out, int64_t ldo);
+// The int4 twin (LinearW4Fn in kernels.h): row-major codes and group scales.
+void linear_w4_generic(const int16_t* q, const int32_t* e, int64_t T, int64_t K, const uint8_t* w4, const int16_t* gd,
+                       const int16_t* gm, const int32_t* mant, const int32_t* shift, const int32_t* bias, int64_t N,
+                       int64_t* out, int64_t ldo);
 // In place on x [nh, D] for one position: split-half RoPE with Q14 tables [D/2].
 void rope_row(int64_t* x, int64_t nh, int64_t D, const int16_t* cos, const int16_t* sin);
 // p[i] = exp2_neg_q30(u[i]) (u >= 0; in place allowed).

@@ -14,12 +14,13 @@ import shutil
 import secrets
 
 from ..errors import IntdetError
-from .quantize import quantize_model
+from .quantize import WEIGHT_FORMATS, quantize_model
 from .sources import read_source
 
 
-def convert(src: str, out_dir: str, force: bool = False, progress: bool = True) -> str:
-    """Convert ``src`` (GGUF file or Hugging Face directory) into ``out_dir``.
+def convert(src: str, out_dir: str, force: bool = False, progress: bool = True, weights: str = "int8") -> str:
+    """Convert ``src`` (GGUF file or Hugging Face directory) into ``out_dir``
+    with "int8" or "int4" linear weights (quantize.quantize_model).
 
     Raises IntdetError if the source is unreadable or unsupported, or if
     ``out_dir`` exists and is not empty (unless force). Returns out_dir.
@@ -29,8 +30,10 @@ def convert(src: str, out_dir: str, force: bool = False, progress: bool = True) 
     out_dir = os.path.abspath(out_dir)
     if os.path.exists(out_dir) and (not os.path.isdir(out_dir) or os.listdir(out_dir)) and not force:
         raise IntdetError(f"{out_dir}: output exists and is not empty (use --force to replace it)")
+    if weights not in WEIGHT_FORMATS:
+        raise IntdetError(f"--weights {weights!r}: choose int8 or int4")
     fm = read_source(src)
-    tensors, cfg = quantize_model(fm, progress=progress)
+    tensors, cfg = quantize_model(fm, progress=progress, weights=weights)
     parent = os.path.dirname(out_dir) or "."
     os.makedirs(parent, exist_ok=True)
     # The name is fixed before the directory exists, so an interrupt at any

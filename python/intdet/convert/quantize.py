@@ -8,7 +8,8 @@ function, so two machines produce byte-identical files.
 
 Formats produced (see docs/format.md):
 - linear weights int8 [N, K], symmetric per output channel:
-  q = rint(w / s), s = max|w_row| / 127;
+  q = rint(w / s), s = max|w_row| / 127; or, with ``weights="int4"``, 4-bit
+  codes on a per-group (32 inputs) integer grid (quant_rows_int4);
 - per-channel dyadic output scales ``mant`` int32 (< 2^15), ``shift`` int32:
   c_in * s * 2^F_out ~= mant * 2^-shift;
 - RMSNorm gammas int16: round(gamma * 2^G), max |g| in [2^13, 2^14);
@@ -67,6 +68,43 @@ def quant_rows_int8(w: np.ndarray):
     return q, s
 
 
+W4_GROUP = 32  # int4 weights: inputs per group
+W4_MAX = 2047  # |gd * u + gm| <= 2047 for every code u in 0..15 (docs/format.md)
+
+
+def quant_rows_int4(w: np.ndarray):
+    """Per-group asymmetric int4 on an integer grid under a per-row scale.
+
+    w: float [N, K] with K % 32 == 0. Every group of 32 inputs of a row gets
+    an integer step ``gd >= 0`` and offset ``gm`` (int16) so that the
+    effective integer weight is ``w_eff = gd * u + gm`` for a code u in
+    0..15, with |w_eff| <= 2047 (12-bit weights: exact int32 dot blocks of 32
+    inputs against int16 activations). Like GGUF Q4_1 (min and step per block
+    of 32), so a Q4_1 source keeps its codes; the integer step and offset add
+    at most 8 units of 2047 per weight.
+    Returns (w4 uint8 [N, K/2]: code of input 2i in the low nibble of byte i,
+    2i+1 in the high nibble; gd int16 [N, K/32]; gm int16 [N, K/32];
+    s float64 [N]) with w ~= w_eff * s[:, None]. Elementwise float64 only
+    (min, max, divide, rint), so reproducible.
+    """
+    w = np.asarray(w, dtype=np.float64)
+    N, K = w.shape
+    if K % W4_GROUP:
+        raise IntdetError(f"int4 weights need input sizes that are multiples of {W4_GROUP} (got {K})")
+    g = w.reshape(N, K // W4_GROUP, W4_GROUP)
+    lo, hi = g.min(axis=2), g.max(axis=2)  # [N, G]; min/max are exact in any order
+    amax = np.maximum(np.abs(lo), np.abs(hi)).max(axis=1)
+    # 2039, not 2047: rounding gm and gd moves gm + 15 gd by at most 0.5 + 7.5.
+    s = amax / (W4_MAX - 8)
+    safe = np.where(s > 0, s, 1.0)[:, None]
+    gm = np.rint(lo / safe)
+    gd = np.rint((hi - lo) / 15.0 / safe)
+    u = np.rint((g / safe[..., None] - gm[..., None]) / np.where(gd > 0, gd, 1.0)[..., None])
+    u = np.clip(np.where(gd[..., None] > 0, u, 0.0), 0, 15).astype(np.uint8).reshape(N, K)
+    w4 = (u[:, 0::2] | (u[:, 1::2] << 4)).astype(np.uint8)
+    return w4, gd.astype(np.int16), gm.astype(np.int16), s
+
+
 def quant_gamma(g: np.ndarray):
     """RMSNorm gamma -> (int16 [n], G) with g_int = rint(gamma * 2^G) and
     max |g_int| in [2^13, 2^14)."""
@@ -80,8 +118,15 @@ def quant_gamma(g: np.ndarray):
     return gi.astype(np.int16), G
 
 
-def quantize_model(fm, progress: bool = False) -> tuple[dict, dict]:
+WEIGHT_FORMATS = ("int8", "int4")
+
+
+def quantize_model(fm, progress: bool = False, weights: str = "int8") -> tuple[dict, dict]:
     """FloatModel -> (tensors: name -> int array, config dict).
+
+    weights: "int8" (per-channel int8) or "int4" (the decoder layers' linear
+    weights as per-group int4, quant_rows_int4; the embedding and lm_head
+    stay int8). Raises IntdetError for another value.
 
     Activations entering each linear layer carry a static factor c_in (the
     value of one unit of the int16 activation at exponent 0):
@@ -91,13 +136,17 @@ def quantize_model(fm, progress: bool = False) -> tuple[dict, dict]:
     """
     hp, W = fm.hp, fm.weights
     H, D = hp["hidden_size"], hp["head_dim"]
-    _check_bounds(hp)
+    if weights not in WEIGHT_FORMATS:
+        raise IntdetError(f"--weights {weights!r}: choose int8 or int4")
+    _check_bounds(hp, weights)
     T = {}
 
     def put_linear(name, w, c_in, f_out, bias=None):
-        q, s = quant_rows_int8(w)
+        if weights == "int4":
+            T[name + ".q4"], T[name + ".gd"], T[name + ".gm"], s = quant_rows_int4(w)
+        else:
+            T[name + ".q"], s = quant_rows_int8(w)
         mant, shift = dyadic_vec(c_in * s * 2.0**f_out)
-        T[name + ".q"] = q
         T[name + ".mant"] = mant
         T[name + ".shift"] = shift
         if bias is not None:
@@ -175,6 +224,12 @@ def quantize_model(fm, progress: bool = False) -> tuple[dict, dict]:
         "norm_gamma_exponents": norm_exp,
         "source": fm.source,
     }
+    if weights == "int4":  # absent for int8, so int8 files stay byte-identical
+        cfg["weight_format"] = "int4"
+        cfg["weight_group_size"] = W4_GROUP
+        cfg["fixed_point"]["weights"] = (
+            "decoder linears: int4 codes, per group of 32 inputs w = gd * u + gm (|w| <= 2047), per-channel dyadic "
+            "scale; embedding and lm_head int8 per channel")
     return T, cfg
 
 
@@ -185,11 +240,17 @@ def _fixed_i32(v, frac, name):
     return x.astype(np.int32)
 
 
-def _check_bounds(hp):
+def _check_bounds(hp, weights="int8"):
     """Refuse models whose sizes could overflow an accumulator (docs/format.md
     derives each bound)."""
     H, F, D = hp["hidden_size"], hp["intermediate_size"], hp["head_dim"]
     nh = hp["num_heads"]
+    if weights == "int4":
+        for n, k in (("hidden_size", H), ("intermediate_size", F), ("num_heads * head_dim", nh * D)):
+            if k % W4_GROUP:
+                raise IntdetError(f"--weights int4: {n} = {k} is not a multiple of {W4_GROUP} (int4 groups)")
+        if max(H, F, nh * D) >= 1 << 21:
+            raise IntdetError("--weights int4: a linear layer's input reaches 2^21 features: int64 accumulator bound")
     if H > 8192 or D > 8192:
         raise IntdetError(f"hidden_size {H} exceeds 8192: RMSNorm's int64 sum of squares could overflow")
     if max(H, F, nh * D) > 1 << 24:

@@ -31,6 +31,7 @@ class RefModel:
         self.ctx = c["context_length"]
         self.eps_h = c["rms_eps_q60"]["hidden"]
         self.eps_d = c["rms_eps_q60"]["head"]
+        self._w4 = {}  # int4 layers' dequantized integer weights, made on first use
         self.reset()
 
     def reset(self):
@@ -43,7 +44,13 @@ class RefModel:
 
     def _lin(self, name, q, e):
         t = self.t
-        return ops.linear(q, e, t[name + ".q"], t[name + ".mant"], t[name + ".shift"], t.get(name + ".bias"))
+        if name + ".q4" in t:  # int4 weights: the same linear on their integer values
+            if name not in self._w4:
+                self._w4[name] = ops.dequant_int4(t[name + ".q4"], t[name + ".gd"], t[name + ".gm"])
+            w = self._w4[name]
+        else:
+            w = t[name + ".q"]
+        return ops.linear(q, e, w, t[name + ".mant"], t[name + ".shift"], t.get(name + ".bias"))
 
     def forward(self, tokens, start: int, trace: dict | None = None):
         """trace, if given, receives name -> (int array, factor) for every

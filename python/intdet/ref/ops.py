@@ -70,6 +70,7 @@ def linear(q, e, w, mant, shift, bias=None):
     exponents (value = q * 2^e * c_in). w: int8 [N, K] per-output-channel
     symmetric weights. mant, shift: int [N], the dyadic scale
     c_in * s_w[n] * 2^F_out ~= mant * 2^-shift (mant < 2^15).
+    Int4 layers pass w = dequant_int4(...) (|w| <= 2047, |acc| < 2^26 * K).
     acc = q @ w.T exactly (|acc| < 2^22 * K); out = sat32(round_shift(acc *
     mant, shift - e)) [+ bias in Q F_out, saturating].
     Returns int64 [T, N] holding int32 values in Q F_out.
@@ -79,6 +80,24 @@ def linear(q, e, w, mant, shift, bias=None):
     if bias is not None:
         out = sat32(out + as_i64(bias)[None, :])
     return out
+
+
+def dequant_int4(w4, gd, gm):
+    """Effective integer weights of an int4 linear layer (docs/format.md).
+
+    w4: uint8 [N, K/2], codes u in 0..15 (input 2i in the low nibble of byte
+    i, 2i+1 in the high one); gd, gm: int16 [N, K/32] per-group step and
+    offset. Returns int64 [N, K]: w = gd * u + gm, |w| <= 2047. ``linear``
+    on these weights is the int4 layer's exact definition.
+    """
+    w4 = np.asarray(w4, dtype=np.uint8)
+    N = w4.shape[0]
+    u = np.empty((N, 2 * w4.shape[1]), dtype=I64)
+    u[:, 0::2] = w4 & 15
+    u[:, 1::2] = w4 >> 4
+    G = as_i64(gd).shape[1]
+    u = u.reshape(N, G, -1)
+    return (u * as_i64(gd)[..., None] + as_i64(gm)[..., None]).reshape(N, -1)
 
 
 def rope(x, cos, sin):

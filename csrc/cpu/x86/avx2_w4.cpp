@@ -1,0 +1,108 @@
+// AVX2 int4 linear layer on repacked weights (compiled with -mavx2 only).
+//
+// Layout (pack_w4): per 8 output channels and group of 32 inputs, a 160-byte
+// block: the 8 steps gd, the 8 offsets gm (int16), then 8 rows of 16 bytes
+// whose byte 2c + i holds the codes of inputs 4r + i (low nibble) and
+// 4r + 2 + i (high nibble) of channel c. One row widened to int16 gives two
+// vectors of codes u; w = u * gd + gm (vpmullw, vpaddw; |w| <= 2047 so
+// int16 is exact) is laid out like the int8 kernel's weights, so one
+// vpmaddwd with a broadcast activation pair adds 2 products to each
+// channel's int32 lane.
+//
+// Exactness: a vpmaddwd lane is at most 2 * 32768 * 2047 < 2^27, so the 16
+// of one group (32 inputs) fit int32 (< 2^31); each group's lanes are then
+// added into int64. The dot product is exact in any order and the epilogue
+// is the shared linear_epilogue, so the bits equal linear_w4_generic's.
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "intdet/kernels.h"
+#include "intdet/ops.h"
+
+namespace intdet {
+namespace {
+
+constexpr int64_t kTokChunk = 96;  // tokens per L2 block of activations
+
+inline __m256i bcast_pair(const int16_t* a) {
+  int32_t v;
+  std::memcpy(&v, a, 4);
+  return _mm256_set1_epi32(v);
+}
+
+// 8 int16 scales -> 16 lanes, each scale twice (the lanes of inputs 2p, 2p+1).
+inline __m256i dup_scales(const uint8_t* p) {
+  const __m256i x = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p));
+  return _mm256_or_si256(x, _mm256_slli_epi32(x, 16));
+}
+
+// acc [MR][8] int64 = exact dots of MR activation rows (stride lda) with one
+// packed 8-channel group of G blocks.
+template <int MR>
+inline void tile(const int16_t* a, int64_t lda, int64_t G, const uint8_t* wg, int64_t* acc) {
+  __m256i lo[MR], hi[MR];  // int64 sums of channels 0-3 and 4-7
+  for (int r = 0; r < MR; ++r) lo[r] = hi[r] = _mm256_setzero_si256();
+  const __m256i nib = _mm256_set1_epi16(15);
+  for (int64_t j = 0; j < G; ++j) {
+    const uint8_t* b = wg + j * kW4Block;
+    const __m256i d = dup_scales(b), m = dup_scales(b + 16);
+    __m256i s[MR];
+    for (int r = 0; r < MR; ++r) s[r] = _mm256_setzero_si256();
+    const int16_t* aj = a + 32 * j;
+    for (int row = 0; row < 8; ++row) {
+      const __m256i v = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i*)(b + 32 + 16 * row)));
+      const __m256i w0 = _mm256_add_epi16(_mm256_mullo_epi16(_mm256_and_si256(v, nib), d), m);
+      const __m256i w1 = _mm256_add_epi16(_mm256_mullo_epi16(_mm256_srli_epi16(v, 4), d), m);
+      for (int r = 0; r < MR; ++r) {
+        const int16_t* ar = aj + r * lda + 4 * row;
+        s[r] = _mm256_add_epi32(s[r], _mm256_madd_epi16(w0, bcast_pair(ar)));
+        s[r] = _mm256_add_epi32(s[r], _mm256_madd_epi16(w1, bcast_pair(ar + 2)));
+      }
+    }
+    for (int r = 0; r < MR; ++r) {
+      lo[r] = _mm256_add_epi64(lo[r], _mm256_cvtepi32_epi64(_mm256_castsi256_si128(s[r])));
+      hi[r] = _mm256_add_epi64(hi[r], _mm256_cvtepi32_epi64(_mm256_extracti128_si256(s[r], 1)));
+    }
+  }
+  for (int r = 0; r < MR; ++r) {
+    _mm256_storeu_si256((__m256i*)(acc + 8 * r), lo[r]);
+    _mm256_storeu_si256((__m256i*)(acc + 8 * r + 4), hi[r]);
+  }
+}
+
+template <int MR>
+inline void run_tile(const int16_t* q, const int32_t* e, int64_t t, int64_t K, const uint8_t* wp, const int32_t* mant,
+                     const int32_t* shift, const int32_t* bias, int64_t j, int64_t N, int64_t* out, int64_t ldo) {
+  const int64_t G = K / kW4Group;
+  alignas(32) int64_t acc[MR * 8];
+  tile<MR>(q + t * K, K, G, wp + (j / 8) * G * kW4Block, acc);
+  const int64_t nc = N - j < 8 ? N - j : 8;
+  for (int r = 0; r < MR; ++r)
+    for (int64_t c = 0; c < nc; ++c)
+      out[(t + r) * ldo + j + c] = linear_epilogue(acc[r * 8 + c], mant[j + c], shift[j + c], e[t + r], bias, j + c);
+}
+
+}  // namespace
+
+void linear_w4_avx2_packed(const int16_t* q, const int32_t* e, int64_t T, int64_t K, const uint8_t* w4p,
+                           const int16_t*, const int16_t*, const int32_t* mant, const int32_t* shift,
+                           const int32_t* bias, int64_t N, int64_t* out, int64_t ldo) {
+  // 4 tokens x 8 channels: 4 int32 + 8 int64 accumulators, scales, codes.
+  constexpr int MR = 4;
+  for (int64_t t0 = 0; t0 < T; t0 += kTokChunk) {
+    const int64_t t1 = t0 + kTokChunk < T ? t0 + kTokChunk : T;
+    for (int64_t j = 0; j < N; j += 8) {
+      int64_t t = t0;
+      for (; t + MR <= t1; t += MR) run_tile<MR>(q, e, t, K, w4p, mant, shift, bias, j, N, out, ldo);
+      switch (t1 - t) {
+        case 3: run_tile<3>(q, e, t, K, w4p, mant, shift, bias, j, N, out, ldo); break;
+        case 2: run_tile<2>(q, e, t, K, w4p, mant, shift, bias, j, N, out, ldo); break;
+        case 1: run_tile<1>(q, e, t, K, w4p, mant, shift, bias, j, N, out, ldo); break;
+        default: break;
+      }
+    }
+  }
+}
+
+}  // namespace intdet
