@@ -5,20 +5,25 @@ reads a converted model directory itself and prints the chain hash of
 docs/chain-hash.md. These tests build it with CMake (INTDET_TOOLS=ON) and check
 that it prints the hash and tokens of the Python driver (`intdet generate`):
 natively, and, when the Debian cross toolchains and qemu-user are installed,
-as static aarch64 and s390x (big-endian) binaries run under qemu. Skipped with
-the reason when a tool is missing. scripts/cross/build_and_run.sh does the
+as static aarch64 and s390x (big-endian) binaries run under qemu. Every model runs
+in both weight formats' code paths: int8 (qwen3, llama, qwen2) and int4
+(`--weights int4`, qwen3). Skipped with the reason when a tool is missing. scripts/cross/build_and_run.sh does the
 same from the command line.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import struct
 import subprocess
 
+import models
 import pytest
 
 from intdet.convert import convert
+from intdet.errors import IntdetError
 from intdet.generate import generate
 from intdet.model import Engine, load_model
 
@@ -28,6 +33,8 @@ APT_LINE = ("apt-get install -y --no-install-recommends cmake make g++ libxxhash
             "g++-aarch64-linux-gnu g++-s390x-linux-gnu qemu-user-static")
 # (prompt ids, new tokens): the brief's prompt, and one whose tokens vary.
 CASES = (([5, 17, 99], 16), ([1, 2, 3], 40), ([7], 40))
+# The int4 model's shape: --weights int4 needs linear inputs that are multiples of 32.
+INT4_SHAPE = dict(hidden_size=96, intermediate_size=160, head_dim=32)
 
 
 def _missing_build_tools() -> str | None:
@@ -70,13 +77,19 @@ def _run_tool(runner: list, model_dir: str, ids, n: int, *extra) -> dict:
 @pytest.fixture(scope="module")
 def models_and_expected(tmp_path_factory, tiny_qwen3_hf, tiny_llama_hf, tiny_qwen2_hf):
     """Converted tiny models (qwen3: tied + q/k norm; llama: untied lm_head;
-    qwen2: q/k/v bias) and the Python driver's (hash, tokens, stop) per case."""
+    qwen2: q/k/v bias; qwen3_int4: int4 linear weights, --weights int4) and
+    the Python driver's (hash, tokens, stop) per case."""
     root = tmp_path_factory.mktemp("cross_models")
+    int4_src = models.write_hf_model(str(root / "hf_qwen3_int4"), "qwen3", **INT4_SHAPE)
     out = {}
-    for name, src in (("qwen3", tiny_qwen3_hf), ("llama", tiny_llama_hf), ("qwen2", tiny_qwen2_hf)):
+    for name, src, weights in (("qwen3", tiny_qwen3_hf, "int8"), ("llama", tiny_llama_hf, "int8"),
+                               ("qwen2", tiny_qwen2_hf, "int8"), ("qwen3_int4", int4_src, "int4")):
         d = str(root / name)
-        convert(src, d, progress=False)
+        convert(src, d, progress=False, weights=weights)
         lm = load_model(d)
+        assert lm.cfg.get("weight_format", "int8") == weights
+        if weights == "int4":
+            assert "blk.0.attn_q.q4" in lm.tensors and "blk.0.attn_q.q" not in lm.tensors
         eng = Engine(lm)
         exp = {}
         for ids, n in CASES:
@@ -149,3 +162,56 @@ def test_cross_arch_matches_python(arch, models_and_expected, tmp_path_factory):
     if arch == "aarch64":  # the NEON kernels are the default there; check scalar too
         assert all("isa neon" in s for s in seen), seen[0]
         _check_all([qemu, "-L", f"/usr/{arch}-linux-gnu", tool], models_and_expected, "--isa", "scalar")
+
+
+def _patch_tensor(st_path: str, name: str, index: int, fmt: str, value: int):
+    """Overwrite element `index` of tensor `name` (struct format `fmt`, little-endian) in place."""
+    with open(st_path, "r+b") as f:
+        hlen = struct.unpack("<Q", f.read(8))[0]
+        ent = json.loads(f.read(hlen))[name]
+        f.seek(8 + hlen + ent["data_offsets"][0] + index * struct.calcsize(fmt))
+        f.write(struct.pack("<" + fmt, value))
+
+
+def test_native_tool_int4_load_errors(native_tool, models_and_expected, tmp_path):
+    d, _ = models_and_expected["qwen3_int4"]
+
+    def run(model_dir):
+        return subprocess.run([native_tool, str(model_dir), "--ids", "1", "-n", "1"], capture_output=True, text=True)
+
+    # A group whose step and offset are each in range but whose top code is not:
+    # gm + 15 * gd = 1000 + 1500 > 2047. Refused by the tool and by the Python loader.
+    bad = tmp_path / "bad_bound"
+    shutil.copytree(d, bad)
+    _patch_tensor(str(bad / "model.safetensors"), "blk.0.ffn_up.gd", 3, "h", 100)
+    _patch_tensor(str(bad / "model.safetensors"), "blk.0.ffn_up.gm", 3, "h", 1000)
+    r = run(bad)
+    assert r.returncode == 1 and "blk.0.ffn_up" in r.stderr and "2047" in r.stderr, r.stderr
+    with pytest.raises(IntdetError, match="2047"):
+        load_model(str(bad))
+    # A negative step is refused too (the bound assumes gd >= 0).
+    neg = tmp_path / "bad_step"
+    shutil.copytree(d, neg)
+    _patch_tensor(str(neg / "model.safetensors"), "blk.1.attn_v.gd", 0, "h", -1)
+    r = run(neg)
+    assert r.returncode == 1 and "blk.1.attn_v" in r.stderr and "2047" in r.stderr, r.stderr
+
+    def with_cfg(tag, **changes):
+        m = tmp_path / tag
+        shutil.copytree(d, m)
+        cfg = json.loads((m / "config.json").read_text())
+        for k, v in changes.items():
+            if v is None:
+                cfg.pop(k, None)
+            else:
+                cfg[k] = v
+        (m / "config.json").write_text(json.dumps(cfg))
+        return run(m)
+
+    r = with_cfg("fmt_int2", weight_format="int2")
+    assert r.returncode == 1 and "weight_format" in r.stderr and "int2" in r.stderr, r.stderr
+    r = with_cfg("group_64", weight_group_size=64)
+    assert r.returncode == 1 and "weight_group_size" in r.stderr, r.stderr
+    # Without weight_format the model is int8, and its .q tensors are missing.
+    r = with_cfg("fmt_absent", weight_format=None)
+    assert r.returncode == 1 and "int4" in r.stderr and "weight_format" in r.stderr, r.stderr

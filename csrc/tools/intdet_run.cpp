@@ -18,6 +18,8 @@
 // checked before use (as python/intdet/model.py and safetensors_io.py do).
 // Tensors are copied out of the little-endian file into aligned host-order
 // buffers, so unaligned offsets and big-endian hosts are both handled.
+// Both weight formats load: int8, and int4 (config weight_format "int4":
+// codes .q4 uint8 plus per-group-32 .gd/.gm int16, bound-checked here).
 // sha256(model.safetensors) for h_0 is computed here unless --model-sha256
 // gives it.
 #include <algorithm>
@@ -32,6 +34,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -381,7 +384,7 @@ class Sha256 {
 // ------------------------------------------------------------------ safetensors
 
 struct Tensor {
-  std::string dtype;            // I8, I16, I32 (the only ones a model uses)
+  std::string dtype;            // I8, U8, I16, I32 (the only ones a model uses)
   std::vector<int64_t> shape;
   std::vector<uint64_t> data;   // host byte order; uint64 storage keeps it aligned
   template <typename T>
@@ -477,7 +480,8 @@ class ModelLoader {
       fail(path_ + ": missing tensor '" + name + "'");
     }
     const Tensor& x = it->second;
-    const char* want = sizeof(T) == 1 ? "I8" : sizeof(T) == 2 ? "I16" : "I32";
+    static_assert(sizeof(T) == 1 || std::is_signed_v<T>, "unsigned only for U8");
+    const char* want = sizeof(T) == 1 ? (std::is_signed_v<T> ? "I8" : "U8") : sizeof(T) == 2 ? "I16" : "I32";
     if (x.dtype != want || x.shape != shape) {
       std::string got = x.dtype + "[", exp = std::string(want) + "[";
       for (size_t k = 0; k < x.shape.size(); ++k) got += (k ? ", " : "") + std::to_string(x.shape[k]);
@@ -502,11 +506,31 @@ class ModelLoader {
     return p;
   }
 
-  Linear linear(const std::string& name, int64_t N, int64_t K, bool bias, const std::string& wname = "") {
+  // int4: the decoder linears (not the int8 embedding / lm_head, which pass
+  // wname) hold codes .q4 uint8 [N, K/2] and per group of 32 inputs step .gd
+  // and offset .gm int16 [N, K/32] (docs/format.md, python/intdet/model.py).
+  Linear linear(const std::string& name, int64_t N, int64_t K, bool bias, const std::string& wname = "",
+                bool int4 = false) {
     Linear L;
     L.N = N;
     L.K = K;
-    L.w = get<int8_t>(wname.empty() ? name + ".q" : wname, {N, K});
+    if (int4 && wname.empty()) {
+      if (K % 32) fail(path_ + ": tensor '" + name + ".q4': input size " + std::to_string(K) + " is not a multiple of 32");
+      if (t_.count(name + ".q")) fail(path_ + ": tensor '" + name + ".q' is int8 in an int4 model (weight_format int4)");
+      L.w4 = get<uint8_t>(name + ".q4", {N, K / 2});
+      L.gd = get<int16_t>(name + ".gd", {N, K / 32});
+      L.gm = get<int16_t>(name + ".gm", {N, K / 32});
+      for (int64_t i = 0; i < N * (K / 32); ++i) {  // the bound the kernels' int32 blocks rely on
+        const int32_t d = L.gd[i], m = L.gm[i];      // |d*u + m| <= 2047 for u in 0..15, d >= 0
+        if (d < 0 || m < -2047 || m > 2047 || m + 15 * d > 2047)
+          fail(path_ + ": tensor '" + name + "' has int4 group steps/offsets outside |gd * u + gm| <= 2047 (group " +
+               std::to_string(i) + ": gd " + std::to_string(d) + ", gm " + std::to_string(m) + ")");
+      }
+    } else {
+      if (wname.empty() && t_.count(name + ".q4"))
+        fail(path_ + ": tensor '" + name + ".q4' is int4 but config.json has no weight_format int4");
+      L.w = get<int8_t>(wname.empty() ? name + ".q" : wname, {N, K});
+    }
     L.mant = get<int32_t>(name + ".mant", {N});
     L.shift = get<int32_t>(name + ".shift", {N});
     L.bias = get<int32_t>(name + ".bias", {N}, !bias);
@@ -580,6 +604,22 @@ std::unique_ptr<LoadedModel> load_model(const std::string& dir, const std::vecto
   const int64_t H = c.hidden, D = c.head_dim;
   if (c.n_heads % c.n_kv || D % 2 || D > 256 || H > 8192)
     fail(cfg_path + ": head counts/sizes outside the overflow-checked range (docs/format.md)");
+  // Weight format (python/intdet/model.py load_model): int8 when absent.
+  bool int4 = false;
+  if (const Json* wf = cfg.get("weight_format")) {
+    if (wf->kind != Json::Str || (wf->s != "int8" && wf->s != "int4"))
+      fail(cfg_path + ": weight_format " + (wf->kind == Json::Str ? "'" + wf->s + "'" : std::string("(not a string)")) +
+           " is not int8 or int4");
+    int4 = wf->s == "int4";
+  }
+  if (int4) {
+    const Json* gs = cfg.get("weight_group_size");
+    const int64_t ks[] = {H, c.ffn, c.n_heads * D};
+    bool ok = gs && gs->kind == Json::Int && gs->i == 32;
+    for (int64_t k : ks) ok = ok && k % 32 == 0 && k < ((int64_t)1 << 21);
+    if (!ok)
+      fail(cfg_path + ": int4 weights need weight_group_size 32, linear inputs that are multiples of 32 and below 2^21");
+  }
 
   lm->tensors = read_safetensors(st_path, st_file);
   ModelLoader t(st_path, lm->tensors);
@@ -593,10 +633,10 @@ std::unique_ptr<LoadedModel> load_model(const std::string& dir, const std::vecto
     const std::string p = "blk." + std::to_string(l) + ".";
     Layer L;
     L.attn_norm = t.get<int16_t>(p + "attn_norm.g", {H});
-    L.q = t.linear(p + "attn_q", c.n_heads * D, H, bias);
-    L.k = t.linear(p + "attn_k", c.n_kv * D, H, bias);
-    L.v = t.linear(p + "attn_v", c.n_kv * D, H, bias);
-    L.o = t.linear(p + "attn_output", H, c.n_heads * D, lm->tensors.count(p + "attn_output.bias") > 0);
+    L.q = t.linear(p + "attn_q", c.n_heads * D, H, bias, "", int4);
+    L.k = t.linear(p + "attn_k", c.n_kv * D, H, bias, "", int4);
+    L.v = t.linear(p + "attn_v", c.n_kv * D, H, bias, "", int4);
+    L.o = t.linear(p + "attn_output", H, c.n_heads * D, lm->tensors.count(p + "attn_output.bias") > 0, "", int4);
     if (c.qk_norm) {
       L.q_norm = t.get<int16_t>(p + "attn_q_norm.g", {D});
       L.k_norm = t.get<int16_t>(p + "attn_k_norm.g", {D});
@@ -604,9 +644,9 @@ std::unique_ptr<LoadedModel> load_model(const std::string& dir, const std::vecto
     L.score_mant = t.get<int32_t>(p + "attn_score.mant", {1})[0];
     L.score_shift = t.get<int32_t>(p + "attn_score.shift", {1})[0];
     L.ffn_norm = t.get<int16_t>(p + "ffn_norm.g", {H});
-    L.gate = t.linear(p + "ffn_gate", c.ffn, H, false);
-    L.up = t.linear(p + "ffn_up", c.ffn, H, false);
-    L.down = t.linear(p + "ffn_down", H, c.ffn, false);
+    L.gate = t.linear(p + "ffn_gate", c.ffn, H, false, "", int4);
+    L.up = t.linear(p + "ffn_up", c.ffn, H, false, "", int4);
+    L.down = t.linear(p + "ffn_down", H, c.ffn, false, "", int4);
     m.layers.push_back(L);
   }
   m.out_norm = t.get<int16_t>("output_norm.g", {H});
