@@ -2,7 +2,7 @@
 """intdet against llama.cpp on the same model and the same prompt ids, in one run.
 
     python scripts/bench_cpu.py [--threads 1 --threads 2] [--repeats 3] [--prompt-tokens 512]
-                                [--gen-tokens 128] [--qwen3] [--skip-smollm2] [--json OUT]
+                                [--gen-tokens 128] [--qwen3] [--int4] [--skip-smollm2] [--json OUT]
 
 What it does:
 
@@ -19,6 +19,10 @@ What it does:
      bf16, ~1.2 GB); intdet converts the HF checkpoint; for llama.cpp this
      script writes an F16 GGUF (arch ``qwen3``, llama.cpp's tensor names, NEOX
      RoPE so no Q/K permutation) with the ``gguf`` package and quantizes it to Q8_0.
+   * ``--int4``: also each model with 4-bit weights on both sides: intdet's
+     ``--weights int4`` conversion (W4A16, groups of 32) against llama.cpp on
+     Q4_1 (SmolLM2: the shipped Q4_1 GGUF itself; Qwen3 shape: Q4_1 quantized
+     by llama.cpp from the F16 GGUF).
    Everything is written under ``--work-dir`` (default ``$INTDET_CACHE/bench``)
    and reused next time.
 3. For each thread count: ``--repeats`` rounds of [intdet, llama.cpp], each
@@ -54,6 +58,7 @@ DEFAULT_CMAKE_ARGS = ("-DGGML_NATIVE=ON -DGGML_CUDA=OFF -DGGML_METAL=OFF -DGGML_
                       "-DGGML_BLAS=OFF -DLLAMA_CURL=OFF -DLLAVA_BUILD=OFF")
 RESULT_TAG = "BENCH_RESULT "
 LLAMA_FTYPE_MOSTLY_Q8_0 = 7
+LLAMA_FTYPE_MOSTLY_Q4_1 = 3
 
 
 def log(msg: str) -> None:
@@ -130,7 +135,7 @@ def worker_quantize(spec: dict) -> dict:
     import llama_cpp
 
     params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = LLAMA_FTYPE_MOSTLY_Q8_0
+    params.ftype = spec.get("ftype", LLAMA_FTYPE_MOSTLY_Q8_0)
     params.allow_requantize = True  # the SmolLM2 source is already Q4_1
     params.nthread = os.cpu_count() or 1
     tmp = spec["dst"] + ".tmp"
@@ -144,7 +149,7 @@ def worker_quantize(spec: dict) -> dict:
 def worker_convert(spec: dict) -> dict:
     from intdet.resolve import converted_path
 
-    return {"dir": converted_path(spec["src"], progress=False)}
+    return {"dir": converted_path(spec["src"], progress=False, weights=spec.get("weights", "int8"))}
 
 
 def worker_qwen3_gguf(spec: dict) -> dict:
@@ -210,13 +215,13 @@ def ensure_venv(venv: str, spec: str, reinstall: bool) -> str:
 
 # ------------------------------------------------------------------ models
 
-def quantize_q8_0(py: str, src: str, dst: str) -> str:
+def quantize_q8_0(py: str, src: str, dst: str, ftype: int = LLAMA_FTYPE_MOSTLY_Q8_0) -> str:
     if os.path.isfile(dst):
         log(f"reusing {dst}")
         return dst
     t0 = time.time()
-    run_worker(py, "quantize", {"src": src, "dst": dst})
-    log(f"llama.cpp quantize {os.path.basename(src)} -> Q8_0 {dst} ({time.time() - t0:.0f} s)")
+    run_worker(py, "quantize", {"src": src, "dst": dst, "ftype": ftype})
+    log(f"llama.cpp quantize {os.path.basename(src)} -> ftype {ftype} {dst} ({time.time() - t0:.0f} s)")
     return dst
 
 
@@ -288,41 +293,47 @@ def write_qwen3_gguf_f16(hf_dir: str, dst: str) -> str:
     return dst
 
 
-def intdet_model(src: str) -> str:
+def intdet_model(src: str, weights: str = "int8") -> str:
     t0 = time.time()
-    d = run_worker(sys.executable, "convert", {"src": src})["dir"]
+    d = run_worker(sys.executable, "convert", {"src": src, "weights": weights})["dir"]
     log(f"intdet model {d} ({time.time() - t0:.0f} s)")
     return d
 
 
-def prepare_smollm2(py: str, work: str) -> dict:
+def prepare_smollm2(py: str, work: str, int4: bool = False) -> dict:
     from intdet.resolve import default_model_path
 
     src = default_model_path()
+    if int4:
+        return {"name": "SmolLM2-135M-Instruct, 4-bit", "intdet": intdet_model(src, "int4"), "llama": src,
+                "note": "intdet: int4 (W4A16) conversion of the Q4_1 GGUF; llama.cpp: that Q4_1 GGUF"}
     intdet_dir = intdet_model(src)
     q8 = quantize_q8_0(py, src, os.path.join(work, os.path.basename(src).replace("Q4_1", "Q8_0")))
     return {"name": "SmolLM2-135M-Instruct", "intdet": intdet_dir, "llama": q8,
             "note": "intdet: int8 conversion of the Q4_1 GGUF; llama.cpp: Q8_0 requantized from the same Q4_1 GGUF"}
 
 
-def prepare_qwen3(py: str, work: str) -> dict:
+def prepare_qwen3(py: str, work: str, int4: bool = False) -> dict:
     hf = os.path.join(work, "qwen3-0.6b-random")
     if not os.path.isfile(os.path.join(hf, "config.json")):
         log(f"writing a Qwen3-0.6B-shaped random checkpoint to {hf}")
         subprocess.run([sys.executable, os.path.join(_HERE, "make_random_model.py"), hf, "--shape", "qwen3-0.6b"],
                        check=True, stdout=sys.stderr)
-    intdet_dir = intdet_model(hf)
-    q8 = os.path.join(work, "qwen3-0.6b-random.Q8_0.gguf")
+    intdet_dir = intdet_model(hf, "int4" if int4 else "int8")
+    q8 = os.path.join(work, "qwen3-0.6b-random.Q4_1.gguf" if int4 else "qwen3-0.6b-random.Q8_0.gguf")
     if not os.path.isfile(q8):
         f16 = os.path.join(work, "qwen3-0.6b-random.F16.gguf")
         if not os.path.isfile(f16):
             t0 = time.time()
             run_worker(sys.executable, "qwen3_gguf", {"src": hf, "dst": f16})
             log(f"wrote {f16} ({time.time() - t0:.0f} s)")
-        quantize_q8_0(py, f16, q8)
+        quantize_q8_0(py, f16, q8, LLAMA_FTYPE_MOSTLY_Q4_1 if int4 else LLAMA_FTYPE_MOSTLY_Q8_0)
         os.unlink(f16)
     else:
         log(f"reusing {q8}")
+    if int4:
+        return {"name": "Qwen3-0.6B-shaped (random weights), 4-bit", "intdet": intdet_dir, "llama": q8,
+                "note": "intdet: int4 (W4A16) conversion of the bf16 HF checkpoint; llama.cpp: Q4_1 from an F16 GGUF of it"}
     return {"name": "Qwen3-0.6B-shaped (random weights)", "intdet": intdet_dir, "llama": q8,
             "note": "intdet: int8 conversion of the bf16 HF checkpoint; llama.cpp: Q8_0 from an F16 GGUF of it"}
 
@@ -412,6 +423,7 @@ def main(argv=None) -> int:
     ap.add_argument("--prompt-tokens", type=int, default=512)
     ap.add_argument("--gen-tokens", type=int, default=128)
     ap.add_argument("--qwen3", action="store_true", help="also the Qwen3-0.6B-shaped random model")
+    ap.add_argument("--int4", action="store_true", help="also 4-bit weights: intdet int4 against llama.cpp Q4_1")
     ap.add_argument("--skip-smollm2", action="store_true", help="leave out the default SmolLM2 model")
     ap.add_argument("--venv", default=os.path.join(cache_dir(), "bench-venv"), help="venv for llama-cpp-python")
     ap.add_argument("--llama-cpp", default="llama-cpp-python", help="pip requirement (e.g. llama-cpp-python==0.3.36)")
@@ -430,10 +442,11 @@ def main(argv=None) -> int:
     work = os.path.expanduser(args.work_dir)
     os.makedirs(work, exist_ok=True)
     models = []
-    if not args.skip_smollm2:
-        models.append(prepare_smollm2(py, work))
-    if args.qwen3:
-        models.append(prepare_qwen3(py, work))
+    for int4 in (False, True) if args.int4 else (False,):
+        if not args.skip_smollm2:
+            models.append(prepare_smollm2(py, work, int4))
+        if args.qwen3:
+            models.append(prepare_qwen3(py, work, int4))
     results = []
     for m in models:
         log(f"benchmarking {m['name']}")

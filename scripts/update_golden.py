@@ -1,5 +1,6 @@
 """Print the golden values pinned in tests/test_engine.py (conversion sha256,
-chain hash and tokens of the tiny Qwen3 model). Run it after an intentional
+chain hash and tokens of the tiny Qwen3 model) and tests/test_int4.py (the
+same for its int4 conversion). Run it after an intentional
 format change, bump format_version, and paste the printed lines."""
 
 import hashlib
@@ -26,3 +27,12 @@ with tempfile.TemporaryDirectory() as d:
     print(f'GOLDEN_MODEL_SHA256 = "{sha}"')
     print(f'GOLDEN_HASH = "{g.hash}"')
     print(f"GOLDEN_TOKENS = {g.tokens}")
+    # tests/test_int4.py: the q32-shaped tiny Qwen3 (rows a multiple of 32), int4 weights.
+    src4 = models.write_hf_model(os.path.join(d, "src4"), "qwen3", **models.INT4_SHAPE)
+    out4 = convert(src4, os.path.join(d, "out4"), progress=False, weights="int4")
+    with open(os.path.join(out4, "model.safetensors"), "rb") as f:
+        sha4 = hashlib.sha256(f.read()).hexdigest()
+    g4 = generate(Engine(load_model(out4), "cpu"), PROMPT, 16)
+    print(f'GOLDEN_INT4_MODEL_SHA256 = "{sha4}"')
+    print(f'GOLDEN_INT4_HASH = "{g4.hash}"')
+    print(f"GOLDEN_INT4_TOKENS = {g4.tokens}")

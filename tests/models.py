@@ -306,6 +306,8 @@ GGUF_PRESETS = {
     "q256": dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=2,
                  num_key_value_heads=1, head_dim=128),
 }
+# Shape of the int4 test models (--weights int4 needs linear inputs that are multiples of 32).
+INT4_SHAPE = GGUF_PRESETS["q32"]
 QTYPE_PRESET = {"F32": "tiny", "F16": "tiny", "BF16": "tiny", "Q8_0": "q32", "Q4_0": "q32", "Q4_1": "q32",
                 "Q4_K": "q256", "Q5_K": "q256", "Q6_K": "q256"}
 

@@ -265,3 +265,63 @@ def test_attention_every_isa(n, D):
             assert np.array_equal(C.attend(q, e_q, kc, ka, vc, va, sm, ss), want), isa
     finally:
         _core.set_isa(before)
+
+
+def _int4_layer(rng, N, K, extreme):
+    """Random int4 codes and group scales inside the format's bound
+    |gd * u + gm| <= 2047, or the bound's corners."""
+    G = K // 32
+    w4 = rng.integers(0, 256, size=(N, K // 2)).astype(np.uint8)
+    gd = rng.integers(0, 273, size=(N, G))
+    gm = rng.integers(-2047, 2048, size=(N, G))
+    gm = np.clip(gm, -2047, 2047 - 15 * gd)  # both ends of the grid inside +-2047
+    if extreme == "max":  # every weight +2047 or -2047 and every code 15: the int32 group blocks at their limit
+        w4[:] = 0xFF
+        gd[:] = 272
+        gm[:] = np.where(np.arange(N)[:, None] % 2 == 0, 2047 - 15 * 272, -2047)
+        gd[1::2] = 0
+    return w4, gd.astype(np.int16), gm.astype(np.int16)
+
+
+@settings(max_examples=60, deadline=None)
+@given(T=st.integers(1, 200), N=st.integers(1, 70), G=st.integers(1, 34), seed=st.integers(0, 2**32 - 1),
+       extreme=st.sampled_from(["random", "max", "alternating"]))
+def test_linear_w4_every_isa(T, N, G, seed, extreme):
+    """The int4 linear layer (W4A16) on every kernel set against the spec
+    (dequant_int4 + linear), all bits: token tiles and channel groups not a
+    multiple of the SIMD tiles, and the largest group sums the bound allows."""
+    K = 32 * G
+    rng = np.random.default_rng(seed)
+    q = rng.integers(-32767, 32768, size=(T, K)).astype(np.int16)
+    w4, gd, gm = _int4_layer(rng, N, K, extreme)
+    if extreme == "max":
+        q[:] = 32767
+    elif extreme == "alternating":
+        q[:] = np.where(np.arange(K) % 2 == 0, -32767, 32767)
+        w4[:] = 0x0F  # codes 15, 0, 15, 0, ...: products of one sign where q flips
+    e = rng.integers(0, 20, size=T).astype(np.int32)
+    mant = rng.integers(1 << 14, (1 << 15) + 1, size=N).astype(np.int32)
+    shift = rng.integers(20, 60, size=N).astype(np.int32)
+    w = ops.dequant_int4(w4, gd, gm)
+    assert np.abs(w).max() <= 2047
+    want = ops.linear(q, e, w, mant, shift)
+    before = _core.isa()
+    try:
+        for isa in _core.available_isas():
+            _core.set_isa(isa)
+            assert np.array_equal(C.linear_w4(q, e, w4, gd, gm, mant, shift), want), isa
+    finally:
+        _core.set_isa(before)
+
+
+def test_dequant_int4_layout():
+    """Nibble order and group indexing of the int4 format (docs/format.md),
+    checked against a direct per-element definition."""
+    rng = np.random.default_rng(7)
+    N, K = 3, 96
+    w4, gd, gm = _int4_layer(rng, N, K, "random")
+    w = ops.dequant_int4(w4, gd, gm)
+    for n in range(N):
+        for k in range(K):
+            u = (int(w4[n, k // 2]) >> (4 * (k % 2))) & 15
+            assert w[n, k] == int(gd[n, k // 32]) * u + int(gm[n, k // 32])

@@ -238,6 +238,28 @@ PYBIND11_MODULE(_core, mod) {
     }
     return out;
   });
+  ops.def("linear_w4", [](py::array_t<int16_t, py::array::c_style> q, py::array_t<int32_t, py::array::c_style> e,
+                          py::array_t<uint8_t, py::array::c_style> w4, py::array_t<int16_t, py::array::c_style> gd,
+                          py::array_t<int16_t, py::array::c_style> gm, py::array_t<int32_t, py::array::c_style> mant,
+                          py::array_t<int32_t, py::array::c_style> shift) {
+    // Int4 linear with the active kernel set (docs/format.md): w4 [N, K/2], gd/gm [N, K/32].
+    const int64_t T = q.shape(0), K = q.shape(1), N = w4.shape(0);
+    if (K % 32 || w4.shape(1) != K / 2 || gd.shape(0) != N || gd.shape(1) != K / 32 || gm.shape(0) != N ||
+        gm.shape(1) != K / 32)
+      throw std::invalid_argument("linear_w4: shape mismatch");
+    I64Arr out({T, N});
+    const Kernels& k = kernels();
+    if (k.linear_w4_packed) {  // as after pack_model
+      std::vector<uint8_t> wp((size_t)packed_size_w4(N, K));
+      pack_w4(w4.data(), gd.data(), gm.data(), N, K, wp.data());
+      k.linear_w4_packed(q.data(), e.data(), T, K, wp.data(), nullptr, nullptr, mant.data(), shift.data(), nullptr, N,
+                         out.mutable_data(), N);
+    } else {
+      k.linear_w4(q.data(), e.data(), T, K, w4.data(), gd.data(), gm.data(), mant.data(), shift.data(), nullptr, N,
+                  out.mutable_data(), N);
+    }
+    return out;
+  });
   ops.def("attend", [](py::array_t<int16_t, py::array::c_style> q, int e_q, py::array_t<int8_t, py::array::c_style> kc,
                        py::array_t<int32_t, py::array::c_style> ka, py::array_t<int8_t, py::array::c_style> vc,
                        py::array_t<int32_t, py::array::c_style> va, int64_t score_mant, int64_t score_shift) {
