@@ -34,7 +34,6 @@ APT_LINE = ("apt-get install -y --no-install-recommends cmake make g++ libxxhash
 # (prompt ids, new tokens): the brief's prompt, and one whose tokens vary.
 CASES = (([5, 17, 99], 16), ([1, 2, 3], 40), ([7], 40))
 # The int4 model's shape: --weights int4 needs linear inputs that are multiples of 32.
-INT4_SHAPE = dict(hidden_size=96, intermediate_size=160, head_dim=32)
 
 
 def _missing_build_tools() -> str | None:
@@ -80,7 +79,7 @@ def models_and_expected(tmp_path_factory, tiny_qwen3_hf, tiny_llama_hf, tiny_qwe
     qwen2: q/k/v bias; qwen3_int4: int4 linear weights, --weights int4) and
     the Python driver's (hash, tokens, stop) per case."""
     root = tmp_path_factory.mktemp("cross_models")
-    int4_src = models.write_hf_model(str(root / "hf_qwen3_int4"), "qwen3", **INT4_SHAPE)
+    int4_src = models.write_hf_model(str(root / "hf_qwen3_int4"), "qwen3", **models.INT4_SHAPE)
     out = {}
     for name, src, weights in (("qwen3", tiny_qwen3_hf, "int8"), ("llama", tiny_llama_hf, "int8"),
                                ("qwen2", tiny_qwen2_hf, "int8"), ("qwen3_int4", int4_src, "int4")):
