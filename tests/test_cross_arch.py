@@ -33,7 +33,6 @@ APT_LINE = ("apt-get install -y --no-install-recommends cmake make g++ libxxhash
             "g++-aarch64-linux-gnu g++-s390x-linux-gnu qemu-user-static")
 # (prompt ids, new tokens): the brief's prompt, and one whose tokens vary.
 CASES = (([5, 17, 99], 16), ([1, 2, 3], 40), ([7], 40))
-# The int4 model's shape: --weights int4 needs linear inputs that are multiples of 32.
 
 
 def _missing_build_tools() -> str | None:

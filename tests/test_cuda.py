@@ -28,6 +28,7 @@ import models
 from intdet import _core as C
 from intdet.convert import convert
 from intdet.model import Engine, load_model
+from intdet.ref import ops as R
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
@@ -133,6 +134,7 @@ def _emu_sources():
     names = ["kernels.cu", "kernels.cuh", "engine.cpp", "engine.h", "module.cpp", "emu.h"]
     paths = [os.path.join(CUDA_SRC, n) for n in names]
     paths += [os.path.join(ROOT, "csrc", "include", "intdet", n) for n in ("intmath.h", "ops.h", "model.h")]
+    paths.append(os.path.join(ROOT, "csrc", "bindings", "model_dict.h"))  # module.cpp's model loader
     return paths
 
 
@@ -254,6 +256,70 @@ def test_linear_extreme_sums(backend, K):
         assert np.array_equal(backend.ops.linear(q, e, w, mant, shift, None, path), want)
 
 
+def _int4_weights(rng, N, K):
+    """Random int4 layer (codes, step, offset) inside the loader's bound
+    0 <= gd, |gm| <= 2047, gm + 15 gd <= 2047."""
+    G = K // 32
+    w4 = rng.integers(0, 256, size=(N, K // 2)).astype(np.uint8)
+    gd = rng.integers(0, 273, size=(N, G)).astype(np.int16)
+    gm = rng.integers(-2047, 2048 - 15 * gd.astype(np.int64)).astype(np.int16)
+    return w4, gd, gm
+
+
+LINEAR_W4_SHAPES = [(1, 32, 5), (2, 64, 33), (3, 96, 40), (8, 160, 70), (13, 256, 65), (32, 96, 64), (40, 64, 130),
+                    (70, 128, 64), (65, 1088, 129)]
+
+
+@pytest.mark.parametrize("T,K,N", LINEAR_W4_SHAPES)
+def test_linear_w4(backend, T, K, N):
+    """Int4 linear on both paths against the spec (linear on dequant_int4 weights)."""
+    rng = np.random.default_rng(T * 1000 + K + N + 7)
+    q = rng.integers(-32768, 32768, size=(T, K)).astype(np.int16)
+    e = rng.integers(0, 24, size=T).astype(np.int32)
+    w4, gd, gm = _int4_weights(rng, N, K)
+    mant = rng.integers(0, 2**15 + 1, size=N).astype(np.int32)
+    shift = rng.integers(-8, 60, size=N).astype(np.int32)
+    w = R.dequant_int4(w4, gd, gm)
+    assert np.abs(w).max() <= 2047
+    want = R.linear(q, e, w, mant, shift)
+    for path in (0, 1, 2):
+        assert np.array_equal(backend.ops.linear_w4(q, e, w4, gd, gm, mant, shift, None, path), want), path
+    bias = rng.integers(-2**31 + 1, 2**31, size=N).astype(np.int32)
+    want_b = R.linear(q, e, w, mant, shift, bias)
+    for path in (1, 2):
+        assert np.array_equal(backend.ops.linear_w4(q, e, w4, gd, gm, mant, shift, bias, path), want_b), path
+
+
+@pytest.mark.parametrize("K", [1088, 1120])
+def test_linear_w4_extreme_sums(backend, K):
+    """q = -32768 / 32767 against w = +-2047 (from gd = 0, gm = +-2047, and from
+    codes 15 at gd = 1, gm = 2032, or codes 0 at gm = -2047 with gd = 272): the
+    exact sums need int64; the per-group int32 sums must not overflow."""
+    T, N = 4, 6
+    G = K // 32
+    q = np.full((T, K), 32767, np.int16)
+    q[1] = -32768
+    q[2, ::2] = -32768
+    q[3] = np.where(np.arange(K) % 3 == 0, -32768, 32767)
+    w4 = np.zeros((N, K // 2), np.uint8)
+    gd = np.zeros((N, G), np.int16)
+    gm = np.zeros((N, G), np.int16)
+    gm[0] = 2047                                  # all +2047 (codes 0)
+    w4[1], gm[1] = 0xFF, -2047                    # all -2047 (gd 0, codes ignored)
+    w4[2], gd[2], gm[2] = 0xFF, 1, 2032           # codes 15: 15 + 2032 = 2047
+    w4[3], gd[3], gm[3] = 0x00, 272, -2047        # codes 0: -2047 (15 * 272 - 2047 = 2033)
+    w4[4], gd[4], gm[4] = 0xF0, 272, -2047        # alternating -2047, 2033
+    w4[5], gd[5], gm[5] = 0x0F, 1, 2032           # alternating 2047, 2032
+    w = R.dequant_int4(w4, gd, gm)
+    assert np.abs(w).max() == 2047
+    e = np.zeros(T, np.int32)
+    mant = np.full(N, 1 << 15, np.int32)
+    shift = np.full(N, 40, np.int32)
+    want = R.linear(q, e, w, mant, shift)
+    for path in (1, 2):
+        assert np.array_equal(backend.ops.linear_w4(q, e, w4, gd, gm, mant, shift, None, path), want), path
+
+
 @pytest.mark.parametrize("n,D", [(1, 48), (37, 48), (300, 64), (600, 32), (1100, 128), (1030, 256), (5, 30)])
 def test_attend(backend, n, D):
     rng = np.random.default_rng(n + D)
@@ -358,6 +424,17 @@ def converted(tmp_path_factory, tiny_llama_hf, tiny_qwen2_hf, tiny_qwen3_hf):
     return out
 
 
+@pytest.fixture(scope="module")
+def converted_int4(tmp_path_factory):
+    """A tiny qwen3 converted with --weights int4 (linear inputs multiples of 32;
+    embedding and lm_head stay int8)."""
+    d = tmp_path_factory.mktemp("cuda_int4")
+    src = models.write_hf_model(str(d / "hf"), "qwen3", **models.INT4_SHAPE)
+    lm = load_model(convert(src, str(d / "m"), progress=False, weights="int4"))
+    assert lm.cfg["weight_format"] == "int4" and "blk.0.ffn_down.q4" in lm.tensors
+    return lm
+
+
 def _compare_model(mod, lm, graphs, prompt, steps, batch_co=3, ctx=96):
     cpu = Engine(lm)
     m = mod.Model(lm.cfg, lm.tensors, graphs)
@@ -399,6 +476,16 @@ EMU_CASES = [("llama", False), ("qwen2", True), ("qwen3", False), ("wide", True)
 def test_model_matches_cpu(backend, converted, name, graphs):
     steps = 3 if is_emu(backend) else 20
     _compare_model(backend, converted[name], graphs, [5, 17, 99, 230, 41, 7, 300, 1, 2], steps)
+
+
+@pytest.mark.parametrize("graphs", [False, True])
+def test_int4_model_matches_cpu(backend, converted_int4, graphs):
+    """Int4 weights: prefill (GEMM for > 32 rows), decode, chunks and batches
+    give the CPU core's logits bit for bit."""
+    steps = 3 if is_emu(backend) else 20
+    rng = np.random.default_rng(21)
+    prompt = [int(t) for t in rng.integers(0, converted_int4.cfg["vocab_size"], size=40)]
+    _compare_model(backend, converted_int4, graphs, prompt, steps, batch_co=2)
 
 
 def test_engine_generate_hash_equal(monkeypatch, converted):

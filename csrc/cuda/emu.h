@@ -255,6 +255,15 @@ inline int __dp2a_hi(int a, int b, int c) {
   return (int)((uint32_t)c + (uint32_t)(a0 * b2) + (uint32_t)(a1 * b3));
 }
 
+// __byte_perm (CUDA math API): byte n of the result is byte (s >> 4n) & 7 of
+// the 8 bytes {x bytes 0-3, y bytes 0-3}.
+inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
+  const uint64_t in = (uint64_t)x | ((uint64_t)y << 32);
+  unsigned r = 0;
+  for (int n = 0; n < 4; ++n) r |= (unsigned)((in >> (8 * ((s >> (4 * n)) & 7))) & 0xff) << (8 * n);
+  return r;
+}
+
 template <class T>
 inline T __ldg(const T* p) {
   return *p;

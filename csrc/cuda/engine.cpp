@@ -67,7 +67,10 @@ struct HostBuf {  // pinned, so async copies from it are real copies at executio
 };
 
 struct DevLinear {
-  const int8_t* w = nullptr;
+  const int8_t* w = nullptr;  // int8 weights [N, K], or null for int4:
+  const uint8_t* w4 = nullptr;  // codes [N, K/2], step gd and offset gm [N, K/32]
+  const int16_t* gd = nullptr;
+  const int16_t* gm = nullptr;
   const int32_t* mant = nullptr;
   const int32_t* shift = nullptr;
   const int32_t* bias = nullptr;
@@ -189,12 +192,17 @@ const T* upload(DeviceModel& m, std::map<const void*, void*>& seen, const T* hos
 }
 
 DevLinear upload_linear(DeviceModel& m, std::map<const void*, void*>& seen, const Linear& L) {
-  if (L.w4)  // int4 (W4A16) kernels exist for the CPU only so far
-    throw std::invalid_argument("int4 weights: --device cuda runs int8 models only (convert with --weights int8)");
   DevLinear d;
   d.N = L.N;
   d.K = L.K;
-  d.w = upload(m, seen, L.w, L.N * L.K);
+  if (L.w4) {  // int4: the unpacked format (w4, gd, gm); the CPU's repacked w4p is not used here
+    if (L.K % 32) throw std::invalid_argument("int4 weights: input size is not a multiple of 32");
+    d.w4 = upload(m, seen, L.w4, L.N * (L.K / 2));
+    d.gd = upload(m, seen, L.gd, L.N * (L.K / 32));
+    d.gm = upload(m, seen, L.gm, L.N * (L.K / 32));
+  } else {
+    d.w = upload(m, seen, L.w, L.N * L.K);
+  }
   d.mant = upload(m, seen, L.mant, L.N);
   d.shift = upload(m, seen, L.shift, L.N);
   d.bias = upload(m, seen, L.bias, L.N);
@@ -202,6 +210,11 @@ DevLinear upload_linear(DeviceModel& m, std::map<const void*, void*>& seen, cons
 }
 
 void lin(DeviceModel& m, const DevLinear& L, int64_t T, int32_t* out, bool residual) {
+  if (L.w4) {
+    launch_linear_w4(m.ws.act.p, m.ws.act_e.p, (int)T, (int)L.K, L.w4, L.gd, L.gm, L.mant, L.shift, L.bias, (int)L.N,
+                     out, L.N, residual, kLinearAuto, m.stream);
+    return;
+  }
   launch_linear(m.ws.act.p, m.ws.act_e.p, (int)T, (int)L.K, L.w, L.mant, L.shift, L.bias, (int)L.N, out, L.N, residual, kLinearAuto, m.stream);
 }
 
@@ -475,6 +488,17 @@ void linear(const int16_t* q, const int32_t* e, int64_t T, int64_t K, const int8
   int32_t* o = to_dev<int32_t>(k.p, nullptr, T * N);
   launch_linear(to_dev(k.p, q, T * K), to_dev(k.p, e, T), (int)T, (int)K, to_dev(k.p, w, N * K), to_dev(k.p, mant, N),
                 to_dev(k.p, shift, N), bias ? to_dev(k.p, bias, N) : nullptr, (int)N, o, N, false, path, 0);
+  from_dev(out, o, T * N);
+}
+
+void linear_w4(const int16_t* q, const int32_t* e, int64_t T, int64_t K, const uint8_t* w4, const int16_t* gd,
+               const int16_t* gm, const int32_t* mant, const int32_t* shift, const int32_t* bias, int64_t N, int path,
+               int32_t* out) {
+  Keep k;
+  int32_t* o = to_dev<int32_t>(k.p, nullptr, T * N);
+  launch_linear_w4(to_dev(k.p, q, T * K), to_dev(k.p, e, T), (int)T, (int)K, to_dev(k.p, w4, N * (K / 2)),
+                   to_dev(k.p, gd, N * (K / 32)), to_dev(k.p, gm, N * (K / 32)), to_dev(k.p, mant, N),
+                   to_dev(k.p, shift, N), bias ? to_dev(k.p, bias, N) : nullptr, (int)N, o, N, false, path, 0);
   from_dev(out, o, T * N);
 }
 

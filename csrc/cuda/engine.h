@@ -53,6 +53,10 @@ namespace test {
 // out [T, N] int32 = the linear layer; path: 0 auto, 1 GEMV, 2 GEMM.
 void linear(const int16_t* q, const int32_t* e, int64_t T, int64_t K, const int8_t* w, const int32_t* mant,
             const int32_t* shift, const int32_t* bias, int64_t N, int path, int32_t* out);
+// The same with int4 weights: codes w4 [N, K/2], gd, gm [N, K/32]; K % 32 == 0.
+void linear_w4(const int16_t* q, const int32_t* e, int64_t T, int64_t K, const uint8_t* w4, const int16_t* gd,
+               const int16_t* gm, const int32_t* mant, const int32_t* shift, const int32_t* bias, int64_t N, int path,
+               int32_t* out);
 // One query head (q [D] int32, quantized on the device like the forward pass)
 // over n positions of a one-head cache (kc, vc [n, D]; ka, va [n]); out [D].
 void attend(const int32_t* q, int64_t D, const int8_t* kc, const int32_t* ka, const int8_t* vc, const int32_t* va,

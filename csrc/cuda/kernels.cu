@@ -525,6 +525,171 @@ __global__ void __launch_bounds__(256)
   }
 }
 
+// ---------------------------------------------------------------- int4 (W4A16) linear layers
+//
+// Weights w = gd * u + gm per group of 32 inputs (docs/format.md), so
+// sum_k a_k w_k = gd * S + gm * Q with S = sum a_k u_k, Q = sum a_k over the
+// group: the same exact integer as the CPU's dot_i16_w4. S and Q are int32
+// over one group only (|S| <= 32 * 32767 * 15 < 2^24, |Q| <= 32 * 32768 =
+// 2^20), then gd * S + gm * Q goes into int64 (32 x 32 -> 64-bit products).
+
+constexpr int kOnes8 = 0x01010101;  // four int8 ones: dot16 with them sums 16 activations
+
+// Sixteen codes as bytes in input order, from two words of packed codes
+// (input 2i in the low nibble of byte i): the low nibbles are inputs 0,2,4,6
+// and the high ones 1,3,5,7; __byte_perm interleaves them (one PRMT each)
+// so that __dp2a pairs each code with its activation.
+__device__ __forceinline__ int4 codes16(int x, int y) {
+  const unsigned xl = (unsigned)x & 0x0F0F0F0Fu, xh = ((unsigned)x >> 4) & 0x0F0F0F0Fu;
+  const unsigned yl = (unsigned)y & 0x0F0F0F0Fu, yh = ((unsigned)y >> 4) & 0x0F0F0F0Fu;
+  return make_int4((int)__byte_perm(xl, xh, 0x5140), (int)__byte_perm(xl, xh, 0x7362),
+                   (int)__byte_perm(yl, yh, 0x5140), (int)__byte_perm(yl, yh, 0x7362));
+}
+
+// One group: a = 32 int16 activations (16-byte aligned), u0/u1 = its 32 codes.
+__device__ __forceinline__ int64_t group_dot_w4(const int16_t* a, const int4 u0, const int4 u1, int32_t gd,
+                                                int32_t gm) {
+  const int4 a0 = load16(a), a1 = load16(a + 8), a2 = load16(a + 16), a3 = load16(a + 24);
+  const int4 ones = make_int4(kOnes8, kOnes8, kOnes8, kOnes8);
+  const int32_t s = dot16(a0, a1, u0) + dot16(a2, a3, u1);
+  const int32_t sq = dot16(a0, a1, ones) + dot16(a2, a3, ones);
+  return (int64_t)gd * s + (int64_t)gm * sq;
+}
+
+// Decode GEMV with int4 weights: one warp per output channel j, a lane per
+// group of 32 inputs (one 16-byte load of codes, four of activations per row).
+// K % 32 == 0 (the loader checks), so every load is aligned.
+template <int TT>
+__global__ void __launch_bounds__(kGemvWarps * 32)
+    gemv_w4_kernel(const int16_t* __restrict__ q, const int32_t* __restrict__ e, int T, int K,
+                   const uint8_t* __restrict__ w4, const int16_t* __restrict__ gd, const int16_t* __restrict__ gm,
+                   const int32_t* __restrict__ mant, const int32_t* __restrict__ shift,
+                   const int32_t* __restrict__ bias, int N, int32_t* __restrict__ out, int64_t ldo, int residual) {
+  const int lane = threadIdx.x & 31;
+  const int64_t j = (int64_t)blockIdx.x * kGemvWarps + (threadIdx.x >> 5);
+  if (j >= N) return;  // whole warps only; no block barrier below
+  const int t0 = blockIdx.y * TT;
+  const int nt = T - t0 < TT ? T - t0 : TT;
+  const int G = K >> 5;
+  const uint8_t* wj = w4 + j * (K >> 1);
+  const int16_t* gdj = gd + j * G;
+  const int16_t* gmj = gm + j * G;
+  const int16_t* q0 = q + (int64_t)t0 * K;
+  int64_t acc[TT];
+#pragma unroll
+  for (int tt = 0; tt < TT; ++tt) acc[tt] = 0;
+  for (int g = lane; g < G; g += 32) {
+    const int4 cv = load16(wj + 16 * g);
+    const int4 u0 = codes16(cv.x, cv.y), u1 = codes16(cv.z, cv.w);
+    const int32_t d = gdj[g], m = gmj[g];
+#pragma unroll
+    for (int tt = 0; tt < TT; ++tt)
+      if (tt < nt) acc[tt] += group_dot_w4(q0 + (int64_t)tt * K + 32 * g, u0, u1, d, m);
+  }
+#pragma unroll
+  for (int tt = 0; tt < TT; ++tt) acc[tt] = warp_sum(acc[tt]);
+  if (lane == 0) {
+    const int32_t mj = mant[j], sj = shift[j];
+#pragma unroll
+    for (int tt = 0; tt < TT; ++tt) {
+      if (tt < nt) {
+        const int64_t t = t0 + tt;
+        store_out(out + t * ldo + j, linear_epilogue(acc[tt], mj, sj, e[t], bias, j), residual);
+      }
+    }
+  }
+}
+
+// Prefill GEMM with int4 weights: gemm_kernel's 64 x 64 tiles and 4 x 4
+// micro-tiles, one K tile = one group of 32. Codes are unpacked to int8 in
+// shared memory, so the inner loop is gemm_kernel's __dp2a loop; per group
+// each thread also sums its rows' activations (Q) and folds gd * S + gm * Q
+// into int64.
+__global__ void __launch_bounds__(256)
+    gemm_w4_kernel(const int16_t* __restrict__ q, const int32_t* __restrict__ e, int T, int K,
+                   const uint8_t* __restrict__ w4, const int16_t* __restrict__ gd, const int16_t* __restrict__ gm,
+                   const int32_t* __restrict__ mant, const int32_t* __restrict__ shift,
+                   const int32_t* __restrict__ bias, int N, int32_t* __restrict__ out, int64_t ldo, int residual) {
+  static_assert(kTileK == 32, "one K tile is one int4 group");
+  __shared__ __align__(16) int32_t As[kTileM][kTileK / 2 + 1];  // int16 pairs (+1 word pad)
+  __shared__ __align__(16) int32_t Bs[kTileN][kTileK / 4 + 1];  // codes as int8 quads (+1 word pad)
+  __shared__ int32_t Gd[kTileN], Gm[kTileN];
+  const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
+  const int64_t t0 = (int64_t)blockIdx.y * kTileM, j0 = (int64_t)blockIdx.x * kTileN;
+  const int G = K >> 5;
+  const int64_t K2 = K >> 1;
+  int64_t acc[4][4];
+#pragma unroll
+  for (int r = 0; r < 4; ++r)
+#pragma unroll
+    for (int c = 0; c < 4; ++c) acc[r][c] = 0;
+  for (int g = 0; g < G; ++g) {
+    const int64_t k0 = (int64_t)g * kTileK;
+    {  // activations: 64 rows x 32 int16, 16 bytes per thread
+      const int r = tid >> 2, c = (tid & 3) * 8;
+      const int64_t t = t0 + r;
+      int4 v = make_int4(0, 0, 0, 0);
+      if (t < T) v = load16(q + t * K + k0 + c);
+      int32_t* dst = &As[r][c >> 1];
+      dst[0] = v.x, dst[1] = v.y, dst[2] = v.z, dst[3] = v.w;
+    }
+    if (tid < kTileN) {  // codes of channel j0 + tid: 16 bytes -> 32 int8
+      const int64_t j = j0 + tid;
+      int4 cv = make_int4(0, 0, 0, 0);
+      if (j < N) cv = load16(w4 + j * K2 + 16 * g);
+      const int4 u0 = codes16(cv.x, cv.y), u1 = codes16(cv.z, cv.w);
+      int32_t* dst = &Bs[tid][0];
+      dst[0] = u0.x, dst[1] = u0.y, dst[2] = u0.z, dst[3] = u0.w;
+      dst[4] = u1.x, dst[5] = u1.y, dst[6] = u1.z, dst[7] = u1.w;
+    } else if (tid < 2 * kTileN) {  // the group's step and offset of channel j0 + tid - 64
+      const int r = tid - kTileN;
+      const int64_t j = j0 + r;
+      Gd[r] = j < N ? gd[j * G + g] : 0;
+      Gm[r] = j < N ? gm[j * G + g] : 0;
+    }
+    __syncthreads();
+    int32_t s[4][4], sq[4];
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      sq[r] = 0;
+#pragma unroll
+      for (int c = 0; c < 4; ++c) s[r][c] = 0;
+    }
+#pragma unroll
+    for (int kw = 0; kw < kTileK / 4; ++kw) {
+      int32_t alo[4], ahi[4], b[4];
+#pragma unroll
+      for (int r = 0; r < 4; ++r) alo[r] = As[ty + 16 * r][2 * kw], ahi[r] = As[ty + 16 * r][2 * kw + 1];
+#pragma unroll
+      for (int c = 0; c < 4; ++c) b[c] = Bs[tx + 16 * c][kw];
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        sq[r] = __dp2a_hi(ahi[r], kOnes8, __dp2a_lo(alo[r], kOnes8, sq[r]));
+#pragma unroll
+        for (int c = 0; c < 4; ++c) s[r][c] = __dp2a_hi(ahi[r], b[c], __dp2a_lo(alo[r], b[c], s[r][c]));
+      }
+    }
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const int64_t d = Gd[tx + 16 * c], m = Gm[tx + 16 * c];
+#pragma unroll
+      for (int r = 0; r < 4; ++r) acc[r][c] += d * s[r][c] + m * sq[r];
+    }
+    __syncthreads();
+  }
+#pragma unroll
+  for (int r = 0; r < 4; ++r) {
+    const int64_t t = t0 + ty + 16 * r;
+    if (t >= T) continue;
+    const int32_t et = e[t];
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const int64_t j = j0 + tx + 16 * c;
+      if (j < N) store_out(out + t * ldo + j, linear_epilogue(acc[r][c], mant[j], shift[j], et, bias, j), residual);
+    }
+  }
+}
+
 unsigned grid_1d(int64_t count, int threads) {
   int64_t b = (count + threads - 1) / threads;
   if (b > 65535) b = 65535;  // grid-stride loops cover the rest
@@ -579,6 +744,35 @@ void launch_linear(const int16_t* q, const int32_t* e, int T, int K, const int8_
                                                                                  N, out, ldo, residual, vec);
   }
   check_launch("linear");
+}
+
+void launch_linear_w4(const int16_t* q, const int32_t* e, int T, int K, const uint8_t* w4, const int16_t* gd,
+                      const int16_t* gm, const int32_t* mant, const int32_t* shift, const int32_t* bias, int N,
+                      int32_t* out, int64_t ldo, bool residual, int path, cudaStream_t st) {
+  if (T <= 0 || N <= 0) return;
+  if (K <= 0 || K % 32) throw std::invalid_argument("linear (int4): input size must be a positive multiple of 32");
+  if (path == kLinearAuto) path = T <= kGemvMaxRows ? kLinearGemv : kLinearGemm;
+  if (path == kLinearGemv) {
+    const unsigned gx = (unsigned)((N + kGemvWarps - 1) / kGemvWarps);
+    const int threads = kGemvWarps * 32;
+    if (T == 1) {
+      INTDET_LAUNCH(gemv_w4_kernel<1>, dim3(gx, 1), threads, 0, st, q, e, T, K, w4, gd, gm, mant, shift, bias, N, out, ldo, residual);
+    } else if (T <= 2) {
+      INTDET_LAUNCH(gemv_w4_kernel<2>, dim3(gx, 1), threads, 0, st, q, e, T, K, w4, gd, gm, mant, shift, bias, N, out, ldo, residual);
+    } else if (T <= 4) {
+      INTDET_LAUNCH(gemv_w4_kernel<4>, dim3(gx, 1), threads, 0, st, q, e, T, K, w4, gd, gm, mant, shift, bias, N, out, ldo, residual);
+    } else {
+      const unsigned gy = (unsigned)((T + 7) / 8);
+      if (gy > 65535) throw std::invalid_argument("linear (int4 GEMV): too many rows");
+      INTDET_LAUNCH(gemv_w4_kernel<8>, dim3(gx, gy), threads, 0, st, q, e, T, K, w4, gd, gm, mant, shift, bias, N, out, ldo, residual);
+    }
+  } else {
+    const unsigned gy = (unsigned)((T + kTileM - 1) / kTileM);
+    if (gy > 65535) throw std::invalid_argument("linear (int4 GEMM): too many rows");
+    INTDET_LAUNCH(gemm_w4_kernel, dim3((unsigned)((N + kTileN - 1) / kTileN), gy), 256, 0, st, q, e, T, K, w4, gd, gm,
+                  mant, shift, bias, N, out, ldo, residual);
+  }
+  check_launch("linear (int4)");
 }
 
 void launch_norm_rope(int32_t* x, int T, int nheads, int D, const int16_t* g, int64_t eps_q60, const int32_t* pos,

@@ -51,6 +51,12 @@ void launch_linear(const int16_t* q, const int32_t* e, int T, int K, const int8_
                    const int32_t* shift, const int32_t* bias, int N, int32_t* out, int64_t ldo, bool residual,
                    int path, cudaStream_t st);
 
+// The same with int4 weights (docs/format.md): codes w4 [N, K/2] uint8, group
+// step gd and offset gm [N, K/32] int16, w = gd * u + gm; K % 32 == 0.
+void launch_linear_w4(const int16_t* q, const int32_t* e, int T, int K, const uint8_t* w4, const int16_t* gd,
+                      const int16_t* gm, const int32_t* mant, const int32_t* shift, const int32_t* bias, int N,
+                      int32_t* out, int64_t ldo, bool residual, int path, cudaStream_t st);
+
 // In place on x [T, nheads, D] int32: per-head RMSNorm with gamma g (when g is
 // not null; Qwen3 q/k norm), then split-half RoPE at position pos[t].
 void launch_norm_rope(int32_t* x, int T, int nheads, int D, const int16_t* g, int64_t eps_q60, const int32_t* pos,

@@ -196,6 +196,30 @@ PYBIND11_MODULE(INTDET_CUDA_MODULE_NAME, mod) {
       py::arg("q"), py::arg("e"), py::arg("w"), py::arg("mant"), py::arg("shift"), py::arg("bias") = py::none(),
       py::arg("path") = 0, "int64 [T, N]; path 0 auto, 1 GEMV, 2 tiled GEMM.");
   ops.def(
+      "linear_w4",
+      [](Arr<int16_t> q, Arr<int32_t> e, Arr<uint8_t> w4, Arr<int16_t> gd, Arr<int16_t> gm, Arr<int32_t> mant,
+         Arr<int32_t> shift, py::object bias, int path) {
+        if (q.ndim() != 2 || w4.ndim() != 2 || gd.ndim() != 2 || gm.ndim() != 2) throw std::invalid_argument("linear_w4: shape mismatch");
+        const int64_t T = q.shape(0), K = q.shape(1), N = w4.shape(0);
+        if (K % 32 || w4.shape(1) != K / 2 || gd.shape(0) != N || gd.shape(1) != K / 32 || gm.shape(0) != N ||
+            gm.shape(1) != K / 32 || e.size() != T || mant.size() != N || shift.size() != N)
+          throw std::invalid_argument("linear_w4: shape mismatch");
+        Arr<int32_t> b;
+        if (!bias.is_none()) {
+          b = bias.cast<Arr<int32_t>>();
+          if (b.size() != N) throw std::invalid_argument("linear_w4: bias shape mismatch");
+        }
+        std::vector<int32_t> o((size_t)(T * N));
+        cuda::test::linear_w4(q.data(), e.data(), T, K, w4.data(), gd.data(), gm.data(), mant.data(), shift.data(),
+                              bias.is_none() ? nullptr : b.data(), N, path, o.data());
+        py::array_t<int64_t> out({T, N});
+        std::copy(o.begin(), o.end(), out.mutable_data());
+        return out;
+      },
+      py::arg("q"), py::arg("e"), py::arg("w4"), py::arg("gd"), py::arg("gm"), py::arg("mant"), py::arg("shift"),
+      py::arg("bias") = py::none(), py::arg("path") = 0,
+      "int4 weights (codes w4 [N, K/2], gd, gm [N, K/32]); int64 [T, N]; path 0 auto, 1 GEMV, 2 tiled GEMM.");
+  ops.def(
       "attend",
       [](Arr<int32_t> q, Arr<int8_t> kc, Arr<int32_t> ka, Arr<int8_t> vc, Arr<int32_t> va, int64_t score_mant,
          int64_t score_shift) {
