@@ -20,7 +20,7 @@ const Kernels kAvx2{"avx2", nullptr, linear_avx2_packed, attend_head_avx2, softm
 #endif
 #if defined(__aarch64__)
 const Kernels kNeon{"neon", linear_neon, nullptr, attend_head_neon, softmax_q16_row, exp2_neg_q30_row, quant16_row, swiglu_row,
-                    linear_w4_generic, nullptr};
+                    linear_w4_neon, nullptr};
 #endif
 
 bool cpu_has(const std::string& name) {

@@ -31,7 +31,42 @@ inline int64_t dot_i16_i8(const int16_t* a, const int8_t* w, int64_t K) {
   return acc;
 }
 
+// Int4 weights (docs/format.md): one group's codes, unzipped into input
+// order, become int16 weights gd * u + gm (exact: |w| <= 2047); each int32
+// lane then gains 4 products (< 2^26 each) per group before the int64 add.
+inline int64_t dot_i16_w4(const int16_t* a, const uint8_t* w4, const int16_t* gd, const int16_t* gm, int64_t K) {
+  int64_t acc = 0;
+  const uint8x16_t nib = vdupq_n_u8(15);
+  for (int64_t g = 0; g < K / 32; ++g) {
+    const uint8x16_t b = vld1q_u8(w4 + 16 * g);
+    const uint8x16x2_t z = vzipq_u8(vandq_u8(b, nib), vshrq_n_u8(b, 4));  // codes of inputs 0..15, 16..31
+    const int16x8_t d = vdupq_n_s16(gd[g]), m = vdupq_n_s16(gm[g]);
+    int32x4_t s0 = vdupq_n_s32(0), s1 = vdupq_n_s32(0);
+    for (int h = 0; h < 2; ++h) {
+      const int16x8_t w0 = vmlaq_s16(m, vreinterpretq_s16_u16(vmovl_u8(vget_low_u8(z.val[h]))), d);
+      const int16x8_t w1 = vmlaq_s16(m, vreinterpretq_s16_u16(vmovl_high_u8(z.val[h])), d);
+      const int16x8_t x0 = vld1q_s16(a + 32 * g + 16 * h), x1 = vld1q_s16(a + 32 * g + 16 * h + 8);
+      s0 = vmlal_s16(s0, vget_low_s16(x0), vget_low_s16(w0));
+      s1 = vmlal_high_s16(s1, x0, w0);
+      s0 = vmlal_s16(s0, vget_low_s16(x1), vget_low_s16(w1));
+      s1 = vmlal_high_s16(s1, x1, w1);
+    }
+    acc += (int64_t)vaddlvq_s32(s0) + (int64_t)vaddlvq_s32(s1);
+  }
+  return acc;
+}
+
 }  // namespace
+
+void linear_w4_neon(const int16_t* q, const int32_t* e, int64_t T, int64_t K, const uint8_t* w4, const int16_t* gd,
+                    const int16_t* gm, const int32_t* mant, const int32_t* shift, const int32_t* bias, int64_t N,
+                    int64_t* out, int64_t ldo) {
+  const int64_t G = K / 32;
+  for (int64_t j = 0; j < N; ++j)
+    for (int64_t t = 0; t < T; ++t)
+      out[t * ldo + j] = linear_epilogue(dot_i16_w4(q + t * K, w4 + j * (K / 2), gd + j * G, gm + j * G, K), mant[j],
+                                         shift[j], e[t], bias, j);
+}
 
 void linear_neon(const int16_t* q, const int32_t* e, int64_t T, int64_t K, const int8_t* w, const int32_t* mant,
                  const int32_t* shift, const int32_t* bias, int64_t N, int64_t* out, int64_t ldo) {

@@ -91,6 +91,9 @@ void attend_head_avx2(const int16_t* q, int e_q, const int8_t* kc, const int32_t
 #if defined(__aarch64__)
 void linear_neon(const int16_t* q, const int32_t* e, int64_t T, int64_t K, const int8_t* w, const int32_t* mant,
                  const int32_t* shift, const int32_t* bias, int64_t N, int64_t* out, int64_t ldo);
+void linear_w4_neon(const int16_t* q, const int32_t* e, int64_t T, int64_t K, const uint8_t* w4, const int16_t* gd,
+                    const int16_t* gm, const int32_t* mant, const int32_t* shift, const int32_t* bias, int64_t N,
+                    int64_t* out, int64_t ldo);
 void attend_head_neon(const int16_t* q, int e_q, const int8_t* kc, const int32_t* ka, const int8_t* vc,
                       const int32_t* va, int64_t n, int64_t stride, int64_t D, int64_t score_mant,
                       int64_t score_shift, int64_t* z, int64_t* p, int16_t* w16, int64_t* out);
