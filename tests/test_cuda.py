@@ -388,6 +388,12 @@ q = rng.integers(-32767, 32768, size=(9, 80)).astype(np.int16); e = rng.integers
 w = rng.integers(-127, 128, size=(33, 80)).astype(np.int8); m = rng.integers(1, 2**15, 33).astype(np.int32)
 s = rng.integers(10, 40, 33).astype(np.int32)
 for p in (1, 2): assert np.array_equal(E.ops.linear(q, e, w, m, s, None, p), C.ops.linear(q, e, w, m, s))
+from intdet.ref import ops as R
+q4 = rng.integers(-32768, 32768, size=(9, 96)).astype(np.int16)
+w4 = rng.integers(0, 256, size=(33, 48)).astype(np.uint8); gd = rng.integers(0, 273, size=(33, 3)).astype(np.int16)
+gm = rng.integers(-2047, 2048 - 15 * gd.astype(np.int64)).astype(np.int16)
+for p in (1, 2): assert np.array_equal(E.ops.linear_w4(q4, e, w4, gd, gm, m, s, None, p),
+                                       R.linear(q4, e, R.dequant_int4(w4, gd, gm), m, s))
 x = rng.integers(-2**28, 2**28, size=(3, 96)).astype(np.int32); g = rng.integers(2**13, 2**14, 96).astype(np.int16)
 qq, ee = E.ops.norm_quant16(x, g, 1000)
 wq, we = C.ops.quant16(C.ops.rms_norm(x.astype(np.int64), g, 1000, 16))
@@ -515,6 +521,20 @@ def test_gpu_generate_hash_equal(converted, name):
     want = generate(Engine(lm, "cpu"), [1, 40, 41, 42, 43, 44, 45], 40)
     for graphs in (False, True):
         g = generate(Engine(lm, "cuda", cuda_graphs=graphs), [1, 40, 41, 42, 43, 44, 45], 40, prefill_chunk=3)
+        assert g.hash == want.hash and g.tokens == want.tokens
+
+
+@needs_gpu
+def test_gpu_int4_generate_hash_equal(converted_int4):
+    """Int4 weights on the GPU: a 200-token prefill (GEMM) then greedy decode
+    (GEMV), with and without graphs: the CPU's chain hash."""
+    from intdet.generate import generate
+
+    lm = converted_int4
+    prompt = [int(t) for t in np.random.default_rng(12).integers(0, lm.cfg["vocab_size"], size=200)]
+    want = generate(Engine(lm, "cpu"), prompt, 40)
+    for graphs in (False, True):
+        g = generate(Engine(lm, "cuda", cuda_graphs=graphs), prompt, 40)
         assert g.hash == want.hash and g.tokens == want.tokens
 
 
