@@ -130,6 +130,11 @@ def test_q4_1_source_keeps_its_codes(tmp_path):
     assert err.max() < 0.25 * q41_step.max()
 
 
+def test_converting_a_converted_model_is_refused(model4, tmp_path):
+    with pytest.raises(IntdetError, match="already a converted intdet model"):
+        convert(model4, str(tmp_path / "again"), progress=False)
+
+
 def test_rows_not_multiple_of_32_refused(tmp_path, tiny_qwen3_hf):
     with pytest.raises(IntdetError, match="not a multiple of 32"):
         convert(tiny_qwen3_hf, str(tmp_path / "m"), progress=False, weights="int4")
@@ -148,10 +153,24 @@ def test_bound_violation_and_format_mismatch_are_clear_errors(model4, tmp_path):
     st = SafetensorsFile(os.path.join(bad, "model.safetensors"))
     t = {n: np.array(st.get(n)) for n in st.names()}
     del st
-    t["blk.1.attn_v.gd"][0, 0] = 300  # 15 * 300 + gm > 2047
-    save_atomic(t, os.path.join(bad, "model.safetensors"), metadata={"format": "intdet"})
-    with pytest.raises(IntdetError, match=r"blk\.1\.attn_v.*2047"):
-        load_model(bad)
+    good = {n: a.copy() for n, a in t.items()}
+
+    def expect_refused(edit, match):
+        t = {n: a.copy() for n, a in good.items()}
+        edit(t)
+        save_atomic(t, os.path.join(bad, "model.safetensors"), metadata={"format": "intdet"})
+        with pytest.raises(IntdetError, match=match):
+            load_model(bad)
+
+    expect_refused(lambda t: t["blk.1.attn_v.gd"].__setitem__((0, 0), 300), r"blk\.1\.attn_v\.gd/\.gm' group \[0, 0\]")
+    # gm = -32768 with gm + 15 gd = -8: abs(-32768) overflows in int16, the check must not
+    def edge(t):
+        t["blk.0.ffn_down.gd"][0, 0], t["blk.0.ffn_down.gm"][0, 0] = 2184, -32768
+    expect_refused(edge, "gm -32768")
+    expect_refused(lambda t: t.__setitem__("blk.0.attn_q.q", np.zeros((96, 96), np.int8)),
+                   "'blk.0.attn_q.q' is int8 weights but config.json says weight_format int4")
+    save_atomic(good, os.path.join(bad, "model.safetensors"), metadata={"format": "intdet"})
+    load_model(bad)
     with pytest.raises(IntdetError, match="converted int4 model"):
         resolve_model(model4, weights="int8")
     assert resolve_model(model4, weights="int4") == model4
@@ -161,6 +180,25 @@ def test_bound_violation_and_format_mismatch_are_clear_errors(model4, tmp_path):
     json.dump(cfg, open(cfg_path, "w"))
     with pytest.raises(IntdetError, match="weight_format 'int3'"):
         load_model(bad)
+    cfg["weight_format"], cfg["weight_group_size"] = "int4", 32.0
+    json.dump(cfg, open(cfg_path, "w"))
+    with pytest.raises(IntdetError, match="weight_group_size 32"):
+        load_model(bad)
+
+
+def test_cache_entry_of_another_format_is_reconverted(src4, tmp_path, monkeypatch):
+    from intdet.resolve import converted_path
+
+    monkeypatch.setenv("INTDET_CACHE", str(tmp_path / "cache"))
+    p8 = converted_path(src4, progress=False)
+    p4 = converted_path(src4, progress=False, weights="int4")
+    assert p8 != p4 and load_model(p4).cfg["weight_format"] == "int4"
+    import shutil
+
+    shutil.rmtree(p4)
+    shutil.copytree(p8, p4)  # an int8 model where the int4 entry belongs
+    assert converted_path(src4, progress=False, weights="int4") == p4
+    assert load_model(p4).cfg.get("weight_format") == "int4"
 
 
 def test_cli_convert_and_generate(src4, tmp_path):
@@ -172,3 +210,8 @@ def test_cli_convert_and_generate(src4, tmp_path):
                         ",".join(map(str, PROMPT)), "-n", "16", "--json"], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["hash"] == GOLDEN_INT4_HASH
+    for args in (["convert", src4, "-o", str(tmp_path / "x"), "--weights", "int2"],
+                 ["generate", "-m", out, "--weights", "INT4", "--ids", "1"],
+                 ["generate", "-m", out, "--weights", "int8", "--ids", "1"]):
+        r = subprocess.run([sys.executable, "-m", "intdet.cli", *args], capture_output=True, text=True)
+        assert r.returncode == 1 and r.stderr.count("\n") == 1 and r.stderr.startswith("intdet: error: --weights"), r.stderr

@@ -56,7 +56,7 @@ def main():
 @click.option("-o", "--out", "out_dir", required=True, help="Output model directory.")
 @click.option("--revision", default=None, help="Hub revision when SRC is a repo id.")
 @click.option("--force", is_flag=True, help="Replace OUT if it exists.")
-@click.option("--weights", type=click.Choice(["int8", "int4"]), default="int8", show_default=True,
+@click.option("--weights", default="int8", show_default=True,
               help="Linear weights: int8 per channel, or int4 in groups of 32 (W4A16; embedding and lm_head stay int8).")
 @user_errors
 def convert(src, out_dir, revision, force, weights):
@@ -113,7 +113,7 @@ def _read_prompt(prompt, prompt_opt, file, ids):
 @click.option("--threads", default=0, type=int, help="CPU threads (default 0: all cores).")
 @click.option("--revision", default=None, help="Hub revision when -m is a repo id.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of streaming text.")
-@click.option("--weights", type=click.Choice(["int8", "int4"]), default=None,
+@click.option("--weights", default=None,
               help="Linear weights when -m needs converting: int8 (default) or int4 (W4A16, groups of 32).")
 @user_errors
 def generate(prompt, model, prompt_opt, file, ids, max_new_tokens, chat, temperature, top_k, top_p, seed, device, threads,
@@ -188,7 +188,7 @@ def generate(prompt, model, prompt_opt, file, ids, max_new_tokens, chat, tempera
 @click.option("--threads", default=0, type=int, help="CPU threads (default 0: all cores).")
 @click.option("--revision", default=None, help="Hub revision when -m is a repo id.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-@click.option("--weights", type=click.Choice(["int8", "int4"]), default=None,
+@click.option("--weights", default=None,
               help="Linear weights when -m needs converting: int8 (default) or int4 (W4A16, groups of 32).")
 @user_errors
 def perplexity(model, file, ctx, max_windows, use_float, second_half, device, threads, revision, as_json, weights):
@@ -313,7 +313,7 @@ def random_model(out_dir, shape, seed):
               help="cpu: every ISA x threads; cuda: GPU prefill splits, batches and CUDA graphs against a CPU run.")
 @click.option("--revision", default=None, help="Hub revision when -m is a repo id.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-@click.option("--weights", type=click.Choice(["int8", "int4"]), default=None,
+@click.option("--weights", default=None,
               help="Linear weights when -m needs converting: int8 (default) or int4 (W4A16, groups of 32).")
 @user_errors
 def hash_check(model, prompt, steps, seed, temperature, expect, with_ref, with_float, device, revision, as_json, weights):
@@ -382,7 +382,7 @@ def hash_check(model, prompt, steps, seed, temperature, expect, with_ref, with_f
 @click.option("--batch", default=1, show_default=True, type=int, help="Also decode B sequences together (forward_batch).")
 @click.option("--revision", default=None, help="Hub revision when -m is a repo id.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-@click.option("--weights", type=click.Choice(["int8", "int4"]), default=None,
+@click.option("--weights", default=None,
               help="Linear weights when -m needs converting: int8 (default) or int4 (W4A16, groups of 32).")
 @user_errors
 def bench(model, prompt_tokens, gen_tokens, threads, batch, revision, as_json, weights):

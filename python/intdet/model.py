@@ -103,10 +103,17 @@ def load_model(path: str) -> LoadedModel:
         raise IntdetError(f"{cfg_path}: weight_format {wf!r} is not int8 or int4")
     if wf == "int4":
         ks = (cfg["hidden_size"], cfg["intermediate_size"], cfg["num_heads"] * cfg["head_dim"])
-        if cfg.get("weight_group_size") != W4_GROUP or any(k % W4_GROUP for k in ks) or max(ks) >= 1 << 21:
+        gs = cfg.get("weight_group_size")
+        if type(gs) is not int or gs != W4_GROUP or any(k % W4_GROUP for k in ks) or max(ks) >= 1 << 21:
             raise IntdetError(f"{cfg_path}: int4 weights need weight_group_size {W4_GROUP}, linear inputs that are "
                               f"multiples of {W4_GROUP} and below 2^21")
     st = SafetensorsFile(st_path)
+    # Weights of the other format would be silently ignored: refuse them (as intdet_run does).
+    other = ".q" if wf == "int4" else ".q4"
+    for name in st.names():
+        if name.startswith("blk.") and name.endswith(other):
+            raise IntdetError(f"{st_path}: tensor '{name}' is {'int8' if wf == 'int4' else 'int4'} weights but "
+                              f"config.json says weight_format {wf}")
     tensors = {}
     for name, shape in _expected_shapes(cfg).items():
         if name not in st:
@@ -117,11 +124,13 @@ def load_model(path: str) -> LoadedModel:
             raise IntdetError(f"{st_path}: tensor '{name}' is {arr.dtype}{list(arr.shape)}, expected {np.dtype(want_dt)}{list(shape)}")
         tensors[name] = arr
         _check_value_ranges({name: arr}, st_path)
-        if name.endswith(".gm"):  # the int4 bound |gd * u + gm| <= 2047 for u in 0..15
-            gd = tensors[name[:-3] + ".gd"]
-            if gd.size and (gd.min() < 0 or np.abs(arr).max() > W4_MAX or np.abs(arr + 15 * gd.astype(np.int64)).max() > W4_MAX):
-                raise IntdetError(f"{st_path}: tensor '{name[:-3]}' has int4 group steps/offsets outside "
-                                  f"|gd * u + gm| <= {W4_MAX}")
+        if name.endswith(".gm"):  # the int4 bound |gd * u + gm| <= 2047 for u in 0..15 (int64: abs(-32768) in int16 stays negative)
+            gd, gm = tensors[name[:-3] + ".gd"].astype(np.int64), arr.astype(np.int64)
+            bad = (gd < 0) | (np.abs(gm) > W4_MAX) | (np.abs(gm + 15 * gd) > W4_MAX)
+            if bad.any():
+                n, g = (int(i) for i in np.argwhere(bad)[0])
+                raise IntdetError(f"{st_path}: tensors '{name[:-3]}.gd/.gm' group [{n}, {g}]: gd {gd[n, g]}, gm {gm[n, g]} "
+                                  f"break the int4 bound gd >= 0, |gd * u + gm| <= {W4_MAX}")
         if name.endswith((".q", ".q4")):  # checked: drop its pages until the engine reads (or packs) it
             st.release(name)
     try:

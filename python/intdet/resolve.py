@@ -98,6 +98,8 @@ def resolve_model(spec: str | None, revision: str | None = None, progress: bool 
     cache when needed (weights: "int8" or "int4", None = int8). Raises
     IntdetError when spec names nothing usable, or when ``weights`` is given
     with an already converted directory in another weight format."""
+    if weights is not None:
+        _valid_weights(weights)
     src = resolve_source(spec, revision)
     if src is None:
         check_weights(spec, weights)
@@ -110,20 +112,36 @@ def check_weights(converted: str, weights: str | None):
     directory holds (it was fixed at convert time)."""
     if weights is None:
         return
-    with open(os.path.join(converted, "config.json"), encoding="utf-8") as f:
-        have = json.load(f).get("weight_format", "int8")
+    _valid_weights(weights)
+    have = _weight_format(converted)
     if have != weights:
         raise IntdetError(f"--weights {weights}: {converted} is a converted {have} model (convert the source with --weights {weights})")
 
 
+def _valid_weights(weights):
+    if weights not in ("int8", "int4"):
+        raise IntdetError(f"--weights {weights!r}: choose int8 or int4")
+
+
+def _weight_format(converted: str):
+    try:
+        with open(os.path.join(converted, "config.json"), encoding="utf-8") as f:
+            wf = json.load(f).get("weight_format", "int8")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return wf if isinstance(wf, str) else None
+
+
 def converted_path(src: str, progress: bool = True, weights: str = "int8") -> str:
-    """The cache entry for a source checkpoint, converting it on first use."""
+    """The cache entry for a source checkpoint, converting it on first use
+    (and again when the entry holds another weight format)."""
     from .convert import convert
     from .convert.sources import source_sha256
 
+    _valid_weights(weights)
     key = source_sha256(src)
     suffix = "" if weights == "int8" else f"-{weights}"
     out = os.path.join(cache_dir(), "models", f"{key[:32]}-v{FORMAT_VERSION}{suffix}")
-    if is_converted(out):
+    if is_converted(out) and _weight_format(out) == weights:
         return out
     return convert(src, out, force=True, progress=progress, weights=weights)

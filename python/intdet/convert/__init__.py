@@ -32,6 +32,10 @@ def convert(src: str, out_dir: str, force: bool = False, progress: bool = True, 
         raise IntdetError(f"{out_dir}: output exists and is not empty (use --force to replace it)")
     if weights not in WEIGHT_FORMATS:
         raise IntdetError(f"--weights {weights!r}: choose int8 or int4")
+    from ..resolve import is_converted
+
+    if os.path.isdir(src) and is_converted(src):
+        raise IntdetError(f"{src}: already a converted intdet model (convert its source instead)")
     fm = read_source(src)
     tensors, cfg = quantize_model(fm, progress=progress, weights=weights)
     parent = os.path.dirname(out_dir) or "."
