@@ -9,6 +9,10 @@
 // vpmaddwd with a broadcast activation pair adds 2 products to each
 // channel's int32 lane.
 //
+// Decode rebuilds the weights in registers for each tile of <= 4 tokens;
+// prefill rebuilds 16 channels' weights once per chunk of tokens into an
+// int16 scratch (the int8 kernel's layout, widened) and runs 6 x 16 tiles.
+//
 // Exactness: a vpmaddwd lane is at most 2 * 32768 * 2047 < 2^27, so the 16
 // of one group (32 inputs) fit int32 (< 2^31); each group's lanes are then
 // added into int64. The dot product is exact in any order and the epilogue
@@ -16,6 +20,7 @@
 #include <immintrin.h>
 
 #include <cstring>
+#include <vector>
 
 #include "intdet/kernels.h"
 #include "intdet/ops.h"
@@ -23,7 +28,8 @@
 namespace intdet {
 namespace {
 
-constexpr int64_t kTokChunk = 96;  // tokens per L2 block of activations
+constexpr int64_t kTokChunk = 96;   // tokens per L2 block of activations
+constexpr int64_t kPrefillMin = 8;  // from this many tokens, expand the weights once per 16 channels
 
 inline __m256i bcast_pair(const int16_t* a) {
   int32_t v;
@@ -71,6 +77,84 @@ inline void tile(const int16_t* a, int64_t lda, int64_t G, const uint8_t* wg, in
   }
 }
 
+// One 8-channel group's weights as int16, 16 lanes per input pair p
+// (lane 2c + i = w[c][2p + i]): ws [K/2][16].
+inline void expand(const uint8_t* wg, int64_t G, int16_t* ws) {
+  const __m256i nib = _mm256_set1_epi16(15);
+  for (int64_t j = 0; j < G; ++j) {
+    const uint8_t* b = wg + j * kW4Block;
+    const __m256i d = dup_scales(b), m = dup_scales(b + 16);
+    for (int row = 0; row < 8; ++row) {
+      const __m256i v = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i*)(b + 32 + 16 * row)));
+      int16_t* o = ws + (16 * j + 2 * row) * 16;
+      _mm256_storeu_si256((__m256i*)o, _mm256_add_epi16(_mm256_mullo_epi16(_mm256_and_si256(v, nib), d), m));
+      _mm256_storeu_si256((__m256i*)(o + 16), _mm256_add_epi16(_mm256_mullo_epi16(_mm256_srli_epi16(v, 4), d), m));
+    }
+  }
+}
+
+// acc [MR][8*NV] int64: MR activation rows against NV expanded groups
+// (ws + v * K * 8), int32 within a group of 16 pairs, then int64.
+template <int MR, int NV>
+inline void tile_x(const int16_t* a, int64_t lda, int64_t G, const int16_t* ws, int64_t K, int64_t* acc) {
+  for (int i = 0; i < MR * 8 * NV; ++i) acc[i] = 0;
+  for (int64_t j = 0; j < G; ++j) {
+    __m256i s[MR][NV];
+    for (int r = 0; r < MR; ++r)
+      for (int v = 0; v < NV; ++v) s[r][v] = _mm256_setzero_si256();
+    for (int64_t p = 16 * j; p < 16 * j + 16; ++p) {
+      __m256i w[NV];
+      for (int v = 0; v < NV; ++v) w[v] = _mm256_loadu_si256((const __m256i*)(ws + v * K * 8 + p * 16));
+      for (int r = 0; r < MR; ++r) {
+        const __m256i x = bcast_pair(a + r * lda + 2 * p);
+        for (int v = 0; v < NV; ++v) s[r][v] = _mm256_add_epi32(s[r][v], _mm256_madd_epi16(x, w[v]));
+      }
+    }
+    for (int r = 0; r < MR; ++r)
+      for (int v = 0; v < NV; ++v) {
+        int64_t* o = acc + (r * NV + v) * 8;
+        const __m256i lo = _mm256_cvtepi32_epi64(_mm256_castsi256_si128(s[r][v]));
+        const __m256i hi = _mm256_cvtepi32_epi64(_mm256_extracti128_si256(s[r][v], 1));
+        _mm256_storeu_si256((__m256i*)o, _mm256_add_epi64(_mm256_loadu_si256((const __m256i*)o), lo));
+        _mm256_storeu_si256((__m256i*)(o + 4), _mm256_add_epi64(_mm256_loadu_si256((const __m256i*)(o + 4)), hi));
+      }
+  }
+}
+
+template <int MR, int NV>
+inline void run_tile_x(const int16_t* q, const int32_t* e, int64_t t, int64_t K, const int16_t* ws,
+                       const int32_t* mant, const int32_t* shift, const int32_t* bias, int64_t j, int64_t N,
+                       int64_t* out, int64_t ldo) {
+  alignas(32) int64_t acc[MR * 8 * NV];
+  tile_x<MR, NV>(q + t * K, K, K / kW4Group, ws, K, acc);
+  const int64_t nc = N - j < 8 * NV ? N - j : 8 * NV;
+  for (int r = 0; r < MR; ++r)
+    for (int64_t c = 0; c < nc; ++c)
+      out[(t + r) * ldo + j + c] =
+          linear_epilogue(acc[r * 8 * NV + c], mant[j + c], shift[j + c], e[t + r], bias, j + c);
+}
+
+// Tokens [t0, t1) against NV expanded groups starting at channel j.
+template <int NV>
+inline void tokens_x(const int16_t* q, const int32_t* e, int64_t t0, int64_t t1, int64_t K, const int16_t* ws,
+                     const int32_t* mant, const int32_t* shift, const int32_t* bias, int64_t j, int64_t N,
+                     int64_t* out, int64_t ldo) {
+  constexpr int MR = 8 / NV;  // 8 accumulators, NV weights and MR broadcasts stay in the 16 registers
+  int64_t t = t0;
+  for (; t + MR <= t1; t += MR) run_tile_x<MR, NV>(q, e, t, K, ws, mant, shift, bias, j, N, out, ldo);
+  switch (t1 - t) {
+#define INTDET_TAIL(R) \
+  case R:              \
+    if constexpr (R < MR) run_tile_x<R, NV>(q, e, t, K, ws, mant, shift, bias, j, N, out, ldo); \
+    break;
+    INTDET_TAIL(1) INTDET_TAIL(2) INTDET_TAIL(3) INTDET_TAIL(4) INTDET_TAIL(5)
+    INTDET_TAIL(6) INTDET_TAIL(7) INTDET_TAIL(8) INTDET_TAIL(9) INTDET_TAIL(10) INTDET_TAIL(11)
+#undef INTDET_TAIL
+    default:
+      break;
+  }
+}
+
 template <int MR>
 inline void run_tile(const int16_t* q, const int32_t* e, int64_t t, int64_t K, const uint8_t* wp, const int32_t* mant,
                      const int32_t* shift, const int32_t* bias, int64_t j, int64_t N, int64_t* out, int64_t ldo) {
@@ -88,6 +172,25 @@ inline void run_tile(const int16_t* q, const int32_t* e, int64_t t, int64_t K, c
 void linear_w4_avx2_packed(const int16_t* q, const int32_t* e, int64_t T, int64_t K, const uint8_t* w4p,
                            const int16_t*, const int16_t*, const int32_t* mant, const int32_t* shift,
                            const int32_t* bias, int64_t N, int64_t* out, int64_t ldo) {
+  const int64_t G = K / kW4Group;
+  if (T >= kPrefillMin) {
+    thread_local std::vector<int16_t> ws;  // 16 channels' int16 weights, reused across calls
+    ws.resize((size_t)(16 * K));
+    // Token chunks outermost so the activations stay in L2; rebuilding the
+    // weights per chunk costs about 2% of the chunk's multiply-adds.
+    for (int64_t t0 = 0; t0 < T; t0 += kTokChunk) {
+      const int64_t t1 = t0 + kTokChunk < T ? t0 + kTokChunk : T;
+      for (int64_t j = 0; j < N; j += 16) {
+        const int64_t nv = N - j > 8 ? 2 : 1;
+        for (int64_t v = 0; v < nv; ++v) expand(w4p + (j / 8 + v) * G * kW4Block, G, ws.data() + v * K * 8);
+        if (nv == 2)
+          tokens_x<2>(q, e, t0, t1, K, ws.data(), mant, shift, bias, j, N, out, ldo);
+        else
+          tokens_x<1>(q, e, t0, t1, K, ws.data(), mant, shift, bias, j, N, out, ldo);
+      }
+    }
+    return;
+  }
   // 4 tokens x 8 channels: 4 int32 + 8 int64 accumulators, scales, codes.
   constexpr int MR = 4;
   for (int64_t t0 = 0; t0 < T; t0 += kTokChunk) {
