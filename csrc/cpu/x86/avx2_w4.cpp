@@ -9,8 +9,8 @@
 // vpmaddwd with a broadcast activation pair adds 2 products to each
 // channel's int32 lane.
 //
-// Decode rebuilds the weights in registers for each tile of <= 4 tokens;
-// prefill rebuilds 16 channels' weights once per chunk of tokens into an
+// Decode multiplies the raw codes and applies each group's step and offset
+// once per group (gd * S + gm * Q); prefill rebuilds 16 channels' weights once per chunk of tokens into an
 // int16 scratch (the int8 kernel's layout, widened) and runs 6 x 16 tiles.
 //
 // Exactness: a vpmaddwd lane is at most 2 * 32768 * 2047 < 2^27, so the 16
@@ -43,37 +43,49 @@ inline __m256i dup_scales(const uint8_t* p) {
   return _mm256_or_si256(x, _mm256_slli_epi32(x, 16));
 }
 
-// acc [MR][8] int64 = exact dots of MR activation rows (stride lda) with one
-// packed 8-channel group of G blocks.
+// Decode tile, factorised: per group S = sum a * u over the raw codes
+// (int16 0..15, so no weight rebuild; |S| < 2^24 in int32), then
+// gd * S + gm * Q in int64 with Q = the group's activation sum (qs [MR][G]).
+// acc [MR][8] int64 for one packed 8-channel group of G blocks.
 template <int MR>
-inline void tile(const int16_t* a, int64_t lda, int64_t G, const uint8_t* wg, int64_t* acc) {
-  __m256i lo[MR], hi[MR];  // int64 sums of channels 0-3 and 4-7
-  for (int r = 0; r < MR; ++r) lo[r] = hi[r] = _mm256_setzero_si256();
+inline void tile(const int16_t* a, int64_t lda, const int32_t* qs, int64_t G, const uint8_t* wg, int64_t* acc) {
+  __m256i ev[MR], od[MR];  // int64 sums of channels 0, 2, 4, 6 and 1, 3, 5, 7
+  for (int r = 0; r < MR; ++r) ev[r] = od[r] = _mm256_setzero_si256();
   const __m256i nib = _mm256_set1_epi16(15);
   for (int64_t j = 0; j < G; ++j) {
     const uint8_t* b = wg + j * kW4Block;
-    const __m256i d = dup_scales(b), m = dup_scales(b + 16);
     __m256i s[MR];
     for (int r = 0; r < MR; ++r) s[r] = _mm256_setzero_si256();
     const int16_t* aj = a + 32 * j;
     for (int row = 0; row < 8; ++row) {
       const __m256i v = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i*)(b + 32 + 16 * row)));
-      const __m256i w0 = _mm256_add_epi16(_mm256_mullo_epi16(_mm256_and_si256(v, nib), d), m);
-      const __m256i w1 = _mm256_add_epi16(_mm256_mullo_epi16(_mm256_srli_epi16(v, 4), d), m);
+      const __m256i u0 = _mm256_and_si256(v, nib), u1 = _mm256_srli_epi16(v, 4);
       for (int r = 0; r < MR; ++r) {
         const int16_t* ar = aj + r * lda + 4 * row;
-        s[r] = _mm256_add_epi32(s[r], _mm256_madd_epi16(w0, bcast_pair(ar)));
-        s[r] = _mm256_add_epi32(s[r], _mm256_madd_epi16(w1, bcast_pair(ar + 2)));
+        s[r] = _mm256_add_epi32(s[r], _mm256_madd_epi16(u0, bcast_pair(ar)));
+        s[r] = _mm256_add_epi32(s[r], _mm256_madd_epi16(u1, bcast_pair(ar + 2)));
       }
     }
+    // vpmuldq multiplies the low (signed) 32 bits of each 64-bit lane: even
+    // channels as they lie, odd ones after a 32-bit shift.
+    const __m256i d = _mm256_cvtepi16_epi32(_mm_loadu_si128((const __m128i*)b));
+    const __m256i m = _mm256_cvtepi16_epi32(_mm_loadu_si128((const __m128i*)(b + 16)));
+    const __m256i d1 = _mm256_srli_epi64(d, 32), m1 = _mm256_srli_epi64(m, 32);
     for (int r = 0; r < MR; ++r) {
-      lo[r] = _mm256_add_epi64(lo[r], _mm256_cvtepi32_epi64(_mm256_castsi256_si128(s[r])));
-      hi[r] = _mm256_add_epi64(hi[r], _mm256_cvtepi32_epi64(_mm256_extracti128_si256(s[r], 1)));
+      const __m256i qv = _mm256_set1_epi32(qs[r * G + j]);
+      ev[r] = _mm256_add_epi64(ev[r], _mm256_add_epi64(_mm256_mul_epi32(s[r], d), _mm256_mul_epi32(m, qv)));
+      od[r] = _mm256_add_epi64(od[r], _mm256_add_epi64(_mm256_mul_epi32(_mm256_srli_epi64(s[r], 32), d1),
+                                                       _mm256_mul_epi32(m1, qv)));
     }
   }
   for (int r = 0; r < MR; ++r) {
-    _mm256_storeu_si256((__m256i*)(acc + 8 * r), lo[r]);
-    _mm256_storeu_si256((__m256i*)(acc + 8 * r + 4), hi[r]);
+    alignas(32) int64_t e4[4], o4[4];
+    _mm256_store_si256((__m256i*)e4, ev[r]);
+    _mm256_store_si256((__m256i*)o4, od[r]);
+    for (int c = 0; c < 4; ++c) {
+      acc[8 * r + 2 * c] = e4[c];
+      acc[8 * r + 2 * c + 1] = o4[c];
+    }
   }
 }
 
@@ -156,11 +168,12 @@ inline void tokens_x(const int16_t* q, const int32_t* e, int64_t t0, int64_t t1,
 }
 
 template <int MR>
-inline void run_tile(const int16_t* q, const int32_t* e, int64_t t, int64_t K, const uint8_t* wp, const int32_t* mant,
-                     const int32_t* shift, const int32_t* bias, int64_t j, int64_t N, int64_t* out, int64_t ldo) {
+inline void run_tile(const int16_t* q, const int32_t* qs, const int32_t* e, int64_t t, int64_t K, const uint8_t* wp,
+                     const int32_t* mant, const int32_t* shift, const int32_t* bias, int64_t j, int64_t N,
+                     int64_t* out, int64_t ldo) {
   const int64_t G = K / kW4Group;
   alignas(32) int64_t acc[MR * 8];
-  tile<MR>(q + t * K, K, G, wp + (j / 8) * G * kW4Block, acc);
+  tile<MR>(q + t * K, K, qs + t * G, G, wp + (j / 8) * G * kW4Block, acc);
   const int64_t nc = N - j < 8 ? N - j : 8;
   for (int r = 0; r < MR; ++r)
     for (int64_t c = 0; c < nc; ++c)
@@ -191,20 +204,20 @@ void linear_w4_avx2_packed(const int16_t* q, const int32_t* e, int64_t T, int64_
     }
     return;
   }
-  // 4 tokens x 8 channels: 4 int32 + 8 int64 accumulators, scales, codes.
-  constexpr int MR = 4;
-  for (int64_t t0 = 0; t0 < T; t0 += kTokChunk) {
-    const int64_t t1 = t0 + kTokChunk < T ? t0 + kTokChunk : T;
-    for (int64_t j = 0; j < N; j += 8) {
-      int64_t t = t0;
-      for (; t + MR <= t1; t += MR) run_tile<MR>(q, e, t, K, w4p, mant, shift, bias, j, N, out, ldo);
-      switch (t1 - t) {
-        case 3: run_tile<3>(q, e, t, K, w4p, mant, shift, bias, j, N, out, ldo); break;
-        case 2: run_tile<2>(q, e, t, K, w4p, mant, shift, bias, j, N, out, ldo); break;
-        case 1: run_tile<1>(q, e, t, K, w4p, mant, shift, bias, j, N, out, ldo); break;
-        default: break;
-      }
+  // Decode: the groups' activation sums once, then 2 x 8 tiles (2 int32 and
+  // 4 int64 accumulators, scales, codes: no spills).
+  thread_local std::vector<int32_t> qs;
+  qs.resize((size_t)(T * G));
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t g = 0; g < G; ++g) {
+      int32_t sum = 0;  // |sum| <= 32 * 32768
+      for (int64_t k = 0; k < kW4Group; ++k) sum += q[t * K + g * kW4Group + k];
+      qs[t * G + g] = sum;
     }
+  for (int64_t j = 0; j < N; j += 8) {
+    int64_t t = 0;
+    for (; t + 2 <= T; t += 2) run_tile<2>(q, qs.data(), e, t, K, w4p, mant, shift, bias, j, N, out, ldo);
+    if (t < T) run_tile<1>(q, qs.data(), e, t, K, w4p, mant, shift, bias, j, N, out, ldo);
   }
 }
 
