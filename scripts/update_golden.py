@@ -18,21 +18,21 @@ from intdet.model import Engine, load_model  # noqa: E402
 
 PROMPT = [5, 17, 99, 230, 41, 7, 300, 12, 64, 128, 3, 77]  # as in test_engine.py
 
-with tempfile.TemporaryDirectory() as d:
-    src = models.write_hf_model(os.path.join(d, "src"), "qwen3")
-    out = convert(src, os.path.join(d, "out"), progress=False)
+
+
+def golden(d: str, prefix: str, weights: str, **shape) -> None:
+    """Convert a tiny Qwen3 (seed 0) and print its pinned lines."""
+    src = models.write_hf_model(os.path.join(d, "src-" + weights), "qwen3", **shape)
+    out = convert(src, os.path.join(d, "out-" + weights), progress=False, weights=weights)
     with open(os.path.join(out, "model.safetensors"), "rb") as f:
         sha = hashlib.sha256(f.read()).hexdigest()
     g = generate(Engine(load_model(out), "cpu"), PROMPT, 16)
-    print(f'GOLDEN_MODEL_SHA256 = "{sha}"')
-    print(f'GOLDEN_HASH = "{g.hash}"')
-    print(f"GOLDEN_TOKENS = {g.tokens}")
+    print(f'{prefix}MODEL_SHA256 = "{sha}"')
+    print(f'{prefix}HASH = "{g.hash}"')
+    print(f"{prefix}TOKENS = {g.tokens}")
+
+
+with tempfile.TemporaryDirectory() as d:
+    golden(d, "GOLDEN_", "int8")  # tests/test_engine.py
     # tests/test_int4.py: the q32-shaped tiny Qwen3 (rows a multiple of 32), int4 weights.
-    src4 = models.write_hf_model(os.path.join(d, "src4"), "qwen3", **models.INT4_SHAPE)
-    out4 = convert(src4, os.path.join(d, "out4"), progress=False, weights="int4")
-    with open(os.path.join(out4, "model.safetensors"), "rb") as f:
-        sha4 = hashlib.sha256(f.read()).hexdigest()
-    g4 = generate(Engine(load_model(out4), "cpu"), PROMPT, 16)
-    print(f'GOLDEN_INT4_MODEL_SHA256 = "{sha4}"')
-    print(f'GOLDEN_INT4_HASH = "{g4.hash}"')
-    print(f"GOLDEN_INT4_TOKENS = {g4.tokens}")
+    golden(d, "GOLDEN_INT4_", "int4", **models.INT4_SHAPE)

@@ -359,6 +359,27 @@ __device__ __forceinline__ void store_out(int32_t* o, int64_t v, bool residual) 
   *o = (int32_t)(residual ? sat32((int64_t)*o + v) : v);
 }
 
+// End of a GEMV warp (one output channel j, rows t0..t0+nt-1): the lanes'
+// partial dots summed, then lane 0 applies the epilogue.
+template <int TT>
+__device__ __forceinline__ void gemv_store(int64_t (&acc)[TT], int lane, int nt, int t0, int64_t j,
+                                           const int32_t* __restrict__ e, const int32_t* __restrict__ mant,
+                                           const int32_t* __restrict__ shift, const int32_t* __restrict__ bias,
+                                           int32_t* __restrict__ out, int64_t ldo, int residual) {
+#pragma unroll
+  for (int tt = 0; tt < TT; ++tt) acc[tt] = warp_sum(acc[tt]);
+  if (lane == 0) {
+    const int32_t mj = mant[j], sj = shift[j];
+#pragma unroll
+    for (int tt = 0; tt < TT; ++tt) {
+      if (tt < nt) {
+        const int64_t t = t0 + tt;
+        store_out(out + t * ldo + j, linear_epilogue(acc[tt], mj, sj, e[t], bias, j), residual);
+      }
+    }
+  }
+}
+
 // 16-byte load; p must be 16-byte aligned (the emulator checks it).
 __device__ __forceinline__ int4 load16(const void* p) {
 #if defined(INTDET_CUDA_EMU)
@@ -421,18 +442,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
         if (tt < nt) acc[tt] += (int32_t)q0[(int64_t)tt * K + k] * wk;
     }
   }
-#pragma unroll
-  for (int tt = 0; tt < TT; ++tt) acc[tt] = warp_sum(acc[tt]);
-  if (lane == 0) {
-    const int32_t mj = mant[j], sj = shift[j];
-#pragma unroll
-    for (int tt = 0; tt < TT; ++tt) {
-      if (tt < nt) {
-        const int64_t t = t0 + tt;
-        store_out(out + t * ldo + j, linear_epilogue(acc[tt], mj, sj, e[t], bias, j), residual);
-      }
-    }
-  }
+  gemv_store<TT>(acc, lane, nt, t0, j, e, mant, shift, bias, out, ldo, residual);
 }
 
 // Prefill GEMM: 64 rows x 64 channels per block of 256 threads, K in tiles of
@@ -586,18 +596,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
     for (int tt = 0; tt < TT; ++tt)
       if (tt < nt) acc[tt] += group_dot_w4(q0 + (int64_t)tt * K + 32 * g, u0, u1, d, m);
   }
-#pragma unroll
-  for (int tt = 0; tt < TT; ++tt) acc[tt] = warp_sum(acc[tt]);
-  if (lane == 0) {
-    const int32_t mj = mant[j], sj = shift[j];
-#pragma unroll
-    for (int tt = 0; tt < TT; ++tt) {
-      if (tt < nt) {
-        const int64_t t = t0 + tt;
-        store_out(out + t * ldo + j, linear_epilogue(acc[tt], mj, sj, e[t], bias, j), residual);
-      }
-    }
-  }
+  gemv_store<TT>(acc, lane, nt, t0, j, e, mant, shift, bias, out, ldo, residual);
 }
 
 // Prefill GEMM with int4 weights: gemm_kernel's 64 x 64 tiles and 4 x 4

@@ -26,35 +26,52 @@ struct Act16 {
 
 // Output channels are split into blocks across threads; each output is
 // computed by exactly one thread, so the thread count cannot change a bit.
+// Blocks of 64 rows, halved (down to 16) until every thread gets about 4:
+// small layers (GQA's K and V) would otherwise leave threads idle. A
+// multiple of 8, so packed groups never straddle blocks; each output is
+// computed whole by one call, so the split cannot change a bit.
+template <class F>
+void over_row_blocks(int64_t N, F&& f) {
+  int64_t rows = 64;
+  while (rows > 16 && (N + rows - 1) / rows < 4 * (int64_t)num_threads()) rows /= 2;
+  const int64_t nblk = (N + rows - 1) / rows;
+#pragma omp parallel for schedule(static)
+  for (int64_t b = 0; b < nblk; ++b) f(b * rows, b * rows + rows < N ? rows : N - b * rows);
+}
+
+// The kernel set's linear layer for L's weight format (int8 or int4), on the
+// packed layout when the set reads one.
 void run_linear(const Linear& L, const Act16& a, int64_t T, int64_t* out) {
   const Kernels& k = kernels();
-  const bool int4 = L.w4 != nullptr;
-  const bool packed = (int4 ? (void*)k.linear_w4_packed : (void*)k.linear_packed) != nullptr;
-  if (packed && !(int4 ? (const void*)L.w4p : (const void*)L.wp))
-    throw std::logic_error("linear weights were not packed (pack_model not called)");
-  const LinearFn fn = packed ? k.linear_packed : k.linear;
-  const LinearW4Fn fn4 = packed ? k.linear_w4_packed : k.linear_w4;
-  // Bytes per channel in each layout.
-  const int64_t wrow = int4 ? (packed ? L.K / kW4Group * (kW4Block / 8) : L.K / 2) : packed ? (L.K + 1) / 2 * 2 : L.K;
-  const int64_t G = L.K / kW4Group;
-  const int8_t* w = packed ? L.wp : L.w;
-  const uint8_t* w4 = packed ? L.w4p : L.w4;
-  // Blocks of 64 rows, halved (down to 16) until every thread gets about 4:
-  // small layers (GQA's K and V) would otherwise leave threads idle. A
-  // multiple of 8, so packed groups never straddle blocks; each output is
-  // computed whole by one call, so the split cannot change a bit.
-  int64_t rows = 64;
-  while (rows > 16 && (L.N + rows - 1) / rows < 4 * (int64_t)num_threads()) rows /= 2;
-  const int64_t nblk = (L.N + rows - 1) / rows;
-#pragma omp parallel for schedule(static)
-  for (int64_t b = 0; b < nblk; ++b) {
-    const int64_t j0 = b * rows, n = j0 + rows < L.N ? rows : L.N - j0;
-    const int32_t* bias = L.bias ? L.bias + j0 : nullptr;
-    if (int4)
-      fn4(a.q.data(), a.e.data(), T, L.K, w4 + j0 * wrow, packed ? nullptr : L.gd + j0 * G,
-          packed ? nullptr : L.gm + j0 * G, L.mant + j0, L.shift + j0, bias, n, out + j0, L.N);
-    else
-      fn(a.q.data(), a.e.data(), T, L.K, w + j0 * wrow, L.mant + j0, L.shift + j0, bias, n, out + j0, L.N);
+  const int16_t* q = a.q.data();
+  const int32_t* e = a.e.data();
+  const int64_t K = L.K;
+  auto bias = [&](int64_t j0) { return L.bias ? L.bias + j0 : nullptr; };
+  auto need = [](const void* p) {
+    if (!p) throw std::logic_error("linear weights were not packed (pack_model not called)");
+  };
+  if (L.w4 && k.linear_w4_packed) {
+    need(L.w4p);
+    const int64_t row = K / kW4Group * (kW4Block / 8);  // bytes per channel
+    over_row_blocks(L.N, [&](int64_t j0, int64_t n) {
+      k.linear_w4_packed(q, e, T, K, L.w4p + j0 * row, nullptr, nullptr, L.mant + j0, L.shift + j0, bias(j0), n,
+                         out + j0, L.N);
+    });
+  } else if (L.w4) {
+    const int64_t G = K / kW4Group;
+    over_row_blocks(L.N, [&](int64_t j0, int64_t n) {
+      k.linear_w4(q, e, T, K, L.w4 + j0 * (K / 2), L.gd + j0 * G, L.gm + j0 * G, L.mant + j0, L.shift + j0,
+                  bias(j0), n, out + j0, L.N);
+    });
+  } else {
+    const bool packed = k.linear_packed != nullptr;
+    if (packed) need(L.wp);
+    const LinearFn fn = packed ? k.linear_packed : k.linear;
+    const int8_t* w = packed ? L.wp : L.w;
+    const int64_t row = packed ? (K + 1) / 2 * 2 : K;  // bytes per channel
+    over_row_blocks(L.N, [&](int64_t j0, int64_t n) {
+      fn(q, e, T, K, w + j0 * row, L.mant + j0, L.shift + j0, bias(j0), n, out + j0, L.N);
+    });
   }
 }
 

@@ -24,6 +24,7 @@
 
 #include "intdet/kernels.h"
 #include "intdet/ops.h"
+#include "tiles.h"
 
 namespace intdet {
 namespace {
@@ -133,51 +134,17 @@ inline void tile_x(const int16_t* a, int64_t lda, int64_t G, const int16_t* ws, 
   }
 }
 
-template <int MR, int NV>
-inline void run_tile_x(const int16_t* q, const int32_t* e, int64_t t, int64_t K, const int16_t* ws,
-                       const int32_t* mant, const int32_t* shift, const int32_t* bias, int64_t j, int64_t N,
-                       int64_t* out, int64_t ldo) {
-  alignas(32) int64_t acc[MR * 8 * NV];
-  tile_x<MR, NV>(q + t * K, K, K / kW4Group, ws, K, acc);
-  const int64_t nc = N - j < 8 * NV ? N - j : 8 * NV;
-  for (int r = 0; r < MR; ++r)
-    for (int64_t c = 0; c < nc; ++c)
-      out[(t + r) * ldo + j + c] =
-          linear_epilogue(acc[r * 8 * NV + c], mant[j + c], shift[j + c], e[t + r], bias, j + c);
-}
-
 // Tokens [t0, t1) against NV expanded groups starting at channel j.
 template <int NV>
 inline void tokens_x(const int16_t* q, const int32_t* e, int64_t t0, int64_t t1, int64_t K, const int16_t* ws,
                      const int32_t* mant, const int32_t* shift, const int32_t* bias, int64_t j, int64_t N,
                      int64_t* out, int64_t ldo) {
-  constexpr int MR = 8 / NV;  // 8 accumulators, NV weights and MR broadcasts stay in the 16 registers
-  int64_t t = t0;
-  for (; t + MR <= t1; t += MR) run_tile_x<MR, NV>(q, e, t, K, ws, mant, shift, bias, j, N, out, ldo);
-  switch (t1 - t) {
-#define INTDET_TAIL(R) \
-  case R:              \
-    if constexpr (R < MR) run_tile_x<R, NV>(q, e, t, K, ws, mant, shift, bias, j, N, out, ldo); \
-    break;
-    INTDET_TAIL(1) INTDET_TAIL(2) INTDET_TAIL(3) INTDET_TAIL(4) INTDET_TAIL(5)
-    INTDET_TAIL(6) INTDET_TAIL(7) INTDET_TAIL(8) INTDET_TAIL(9) INTDET_TAIL(10) INTDET_TAIL(11)
-#undef INTDET_TAIL
-    default:
-      break;
-  }
-}
-
-template <int MR>
-inline void run_tile(const int16_t* q, const int32_t* qs, const int32_t* e, int64_t t, int64_t K, const uint8_t* wp,
-                     const int32_t* mant, const int32_t* shift, const int32_t* bias, int64_t j, int64_t N,
-                     int64_t* out, int64_t ldo) {
-  const int64_t G = K / kW4Group;
-  alignas(32) int64_t acc[MR * 8];
-  tile<MR>(q + t * K, K, qs + t * G, G, wp + (j / 8) * G * kW4Block, acc);
-  const int64_t nc = N - j < 8 ? N - j : 8;
-  for (int r = 0; r < MR; ++r)
-    for (int64_t c = 0; c < nc; ++c)
-      out[(t + r) * ldo + j + c] = linear_epilogue(acc[r * 8 + c], mant[j + c], shift[j + c], e[t + r], bias, j + c);
+  // 8 accumulators, NV weights and the broadcasts stay in the 16 registers
+  token_tiles<8 / NV>(t0, t1, [&](auto R, int64_t t) {
+    alignas(32) int64_t acc[R * 8 * NV];
+    tile_x<R, NV>(q + t * K, K, K / kW4Group, ws, K, acc);
+    store_tile<R, 8 * NV>(acc, e, t, mant, shift, bias, j, N, out, ldo);
+  });
 }
 
 }  // namespace
@@ -206,19 +173,27 @@ void linear_w4_avx2_packed(const int16_t* q, const int32_t* e, int64_t T, int64_
   }
   // Decode: the groups' activation sums once, then 2 x 8 tiles (2 int32 and
   // 4 int64 accumulators, scales, codes: no spills).
+  // (Each thread's row block recomputes them: T * K adds, vectorized, against
+  // T * K * rows multiply-adds.)
   thread_local std::vector<int32_t> qs;
   qs.resize((size_t)(T * G));
+  const __m256i ones = _mm256_set1_epi16(1);
   for (int64_t t = 0; t < T; ++t)
-    for (int64_t g = 0; g < G; ++g) {
-      int32_t sum = 0;  // |sum| <= 32 * 32768
-      for (int64_t k = 0; k < kW4Group; ++k) sum += q[t * K + g * kW4Group + k];
-      qs[t * G + g] = sum;
+    for (int64_t g = 0; g < G; ++g) {  // |sum| <= 32 * 32768
+      const int16_t* a = q + t * K + g * kW4Group;
+      const __m256i s = _mm256_add_epi32(_mm256_madd_epi16(_mm256_loadu_si256((const __m256i*)a), ones),
+                                         _mm256_madd_epi16(_mm256_loadu_si256((const __m256i*)(a + 16)), ones));
+      __m128i x = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+      x = _mm_add_epi32(x, _mm_shuffle_epi32(x, 0x4E));
+      x = _mm_add_epi32(x, _mm_shuffle_epi32(x, 0xB1));
+      qs[t * G + g] = _mm_cvtsi128_si32(x);
     }
-  for (int64_t j = 0; j < N; j += 8) {
-    int64_t t = 0;
-    for (; t + 2 <= T; t += 2) run_tile<2>(q, qs.data(), e, t, K, w4p, mant, shift, bias, j, N, out, ldo);
-    if (t < T) run_tile<1>(q, qs.data(), e, t, K, w4p, mant, shift, bias, j, N, out, ldo);
-  }
+  for (int64_t j = 0; j < N; j += 8)
+    token_tiles<2>(0, T, [&](auto R, int64_t t) {
+      alignas(32) int64_t acc[R * 8];
+      tile<R>(q + t * K, K, qs.data() + t * G, G, w4p + (j / 8) * G * kW4Block, acc);
+      store_tile<R, 8>(acc, e, t, mant, shift, bias, j, N, out, ldo);
+    });
 }
 
 }  // namespace intdet
