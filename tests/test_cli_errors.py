@@ -392,15 +392,18 @@ def test_convert_over_a_file(tiny_llama_hf, tmp_path, cache):
     out.write_text("a file")
     assert_error(cli(["convert", tiny_llama_hf, "-o", out], cache), out)
     assert out.read_text() == "a file"
-    r = cli(["convert", tiny_llama_hf, "-o", out, "--force"], cache)
-    assert r.rc == 0, r
-    assert os.path.isfile(out / "model.safetensors")
+    assert_error(cli(["convert", tiny_llama_hf, "-o", out, "--force"], cache), "not a directory")
+    assert out.read_text() == "a file"  # --force replaces only an intdet model directory
 
 
-def test_convert_force_replaces_non_empty_dir(tiny_llama_hf, tmp_path, cache):
+def test_convert_force_replaces_only_a_model_dir(tiny_llama_hf, tmp_path, cache):
     out = tmp_path / "out"
     out.mkdir()
     (out / "old.txt").write_text("old")
+    assert_error(cli(["convert", tiny_llama_hf, "-o", out, "--force"], cache), "not an intdet model directory")
+    assert sorted(os.listdir(out)) == ["old.txt"]
+    os.unlink(out / "old.txt")
+    assert cli(["convert", tiny_llama_hf, "-o", out], cache).rc == 0
     r = cli(["convert", tiny_llama_hf, "-o", out, "--force"], cache)
     assert r.rc == 0, r
     assert sorted(os.listdir(out)) == ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"]

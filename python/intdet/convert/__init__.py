@@ -3,17 +3,18 @@
 The output directory holds model.safetensors (integer tensors only),
 config.json and tokenizer.json/tokenizer_config.json. It is written into a
 temporary sibling directory and renamed into place, so an interrupted or
-failed conversion leaves nothing behind.
+failed conversion leaves nothing behind; ``--force`` replaces only an
+intdet model directory, by one atomic swap (output.py).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import secrets
 
 from ..errors import IntdetError
+from .output import TMP_PREFIX, check_output, install, old_path, remove_tree
 from .quantize import WEIGHT_FORMATS, quantize_model
 from .sources import read_source
 
@@ -23,13 +24,13 @@ def convert(src: str, out_dir: str, force: bool = False, progress: bool = True, 
     with "int8" or "int4" linear weights (quantize.quantize_model).
 
     Raises IntdetError if the source is unreadable or unsupported, or if
-    ``out_dir`` exists and is not empty (unless force). Returns out_dir.
+    ``out_dir`` exists and is not empty, unless force and out_dir is an
+    intdet model directory (output.check_output). Returns out_dir.
     """
     from ..tokenizer import save_tokenizer
 
     out_dir = os.path.abspath(out_dir)
-    if os.path.exists(out_dir) and (not os.path.isdir(out_dir) or os.listdir(out_dir)) and not force:
-        raise IntdetError(f"{out_dir}: output exists and is not empty (use --force to replace it)")
+    check_output(out_dir, src, force)
     if weights not in WEIGHT_FORMATS:
         raise IntdetError(f"--weights {weights!r}: choose int8 or int4")
     from ..resolve import is_converted
@@ -42,7 +43,7 @@ def convert(src: str, out_dir: str, force: bool = False, progress: bool = True, 
     os.makedirs(parent, exist_ok=True)
     # The name is fixed before the directory exists, so an interrupt at any
     # point (even inside mkdir) is cleaned up by the handler below.
-    tmp = os.path.join(parent, f".intdet-convert-{os.getpid()}-{secrets.token_hex(4)}")
+    tmp = os.path.join(parent, f"{TMP_PREFIX}{os.getpid()}-{secrets.token_hex(4)}")
     try:
         os.mkdir(tmp)
         from ..safetensors_io import save_atomic
@@ -53,22 +54,17 @@ def convert(src: str, out_dir: str, force: bool = False, progress: bool = True, 
             json.dump(cfg, f, indent=2, sort_keys=True)
             f.write("\n")
         save_tokenizer(fm.tokenizer, fm.tok_meta, tmp)
-        if os.path.isdir(out_dir) and not os.path.islink(out_dir):
-            shutil.rmtree(out_dir)
-        elif os.path.lexists(out_dir):  # --force over a file or a link
-            os.unlink(out_dir)
-        os.replace(tmp, out_dir)
-    except BaseException:
-        _remove(tmp)
-        raise
+        _readable_by_all(tmp)
+        install(tmp, out_dir, src, force)
+    finally:
+        remove_tree(tmp)  # the old model after a swap, or the partial new one
+        remove_tree(old_path(tmp))
     return out_dir
 
 
-def _remove(path: str):
-    """rmtree that a second Ctrl-C arriving during the cleanup cannot cut short."""
-    for _ in range(5):
-        try:
-            shutil.rmtree(path, ignore_errors=True)
-            return
-        except KeyboardInterrupt:
-            continue
+def _readable_by_all(d: str):
+    """The files as any new file under the umask: safetensors writes 0600."""
+    umask = os.umask(0)
+    os.umask(umask)
+    for n in os.listdir(d):
+        os.chmod(os.path.join(d, n), 0o666 & ~umask)
