@@ -14,6 +14,7 @@ import pytest
 
 from intdet.convert import convert, output
 from intdet.errors import IntdetError
+from intdet.format import is_converted
 
 
 def _tree(d):
@@ -71,7 +72,7 @@ def test_force_refuses_a_file_and_a_link(tiny_llama_gguf, tmp_path, model_a):
     link.symlink_to(model_a)
     with pytest.raises(IntdetError, match="symbolic link"):
         convert(tiny_llama_gguf, str(link), force=True, progress=False)
-    assert os.path.islink(link) and output._is_model_dir(model_a)
+    assert os.path.islink(link) and is_converted(model_a)
 
 
 def test_force_refuses_a_model_dir_with_a_foreign_file(tiny_llama_gguf, tmp_path, model_a):
@@ -139,8 +140,8 @@ def test_interrupt_during_the_swap_keeps_a_whole_model(tiny_llama_gguf, tiny_qwe
             pytest.skip("no renameat2(RENAME_EXCHANGE) on this system or file system")
         cases = [(0, "before", old), (0, "after", new)]
     else:
-        # SIGINT is blocked between the two renames: the swap completes, then
-        # Ctrl-C acts. A failing second rename puts the old model back.
+        # SIGINT is deferred between the two renames: the swap completes,
+        # then Ctrl-C acts. A failing second rename puts the old model back.
         cases = [(0, "before", new), (1, "before", new), (1, "after", new), (1, "fail", old)]
     for at, how, want in cases:
         calls = []

@@ -133,9 +133,22 @@ _EMU = {}
 def _emu_sources():
     names = ["kernels.cu", "kernels.cuh", "engine.cpp", "engine.h", "module.cpp", "emu.h"]
     paths = [os.path.join(CUDA_SRC, n) for n in names]
-    paths += [os.path.join(ROOT, "csrc", "include", "intdet", n) for n in ("intmath.h", "ops.h", "model.h")]
-    paths.append(os.path.join(ROOT, "csrc", "bindings", "model_dict.h"))  # module.cpp's model loader
+    paths += [os.path.join(ROOT, "csrc", "include", "intdet", n)
+              for n in ("intmath.h", "ops.h", "model.h", "layout.h", "loader.h")]
+    paths += [os.path.join(ROOT, "csrc", "model", n) for n in LOADER_SRC]  # the one model loader
+    paths.append(os.path.join(ROOT, "csrc", "bindings", "model_bindings.h"))
     return paths
+
+
+LOADER_SRC = ("layout.cpp", "loader.cpp")
+
+
+def _nlohmann_include():
+    try:
+        import nlohmann_json
+    except ImportError:
+        raise RuntimeError("nlohmann-json not installed (pip install nlohmann-json)") from None
+    return os.path.join(os.path.dirname(nlohmann_json.__file__), "include")
 
 
 def build_emu_module():
@@ -160,21 +173,22 @@ def build_emu_module():
     so = os.path.join(out, "_cuda_emu" + ext)
     if not os.path.isfile(so):
         os.makedirs(out, exist_ok=True)
-        inc = ["-I", os.path.join(ROOT, "csrc", "include"), "-I", CUDA_SRC]
+        inc = ["-I", os.path.join(ROOT, "csrc", "include"), "-I", CUDA_SRC, "-isystem", _nlohmann_include()]
         base = [cxx, "-std=c++20", "-O2", "-fPIC", "-DINTDET_CUDA_EMU", *inc]
         jobs = [
             base + ["-D__CUDA_ARCH__=900", "-x", "c++", "-c", os.path.join(CUDA_SRC, "kernels.cu"), "-o", os.path.join(out, "k.o")],
             base + ["-c", os.path.join(CUDA_SRC, "engine.cpp"), "-o", os.path.join(out, "e.o")],
             base + ["-fvisibility=hidden", "-DINTDET_CUDA_MODULE_NAME=_cuda_emu", "-I", sysconfig.get_paths()["include"],
                     "-I", pybind11.get_include(), "-c", os.path.join(CUDA_SRC, "module.cpp"), "-o", os.path.join(out, "m.o")],
-        ]
+        ] + [base + ["-c", os.path.join(ROOT, "csrc", "model", n), "-o", os.path.join(out, n + ".o")] for n in LOADER_SRC]
         procs = [subprocess.Popen(j, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for j in jobs]
         for p, j in zip(procs, jobs):
             log, _ = p.communicate(timeout=900)
             if p.returncode:
                 raise RuntimeError(f"emulator build failed: {' '.join(j)}\n{log[-3000:]}")
         tmp_so = so + ".tmp"
-        subprocess.run([cxx, "-shared", "-o", tmp_so] + [os.path.join(out, n) for n in ("k.o", "e.o", "m.o")], check=True,
+        objs = ["k.o", "e.o", "m.o"] + [n + ".o" for n in LOADER_SRC]
+        subprocess.run([cxx, "-shared", "-o", tmp_so] + [os.path.join(out, n) for n in objs], check=True,
                        timeout=300)
         os.replace(tmp_so, so)
     import importlib.util

@@ -27,7 +27,7 @@ PROMPT = [5, 17, 99, 230, 41, 7, 300, 12, 64, 128, 3, 77]  # as in test_engine.p
 
 # Change only with a format change (scripts/update_golden.py prints them).
 GOLDEN_INT4_MODEL_SHA256 = "13ecd0d7b3b86e95f148de12850da86b69fddf6db466684b5dc08f825b80af59"
-GOLDEN_INT4_HASH = "cc6dec042680"
+GOLDEN_INT4_HASH = "89d4720ac7d9"  # format_version 2 (version 1: cc6dec042680)
 GOLDEN_INT4_TOKENS = [183, 183, 183, 183, 183, 183, 183, 183, 183, 183, 66, 66, 66, 66, 66, 66]
 
 

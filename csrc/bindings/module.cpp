@@ -14,7 +14,7 @@
 #include "intdet/kernels.h"
 #include "intdet/model.h"
 #include "intdet/ops.h"
-#include "model_dict.h"
+#include "model_bindings.h"
 
 namespace py = pybind11;
 using namespace intdet;
@@ -24,20 +24,25 @@ namespace {
 // Owns the Python arrays the Model points into.
 struct PyModel {
   Model m;
+  Config cfg;
   py::dict keep;
 };
-
-PyModel* make_model(const py::dict& cfg, const py::dict& t, bool mapped) {
-  auto pm = std::make_unique<PyModel>();
-  pm->keep = t;
-  pm->m = pydict::model_from_dict(cfg, t);
-  pack_model(pm->m, mapped);
-  return pm.release();
-}
 
 struct PyState {
   KVCache kv;
   int64_t n_past = 0;
+};
+
+// The CPU backend for pybind::bind_forward.
+struct Cpu {
+  using PyModel = ::PyModel;
+  using PyState = ::PyState;
+  static int64_t max_len(const PyState& s) { return s.kv.max_len; }
+  static void run(PyModel& pm, std::vector<PyState*>& states, const Row* rows, int64_t T, int32_t* logits) {
+    std::vector<KVCache*> caches;
+    for (PyState* s : states) caches.push_back(&s->kv);
+    forward_rows(pm.m, caches.data(), rows, T, logits);
+  }
 };
 
 using I64Arr = py::array_t<int64_t, py::array::c_style>;
@@ -62,8 +67,21 @@ I64Arr rows(const I64Arr& x, F f) {
 PYBIND11_MODULE(_core, mod) {
   mod.doc() = "intdet integer engine (portable scalar C++ backend)";
   py::class_<PyModel>(mod, "Model")
-      .def(py::init(&make_model), py::arg("config"), py::arg("tensors"), py::arg("mapped") = false,
-           "Wrap converted tensors (dict name -> numpy array, exact dtypes) without copying.");
+      .def(py::init([](const py::object& cfg, const py::dict& t, bool mapped, const std::string& cfg_path,
+                       const std::string& st_path) {
+             auto pm = std::make_unique<PyModel>();
+             pm->keep = t;
+             // mapped: the tensors are views of a read-only file mapping, so
+             // pages may be dropped once checked and once packed.
+             pm->m = pybind::load(cfg, t, cfg_path, st_path, mapped);
+             pm->cfg = pm->m.cfg;
+             pack_model(pm->m, mapped);
+             return pm.release();
+           }),
+           py::arg("config"), py::arg("tensors"), py::arg("mapped") = false, py::arg("config_path") = "config.json",
+           py::arg("tensors_path") = "model.safetensors",
+           "Check and wrap converted tensors (config.json text or dict; dict name -> numpy array, exact dtypes) "
+           "without copying; ValueError naming the file and the tensor or key.");
   py::class_<PyState>(mod, "State")
       .def(py::init([](const PyModel& pm, int64_t max_len) {
              if (max_len <= 0 || max_len > pm.m.cfg.ctx)
@@ -75,77 +93,8 @@ PYBIND11_MODULE(_core, mod) {
            py::arg("model"), py::arg("max_len"))
       .def_readonly("n_past", &PyState::n_past)
       .def("reset", [](PyState& s) { s.n_past = 0; });
-
-  mod.def(
-      "forward",
-      [](const PyModel& pm, PyState& s, py::array_t<int32_t, py::array::c_style> tokens, int64_t start,
-         bool all_logits) {
-        const int64_t T = tokens.size();
-        const Config& c = pm.m.cfg;
-        if (T == 0) throw std::invalid_argument("forward needs at least one token");
-        if (start != s.n_past) throw std::invalid_argument("start must equal the number of cached positions");
-        if (start + T > s.kv.max_len) throw std::invalid_argument("sequence longer than the KV cache");
-        for (int64_t i = 0; i < T; ++i)
-          if (tokens.data()[i] < 0 || tokens.data()[i] >= c.vocab) throw std::invalid_argument("token id out of range");
-        const int64_t Tout = all_logits ? T : 1;
-        py::array_t<int32_t> out({Tout, c.vocab});
-        {
-          py::gil_scoped_release nogil;
-          forward(pm.m, s.kv, tokens.data(), T, start, all_logits, out.mutable_data());
-        }
-        s.n_past = start + T;
-        return out;
-      },
-      py::arg("model"), py::arg("state"), py::arg("tokens"), py::arg("start"), py::arg("all_logits") = false,
-      "Prefill or decode tokens (int32 [T]) at positions start..start+T-1; returns int32 logits [T or 1, V] (Q16).");
-
-  mod.def(
-      "forward_batch",
-      [](const PyModel& pm, std::vector<PyState*> states, std::vector<py::array_t<int32_t, py::array::c_style>> toks,
-         bool all_logits) {
-        // Several sequences in one call: their rows share every linear layer.
-        const Config& c = pm.m.cfg;
-        if (states.size() != toks.size() || states.empty())
-          throw std::invalid_argument("forward_batch needs one token array per state");
-        std::vector<KVCache*> caches;
-        std::vector<Row> rows;
-        std::vector<int64_t> nout;
-        for (size_t i = 0; i < states.size(); ++i) {
-          for (size_t j = 0; j < i; ++j)
-            if (states[j] == states[i]) throw std::invalid_argument("forward_batch: a state appears twice");
-          const int64_t T = toks[i].size();
-          if (T == 0) throw std::invalid_argument("forward_batch: empty token array");
-          if (states[i]->n_past + T > states[i]->kv.max_len)
-            throw std::invalid_argument("sequence longer than the KV cache");
-          caches.push_back(&states[i]->kv);
-          for (int64_t t = 0; t < T; ++t) {
-            const int32_t tok = toks[i].data()[t];
-            if (tok < 0 || tok >= c.vocab) throw std::invalid_argument("token id out of range");
-            rows.push_back(Row{(int64_t)i, states[i]->n_past + t, tok, all_logits || t == T - 1});
-          }
-          nout.push_back(all_logits ? T : 1);
-        }
-        int64_t total = 0;
-        for (auto n : nout) total += n;
-        std::vector<int32_t> out((size_t)(total * c.vocab));
-        {
-          py::gil_scoped_release nogil;
-          forward_rows(pm.m, caches.data(), rows.data(), (int64_t)rows.size(), out.data());
-        }
-        py::list res;
-        int64_t off = 0;
-        for (size_t i = 0; i < states.size(); ++i) {
-          py::array_t<int32_t> a({nout[i], c.vocab});
-          std::copy(out.begin() + off * c.vocab, out.begin() + (off + nout[i]) * c.vocab, a.mutable_data());
-          off += nout[i];
-          states[i]->n_past += toks[i].size();
-          res.append(a);
-        }
-        return res;
-      },
-      py::arg("model"), py::arg("states"), py::arg("tokens"), py::arg("all_logits") = false,
-      "Advance several sequences in one call (batched decode / mixed prefill); returns one int32 logits array per "
-      "sequence ([T_i or 1, V]), each identical to running that sequence alone.");
+  pybind::bind_forward<Cpu>(mod);
+  pybind::bind_loader(mod);
 
   // ---- primitives and ops, for bit-exact tests against ref/ ----
   py::module_ ops = mod.def_submodule("ops", "scalar C++ ops on int64 arrays, for tests");

@@ -233,10 +233,9 @@ void enqueue_body(DeviceModel& m, int64_t T, int64_t sstride, int64_t rows_per) 
     lin(m, L.q, T, w.qb.p, false);  // [T, nh*D] Q16
     lin(m, L.k, T, w.kb.p, false);  // [T, nkv*D]
     lin(m, L.v, T, w.vb.p, false);
-    launch_norm_rope(w.qb.p, (int)T, nh, D, c.qk_norm ? L.q_norm : nullptr, c.eps_head, w.pos(), m.rope_cos,
-                     m.rope_sin, st);
-    launch_norm_rope(w.kb.p, (int)T, nkv, D, c.qk_norm ? L.k_norm : nullptr, c.eps_head, w.pos(), m.rope_cos,
-                     m.rope_sin, st);
+    // q_norm / k_norm are null unless the block has per-head q/k RMSNorm.
+    launch_norm_rope(w.qb.p, (int)T, nh, D, L.q_norm, c.eps_head, w.pos(), m.rope_cos, m.rope_sin, st);
+    launch_norm_rope(w.kb.p, (int)T, nkv, D, L.k_norm, c.eps_head, w.pos(), m.rope_cos, m.rope_sin, st);
     launch_kv_append(w.kb.p, w.vb.p, (int)T, nkv, D, (int)l, w.seq(), w.pos(), w.kvs.p, st);
     for (int64_t r0 = 0; r0 < T; r0 += rows_per)
       launch_attention(w.qb.p, (int)r0, (int)std::min(rows_per, T - r0), nh, nkv, D, (int)l, w.seq(), w.pos(),

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "../bindings/model_dict.h"
+#include "../bindings/model_bindings.h"
 #include "engine.h"
 #include "intdet/intmath.h"
 #include "intdet/model.h"
@@ -20,9 +20,10 @@ using namespace intdet;
 
 namespace {
 
-// A host Model pointing into the Python arrays (valid while `t` lives).
-Model host_model(const py::dict& cfg, const py::dict& t) {
-  Model m = pydict::model_from_dict(cfg, t);
+// A host Model pointing into the Python arrays (valid while `t` lives),
+// checked by the one loader, then the CUDA kernels' own index range.
+Model host_model(const py::object& cfg, const py::dict& t, const std::string& cfg_path, const std::string& st_path) {
+  Model m = pybind::load(cfg, t, cfg_path, st_path, false);
   const Config& c = m.cfg;
   if (c.vocab >= ((int64_t)1 << 31) || c.ffn >= ((int64_t)1 << 24) || c.n_heads * c.head_dim >= ((int64_t)1 << 24))
     throw std::invalid_argument("model config has sizes beyond the CUDA kernels' index range");
@@ -40,13 +41,24 @@ struct PyState {
   int64_t max_len = 0;
 };
 
+// The CUDA backend for pybind::bind_forward.
+struct Gpu {
+  using PyModel = ::PyModel;
+  using PyState = ::PyState;
+  static int64_t max_len(const PyState& s) { return s.max_len; }
+  static void run(PyModel& pm, std::vector<PyState*>& states, const Row* rows, int64_t T, int32_t* logits) {
+    std::vector<cuda::DeviceState*> devs;
+    for (PyState* s : states) devs.push_back(s->dev.get());
+    cuda::forward_rows(*pm.dev, devs.data(), (int64_t)devs.size(), rows, T, logits);
+  }
+};
+
 bool env_graphs() {
   const char* v = std::getenv("INTDET_CUDA_GRAPHS");
   return v && *v && std::string(v) != "0";
 }
 
-template <class T>
-using Arr = py::array_t<T, py::array::c_style>;
+using pybind::Arr;
 
 }  // namespace
 
@@ -69,8 +81,9 @@ PYBIND11_MODULE(INTDET_CUDA_MODULE_NAME, mod) {
   mod.def("isa", []() { return std::string("cuda"); });
 
   py::class_<PyModel>(mod, "Model")
-      .def(py::init([](const py::dict& cfg, const py::dict& tensors, py::object graphs) {
-             Model h = host_model(cfg, tensors);
+      .def(py::init([](const py::object& cfg, const py::dict& tensors, py::object graphs, const std::string& cfg_path,
+                       const std::string& st_path) {
+             Model h = host_model(cfg, tensors, cfg_path, st_path);
              auto* pm = new PyModel();
              pm->cfg = h.cfg;
              {
@@ -81,6 +94,7 @@ PYBIND11_MODULE(INTDET_CUDA_MODULE_NAME, mod) {
              return pm;
            }),
            py::arg("config"), py::arg("tensors"), py::arg("cuda_graphs") = py::none(),
+           py::arg("config_path") = "config.json", py::arg("tensors_path") = "model.safetensors",
            "Upload converted tensors (dict name -> numpy array, exact dtypes) to the GPU. cuda_graphs: replay "
            "decode steps from CUDA graphs (default: env INTDET_CUDA_GRAPHS=1).")
       .def_property(
@@ -99,77 +113,7 @@ PYBIND11_MODULE(INTDET_CUDA_MODULE_NAME, mod) {
       .def_readonly("n_past", &PyState::n_past)
       .def("reset", [](PyState& s) { s.n_past = 0; });
 
-  mod.def(
-      "forward",
-      [](PyModel& pm, PyState& s, Arr<int32_t> tokens, int64_t start, bool all_logits) {
-        const int64_t T = tokens.size();
-        const Config& c = pm.cfg;
-        if (T == 0) throw std::invalid_argument("forward needs at least one token");
-        if (start != s.n_past) throw std::invalid_argument("start must equal the number of cached positions");
-        if (start + T > s.max_len) throw std::invalid_argument("sequence longer than the KV cache");
-        std::vector<Row> rows((size_t)T);
-        for (int64_t i = 0; i < T; ++i) {
-          const int32_t tok = tokens.data()[i];
-          if (tok < 0 || tok >= c.vocab) throw std::invalid_argument("token id out of range");
-          rows[(size_t)i] = Row{0, start + i, tok, all_logits || i == T - 1};
-        }
-        const int64_t Tout = all_logits ? T : 1;
-        py::array_t<int32_t> out({Tout, c.vocab});
-        cuda::DeviceState* st = s.dev.get();
-        int32_t* o = out.mutable_data();
-        {
-          py::gil_scoped_release nogil;
-          cuda::forward_rows(*pm.dev, &st, 1, rows.data(), T, o);
-        }
-        s.n_past = start + T;
-        return out;
-      },
-      py::arg("model"), py::arg("state"), py::arg("tokens"), py::arg("start"), py::arg("all_logits") = false,
-      "Prefill or decode tokens (int32 [T]) at positions start..start+T-1; returns int32 logits [T or 1, V] (Q16).");
-
-  mod.def(
-      "forward_batch",
-      [](PyModel& pm, std::vector<PyState*> states, std::vector<Arr<int32_t>> toks, bool all_logits) {
-        const Config& c = pm.cfg;
-        if (states.size() != toks.size() || states.empty())
-          throw std::invalid_argument("forward_batch needs one token array per state");
-        std::vector<cuda::DeviceState*> devs;
-        std::vector<Row> rows;
-        std::vector<int64_t> nout;
-        for (size_t i = 0; i < states.size(); ++i) {
-          for (size_t j = 0; j < i; ++j)
-            if (states[j] == states[i]) throw std::invalid_argument("forward_batch: a state appears twice");
-          const int64_t T = toks[i].size();
-          if (T == 0) throw std::invalid_argument("forward_batch: empty token array");
-          if (states[i]->n_past + T > states[i]->max_len) throw std::invalid_argument("sequence longer than the KV cache");
-          devs.push_back(states[i]->dev.get());
-          for (int64_t t = 0; t < T; ++t) {
-            const int32_t tok = toks[i].data()[t];
-            if (tok < 0 || tok >= c.vocab) throw std::invalid_argument("token id out of range");
-            rows.push_back(Row{(int64_t)i, states[i]->n_past + t, tok, all_logits || t == T - 1});
-          }
-          nout.push_back(all_logits ? T : 1);
-        }
-        int64_t total = 0;
-        for (auto n : nout) total += n;
-        std::vector<int32_t> out((size_t)(total * c.vocab));
-        {
-          py::gil_scoped_release nogil;
-          cuda::forward_rows(*pm.dev, devs.data(), (int64_t)devs.size(), rows.data(), (int64_t)rows.size(), out.data());
-        }
-        py::list res;
-        int64_t off = 0;
-        for (size_t i = 0; i < states.size(); ++i) {
-          py::array_t<int32_t> a({nout[i], c.vocab});
-          std::copy(out.begin() + off * c.vocab, out.begin() + (off + nout[i]) * c.vocab, a.mutable_data());
-          off += nout[i];
-          states[i]->n_past += toks[i].size();
-          res.append(a);
-        }
-        return res;
-      },
-      py::arg("model"), py::arg("states"), py::arg("tokens"), py::arg("all_logits") = false,
-      "Advance several sequences in one call; one int32 logits array per sequence ([T_i or 1, V]).");
+  pybind::bind_forward<Gpu>(mod);
 
   // ---- single ops on the device, for the bit-exact tests against intdet._core.ops ----
   py::module_ ops = mod.def_submodule("ops", "CUDA kernels on host arrays, for tests");

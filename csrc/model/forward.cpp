@@ -122,7 +122,7 @@ void forward_rows(const Model& m, KVCache* const* caches, const Row* rows, int64
     run_linear(L.q, act, T, q.data());                        // [T, nh*D] Q16
     run_linear(L.k, act, T, k.data());                        // [T, nkv*D] Q16
     run_linear(L.v, act, T, v.data());                        // [T, nkv*D] Q16
-    if (c.qk_norm) {  // Qwen3: per-head RMSNorm
+    if (L.q_norm) {  // the block has per-head q/k RMSNorm (Qwen3)
       norm_rows(q.data(), L.q_norm, T * nh, D, c.eps_head, qn);
       q.swap(qn);
       norm_rows(k.data(), L.k_norm, T * nkv, D, c.eps_head, qn);

@@ -13,13 +13,13 @@
 //   stop <length|eos>
 // and the kernel set, thread count and byte order on stderr.
 //
-// The model is read directly: config.json and the safetensors header are
-// parsed by a small JSON reader below; every dtype, shape and offset is
-// checked before use (as python/intdet/model.py and safetensors_io.py do).
-// Tensors are copied out of the little-endian file into aligned host-order
-// buffers, so unaligned offsets and big-endian hosts are both handled.
-// Both weight formats load: int8, and int4 (config weight_format "int4":
-// codes .q4 uint8 plus per-group-32 .gd/.gm int16, bound-checked here).
+// The model is read directly: the safetensors header is parsed with
+// nlohmann/json and every dtype, shape and offset checked before use (as
+// python/intdet/safetensors_io.py does). Tensors are copied out of the
+// little-endian file into aligned host-order buffers, so unaligned offsets
+// and big-endian hosts are both handled. config.json and the tensors then go
+// through the one loader (csrc/include/intdet/loader.h) that the Python
+// engines use, so both accept and refuse the same files.
 // sha256(model.safetensors) for h_0 is computed here unless --model-sha256
 // gives it.
 #include <algorithm>
@@ -38,10 +38,13 @@
 #include <utility>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #define XXH_INLINE_ALL
 #include "xxhash.h"
 
 #include "intdet/kernels.h"
+#include "intdet/loader.h"
 #include "intdet/model.h"
 
 namespace {
@@ -53,239 +56,15 @@ static_assert(std::endian::native == std::endian::little || std::endian::native 
 
 [[noreturn]] void fail(const std::string& msg) { throw std::runtime_error(msg); }
 
-// ------------------------------------------------------------------ JSON
+using json = nlohmann::json;
 
-struct Json {
-  enum Kind { Null, Bool, Int, Num, Str, Arr, Obj } kind = Null;
-  bool b = false;
-  int64_t i = 0;
-  std::string s;  // string value, or the text of a non-integer number
-  std::vector<Json> arr;
-  std::vector<std::pair<std::string, Json>> obj;
-
-  const Json* get(const std::string& key) const {
-    if (kind != Obj) return nullptr;
-    for (const auto& kv : obj)
-      if (kv.first == key) return &kv.second;
-    return nullptr;
+json parse_json(const unsigned char* p, size_t n, const std::string& where) {
+  try {
+    return json::parse(p, p + n);
+  } catch (const json::parse_error& e) {
+    fail(where + ": invalid JSON (" + e.what() + ")");
   }
-};
-
-class JsonParser {
- public:
-  JsonParser(const char* p, size_t n, std::string where) : p_(p), end_(p + n), where_(std::move(where)) {}
-
-  Json parse() {
-    Json v = value(0);
-    ws();
-    if (p_ != end_) err("trailing characters");
-    return v;
-  }
-
- private:
-  const char* p_;
-  const char* end_;
-  std::string where_;
-
-  [[noreturn]] void err(const std::string& what) { fail(where_ + ": invalid JSON (" + what + ")"); }
-  void ws() {
-    while (p_ != end_ && (*p_ == ' ' || *p_ == '\t' || *p_ == '\n' || *p_ == '\r')) ++p_;
-  }
-  bool lit(const char* s) {
-    size_t n = std::strlen(s);
-    if ((size_t)(end_ - p_) >= n && std::memcmp(p_, s, n) == 0) {
-      p_ += n;
-      return true;
-    }
-    return false;
-  }
-  static void utf8(std::string& out, uint32_t c) {
-    if (c < 0x80) {
-      out += (char)c;
-    } else if (c < 0x800) {
-      out += (char)(0xC0 | (c >> 6));
-      out += (char)(0x80 | (c & 0x3F));
-    } else if (c < 0x10000) {
-      out += (char)(0xE0 | (c >> 12));
-      out += (char)(0x80 | ((c >> 6) & 0x3F));
-      out += (char)(0x80 | (c & 0x3F));
-    } else {
-      out += (char)(0xF0 | (c >> 18));
-      out += (char)(0x80 | ((c >> 12) & 0x3F));
-      out += (char)(0x80 | ((c >> 6) & 0x3F));
-      out += (char)(0x80 | (c & 0x3F));
-    }
-  }
-  uint32_t hex4() {
-    if (end_ - p_ < 4) err("short \\u escape");
-    uint32_t c = 0;
-    for (int k = 0; k < 4; ++k) {
-      char h = *p_++;
-      c <<= 4;
-      if (h >= '0' && h <= '9') c |= (uint32_t)(h - '0');
-      else if (h >= 'a' && h <= 'f') c |= (uint32_t)(h - 'a' + 10);
-      else if (h >= 'A' && h <= 'F') c |= (uint32_t)(h - 'A' + 10);
-      else err("bad \\u escape");
-    }
-    return c;
-  }
-  std::string str() {
-    ++p_;  // opening quote
-    std::string out;
-    while (true) {
-      if (p_ == end_) err("unterminated string");
-      char c = *p_++;
-      if (c == '"') return out;
-      if ((unsigned char)c < 0x20) err("control character in string");
-      if (c != '\\') {
-        out += c;
-        continue;
-      }
-      if (p_ == end_) err("unterminated escape");
-      char e = *p_++;
-      switch (e) {
-        case '"': out += '"'; break;
-        case '\\': out += '\\'; break;
-        case '/': out += '/'; break;
-        case 'b': out += '\b'; break;
-        case 'f': out += '\f'; break;
-        case 'n': out += '\n'; break;
-        case 'r': out += '\r'; break;
-        case 't': out += '\t'; break;
-        case 'u': {
-          uint32_t c1 = hex4();
-          if (c1 >= 0xD800 && c1 < 0xDC00) {
-            if (!lit("\\u")) err("lone surrogate");
-            uint32_t c2 = hex4();
-            if (c2 < 0xDC00 || c2 >= 0xE000) err("bad surrogate pair");
-            c1 = 0x10000 + ((c1 - 0xD800) << 10) + (c2 - 0xDC00);
-          } else if (c1 >= 0xDC00 && c1 < 0xE000) {
-            err("lone surrogate");
-          }
-          utf8(out, c1);
-          break;
-        }
-        default: err("bad escape");
-      }
-    }
-  }
-  Json number() {
-    const char* s = p_;
-    if (p_ != end_ && *p_ == '-') ++p_;
-    auto digits = [&] {
-      const char* d = p_;
-      while (p_ != end_ && *p_ >= '0' && *p_ <= '9') ++p_;
-      if (p_ == d) err("bad number");
-    };
-    if (p_ != end_ && *p_ == '0') ++p_;
-    else digits();
-    bool integer = true;
-    if (p_ != end_ && *p_ == '.') {
-      ++p_;
-      digits();
-      integer = false;
-    }
-    if (p_ != end_ && (*p_ == 'e' || *p_ == 'E')) {
-      ++p_;
-      if (p_ != end_ && (*p_ == '+' || *p_ == '-')) ++p_;
-      digits();
-      integer = false;
-    }
-    Json v;
-    v.s.assign(s, p_);
-    v.kind = Json::Num;
-    if (integer) {  // exact int64 or it stays a Num (text)
-      const bool neg = v.s[0] == '-';
-      uint64_t mag = 0, lim = neg ? (uint64_t)1 << 63 : ((uint64_t)1 << 63) - 1;
-      bool ok = true;
-      for (size_t k = neg ? 1 : 0; k < v.s.size() && ok; ++k) {
-        uint64_t d = (uint64_t)(v.s[k] - '0');
-        if (mag > (lim - d) / 10) ok = false;
-        else mag = mag * 10 + d;
-      }
-      if (ok) {
-        v.kind = Json::Int;
-        v.i = neg ? (int64_t)(0 - mag) : (int64_t)mag;
-      }
-    }
-    return v;
-  }
-  Json value(int depth) {
-    if (depth > 64) err("nested too deeply");
-    ws();
-    if (p_ == end_) err("unexpected end");
-    Json v;
-    char c = *p_;
-    if (c == '{') {
-      ++p_;
-      v.kind = Json::Obj;
-      ws();
-      if (p_ != end_ && *p_ == '}') {
-        ++p_;
-        return v;
-      }
-      while (true) {
-        ws();
-        if (p_ == end_ || *p_ != '"') err("expected a key");
-        std::string k = str();
-        if (v.get(k)) err("duplicate key '" + k + "'");
-        ws();
-        if (p_ == end_ || *p_ != ':') err("expected ':'");
-        ++p_;
-        v.obj.emplace_back(std::move(k), value(depth + 1));
-        ws();
-        if (p_ != end_ && *p_ == ',') {
-          ++p_;
-          continue;
-        }
-        if (p_ != end_ && *p_ == '}') {
-          ++p_;
-          return v;
-        }
-        err("expected ',' or '}'");
-      }
-    }
-    if (c == '[') {
-      ++p_;
-      v.kind = Json::Arr;
-      ws();
-      if (p_ != end_ && *p_ == ']') {
-        ++p_;
-        return v;
-      }
-      while (true) {
-        v.arr.push_back(value(depth + 1));
-        ws();
-        if (p_ != end_ && *p_ == ',') {
-          ++p_;
-          continue;
-        }
-        if (p_ != end_ && *p_ == ']') {
-          ++p_;
-          return v;
-        }
-        err("expected ',' or ']'");
-      }
-    }
-    if (c == '"') {
-      v.kind = Json::Str;
-      v.s = str();
-      return v;
-    }
-    if (lit("true")) {
-      v.kind = Json::Bool;
-      v.b = true;
-      return v;
-    }
-    if (lit("false")) {
-      v.kind = Json::Bool;
-      return v;
-    }
-    if (lit("null")) return v;
-    if (c == '-' || (c >= '0' && c <= '9')) return number();
-    err("unexpected character");
-  }
-};
+}
 
 // ------------------------------------------------------------------ files
 
@@ -384,14 +163,14 @@ class Sha256 {
 // ------------------------------------------------------------------ safetensors
 
 struct Tensor {
-  std::string dtype;            // I8, U8, I16, I32 (the only ones a model uses)
+  DType dtype;
   std::vector<int64_t> shape;
-  std::vector<uint64_t> data;   // host byte order; uint64 storage keeps it aligned
-  template <typename T>
-  const T* as() const { return reinterpret_cast<const T*>(data.data()); }
+  std::vector<uint64_t> data;  // host byte order; uint64 storage keeps it aligned
 };
 
-int dtype_size(const std::string& dt) {
+// The dtypes a safetensors header may name; the loader then accepts only a
+// model's (I8, U8, I16, I32) and refuses the others by tensor name.
+int header_dtype_size(const std::string& dt) {
   static const std::map<std::string, int> sizes = {{"F64", 8}, {"F32", 4}, {"F16", 2}, {"BF16", 2}, {"I64", 8},
                                                     {"I32", 4}, {"I16", 2}, {"I8", 1},  {"U8", 1},   {"BOOL", 1}};
   auto it = sizes.find(dt);
@@ -406,35 +185,41 @@ std::map<std::string, Tensor> read_safetensors(const std::string& path, const st
   const uint64_t hlen = load_le64(file.data());
   if (hlen > size - 8 || hlen > 100u * 1024 * 1024)
     fail(path + ": safetensors header length " + std::to_string(hlen) + " exceeds the file size " + std::to_string(size));
-  Json header = JsonParser(reinterpret_cast<const char*>(file.data()) + 8, (size_t)hlen, path + " header").parse();
-  if (header.kind != Json::Obj) fail(path + ": safetensors header is not a JSON object");
+  const json header = parse_json(file.data() + 8, (size_t)hlen, path + " header");
+  if (!header.is_object()) fail(path + ": safetensors header is not a JSON object");
   const uint64_t base = 8 + hlen, data_len = size - base;
   std::map<std::string, Tensor> out;
   std::vector<std::pair<std::pair<uint64_t, uint64_t>, std::string>> spans;
-  for (const auto& [name, ent] : header.obj) {
+  for (const auto& [name, ent] : header.items()) {
     if (name == "__metadata__") continue;
-    const Json* dt = ent.get("dtype");
-    const Json* shape = ent.get("shape");
-    const Json* offs = ent.get("data_offsets");
-    if (!dt || dt->kind != Json::Str || !shape || shape->kind != Json::Arr || !offs || offs->kind != Json::Arr ||
-        offs->arr.size() != 2 || offs->arr[0].kind != Json::Int || offs->arr[1].kind != Json::Int)
+    if (!ent.is_object() || !ent.contains("dtype") || !ent["dtype"].is_string() || !ent.contains("shape") ||
+        !ent["shape"].is_array() || !ent.contains("data_offsets") || !ent["data_offsets"].is_array() ||
+        ent["data_offsets"].size() != 2 || !ent["data_offsets"][0].is_number_integer() ||
+        !ent["data_offsets"][1].is_number_integer())
       fail(path + ": tensor '" + name + "' has a malformed header entry");
-    const int isz = dtype_size(dt->s);
-    if (!isz) fail(path + ": tensor '" + name + "' has unsupported dtype '" + dt->s + "'");
-    const int64_t b = offs->arr[0].i, e = offs->arr[1].i;
+    const std::string dt = ent["dtype"].get<std::string>();
+    const int isz = header_dtype_size(dt);
+    if (!isz) fail(path + ": tensor '" + name + "' has unsupported dtype '" + dt + "'");
+    static const std::map<std::string, DType> model_dtypes = {
+        {"I8", DType::I8}, {"U8", DType::U8}, {"I16", DType::I16}, {"I32", DType::I32}};
+    if (!model_dtypes.count(dt)) fail(path + ": tensor '" + name + "' has dtype " + dt + " (a model holds I8, U8, I16, I32)");
+    const json& offs = ent["data_offsets"];
+    const int64_t b = offs[0].is_number_unsigned() && offs[0].get<uint64_t>() > (uint64_t)INT64_MAX ? -1 : offs[0].get<int64_t>();
+    const int64_t e = offs[1].is_number_unsigned() && offs[1].get<uint64_t>() > (uint64_t)INT64_MAX ? -1 : offs[1].get<int64_t>();
     if (!(0 <= b && b <= e && (uint64_t)e <= data_len))
       fail(path + ": tensor '" + name + "' offsets [" + std::to_string(b) + ", " + std::to_string(e) +
            "] lie outside the " + std::to_string(data_len) + "-byte data section");
     Tensor t;
-    t.dtype = dt->s;
+    t.dtype = model_dtypes.at(dt);
     uint64_t nbytes = (uint64_t)isz;
     bool overflow = false;
-    for (const Json& d : shape->arr) {
-      if (d.kind != Json::Int || d.i < 0 || d.i >= ((int64_t)1 << 40))
+    for (const json& d : ent["shape"]) {
+      if (!d.is_number_integer() || d.get<int64_t>() < 0 || d.get<int64_t>() >= ((int64_t)1 << 40))
         fail(path + ": tensor '" + name + "' has an invalid shape");
-      t.shape.push_back(d.i);
-      if (d.i && nbytes > UINT64_MAX / (uint64_t)d.i) overflow = true;
-      else nbytes *= (uint64_t)d.i;
+      const int64_t di = d.get<int64_t>();
+      t.shape.push_back(di);
+      if (di && nbytes > UINT64_MAX / (uint64_t)di) overflow = true;
+      else nbytes *= (uint64_t)di;
     }
     if (overflow || nbytes != (uint64_t)(e - b))
       fail(path + ": tensor '" + name + "' is " + std::to_string(e - b) + " bytes but its dtype and shape need " +
@@ -468,192 +253,37 @@ struct LoadedModel {
   std::map<std::string, Tensor> tensors;  // owns what m points into
 };
 
-class ModelLoader {
- public:
-  ModelLoader(std::string st_path, std::map<std::string, Tensor>& t) : path_(std::move(st_path)), t_(t) {}
-
-  template <typename T>
-  const T* get(const std::string& name, std::vector<int64_t> shape, bool optional = false) {
-    auto it = t_.find(name);
-    if (it == t_.end()) {
-      if (optional) return nullptr;
-      fail(path_ + ": missing tensor '" + name + "'");
-    }
-    const Tensor& x = it->second;
-    static_assert(sizeof(T) == 1 || std::is_signed_v<T>, "unsigned only for U8");
-    const char* want = sizeof(T) == 1 ? (std::is_signed_v<T> ? "I8" : "U8") : sizeof(T) == 2 ? "I16" : "I32";
-    if (x.dtype != want || x.shape != shape) {
-      std::string got = x.dtype + "[", exp = std::string(want) + "[";
-      for (size_t k = 0; k < x.shape.size(); ++k) got += (k ? ", " : "") + std::to_string(x.shape[k]);
-      for (size_t k = 0; k < shape.size(); ++k) exp += (k ? ", " : "") + std::to_string(shape[k]);
-      fail(path_ + ": tensor '" + name + "' is " + got + "], expected " + exp + "]");
-    }
-    const T* p = x.as<T>();
-    int64_t n = 1;
-    for (int64_t d : shape) n *= d;
-    // Value ranges the overflow bounds rely on (python/intdet/model.py _check_value_ranges).
-    auto ends = [&](const char* s) {
-      const size_t m = std::strlen(s);
-      return name.size() >= m && name.compare(name.size() - m, m, s) == 0;
-    };
-    for (int64_t k = 0; k < n; ++k) {
-      const int64_t v = p[k];
-      if (ends(".mant") && (v < 0 || v > (1 << 15)))
-        fail(path_ + ": tensor '" + name + "' has a dyadic mantissa outside [0, 2^15]");
-      if (ends(".shift") && (v < -64 || v > 200)) fail(path_ + ": tensor '" + name + "' has a shift outside [-64, 200]");
-      if (ends(".q") && v < -127) fail(path_ + ": tensor '" + name + "' holds -128 (weights are symmetric int8)");
-    }
-    return p;
-  }
-
-  // int4: the decoder linears (not the int8 embedding / lm_head, which pass
-  // wname) hold codes .q4 uint8 [N, K/2] and per group of 32 inputs step .gd
-  // and offset .gm int16 [N, K/32] (docs/format.md, python/intdet/model.py).
-  Linear linear(const std::string& name, int64_t N, int64_t K, bool bias, const std::string& wname = "",
-                bool int4 = false) {
-    Linear L;
-    L.N = N;
-    L.K = K;
-    if (int4 && wname.empty()) {
-      if (K % 32) fail(path_ + ": tensor '" + name + ".q4': input size " + std::to_string(K) + " is not a multiple of 32");
-      if (t_.count(name + ".q")) fail(path_ + ": tensor '" + name + ".q' is int8 in an int4 model (weight_format int4)");
-      L.w4 = get<uint8_t>(name + ".q4", {N, K / 2});
-      L.gd = get<int16_t>(name + ".gd", {N, K / 32});
-      L.gm = get<int16_t>(name + ".gm", {N, K / 32});
-      for (int64_t i = 0; i < N * (K / 32); ++i) {  // the bound the kernels' int32 blocks rely on
-        const int32_t d = L.gd[i], m = L.gm[i];      // |d*u + m| <= 2047 for u in 0..15, d >= 0
-        if (d < 0 || m < -2047 || m > 2047 || m + 15 * d > 2047)
-          fail(path_ + ": tensor '" + name + "' has int4 group steps/offsets outside |gd * u + gm| <= 2047 (group " +
-               std::to_string(i) + ": gd " + std::to_string(d) + ", gm " + std::to_string(m) + ")");
-      }
-    } else {
-      if (wname.empty() && t_.count(name + ".q4"))
-        fail(path_ + ": tensor '" + name + ".q4' is int4 but config.json has no weight_format int4");
-      L.w = get<int8_t>(wname.empty() ? name + ".q" : wname, {N, K});
-    }
-    L.mant = get<int32_t>(name + ".mant", {N});
-    L.shift = get<int32_t>(name + ".shift", {N});
-    L.bias = get<int32_t>(name + ".bias", {N}, !bias);
-    return L;
-  }
-
- private:
-  std::string path_;
-  std::map<std::string, Tensor>& t_;
-};
-
-int64_t cfg_int(const Json& cfg, const std::string& key, const std::string& where, int64_t lo = 1,
-                int64_t hi = ((int64_t)1 << 31) - 1) {
-  const Json* v = cfg.get(key);
-  if (!v || v->kind != Json::Int || v->i < lo || v->i > hi)
-    fail(where + ": " + key + " is missing or not an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
-  return v->i;
-}
-
-bool cfg_bool(const Json& cfg, const std::string& key, const std::string& where) {
-  const Json* v = cfg.get(key);
-  if (!v || v->kind != Json::Bool) fail(where + ": " + key + " is missing or not a boolean");
-  return v->b;
-}
-
 std::unique_ptr<LoadedModel> load_model(const std::string& dir, const std::vector<unsigned char>& st_file,
                                         const std::string& st_path) {
   const std::string cfg_path = dir + "/config.json";
   const std::vector<unsigned char> cfg_text = read_file(cfg_path);
-  const Json cfg = JsonParser(reinterpret_cast<const char*>(cfg_text.data()), cfg_text.size(), cfg_path).parse();
-  const Json* fmt = cfg.get("format");
-  if (cfg.kind != Json::Obj || !fmt || fmt->kind != Json::Str || fmt->s != "intdet")
-    fail(cfg_path + ": not an intdet config (convert the model with `intdet convert` first)");
+  const ModelDesc desc = parse_config(std::string(cfg_text.begin(), cfg_text.end()), cfg_path);
   auto lm = std::make_unique<LoadedModel>();
-  lm->format_version = cfg_int(cfg, "format_version", cfg_path);
-  if (lm->format_version != 1)
-    fail(cfg_path + ": format_version " + std::to_string(lm->format_version) + " is not 1; re-convert the model");
-  Config& c = lm->m.cfg;
-  c.hidden = cfg_int(cfg, "hidden_size", cfg_path);
-  c.ffn = cfg_int(cfg, "intermediate_size", cfg_path);
-  c.n_layers = cfg_int(cfg, "num_layers", cfg_path);
-  c.n_heads = cfg_int(cfg, "num_heads", cfg_path);
-  c.n_kv = cfg_int(cfg, "num_kv_heads", cfg_path);
-  c.head_dim = cfg_int(cfg, "head_dim", cfg_path);
-  c.vocab = cfg_int(cfg, "vocab_size", cfg_path);
-  c.ctx = cfg_int(cfg, "context_length", cfg_path);
-  c.qk_norm = cfg_bool(cfg, "qk_norm", cfg_path);
-  const bool bias = cfg_bool(cfg, "attn_bias", cfg_path);
-  const bool tied_cfg = cfg_bool(cfg, "tied_embeddings", cfg_path);
-  const Json* eps = cfg.get("rms_eps_q60");
-  if (!eps || eps->kind != Json::Obj) fail(cfg_path + ": rms_eps_q60 is missing");
-  c.eps_hidden = cfg_int(*eps, "hidden", cfg_path + " rms_eps_q60", 0, INT64_MAX);
-  c.eps_head = cfg_int(*eps, "head", cfg_path + " rms_eps_q60", 0, INT64_MAX);
+  lm->format_version = desc.format_version;
   // EOS ids as `intdet generate` takes them: tokenizer_config.json's
   // eos_token_ids (written by `intdet convert`), else config.json's copy.
-  const Json* eos_list = nullptr;
-  Json tok_cfg;
+  json eos;
   {
     std::ifstream probe(dir + "/tokenizer_config.json", std::ios::binary);
     if (probe) {
       const std::vector<unsigned char> text = read_file(dir + "/tokenizer_config.json");
-      tok_cfg = JsonParser(reinterpret_cast<const char*>(text.data()), text.size(), dir + "/tokenizer_config.json").parse();
-      eos_list = tok_cfg.get("eos_token_ids");
+      const json tc = parse_json(text.data(), text.size(), dir + "/tokenizer_config.json");
+      if (tc.is_object() && tc.contains("eos_token_ids")) eos = tc["eos_token_ids"];
     }
   }
-  if (!eos_list)
-    if (const Json* tok = cfg.get("tokenizer")) eos_list = tok->get("eos_token_ids");
-  if (eos_list && eos_list->kind == Json::Arr)
-    for (const Json& id : eos_list->arr)
-      if (id.kind == Json::Int) lm->eos_ids.push_back(id.i);
-  const int64_t H = c.hidden, D = c.head_dim;
-  if (c.n_heads % c.n_kv || D % 2 || D > 256 || H > 8192)
-    fail(cfg_path + ": head counts/sizes outside the overflow-checked range (docs/format.md)");
-  // Weight format (python/intdet/model.py load_model): int8 when absent.
-  bool int4 = false;
-  if (const Json* wf = cfg.get("weight_format")) {
-    if (wf->kind != Json::Str || (wf->s != "int8" && wf->s != "int4"))
-      fail(cfg_path + ": weight_format " + (wf->kind == Json::Str ? "'" + wf->s + "'" : std::string("(not a string)")) +
-           " is not int8 or int4");
-    int4 = wf->s == "int4";
+  if (eos.is_null()) {
+    const json cfg = parse_json(cfg_text.data(), cfg_text.size(), cfg_path);
+    if (cfg.contains("tokenizer") && cfg["tokenizer"].is_object() && cfg["tokenizer"].contains("eos_token_ids"))
+      eos = cfg["tokenizer"]["eos_token_ids"];
   }
-  if (int4) {
-    const Json* gs = cfg.get("weight_group_size");
-    const int64_t ks[] = {H, c.ffn, c.n_heads * D};
-    bool ok = gs && gs->kind == Json::Int && gs->i == 32;
-    for (int64_t k : ks) ok = ok && k % 32 == 0 && k < ((int64_t)1 << 21);
-    if (!ok)
-      fail(cfg_path + ": int4 weights need weight_group_size 32, linear inputs that are multiples of 32 and below 2^21");
-  }
-
+  if (eos.is_array())
+    for (const json& id : eos)
+      if (id.is_number_integer()) lm->eos_ids.push_back(id.get<int64_t>());
   lm->tensors = read_safetensors(st_path, st_file);
-  ModelLoader t(st_path, lm->tensors);
-  Model& m = lm->m;
-  m.tok_embd = t.get<int8_t>("tok_embd.q", {c.vocab, H});
-  m.embd_mant = t.get<int32_t>("tok_embd.mant", {c.vocab});
-  m.embd_shift = t.get<int32_t>("tok_embd.shift", {c.vocab});
-  m.rope_cos = t.get<int16_t>("rope.cos", {c.ctx, D / 2});
-  m.rope_sin = t.get<int16_t>("rope.sin", {c.ctx, D / 2});
-  for (int64_t l = 0; l < c.n_layers; ++l) {
-    const std::string p = "blk." + std::to_string(l) + ".";
-    Layer L;
-    L.attn_norm = t.get<int16_t>(p + "attn_norm.g", {H});
-    L.q = t.linear(p + "attn_q", c.n_heads * D, H, bias, "", int4);
-    L.k = t.linear(p + "attn_k", c.n_kv * D, H, bias, "", int4);
-    L.v = t.linear(p + "attn_v", c.n_kv * D, H, bias, "", int4);
-    L.o = t.linear(p + "attn_output", H, c.n_heads * D, lm->tensors.count(p + "attn_output.bias") > 0, "", int4);
-    if (c.qk_norm) {
-      L.q_norm = t.get<int16_t>(p + "attn_q_norm.g", {D});
-      L.k_norm = t.get<int16_t>(p + "attn_k_norm.g", {D});
-    }
-    L.score_mant = t.get<int32_t>(p + "attn_score.mant", {1})[0];
-    L.score_shift = t.get<int32_t>(p + "attn_score.shift", {1})[0];
-    L.ffn_norm = t.get<int16_t>(p + "ffn_norm.g", {H});
-    L.gate = t.linear(p + "ffn_gate", c.ffn, H, false, "", int4);
-    L.up = t.linear(p + "ffn_up", c.ffn, H, false, "", int4);
-    L.down = t.linear(p + "ffn_down", H, c.ffn, false, "", int4);
-    m.layers.push_back(L);
-  }
-  m.out_norm = t.get<int16_t>("output_norm.g", {H});
-  const bool tied = lm->tensors.count("output.q") == 0;
-  if (tied != tied_cfg) fail(st_path + ": output.q presence disagrees with tied_embeddings in config.json");
-  m.output = t.linear("output", c.vocab, H, false, tied ? "tok_embd.q" : "output.q");
-  pack_model(m);
+  TensorMap views;
+  for (const auto& [name, t] : lm->tensors) views.emplace(name, TensorView{t.dtype, t.shape, t.data.data()});
+  lm->m = build_model(desc, views, st_path);
+  pack_model(lm->m);
   return lm;
 }
 

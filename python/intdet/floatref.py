@@ -56,19 +56,15 @@ class FloatModel:
         x = w["tok_embd"][tokens]
         rec("tok_embd", x)
         for i in range(hp["num_layers"]):
-            p = f"blk.{i}."
+            p, blk = f"blk.{i}.", hp["layers"][i]  # the block description (models/block.py)
             h = self._norm(x, w[p + "attn_norm"])
             rec(p + "attn_norm", h)
-            q = h @ w[p + "attn_q"].T
-            k = h @ w[p + "attn_k"].T
-            v = h @ w[p + "attn_v"].T
-            if hp["attn_bias"]:
-                q, k, v = q + w[p + "attn_q.bias"], k + w[p + "attn_k.bias"], v + w[p + "attn_v.bias"]
+            q, k, v = (h @ w[p + n].T + (w[p + n + ".bias"] if n in blk["bias"] else 0) for n in ("attn_q", "attn_k", "attn_v"))
             rec(p + "attn_q", q.reshape(T, nh, D))
             rec(p + "attn_k", k.reshape(T, nkv, D))
             rec(p + "attn_v", v.reshape(T, nkv, D))
             q, k, v = q.reshape(T, nh, D), k.reshape(T, nkv, D), v.reshape(T, nkv, D)
-            if hp["qk_norm"]:
+            if blk["qk_norm"]:
                 q, k = self._norm(q, w[p + "attn_q_norm"]), self._norm(k, w[p + "attn_k_norm"])
             q, k = self._rope(q, pos), self._rope(k, pos)
             self.kc[i, pos], self.vc[i, pos] = k, v
@@ -83,7 +79,7 @@ class FloatModel:
             o = np.einsum("htn,nhd->thd", sc, V).reshape(T, nh * D)
             rec(p + "attn_out", o)
             o = o @ w[p + "attn_output"].T
-            if p + "attn_output.bias" in w:
+            if "attn_output" in blk["bias"]:
                 o = o + w[p + "attn_output.bias"]
             rec(p + "attn_output", o)
             x = x + o
@@ -138,13 +134,11 @@ def torch_model(fm):
             pos = torch.arange(start, start + T)
             x = W["tok_embd"][torch.tensor(toks)]
             for i in range(hp["num_layers"]):
-                p = f"blk.{i}."
+                p, blk = f"blk.{i}.", hp["layers"][i]
                 h = norm(x, W[p + "attn_norm"])
-                q, k, v = h @ W[p + "attn_q"].T, h @ W[p + "attn_k"].T, h @ W[p + "attn_v"].T
-                if hp["attn_bias"]:
-                    q, k, v = q + W[p + "attn_q.bias"], k + W[p + "attn_k.bias"], v + W[p + "attn_v.bias"]
+                q, k, v = (h @ W[p + n].T + (W[p + n + ".bias"] if n in blk["bias"] else 0) for n in ("attn_q", "attn_k", "attn_v"))
                 q, k, v = q.view(T, nh, D), k.view(T, nkv, D), v.view(T, nkv, D)
-                if hp["qk_norm"]:
+                if blk["qk_norm"]:
                     q, k = norm(q, W[p + "attn_q_norm"]), norm(k, W[p + "attn_k_norm"])
                 q, k = rope(q, pos), rope(k, pos)
                 self.kc[i] = k if self.kc[i] is None else torch.cat([self.kc[i], k])
@@ -155,7 +149,7 @@ def torch_model(fm):
                 mask = torch.arange(len(K))[None, :] > pos[:, None]
                 sc = sc.masked_fill(mask[None], float("-inf")).softmax(-1)
                 o = torch.einsum("htn,nhd->thd", sc, V).reshape(T, nh * D) @ W[p + "attn_output"].T
-                if p + "attn_output.bias" in W:
+                if "attn_output" in blk["bias"]:
                     o = o + W[p + "attn_output.bias"]
                 x = x + o
                 h = norm(x, W[p + "ffn_norm"])

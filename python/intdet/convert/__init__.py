@@ -14,8 +14,9 @@ import os
 import secrets
 
 from ..errors import IntdetError
+from ..format import WEIGHT_FORMATS, is_converted
 from .output import TMP_PREFIX, check_output, install, old_path, remove_tree
-from .quantize import WEIGHT_FORMATS, quantize_model
+from .quantize import quantize_model
 from .sources import read_source
 
 
@@ -33,8 +34,6 @@ def convert(src: str, out_dir: str, force: bool = False, progress: bool = True, 
     check_output(out_dir, src, force)
     if weights not in WEIGHT_FORMATS:
         raise IntdetError(f"--weights {weights!r}: choose int8 or int4")
-    from ..resolve import is_converted
-
     if os.path.isdir(src) and is_converted(src):
         raise IntdetError(f"{src}: already a converted intdet model (convert its source instead)")
     fm = read_source(src)

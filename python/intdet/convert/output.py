@@ -5,8 +5,9 @@
 an empty directory, never anything else and never a directory holding the
 source. The new model is built in a temporary sibling directory and swapped
 in by one rename (Linux ``renameat2(RENAME_EXCHANGE)``; elsewhere two renames
-with SIGINT/SIGTERM blocked between them), so an interruption at any instant
-leaves the old model or the new one at OUT, never neither.
+with SIGINT/SIGTERM deferred between them), so an interruption at any instant
+leaves the old model or the new one at OUT, never neither (a Ctrl-C
+between them is deferred until both are done).
 """
 
 from __future__ import annotations
@@ -14,25 +15,14 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import errno
-import json
 import os
 import shutil
 import signal
 
 from ..errors import IntdetError
+from ..format import MODEL_FILES, is_converted
 
-# Every name `intdet convert` puts in a model directory.
-MODEL_FILES = frozenset({"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"})
 TMP_PREFIX = ".intdet-convert-"
-
-
-def _is_model_dir(path: str) -> bool:
-    try:
-        with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
-            cfg = json.load(f)
-    except (OSError, ValueError):
-        return False
-    return isinstance(cfg, dict) and cfg.get("format") == "intdet"
 
 
 def check_output(out_dir: str, src: str, force: bool) -> None:
@@ -54,7 +44,7 @@ def check_output(out_dir: str, src: str, force: bool) -> None:
         return
     if not force:
         raise IntdetError(f"{out_dir}: output exists and is not empty (--force replaces an intdet model directory)")
-    if not _is_model_dir(out_dir):
+    if not is_converted(out_dir):
         raise IntdetError(f"{out_dir}: not an intdet model directory; --force replaces only a converted model "
                           f"or an empty directory")
     foreign = sorted(set(entries) - MODEL_FILES)
@@ -98,18 +88,44 @@ def install(tmp: str, out_dir: str, src: str, force: bool) -> None:
     # No atomic exchange on this system or file system: park the old model
     # beside it, with the signals a user sends held off between the renames.
     old = old_path(tmp)
-    blocked = {signal.SIGINT, signal.SIGTERM}
-    prev = signal.pthread_sigmask(signal.SIG_BLOCK, blocked) if hasattr(signal, "pthread_sigmask") else None
-    try:
+    with _signals_deferred():
         os.rename(out_dir, old)
         try:
             os.rename(tmp, out_dir)
         except BaseException:
             os.rename(old, out_dir)
             raise
-    finally:
-        if prev is not None:
-            signal.pthread_sigmask(signal.SIG_SETMASK, prev)
+
+
+class _signals_deferred:
+    """SIGINT and SIGTERM that arrive inside the block act when it ends.
+
+    Python runs signal handlers in the main thread whichever thread the OS
+    delivered to, so a recording handler defers them for the whole process
+    (a signal mask would not: OpenMP's threads keep theirs open). Off the
+    main thread handlers cannot be changed, and none run there anyway."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __enter__(self):
+        self.pending, self.old = [], {}
+        try:
+            for s in self.SIGNALS:
+                self.old[s] = signal.signal(s, lambda sig, frame: self.pending.append(sig))
+        except ValueError:  # not the main thread
+            pass
+        return self
+
+    def __exit__(self, *exc):
+        for s, h in self.old.items():
+            signal.signal(s, h)
+        for s in self.pending[:1]:  # now act on the first one as it would have
+            h = self.old.get(s)
+            if callable(h):
+                h(s, None)  # e.g. default_int_handler: KeyboardInterrupt
+            elif h != signal.SIG_IGN:
+                os.kill(os.getpid(), s)
+        return False
 
 
 def old_path(tmp: str) -> str:

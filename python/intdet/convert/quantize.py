@@ -23,10 +23,10 @@ import math
 import numpy as np
 
 from ..errors import IntdetError
+from ..format import FORMAT_VERSION, W4_GROUP, W4_MAX, WEIGHT_FORMATS
 from ..ref.ops import NORM_OUT_FRAC, PROB_FRAC
 from .rope_tables import rope_tables
 
-FORMAT_VERSION = 1
 RESIDUAL_FRAC = 16  # residual stream int32 Q16
 PROJ_FRAC = 16  # q/k/v/gate/up/o/down outputs int32 Q16
 LOGIT_FRAC = 16  # logits int32 Q16
@@ -66,10 +66,6 @@ def quant_rows_int8(w: np.ndarray):
     safe = np.where(s > 0, s, 1.0)
     q = np.clip(np.rint(w / safe[:, None]), -127, 127).astype(np.int8)
     return q, s
-
-
-W4_GROUP = 32  # int4 weights: inputs per group
-W4_MAX = 2047  # |gd * u + gm| <= 2047 for every code u in 0..15 (docs/format.md)
 
 
 def quant_rows_int4(w: np.ndarray):
@@ -118,11 +114,56 @@ def quant_gamma(g: np.ndarray):
     return gi.astype(np.int16), G
 
 
-WEIGHT_FORMATS = ("int8", "int4")
+def model_config(arch: str, hp: dict, weights: str = "int8") -> dict:
+    """The config.json of a converted model (format_version 2) without the
+    fixed-point notes: sizes, the integer RMSNorm epsilons, the weight
+    format and the per-layer block description ``hp["layers"]``."""
+    H, D = hp["hidden_size"], hp["head_dim"]
+    cfg = {
+        "format": "intdet",
+        "format_version": FORMAT_VERSION,
+        "architecture": arch,
+        **{k: hp[k] for k in (
+            "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
+            "vocab_size", "context_length", "rope_theta", "rms_eps", "tied_embeddings")},
+        "rms_eps_q60": {
+            "hidden": int(np.rint(H * hp["rms_eps"] * 2.0**60)),
+            "head": int(np.rint(D * hp["rms_eps"] * 2.0**60)),
+        },
+        "layers": hp["layers"],
+    }
+    if weights == "int4":  # absent for int8
+        cfg["weight_format"] = "int4"
+        cfg["weight_group_size"] = W4_GROUP
+    return cfg
+
+
+def model_params(cfg: dict, where: str = "config.json") -> list:
+    """The one tensor table (csrc/model/layout.cpp) for a config dict;
+    IntdetError naming ``where`` for a config the loader refuses."""
+    from .. import _core
+
+    try:
+        return _core.model_params(cfg, where)
+    except ValueError as e:
+        raise IntdetError(str(e)) from None
+
+
+def source_tensors(hp: dict, where: str) -> dict:
+    """Float tensor name -> shape of every source tensor the model is made
+    from (rope and attention score scales are derived, not read)."""
+    want = {}
+    for p in model_params(model_config("", hp), where):
+        if p["kind"] in ("embedding", "norm", "linear") or (p["kind"] == "lm_head" and not hp["tied_embeddings"]):
+            want[p["name"]] = tuple(p["shape"])
+        if p["bias"]:
+            want[p["name"] + ".bias"] = (p["shape"][0],)
+    return want
 
 
 def quantize_model(fm, progress: bool = False, weights: str = "int8") -> tuple[dict, dict]:
-    """FloatModel -> (tensors: name -> int array, config dict).
+    """FloatModel -> (tensors: name -> int array, config dict), one tensor
+    table entry (model_params) at a time.
 
     weights: "int8" (per-channel int8) or "int4" (the decoder layers' linear
     weights as per-group int4, quant_rows_int4; the embedding and lm_head
@@ -135,101 +176,82 @@ def quantize_model(fm, progress: bool = False, weights: str = "int8") -> tuple[d
     - SwiGLU output: 2^-(2 * PROJ_FRAC).
     """
     hp, W = fm.hp, fm.weights
-    H, D = hp["hidden_size"], hp["head_dim"]
+    D = hp["head_dim"]
     if weights not in WEIGHT_FORMATS:
         raise IntdetError(f"--weights {weights!r}: choose int8 or int4")
     _check_bounds(hp, weights)
+    cfg = model_config(fm.arch, hp, weights)
     T = {}
+    norm_exp = {}  # G of every RMSNorm gamma (analysis: int -> real of norm outputs)
+    c_of = {}  # activation name -> c_in of the layers reading it
 
-    def put_linear(name, w, c_in, f_out, bias=None):
-        if weights == "int4":
+    def put_linear(name, w, c_in, f_out, bias=None, int4=weights == "int4"):
+        if int4:
             T[name + ".q4"], T[name + ".gd"], T[name + ".gm"], s = quant_rows_int4(w)
         else:
             T[name + ".q"], s = quant_rows_int8(w)
-        mant, shift = dyadic_vec(c_in * s * 2.0**f_out)
-        T[name + ".mant"] = mant
-        T[name + ".shift"] = shift
+        T[name + ".mant"], T[name + ".shift"] = dyadic_vec(c_in * s * 2.0**f_out)
         if bias is not None:
             T[name + ".bias"] = _fixed_i32(bias, f_out, name + ".bias")
 
-    norm_exp = {}  # G of every RMSNorm gamma (analysis: int -> real of norm outputs)
-
-    def put_norm(name, g, n):
-        gi, G = quant_gamma(g)
-        T[name + ".g"] = gi
-        norm_exp[name] = G
-        return math.sqrt(n) * 2.0 ** -(NORM_OUT_FRAC + G)  # c_in of the next layer
-
-    # Token embedding: int8 rows, dyadic per-row scale straight to the residual.
-    q, s = quant_rows_int8(W["tok_embd"])
-    T["tok_embd.q"] = q
-    T["tok_embd.mant"], T["tok_embd.shift"] = dyadic_vec(s * 2.0**RESIDUAL_FRAC)
-    cos, sin = rope_tables(hp["rope_theta"], D, hp["context_length"])
-    T["rope.cos"], T["rope.sin"] = cos, sin
-    c_attn = 1.0 / (127.0 * 2.0 ** (PROB_FRAC + PROJ_FRAC))
-    c_ffn = 2.0 ** -(2 * PROJ_FRAC)
     from tqdm import tqdm
 
-    for i in tqdm(range(hp["num_layers"]), desc="quantize", unit="layer", disable=not progress, leave=False):
-        p = f"blk.{i}."
-        c = put_norm(p + "attn_norm", W[p + "attn_norm"], H)
-        for nm in ("attn_q", "attn_k", "attn_v"):
-            put_linear(p + nm, W[p + nm], c, PROJ_FRAC, W.get(p + nm + ".bias"))
-        if hp["qk_norm"]:
-            c_q = put_norm(p + "attn_q_norm", W[p + "attn_q_norm"], D)
-            c_k = put_norm(p + "attn_k_norm", W[p + "attn_k_norm"], D)
+    params = model_params(cfg)
+    bar = tqdm(total=hp["num_layers"], desc="quantize", unit="layer", disable=not progress, leave=False)
+    for p in params:
+        name, kind, layer = p["name"], p["kind"], p["layer"]
+        pre = f"blk.{layer}."
+        if kind == "embedding":  # int8 rows, dyadic per-row scale straight to the residual
+            T[name + ".q"], s = quant_rows_int8(W[name])
+            T[name + ".mant"], T[name + ".shift"] = dyadic_vec(s * 2.0**RESIDUAL_FRAC)
+        elif kind == "rope":
+            T[name + ".cos"], T[name + ".sin"] = rope_tables(hp["rope_theta"], D, hp["context_length"])
+        elif kind == "norm":
+            gi, G = quant_gamma(W[name])
+            T[name + ".g"] = gi
+            norm_exp[name] = G
+            c_of[name] = math.sqrt(p["shape"][0]) * 2.0 ** -(NORM_OUT_FRAC + G)
+        elif kind == "linear":
+            c_of[pre + "attn_out"] = 1.0 / (127.0 * 2.0 ** (PROB_FRAC + PROJ_FRAC))
+            c_of[pre + "ffn_act"] = 2.0 ** -(2 * PROJ_FRAC)
+            f_out = RESIDUAL_FRAC if p["input"] in (pre + "attn_out", pre + "ffn_act") else PROJ_FRAC
+            put_linear(name, W[name], c_of[p["input"]], f_out, W.get(name + ".bias") if p["bias"] else None)
+            if name.endswith("ffn_down"):
+                bar.update(1)
+        elif kind == "attn_score":
+            # z (Q16 log2 units) = raw * mk * 2^(e_q + ek) * c_q * c_k * log2(e) / (127 * sqrt(D)) * 2^16;
+            # q and k leave their projection in Q16, or a per-head RMSNorm.
+            c_q = c_of.get(pre + "attn_q_norm", 2.0**-PROJ_FRAC)
+            c_k = c_of.get(pre + "attn_k_norm", 2.0**-PROJ_FRAC)
+            sm, ss = dyadic(c_q * c_k * LOG2E * 2.0**16 / (127.0 * math.sqrt(D)))
+            T[name + ".mant"] = np.array([sm], np.int32)
+            T[name + ".shift"] = np.array([ss], np.int32)
+        elif kind == "lm_head":
+            if hp["tied_embeddings"]:
+                _, s_out = quant_rows_int8(W["tok_embd"])
+            else:
+                T[name + ".q"], s_out = quant_rows_int8(W[name])
+            T[name + ".mant"], T[name + ".shift"] = dyadic_vec(c_of[p["input"]] * s_out * 2.0**LOGIT_FRAC)
         else:
-            c_q = c_k = 2.0**-PROJ_FRAC
-        # z (Q16 log2 units) = raw * mk * 2^(e_q + ek) * c_q * c_k * log2(e) / (127 * sqrt(D)) * 2^16
-        sm, ss = dyadic(c_q * c_k * LOG2E * 2.0**16 / (127.0 * math.sqrt(D)))
-        T[p + "attn_score.mant"] = np.array([sm], np.int32)
-        T[p + "attn_score.shift"] = np.array([ss], np.int32)
-        put_linear(p + "attn_output", W[p + "attn_output"], c_attn, RESIDUAL_FRAC, W.get(p + "attn_output.bias"))
-        c = put_norm(p + "ffn_norm", W[p + "ffn_norm"], H)
-        put_linear(p + "ffn_gate", W[p + "ffn_gate"], c, PROJ_FRAC)
-        put_linear(p + "ffn_up", W[p + "ffn_up"], c, PROJ_FRAC)
-        put_linear(p + "ffn_down", W[p + "ffn_down"], c_ffn, RESIDUAL_FRAC)
-    c = put_norm("output_norm", W["output_norm"], H)
-    if hp["tied_embeddings"]:
-        _, s_out = quant_rows_int8(W["tok_embd"])
-    else:
-        T["output.q"], s_out = quant_rows_int8(W["output"])
-    T["output.mant"], T["output.shift"] = dyadic_vec(c * s_out * 2.0**LOGIT_FRAC)
-
-    eps_q60 = {
-        "hidden": int(np.rint(H * hp["rms_eps"] * 2.0**60)),
-        "head": int(np.rint(D * hp["rms_eps"] * 2.0**60)),
-    }
-    cfg = {
-        "format": "intdet",
-        "format_version": FORMAT_VERSION,
-        "architecture": fm.arch,
-        **{k: hp[k] for k in (
-            "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
-            "vocab_size", "context_length", "rope_theta", "rms_eps", "tied_embeddings", "qk_norm", "attn_bias")},
-        "rms_eps_q60": eps_q60,
-        "fixed_point": {
-            "residual_frac_bits": RESIDUAL_FRAC,
-            "proj_frac_bits": PROJ_FRAC,
-            "logit_frac_bits": LOGIT_FRAC,
-            "norm_out_frac_bits": NORM_OUT_FRAC,
-            "rope_frac_bits": 14,
-            "prob_frac_bits": PROB_FRAC,
-            "exp_in_frac_bits": 16,
-            "exp_out_frac_bits": 30,
-            "activations": "int16 per token, power-of-two scale",
-            "weights": "int8 per output channel, dyadic scale (15-bit mantissa)",
-            "kv_cache": "int8 per (position, kv head), absmax scale",
-        },
-        "norm_gamma_exponents": norm_exp,
-        "source": fm.source,
-    }
-    if weights == "int4":  # absent for int8, so int8 files stay byte-identical
-        cfg["weight_format"] = "int4"
-        cfg["weight_group_size"] = W4_GROUP
-        cfg["fixed_point"]["weights"] = (
+            raise IntdetError(f"internal: no quantizer for parameter kind {kind!r}")
+    bar.close()
+    cfg["fixed_point"] = {
+        "residual_frac_bits": RESIDUAL_FRAC,
+        "proj_frac_bits": PROJ_FRAC,
+        "logit_frac_bits": LOGIT_FRAC,
+        "norm_out_frac_bits": NORM_OUT_FRAC,
+        "rope_frac_bits": 14,
+        "prob_frac_bits": PROB_FRAC,
+        "exp_in_frac_bits": 16,
+        "exp_out_frac_bits": 30,
+        "activations": "int16 per token, power-of-two scale",
+        "weights": "int8 per output channel, dyadic scale (15-bit mantissa)" if weights == "int8" else (
             "decoder linears: int4 codes, per group of 32 inputs w = gd * u + gm (|w| <= 2047), per-channel dyadic "
-            "scale; embedding and lm_head int8 per channel")
+            "scale; embedding and lm_head int8 per channel"),
+        "kv_cache": "int8 per (position, kv head), absmax scale",
+    }
+    cfg["norm_gamma_exponents"] = norm_exp
+    cfg["source"] = fm.source
     return T, cfg
 
 

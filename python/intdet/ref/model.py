@@ -14,9 +14,11 @@ from .intmath import I64, quant16, sat32
 
 
 class RefModel:
-    """Integer-only Llama/Qwen2/Qwen3 decoder over an int8 KV cache.
+    """Integer-only decoder over an int8 KV cache, each block as config.json
+    "layers" describes it (biases are the ``.bias`` tensors present).
 
-    cfg: the converted config.json dict. tensors: name -> numpy array.
+    cfg: the converted config.json dict. tensors: name -> numpy array, as
+    python/intdet/model.py's load_model accepted them (the loader's table).
     ``forward(tokens, start)`` runs prefill or decode for tokens at absolute
     positions start..start+T-1 and returns int64 [T, vocab] logits (int32
     values, Q16).
@@ -82,7 +84,7 @@ class RefModel:
             rec(p + "attn_q", q, Q16)
             rec(p + "attn_k", k, Q16)
             rec(p + "attn_v", v, Q16)
-            if self.cfg["qk_norm"]:  # Qwen3: per-head RMSNorm, gamma at runtime
+            if self.cfg["layers"][i]["qk_norm"]:  # per-head RMSNorm (Qwen3), gamma at runtime
                 q = ops.rms_norm(q, t[p + "attn_q_norm.g"], self.eps_d, 16)
                 k = ops.rms_norm(k, t[p + "attn_k_norm.g"], self.eps_d, 16)
             q = ops.rope(q, cos, sin)  # [T, nh, D]

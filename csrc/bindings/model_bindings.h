@@ -1,0 +1,180 @@
+// What the _core and _cuda modules share: the loader called on Python's
+// tensors (dict name -> numpy array), the tensor table for Python, and one
+// template for the forward / forward_batch bindings of either backend.
+// Arrays are taken without conversion: a wrong dtype or a non-contiguous
+// array is an error, never a silent copy.
+#pragma once
+
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "intdet/loader.h"
+#include "intdet/model.h"
+
+namespace intdet {
+namespace pybind {
+
+namespace py = pybind11;
+
+template <class T>
+using Arr = py::array_t<T, py::array::c_style>;
+
+// config.json as text: a str as it is, a dict through json.dumps.
+inline std::string config_text(const py::object& cfg) {
+  if (py::isinstance<py::str>(cfg)) return cfg.cast<std::string>();
+  return py::module_::import("json").attr("dumps")(cfg).cast<std::string>();
+}
+
+// The array's dtype (native byte order only: array_t's check is numpy's
+// PyArray_EquivTypes, which tells '>i2' from '<i2').
+inline DType dtype_of(const py::array& a, const std::string& name) {
+  if (py::isinstance<py::array_t<int8_t>>(a)) return DType::I8;
+  if (py::isinstance<py::array_t<uint8_t>>(a)) return DType::U8;
+  if (py::isinstance<py::array_t<int16_t>>(a)) return DType::I16;
+  if (py::isinstance<py::array_t<int32_t>>(a)) return DType::I32;
+  throw std::invalid_argument("model tensor '" + name + "' has dtype " + py::str(a.dtype()).cast<std::string>() +
+                              " (a model holds int8, uint8, int16 and int32 tensors in host byte order only)");
+}
+
+// Views of the dict's arrays (valid while the dict lives).
+inline TensorMap tensor_map(const py::dict& t) {
+  TensorMap m;
+  for (const auto& [k, v] : t) {
+    const std::string name = k.cast<std::string>();
+    if (!py::isinstance<py::array>(v)) throw std::invalid_argument("model tensor '" + name + "' is not a numpy array");
+    py::array a = v.cast<py::array>();
+    if (!(a.flags() & py::array::c_style)) throw std::invalid_argument("model tensor '" + name + "' is not contiguous");
+    TensorView tv{dtype_of(a, name), std::vector<int64_t>(a.shape(), a.shape() + a.ndim()), a.data()};
+    m.emplace(name, std::move(tv));
+  }
+  return m;
+}
+
+// The loader on Python inputs; the paths only name things in messages.
+inline Model load(const py::object& cfg, const py::dict& tensors, const std::string& cfg_path,
+                  const std::string& st_path, bool release_source) {
+  const ModelDesc d = parse_config(config_text(cfg), cfg_path);
+  return build_model(d, tensor_map(tensors), st_path, release_source);
+}
+
+// Adds model_params(config) and check_model(config, tensors) to a module.
+inline void bind_loader(py::module_& mod) {
+  mod.def(
+      "model_params",
+      [](const py::object& cfg, const std::string& cfg_path) {
+        const ModelDesc d = parse_config(config_text(cfg), cfg_path);
+        py::list out;
+        for (const Param& p : model_params(d)) {
+          py::list ts;
+          for (const TensorSpec& s : param_tensors(p, d)) ts.append(py::make_tuple(s.name, dtype_name(s.dtype), s.shape));
+          py::dict e;
+          e["name"] = p.name;
+          e["kind"] = param_kind_name(p.kind);
+          e["shape"] = p.cols ? py::tuple(py::make_tuple(p.rows, p.cols)) : py::tuple(py::make_tuple(p.rows));
+          e["bias"] = p.bias;
+          e["input"] = p.input;
+          e["layer"] = p.layer;
+          e["tensors"] = ts;
+          out.append(e);
+        }
+        return out;
+      },
+      py::arg("config"), py::arg("config_path") = "config.json",
+      "The model's parameters in forward order (the one tensor table, csrc/model/layout.cpp): dicts with name, kind "
+      "(embedding, rope, norm, linear, attn_score, lm_head), float shape, bias, input, layer and the stored tensors "
+      "[(name, dtype, shape)]. Raises ValueError for a bad config.");
+  mod.def(
+      "check_model",
+      [](const py::object& cfg, const py::dict& tensors, const std::string& cfg_path, const std::string& st_path,
+         bool mapped) { (void)load(cfg, tensors, cfg_path, st_path, mapped); },
+      py::arg("config"), py::arg("tensors"), py::arg("config_path") = "config.json",
+      py::arg("tensors_path") = "model.safetensors", py::arg("mapped") = false,
+      "Run every loader check on converted tensors (what Model() checks) without building an engine; ValueError "
+      "naming the file and the tensor or key.");
+}
+
+// forward and forward_batch for a backend B with
+//   B::PyModel (member cfg: Config), B::PyState (member n_past),
+//   B::max_len(const PyState&), and
+//   B::run(PyModel&, std::vector<PyState*>&, const Row*, int64_t T, int32_t* logits), GIL released.
+template <class B>
+void bind_forward(py::module_& mod) {
+  using PM = typename B::PyModel;
+  using PS = typename B::PyState;
+  // Rows of one call: each state's tokens at its next positions.
+  struct Call {
+    std::vector<Row> rows;
+    std::vector<int64_t> nout;
+    int64_t total = 0;
+  };
+  auto plan = [](const Config& c, const std::vector<PS*>& states, const std::vector<Arr<int32_t>>& toks,
+                 bool all_logits) {
+    if (states.size() != toks.size() || states.empty())
+      throw std::invalid_argument("forward_batch needs one token array per state");
+    Call call;
+    for (size_t i = 0; i < states.size(); ++i) {
+      for (size_t j = 0; j < i; ++j)
+        if (states[j] == states[i]) throw std::invalid_argument("forward_batch: a state appears twice");
+      const int64_t T = toks[i].size();
+      if (T == 0) throw std::invalid_argument("forward needs at least one token");
+      if (states[i]->n_past + T > B::max_len(*states[i])) throw std::invalid_argument("sequence longer than the KV cache");
+      for (int64_t t = 0; t < T; ++t) {
+        const int32_t tok = toks[i].data()[t];
+        if (tok < 0 || tok >= c.vocab) throw std::invalid_argument("token id out of range");
+        call.rows.push_back(Row{(int64_t)i, states[i]->n_past + t, tok, all_logits || t == T - 1});
+      }
+      call.nout.push_back(all_logits ? T : 1);
+      call.total += all_logits ? T : 1;
+    }
+    return call;
+  };
+  mod.def(
+      "forward",
+      [plan](PM& pm, PS& s, Arr<int32_t> tokens, int64_t start, bool all_logits) {
+        if (start != s.n_past) throw std::invalid_argument("start must equal the number of cached positions");
+        std::vector<PS*> states{&s};
+        const Call call = plan(pm.cfg, states, {tokens}, all_logits);
+        py::array_t<int32_t> out({call.total, pm.cfg.vocab});
+        int32_t* o = out.mutable_data();
+        {
+          py::gil_scoped_release nogil;
+          B::run(pm, states, call.rows.data(), (int64_t)call.rows.size(), o);
+        }
+        s.n_past += tokens.size();
+        return out;
+      },
+      py::arg("model"), py::arg("state"), py::arg("tokens"), py::arg("start"), py::arg("all_logits") = false,
+      "Prefill or decode tokens (int32 [T]) at positions start..start+T-1; returns int32 logits [T or 1, V] (Q16).");
+  mod.def(
+      "forward_batch",
+      [plan](PM& pm, std::vector<PS*> states, std::vector<Arr<int32_t>> toks, bool all_logits) {
+        const Call call = plan(pm.cfg, states, toks, all_logits);
+        const int64_t V = pm.cfg.vocab;
+        std::vector<int32_t> out((size_t)(call.total * V));
+        {
+          py::gil_scoped_release nogil;
+          B::run(pm, states, call.rows.data(), (int64_t)call.rows.size(), out.data());
+        }
+        py::list res;
+        int64_t off = 0;
+        for (size_t i = 0; i < states.size(); ++i) {
+          py::array_t<int32_t> a({call.nout[i], V});
+          std::copy(out.begin() + off * V, out.begin() + (off + call.nout[i]) * V, a.mutable_data());
+          off += call.nout[i];
+          states[i]->n_past += toks[i].size();
+          res.append(a);
+        }
+        return res;
+      },
+      py::arg("model"), py::arg("states"), py::arg("tokens"), py::arg("all_logits") = false,
+      "Advance several sequences in one call (batched decode / mixed prefill); returns one int32 logits array per "
+      "sequence ([T_i or 1, V]), each identical to running that sequence alone.");
+}
+
+}  // namespace pybind
+}  // namespace intdet

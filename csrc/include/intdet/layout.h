@@ -1,0 +1,76 @@
+// The model description and its tensor table: the ONE definition of which
+// tensors a converted model holds (names, dtypes, shapes), read by the
+// loader (loader.h), by Python (intdet._core.model_params: the converter and
+// python/intdet/model.py ask it instead of keeping lists) and by the numpy
+// spec through the tensors the loader accepted. Formats: docs/format.md.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "intdet/model.h"
+
+namespace intdet {
+
+enum class DType { I8, U8, I16, I32 };
+const char* dtype_name(DType d);  // safetensors' names: "I8", "U8", "I16", "I32"
+int dtype_size(DType d);
+
+enum class WeightFormat { Int8, Int4 };
+
+// One decoder block as config.json "layers"[l] describes it (format_version 2).
+// Only what some engine computes is accepted; the loader refuses other
+// values by name, so a converter cannot write a feature an engine ignores.
+struct BlockDesc {
+  std::vector<std::string> norms{"attn_norm", "ffn_norm"};  // the block's RMSNorms, in order
+  bool qk_norm = false;                                      // per-head RMSNorm of q and k (Qwen3)
+  bool bias_q = false, bias_k = false, bias_v = false, bias_o = false;  // linear biases (Qwen2: q, k, v)
+  std::string activation = "silu";                           // gated FFN: SwiGLU
+  int64_t attention_window = 0;                              // 0: full causal attention
+  std::string rope = "rope";                                 // RoPE table: tensors <rope>.cos / <rope>.sin
+};
+
+// config.json of a converted model, checked (parse_config in loader.h).
+struct ModelDesc {
+  int64_t format_version = 0;
+  Config cfg;  // sizes and eps
+  WeightFormat weights = WeightFormat::Int8;
+  bool tied_embeddings = false;
+  std::vector<BlockDesc> blocks;  // one per layer
+};
+
+// A parameter of the model as the converter sees it: one float tensor of the
+// source (or a derived table), stored as one or more integer tensors.
+enum class ParamKind {
+  Embedding,  // tok_embd: int8 rows + per-row dyadic scale
+  Rope,       // rope: int16 Q14 cos/sin tables [ctx, D/2]
+  Norm,       // RMSNorm gamma int16
+  Linear,     // decoder linear: int8 or int4 weights, per-channel dyadic scale, optional bias
+  AttnScore,  // attention score scale (dyadic, one per layer)
+  LmHead,     // output: int8 (or tok_embd's when tied) + per-row dyadic scale
+};
+const char* param_kind_name(ParamKind k);
+
+struct Param {
+  std::string name;       // GGUF-style: "blk.3.attn_q"
+  ParamKind kind;
+  int64_t rows = 0;       // float shape [rows, cols]; cols 0 for a vector
+  int64_t cols = 0;
+  bool bias = false;      // Linear: has "<name>.bias"
+  std::string input;      // Linear/LmHead/AttnScore: the activation it reads (e.g. "blk.3.attn_norm", "blk.3.attn_out")
+  int64_t layer = -1;     // -1 for model-level parameters
+};
+
+struct TensorSpec {
+  std::string name;
+  DType dtype;
+  std::vector<int64_t> shape;
+};
+
+// Every parameter, in forward order.
+std::vector<Param> model_params(const ModelDesc& d);
+// The stored tensors of one parameter.
+std::vector<TensorSpec> param_tensors(const Param& p, const ModelDesc& d);
+
+}  // namespace intdet

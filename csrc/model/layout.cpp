@@ -1,0 +1,118 @@
+// The tensor table of a converted model (layout.h): the only list of the
+// per-layer tensors in the code base.
+#include "intdet/layout.h"
+
+#include <stdexcept>
+
+namespace intdet {
+
+const char* dtype_name(DType d) {
+  switch (d) {
+    case DType::I8: return "I8";
+    case DType::U8: return "U8";
+    case DType::I16: return "I16";
+    case DType::I32: return "I32";
+  }
+  return "?";
+}
+
+int dtype_size(DType d) { return d == DType::I8 || d == DType::U8 ? 1 : d == DType::I16 ? 2 : 4; }
+
+const char* param_kind_name(ParamKind k) {
+  switch (k) {
+    case ParamKind::Embedding: return "embedding";
+    case ParamKind::Rope: return "rope";
+    case ParamKind::Norm: return "norm";
+    case ParamKind::Linear: return "linear";
+    case ParamKind::AttnScore: return "attn_score";
+    case ParamKind::LmHead: return "lm_head";
+  }
+  return "?";
+}
+
+std::vector<Param> model_params(const ModelDesc& d) {
+  const Config& c = d.cfg;
+  const int64_t H = c.hidden, F = c.ffn, D = c.head_dim, qd = c.n_heads * c.head_dim, kvd = c.n_kv * c.head_dim;
+  std::vector<Param> ps;
+  auto add = [&](std::string name, ParamKind kind, int64_t rows, int64_t cols, int64_t layer, std::string input = "",
+                 bool bias = false) {
+    Param p;
+    p.name = std::move(name);
+    p.kind = kind;
+    p.rows = rows;
+    p.cols = cols;
+    p.layer = layer;
+    p.input = std::move(input);
+    p.bias = bias;
+    ps.push_back(std::move(p));
+  };
+  add("tok_embd", ParamKind::Embedding, c.vocab, H, -1);
+  add("rope", ParamKind::Rope, c.ctx, D / 2, -1);
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    const BlockDesc& b = d.blocks[(size_t)l];
+    const std::string p = "blk." + std::to_string(l) + ".";
+    // --- attention block: RMSNorm, q/k/v, optional per-head q/k RMSNorm, scores, output projection
+    add(p + "attn_norm", ParamKind::Norm, H, 0, l);
+    add(p + "attn_q", ParamKind::Linear, qd, H, l, p + "attn_norm", b.bias_q);
+    add(p + "attn_k", ParamKind::Linear, kvd, H, l, p + "attn_norm", b.bias_k);
+    add(p + "attn_v", ParamKind::Linear, kvd, H, l, p + "attn_norm", b.bias_v);
+    if (b.qk_norm) {
+      add(p + "attn_q_norm", ParamKind::Norm, D, 0, l);
+      add(p + "attn_k_norm", ParamKind::Norm, D, 0, l);
+    }
+    add(p + "attn_score", ParamKind::AttnScore, 1, 0, l, b.qk_norm ? p + "attn_q_norm" : p + "attn_q");
+    add(p + "attn_output", ParamKind::Linear, H, qd, l, p + "attn_out", b.bias_o);
+    // --- feed-forward block: RMSNorm, gate/up, SwiGLU, down
+    add(p + "ffn_norm", ParamKind::Norm, H, 0, l);
+    add(p + "ffn_gate", ParamKind::Linear, F, H, l, p + "ffn_norm");
+    add(p + "ffn_up", ParamKind::Linear, F, H, l, p + "ffn_norm");
+    add(p + "ffn_down", ParamKind::Linear, H, F, l, p + "ffn_act");
+  }
+  add("output_norm", ParamKind::Norm, H, 0, -1);
+  add("output", ParamKind::LmHead, c.vocab, H, -1, "output_norm");
+  return ps;
+}
+
+std::vector<TensorSpec> param_tensors(const Param& p, const ModelDesc& d) {
+  const int64_t N = p.rows, K = p.cols;
+  std::vector<TensorSpec> t;
+  auto scale = [&] {  // per-row dyadic scale: mantissa and shift
+    t.push_back({p.name + ".mant", DType::I32, {N}});
+    t.push_back({p.name + ".shift", DType::I32, {N}});
+  };
+  switch (p.kind) {
+    case ParamKind::Embedding:
+      t.push_back({p.name + ".q", DType::I8, {N, K}});
+      scale();
+      break;
+    case ParamKind::Rope:
+      t.push_back({p.name + ".cos", DType::I16, {N, K}});
+      t.push_back({p.name + ".sin", DType::I16, {N, K}});
+      break;
+    case ParamKind::Norm:
+      t.push_back({p.name + ".g", DType::I16, {N}});
+      break;
+    case ParamKind::AttnScore:
+      t.push_back({p.name + ".mant", DType::I32, {1}});
+      t.push_back({p.name + ".shift", DType::I32, {1}});
+      break;
+    case ParamKind::Linear:
+      if (d.weights == WeightFormat::Int4) {  // codes, and per group of 32 inputs a step and an offset
+        t.push_back({p.name + ".q4", DType::U8, {N, K / 2}});
+        t.push_back({p.name + ".gd", DType::I16, {N, K / 32}});
+        t.push_back({p.name + ".gm", DType::I16, {N, K / 32}});
+      } else {
+        t.push_back({p.name + ".q", DType::I8, {N, K}});
+      }
+      scale();
+      if (p.bias) t.push_back({p.name + ".bias", DType::I32, {N}});
+      break;
+    case ParamKind::LmHead:
+      if (!d.tied_embeddings) t.push_back({p.name + ".q", DType::I8, {N, K}});  // tied: tok_embd.q
+      scale();
+      break;
+  }
+  return t;
+}
+
+}  // namespace intdet
