@@ -34,17 +34,25 @@ std::vector<Param> model_params(const ModelDesc& d) {
   const Config& c = d.cfg;
   const int64_t H = c.hidden, F = c.ffn, D = c.head_dim, qd = c.n_heads * c.head_dim, kvd = c.n_kv * c.head_dim;
   std::vector<Param> ps;
-  auto add = [&](std::string name, ParamKind kind, int64_t rows, int64_t cols, int64_t layer, std::string input = "",
-                 bool bias = false) {
+  auto add = [&](std::string name, ParamKind kind, int64_t rows, int64_t cols, int64_t layer) -> Param& {
     Param p;
     p.name = std::move(name);
     p.kind = kind;
     p.rows = rows;
     p.cols = cols;
     p.layer = layer;
-    p.input = std::move(input);
-    p.bias = bias;
     ps.push_back(std::move(p));
+    return ps.back();
+  };
+  auto linear = [&](const std::string& name, int64_t N, int64_t K, int64_t l, Linear Layer::*slot,
+                    const std::string& input, bool bias) {
+    Param& p = add(name, ParamKind::Linear, N, K, l);
+    p.linear = slot;
+    p.input = input;
+    p.bias = bias;
+  };
+  auto norm = [&](const std::string& name, int64_t n, int64_t l, const int16_t* Layer::*slot) {
+    add(name, ParamKind::Norm, n, 0, l).norm = slot;
   };
   add("tok_embd", ParamKind::Embedding, c.vocab, H, -1);
   add("rope", ParamKind::Rope, c.ctx, D / 2, -1);
@@ -52,24 +60,24 @@ std::vector<Param> model_params(const ModelDesc& d) {
     const BlockDesc& b = d.blocks[(size_t)l];
     const std::string p = "blk." + std::to_string(l) + ".";
     // --- attention block: RMSNorm, q/k/v, optional per-head q/k RMSNorm, scores, output projection
-    add(p + "attn_norm", ParamKind::Norm, H, 0, l);
-    add(p + "attn_q", ParamKind::Linear, qd, H, l, p + "attn_norm", b.bias_q);
-    add(p + "attn_k", ParamKind::Linear, kvd, H, l, p + "attn_norm", b.bias_k);
-    add(p + "attn_v", ParamKind::Linear, kvd, H, l, p + "attn_norm", b.bias_v);
+    norm(p + "attn_norm", H, l, &Layer::attn_norm);
+    linear(p + "attn_q", qd, H, l, &Layer::q, p + "attn_norm", b.bias_q);
+    linear(p + "attn_k", kvd, H, l, &Layer::k, p + "attn_norm", b.bias_k);
+    linear(p + "attn_v", kvd, H, l, &Layer::v, p + "attn_norm", b.bias_v);
     if (b.qk_norm) {
-      add(p + "attn_q_norm", ParamKind::Norm, D, 0, l);
-      add(p + "attn_k_norm", ParamKind::Norm, D, 0, l);
+      norm(p + "attn_q_norm", D, l, &Layer::q_norm);
+      norm(p + "attn_k_norm", D, l, &Layer::k_norm);
     }
-    add(p + "attn_score", ParamKind::AttnScore, 1, 0, l, b.qk_norm ? p + "attn_q_norm" : p + "attn_q");
-    add(p + "attn_output", ParamKind::Linear, H, qd, l, p + "attn_out", b.bias_o);
+    add(p + "attn_score", ParamKind::AttnScore, 1, 0, l);
+    linear(p + "attn_output", H, qd, l, &Layer::o, p + "attn_out", b.bias_o);
     // --- feed-forward block: RMSNorm, gate/up, SwiGLU, down
-    add(p + "ffn_norm", ParamKind::Norm, H, 0, l);
-    add(p + "ffn_gate", ParamKind::Linear, F, H, l, p + "ffn_norm");
-    add(p + "ffn_up", ParamKind::Linear, F, H, l, p + "ffn_norm");
-    add(p + "ffn_down", ParamKind::Linear, H, F, l, p + "ffn_act");
+    norm(p + "ffn_norm", H, l, &Layer::ffn_norm);
+    linear(p + "ffn_gate", F, H, l, &Layer::gate, p + "ffn_norm", false);
+    linear(p + "ffn_up", F, H, l, &Layer::up, p + "ffn_norm", false);
+    linear(p + "ffn_down", H, F, l, &Layer::down, p + "ffn_act", false);
   }
   add("output_norm", ParamKind::Norm, H, 0, -1);
-  add("output", ParamKind::LmHead, c.vocab, H, -1, "output_norm");
+  add("output", ParamKind::LmHead, c.vocab, H, -1).input = "output_norm";
   return ps;
 }
 

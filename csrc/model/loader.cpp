@@ -261,36 +261,34 @@ Model build_model(const ModelDesc& d, const TensorMap& tensors, const std::strin
   };
   Model m;
   m.cfg = d.cfg;
-  const Config& c = d.cfg;
-  const int64_t H = c.hidden, D = c.head_dim;
-  m.tok_embd = I8("tok_embd.q");
-  m.embd_mant = I32("tok_embd.mant");
-  m.embd_shift = I32("tok_embd.shift");
-  m.rope_cos = I16("rope.cos");
-  m.rope_sin = I16("rope.sin");
-  for (int64_t l = 0; l < c.n_layers; ++l) {
-    const std::string p = "blk." + std::to_string(l) + ".";
-    const BlockDesc& b = d.blocks[(size_t)l];
-    Layer L;
-    L.attn_norm = I16(p + "attn_norm.g");
-    L.q = linear(p + "attn_q", c.n_heads * D, H);
-    L.k = linear(p + "attn_k", c.n_kv * D, H);
-    L.v = linear(p + "attn_v", c.n_kv * D, H);
-    L.o = linear(p + "attn_output", H, c.n_heads * D);
-    if (b.qk_norm) {
-      L.q_norm = I16(p + "attn_q_norm.g");
-      L.k_norm = I16(p + "attn_k_norm.g");
+  m.layers.resize((size_t)d.cfg.n_layers);
+  for (const Param& p : model_params(d)) {  // each parameter into its slot
+    Layer* L = p.layer >= 0 ? &m.layers[(size_t)p.layer] : nullptr;
+    switch (p.kind) {
+      case ParamKind::Embedding:
+        m.tok_embd = I8(p.name + ".q");
+        m.embd_mant = I32(p.name + ".mant");
+        m.embd_shift = I32(p.name + ".shift");
+        break;
+      case ParamKind::Rope:
+        m.rope_cos = I16(p.name + ".cos");
+        m.rope_sin = I16(p.name + ".sin");
+        break;
+      case ParamKind::Norm:
+        (L ? L->*p.norm : m.out_norm) = I16(p.name + ".g");
+        break;
+      case ParamKind::Linear:
+        L->*p.linear = linear(p.name, p.rows, p.cols);
+        break;
+      case ParamKind::AttnScore:
+        L->score_mant = I32(p.name + ".mant")[0];
+        L->score_shift = I32(p.name + ".shift")[0];
+        break;
+      case ParamKind::LmHead:
+        m.output = linear(p.name, p.rows, p.cols, d.tied_embeddings ? "tok_embd.q" : p.name + ".q");
+        break;
     }
-    L.score_mant = I32(p + "attn_score.mant")[0];
-    L.score_shift = I32(p + "attn_score.shift")[0];
-    L.ffn_norm = I16(p + "ffn_norm.g");
-    L.gate = linear(p + "ffn_gate", c.ffn, H);
-    L.up = linear(p + "ffn_up", c.ffn, H);
-    L.down = linear(p + "ffn_down", H, c.ffn);
-    m.layers.push_back(L);
   }
-  m.out_norm = I16("output_norm.g");
-  m.output = linear("output", c.vocab, H, d.tied_embeddings ? "tok_embd.q" : "output.q");
   return m;
 }
 

@@ -58,8 +58,12 @@ struct Param {
   int64_t rows = 0;       // float shape [rows, cols]; cols 0 for a vector
   int64_t cols = 0;
   bool bias = false;      // Linear: has "<name>.bias"
-  std::string input;      // Linear/LmHead/AttnScore: the activation it reads (e.g. "blk.3.attn_norm", "blk.3.attn_out")
+  std::string input;      // Linear/LmHead: the activation it reads (e.g. "blk.3.attn_norm", "blk.3.attn_out")
   int64_t layer = -1;     // -1 for model-level parameters
+  // Where the loader puts a block parameter in intdet::Layer (so no second
+  // list of names exists): a Linear's or a Norm's member.
+  Linear Layer::*linear = nullptr;
+  const int16_t* Layer::*norm = nullptr;
 };
 
 struct TensorSpec {
