@@ -3,7 +3,8 @@
 User errors print one line, ``intdet: error: ...``, and exit 1 (usage errors
 exit 2, as click does); no traceback, no partial output. Ctrl-C exits 130:
 during generation after printing the text so far and its hash, elsewhere
-with the one line ``intdet: interrupted``.
+with the one line ``intdet: interrupted``. SIGTERM during a conversion exits
+143 with the line ``intdet: terminated``.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import sys
 import click
 
 from .errors import IntdetError
+from .signals import Terminated
 
 
 def _fail(msg: str, code: int = 1):
@@ -36,6 +38,9 @@ def user_errors(fn):
         except KeyboardInterrupt:  # Ctrl-C outside generation (convert, model load): one line, exit 130
             click.echo("intdet: interrupted", err=True)
             sys.exit(130)
+        except Terminated:  # SIGTERM during a conversion, which cleaned up first
+            click.echo("intdet: terminated", err=True)
+            sys.exit(143)
         except MemoryError:
             _fail("out of memory")
         except OSError as e:  # permission denied, disk full, ... on a named file
