@@ -282,27 +282,21 @@ def _cuda_hash_runs(lm, cpu, ids, steps, seed, temperature, with_ref, progress):
 
 @main.command("random-model")
 @click.argument("out_dir")
+# the choices are random_model.SHAPES, spelled out so that importing the CLI does not import numpy
 @click.option("--shape", type=click.Choice(["qwen3-0.6b", "tiny-llama", "tiny-qwen3"]), default="qwen3-0.6b",
               show_default=True)
 @click.option("--seed", default=0, type=int, show_default=True)
 @user_errors
 def random_model(out_dir, shape, seed):
-    """Write a Hugging Face checkpoint with deterministic random weights (then `intdet convert` it).
+    """Write a Hugging Face checkpoint with deterministic random weights (then `intdet convert` it)."""
+    import time
 
-    Wraps scripts/make_random_model.py, so it needs a source checkout."""
-    import importlib.util
-    import os
+    from .random_model import write_random_model
 
-    # An editable install finds scripts/ next to the package; an installed
-    # wheel finds it when run from the source checkout.
-    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts", "make_random_model.py")
-    script = here if os.path.isfile(here) else os.path.join(os.getcwd(), "scripts", "make_random_model.py")
-    if not os.path.isfile(script):
-        raise IntdetError("random-model needs a source checkout of intdet (scripts/make_random_model.py)")
-    spec = importlib.util.spec_from_file_location("intdet_make_random_model", script)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    sys.exit(mod.main([out_dir, "--shape", shape, "--seed", str(seed)]))
+    t0 = time.monotonic()
+    log = lambda msg: click.echo(f"{time.monotonic() - t0:7.1f}s {msg}", err=True)  # noqa: E731
+    write_random_model(out_dir, shape, seed, log=log)
+    log(f"wrote {out_dir}")
 
 
 @main.command("hash-check")
