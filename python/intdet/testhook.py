@@ -27,7 +27,7 @@ def _armed() -> tuple[str, str]:
 def signal_at(stage: str) -> None:
     """Send this process the configured signal if ``stage`` is the one named
     in $INTDET_TEST_SIGNAL_AT; otherwise do nothing. Python runs the signal's
-    handler before os.kill returns, so whatever it raises is raised here."""
+    handler as soon as os.kill returns, so what it raises comes from here."""
     want, sig = _armed()
     if want == stage:
         os.kill(os.getpid(), signal.Signals[sig])

@@ -139,9 +139,10 @@ def remove_tree(path: str) -> None:
 # SIGKILL, a crash or a power cut leaves a conversion's temporary directory
 # behind (SIGINT and SIGTERM are cleaned up). The next conversion into the
 # same parent removes those whose process is gone. The PID alone is not
-# proof: a cache shared by containers (PID namespaces) or machines (NFS)
-# holds directories of processes this one cannot see, so a live conversion
-# also holds an flock on its directory, and a locked one is left alone.
+# proof: a cache shared by containers (other PID namespaces) holds
+# directories of processes this one cannot see, so a live conversion also
+# holds an flock on its directory (where the file system allows one), and a
+# locked one is left alone.
 
 
 def claim(tmp: str):
@@ -199,8 +200,8 @@ def _locked(path: str) -> bool:
 def sweep_stale(parent: str) -> list:
     """Remove from ``parent`` the temporary directories (old_path ones too)
     of conversions whose process has died and that no process holds locked.
-    Never raises: this is housekeeping, and the conversion goes on whatever
-    it finds. Returns the names removed."""
+    Raises no OSError: this is housekeeping, and the conversion goes on
+    whatever it finds. Returns the names removed."""
     if os.name == "nt":  # os.kill(pid, 0) there would send CTRL_C_EVENT
         return []
     try:
