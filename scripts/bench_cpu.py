@@ -15,7 +15,7 @@ What it does:
      conversion of the Q4_1 GGUF; llama.cpp runs a Q8_0 GGUF written from the
      same Q4_1 file by llama.cpp's own quantizer (``llama_model_quantize``
      with ``allow_requantize``). Both are 8-bit weights of the same values.
-   * ``--qwen3``: a Qwen3-0.6B-shaped random model (scripts/make_random_model.py,
+   * ``--qwen3``: a Qwen3-0.6B-shaped random model (``intdet random-model``,
      bf16, ~1.2 GB); intdet converts the HF checkpoint; for llama.cpp this
      script writes an F16 GGUF (arch ``qwen3``, llama.cpp's tensor names, NEOX
      RoPE so no Q/K permutation) with the ``gguf`` package and quantizes it to Q8_0.
@@ -38,13 +38,15 @@ llama.cpp side: ``llama_cpp.Llama(path, n_ctx=max(1024, prompt+gen), n_threads=T
 n_threads_batch=T, n_batch=512)``, ``llm.eval(ids)`` for the prompt and
 ``llm.eval([tok])`` per decode step, greedy = numpy argmax of the last logits row
 (lowest id on ties, as intdet). Peak RSS is each subprocess's own high-water
-mark (VmHWM on Linux, else ru_maxrss): a Python process in both cases, with
-numpy loaded; file-backed mmapped weights count once touched.
+mark (VmHWM on Linux, else ru_maxrss; intdet/rss.py, which the llama.cpp
+worker loads by path): a Python process in both cases, with numpy loaded;
+file-backed mmapped weights count once touched.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import statistics
@@ -53,7 +55,6 @@ import sys
 import tempfile
 import time
 
-_HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_CMAKE_ARGS = ("-DGGML_NATIVE=ON -DGGML_CUDA=OFF -DGGML_METAL=OFF -DGGML_VULKAN=OFF -DGGML_HIP=OFF "
                       "-DGGML_BLAS=OFF -DLLAMA_CURL=OFF -DLLAVA_BUILD=OFF")
 RESULT_TAG = "BENCH_RESULT "
@@ -69,22 +70,14 @@ def log(msg: str) -> None:
 # Run as `python bench_cpu.py --worker KIND SPEC.json`; the llama.cpp and
 # quantize workers run under the venv's python, which has no intdet.
 
-def _maxrss_bytes() -> int:
-    """Peak RSS of this worker: VmHWM on Linux, because ru_maxrss of a child
-    also counts the parent's RSS at fork (this script's parent process holds
-    gigabytes after converting Qwen3); ru_maxrss elsewhere. Same logic as
-    intdet.bench.peak_rss_bytes, repeated because the venv has no intdet."""
-    try:
-        with open("/proc/self/status", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    import resource
-
-    r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return int(r) if sys.platform == "darwin" else int(r) * 1024
+def _peak_rss_bytes(spec: dict) -> int:
+    """intdet.rss.peak_rss_bytes, loaded from the file the parent named:
+    the venv's python has no intdet to import, and rss.py needs only the
+    standard library."""
+    mod_spec = importlib.util.spec_from_file_location("intdet_rss", spec["rss_py"])
+    mod = importlib.util.module_from_spec(mod_spec)
+    mod_spec.loader.exec_module(mod)
+    return mod.peak_rss_bytes()
 
 
 def worker_intdet(spec: dict) -> dict:
@@ -94,7 +87,7 @@ def worker_intdet(spec: dict) -> dict:
     lm = load_model(spec["model"])
     (row,) = run_bench(lm, gen_tokens=spec["gen"], threads=[spec["threads"]], prompt_ids=spec["ids"], keep_tokens=True)
     return {"prefill_tok_s": row["prefill_tok_s"], "decode_tok_s": row["decode_tok_s"], "threads": row["threads"],
-            "tokens": row["decode_tokens"], "peak_rss_bytes": _maxrss_bytes(), "isa": row["isa"]}
+            "tokens": row["decode_tokens"], "peak_rss_bytes": row["peak_rss_bytes"], "isa": row["isa"]}
 
 
 def worker_llama(spec: dict) -> dict:
@@ -125,7 +118,7 @@ def worker_llama(spec: dict) -> dict:
         out.append(tok)
     decode_s = time.perf_counter() - t0
     return {"prefill_tok_s": len(ids) / prefill_s, "decode_tok_s": gen / decode_s, "threads": T, "tokens": out,
-            "peak_rss_bytes": _maxrss_bytes(), "version": llama_cpp.__version__,
+            "peak_rss_bytes": _peak_rss_bytes(spec), "version": llama_cpp.__version__,
             "system_info": llama_cpp.llama_print_system_info().decode(errors="replace").strip()}
 
 
@@ -317,8 +310,7 @@ def prepare_qwen3(py: str, work: str, int4: bool = False) -> dict:
     hf = os.path.join(work, "qwen3-0.6b-random")
     if not os.path.isfile(os.path.join(hf, "config.json")):
         log(f"writing a Qwen3-0.6B-shaped random checkpoint to {hf}")
-        subprocess.run([sys.executable, os.path.join(_HERE, "make_random_model.py"), hf, "--shape", "qwen3-0.6b"],
-                       check=True, stdout=sys.stderr)
+        subprocess.run([sys.executable, "-m", "intdet", "random-model", hf, "--shape", "qwen3-0.6b"], check=True)
     intdet_dir = intdet_model(hf, "int4" if int4 else "int8")
     q8 = os.path.join(work, "qwen3-0.6b-random.Q4_1.gguf" if int4 else "qwen3-0.6b-random.Q8_0.gguf")
     if not os.path.isfile(q8):
@@ -350,6 +342,7 @@ def leading_agreement(a: list, b: list) -> int:
 
 
 def bench_model(py: str, m: dict, threads: list, repeats: int, prompt_tokens: int, gen_tokens: int) -> dict:
+    import intdet.rss
     from intdet.bench import bench_prompt_ids
     from intdet.model import load_model
 
@@ -363,7 +356,8 @@ def bench_model(py: str, m: dict, threads: list, repeats: int, prompt_tokens: in
     for T in threads:
         for r in range(repeats):
             for eng, pyexe in (("intdet", sys.executable), ("llama", py)):
-                res = run_worker(pyexe, eng, {"model": m[eng], "ids": ids, "gen": gen_tokens, "threads": T})
+                res = run_worker(pyexe, eng, {"model": m[eng], "ids": ids, "gen": gen_tokens, "threads": T,
+                                              "rss_py": intdet.rss.__file__})
                 runs.setdefault((T, eng), []).append(res)
                 log(f"  {m['name']} threads {T} repeat {r + 1}/{repeats} {eng:6}: pp {res['prefill_tok_s']:.1f} tok/s, "
                     f"tg {res['decode_tok_s']:.1f} tok/s, peak RSS {res['peak_rss_bytes'] / 2**20:.0f} MiB")
@@ -385,6 +379,8 @@ def bench_model(py: str, m: dict, threads: list, repeats: int, prompt_tokens: in
 
 
 def format_result(res: dict) -> str:
+    from intdet.bench import text_table
+
     P, G = res["prompt_tokens"], res["gen_tokens"]
     out = [f"{res['model']}: {res['note']}",
            f"prompt {P} tok, decode {G} tok (batch 1, greedy), median of {res['repeats']}; "
@@ -397,9 +393,7 @@ def format_result(res: dict) -> str:
                                        ("peak_rss_bytes", "peak RSS MiB", 2**20, "{:.0f}")):
             a, b = row["intdet"][key] / scale, row["llama"][key] / scale
             lines.append([str(row["threads"]), label, fmt.format(a), fmt.format(b), f"{a / b:.2f}" if b else "-"])
-    w = [max(len(h), *(len(c[i]) for c in lines)) for i, h in enumerate(head)]
-    fmt_line = lambda cs: "  ".join(c.rjust(w[i]) if i != 1 else c.ljust(w[i]) for i, c in enumerate(cs))  # noqa: E731
-    out += [fmt_line(head)] + [fmt_line(c) for c in lines]
+    out.append(text_table(head, lines, left=(1,)))
     agree = ", ".join(f"threads {r['threads']}: {r['greedy_tokens_agree']}/{G}" for r in res["rows"])
     out.append(f"greedy decode tokens equal between the engines from the start: {agree}")
     return "\n".join(out)

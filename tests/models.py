@@ -1,9 +1,9 @@
-"""Tiny synthetic checkpoints for tests (and scripts/make_random_model.py).
+"""Tiny synthetic checkpoints for tests.
 
-Every weight comes from a counter-based SplitMix64 stream keyed by (seed,
-tensor name), turned into float32 with integer ops plus plain IEEE float64
-+,-,*,/ and one final cast, so the files are byte-identical on every machine
-and numpy version (numpy.random / torch seeds are never used for weights).
+The Hugging Face checkpoints, their PRNG and their tokenizer are
+intdet.random_model (one definition, shared with `intdet random-model`),
+re-exported here; this file adds the GGUF versions of the same weights.
+Everything is byte-identical on every machine and numpy version.
 
 Sizes chosen:
   HF tiny (all archs): hidden 72 (not a multiple of 16), intermediate 136,
@@ -17,286 +17,36 @@ Sizes chosen:
 
 from __future__ import annotations
 
-import json
-import math
-import os
-
 import numpy as np
 
-# ------------------------------------------------------------------ PRNG
-
-MASK64 = (1 << 64) - 1
-GAMMA = 0x9E3779B97F4A7C15
-
-
-def _mix64_int(z: int) -> int:
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK64
-    return z ^ (z >> 31)
-
-
-def splitmix64(seed: int, n: int) -> list:
-    """Reference SplitMix64 (Vigna) with Python ints: first n outputs."""
-    out, state = [], seed & MASK64
-    for _ in range(n):
-        state = (state + GAMMA) & MASK64
-        out.append(_mix64_int(state))
-    return out
-
-
-def splitmix64_np(seed: int, start: int, n: int) -> np.ndarray:
-    """Outputs start..start+n-1 of the same stream, vectorized. SplitMix64's
-    state after i+1 steps is seed + (i+1)*GAMMA, so any slice is computable
-    directly; numpy uint64 array arithmetic wraps mod 2**64."""
-    U = np.uint64
-    with np.errstate(over="ignore"):
-        z = np.arange(start + 1, start + n + 1, dtype=U) * U(GAMMA) + U(seed & MASK64)
-        z = (z ^ (z >> U(30))) * U(0xBF58476D1CE4E5B9)
-        z = (z ^ (z >> U(27))) * U(0x94D049BB133111EB)
-    return z ^ (z >> U(31))
-
-
-def name_seed(seed: int, name: str) -> int:
-    """Stream seed of one tensor: FNV-1a-64 of its name mixed with the
-    model seed, so a tensor's values never depend on the other tensors."""
-    h = 0xCBF29CE484222325
-    for b in name.encode():
-        h = ((h ^ b) * 0x100000001B3) & MASK64
-    return _mix64_int(h ^ _mix64_int(seed & MASK64))
-
-
-# Irwin-Hall of four 16-bit uniforms: their sum s is in [0, 262140] with
-# mean 131070 and variance 65536**2/3 (to 1 part in 4e9), so
-# (s - 131070) * sqrt(3)/65536 is ~N(0,1) on [-3.46, 3.46].
-_IH_SCALE = math.sqrt(3.0) / 65536.0  # math.sqrt is correctly rounded IEEE
-
-
-def prng_normal_like(seed: int, shape, std: float = 1.0, mean: float = 0.0, offset: int = 0) -> np.ndarray:
-    """float32 array of `shape`, ~N(mean, std**2), from values offset.. of
-    the SplitMix64 stream `seed` (one 64-bit draw per value)."""
-    n = int(np.prod(shape, dtype=np.int64))
-    z = splitmix64_np(seed, offset, n)
-    U = np.uint64
-    lanes = U(0x0000FFFF0000FFFF)
-    y = (z & lanes) + ((z >> U(16)) & lanes)  # two 32-bit lanes, each a sum of two fields
-    s = (y & U(0xFFFFFFFF)) + (y >> U(32))  # sum of the four 16-bit fields
-    x = (s.astype(np.float64) - 131070.0) * _IH_SCALE  # exact int -> float64, then IEEE ops
-    return (x * float(std) + float(mean)).astype(np.float32).reshape(shape)
-
-
-def f32_to_bf16_bits(a: np.ndarray) -> np.ndarray:
-    """Round-to-nearest-even float32 -> bfloat16 bit patterns (uint16),
-    as torch and ggml do; inputs here are always finite."""
-    u = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
-    return ((u + (np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1)))) >> np.uint32(16)).astype(np.uint16)
-
-
-# ------------------------------------------------------------- tokenizer
-
-SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]  # ids 0, 1, 2
-BOS_ID, EOS_ID = 0, 2
-
-CHAT_TEMPLATE = (
-    "{%- for message in messages %}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+from intdet.random_model import (  # noqa: F401  (re-exported for the tests)
+    ARCH_CLASS,
+    BOS_ID,
+    CHAT_TEMPLATE,
+    EOS_ID,
+    GAMMA,
+    MASK64,
+    MERGES,
+    QWEN3_0_6B,
+    SPECIAL_TOKENS,
+    TINY,
+    TOKENIZER_SIZE,
+    byte_symbols,
+    f32_to_bf16_bits,
+    hf_config,
+    hf_weights,
+    make_tokenizer,
+    name_seed,
+    prng_normal_like,
+    splitmix64,
+    splitmix64_np,
+    tensor_specs,
+    tensor_values,
+    vocab_list,
+    write_hf_model,
+    write_safetensors,
+    write_tokenizer_files,
 )
-
-# Frequent English pairs, in merge-rank order ("Ġ" is the byte-level space,
-# "Ċ" the newline); each part exists before it is used.
-MERGES = [
-    ("Ġ", "t"), ("h", "e"), ("i", "n"), ("e", "r"), ("a", "n"), ("o", "n"), ("r", "e"),
-    ("Ġ", "a"), ("Ġt", "he"), ("e", "n"), ("a", "t"), ("o", "r"), ("e", "s"), ("Ġ", "s"),
-    ("Ġ", "w"), ("i", "s"), ("i", "t"), ("Ġ", "o"), ("o", "u"), ("e", "d"), ("in", "g"),
-    ("Ġ", "c"), ("Ġ", "b"), ("Ġ", "f"), ("Ġ", "i"), ("Ġ", "h"), ("Ġ", "m"), ("Ġ", "p"),
-    ("l", "l"), ("Ġ", "an"), ("Ġan", "d"), ("Ġ", "d"), ("a", "r"), ("Ġo", "f"), ("Ġt", "o"),
-    ("Ġi", "n"), ("Ġi", "s"), ("Ċ", "Ċ"), ("Ġ", "Ġ"), ("Ġ", "T"), ("l", "e"), ("Ġw", "it"), ("Ġwit", "h"),
-]
-
-
-def byte_symbols() -> list:
-    """GPT-2 bytes_to_unicode: the byte-level symbol of byte b is item b."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs, n = bs[:], 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    table = dict(zip(bs, cs))
-    return [chr(table[b]) for b in range(256)]
-
-
-def vocab_list() -> list:
-    """Token strings by id: 3 specials, 256 bytes (id 3+b), then merges."""
-    return SPECIAL_TOKENS + byte_symbols() + [a + b for a, b in MERGES]
-
-
-TOKENIZER_SIZE = len(SPECIAL_TOKENS) + 256 + len(MERGES)  # 302
-
-
-def make_tokenizer():
-    """tokenizers.Tokenizer: byte-level BPE, GPT-2 regex pre-tokenizer."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
-
-    vocab = {t: i for i, t in enumerate(vocab_list())}
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=list(MERGES), fuse_unk=False, byte_fallback=False))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
-    return tok
-
-
-# ---------------------------------------------------------------- configs
-
-ARCH_CLASS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
-
-TINY = dict(hidden_size=72, intermediate_size=136, num_hidden_layers=3, num_attention_heads=3,
-            num_key_value_heads=1, head_dim=48, vocab_size=320, max_position_embeddings=256)
-
-QWEN3_0_6B = dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
-                  num_key_value_heads=8, head_dim=128, vocab_size=151936, max_position_embeddings=40960,
-                  rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True)
-
-
-def hf_config(arch: str, **overrides) -> dict:
-    """config.json contents for a tiny model of `arch`; overrides win."""
-    if arch not in ARCH_CLASS:
-        raise ValueError(f"arch must be one of {sorted(ARCH_CLASS)}, not {arch!r}")
-    cfg = dict(architectures=[ARCH_CLASS[arch]], model_type=arch, **TINY,
-               rope_theta=1000000.0 if arch == "qwen3" else 10000.0, rms_norm_eps=1e-6,
-               tie_word_embeddings=arch != "llama", hidden_act="silu", torch_dtype="float32",
-               bos_token_id=BOS_ID, eos_token_id=EOS_ID, attention_dropout=0.0,
-               initializer_range=0.02, use_cache=True)
-    if arch == "llama":
-        cfg.update(attention_bias=False, mlp_bias=False, pretraining_tp=1)
-    else:
-        cfg.update(use_sliding_window=False, sliding_window=None, max_window_layers=TINY["num_hidden_layers"])
-    if arch == "qwen3":
-        cfg["attention_bias"] = False
-    if "dtype" in overrides:  # accept transformers 5's name for the storage dtype
-        overrides = dict(overrides)
-        overrides["torch_dtype"] = overrides.pop("dtype")
-    cfg.update(overrides)
-    if cfg["torch_dtype"] not in ("float32", "bfloat16"):
-        raise ValueError(f"storage dtype must be float32 or bfloat16, not {cfg['torch_dtype']!r}")
-    return cfg
-
-
-def tensor_specs(cfg: dict) -> list:
-    """[(hf_name, shape, std, mean)] for every stored tensor. Matrices use
-    std 1/sqrt(fan_in) so each layer's output stays O(1); embeddings (and
-    lm_head) 2/sqrt(hidden) so tied or not the logits have std ~2: varied
-    but far from one-hot. Norm gammas 1 +- 0.1."""
-    arch = cfg["model_type"]
-    H, I, L, V = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"], cfg["vocab_size"]
-    nh = cfg["num_attention_heads"]
-    nkv = cfg.get("num_key_value_heads") or nh
-    D = cfg.get("head_dim") or H // nh
-    bias = bool(cfg.get("attention_bias"))
-    qkv_bias, o_bias = arch == "qwen2" or bias, arch != "qwen2" and bias
-
-    def lin(fan_in):
-        return 1.0 / math.sqrt(fan_in)
-
-    emb = 2.0 / math.sqrt(H)
-    specs = [("model.embed_tokens.weight", (V, H), emb, 0.0)]
-    for i in range(L):
-        p = f"model.layers.{i}."
-        specs.append((p + "input_layernorm.weight", (H,), 0.1, 1.0))
-        for proj, rows in (("q", nh * D), ("k", nkv * D), ("v", nkv * D)):
-            specs.append((p + f"self_attn.{proj}_proj.weight", (rows, H), lin(H), 0.0))
-            if qkv_bias:
-                specs.append((p + f"self_attn.{proj}_proj.bias", (rows,), 0.1, 0.0))
-        specs.append((p + "self_attn.o_proj.weight", (H, nh * D), lin(nh * D), 0.0))
-        if o_bias:
-            specs.append((p + "self_attn.o_proj.bias", (H,), 0.1, 0.0))
-        if arch == "qwen3":
-            specs.append((p + "self_attn.q_norm.weight", (D,), 0.1, 1.0))
-            specs.append((p + "self_attn.k_norm.weight", (D,), 0.1, 1.0))
-        specs.append((p + "post_attention_layernorm.weight", (H,), 0.1, 1.0))
-        specs.append((p + "mlp.gate_proj.weight", (I, H), lin(H), 0.0))
-        specs.append((p + "mlp.up_proj.weight", (I, H), lin(H), 0.0))
-        specs.append((p + "mlp.down_proj.weight", (H, I), lin(I), 0.0))
-    specs.append(("model.norm.weight", (H,), 0.1, 1.0))
-    if not cfg.get("tie_word_embeddings"):
-        specs.append(("lm_head.weight", (V, H), emb, 0.0))
-    return specs
-
-
-def tensor_values(seed: int, spec, offset: int = 0, count: int | None = None) -> np.ndarray:
-    """Flat float32 values offset..offset+count of one tensor (whole tensor
-    by default); chunks concatenate to exactly the whole tensor."""
-    name, shape, std, mean = spec
-    n = int(np.prod(shape, dtype=np.int64))
-    count = n - offset if count is None else count
-    return prng_normal_like(name_seed(seed, name), (count,), std, mean, offset)
-
-
-def hf_weights(cfg: dict, seed: int = 0) -> dict:
-    """HF name -> float32 array (before any bf16 rounding)."""
-    return {s[0]: tensor_values(seed, s).reshape(s[1]) for s in tensor_specs(cfg)}
-
-
-# --------------------------------------------------------------- writers
-
-def write_safetensors(path: str, specs: list, seed: int, bf16: bool, chunk: int = 1 << 22, log=None) -> None:
-    """Stream tensors into a .safetensors file chunk by chunk, so a 600M-value
-    model never sits in memory as float32. (safetensors.numpy.save_file
-    cannot store bfloat16 and needs every array in memory at once.)"""
-    esz = 2 if bf16 else 4
-    header, off = {"__metadata__": {"format": "pt"}}, 0
-    for name, shape, _, _ in specs:
-        nbytes = int(np.prod(shape, dtype=np.int64)) * esz
-        header[name] = {"dtype": "BF16" if bf16 else "F32", "shape": list(shape), "data_offsets": [off, off + nbytes]}
-        off += nbytes
-    hb = json.dumps(header, separators=(",", ":")).encode()
-    hb += b" " * (-len(hb) % 8)  # the format pads the header to 8 bytes with spaces
-    with open(path, "wb") as f:
-        f.write(len(hb).to_bytes(8, "little") + hb)
-        for k, spec in enumerate(specs):
-            n = int(np.prod(spec[1], dtype=np.int64))
-            for start in range(0, n, chunk):
-                v = tensor_values(seed, spec, start, min(chunk, n - start))
-                f.write((f32_to_bf16_bits(v) if bf16 else v).tobytes())
-            if log:
-                log(f"[{k + 1}/{len(specs)}] {spec[0]} {tuple(spec[1])}")
-
-
-def write_tokenizer_files(out_dir: str, cfg: dict) -> None:
-    make_tokenizer().save(os.path.join(out_dir, "tokenizer.json"))
-    tc = {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "add_bos_token": False, "add_eos_token": False,
-        "bos_token": SPECIAL_TOKENS[BOS_ID], "eos_token": SPECIAL_TOKENS[EOS_ID], "pad_token": SPECIAL_TOKENS[0],
-        "unk_token": None, "model_max_length": cfg["max_position_embeddings"],
-        "clean_up_tokenization_spaces": False, "chat_template": CHAT_TEMPLATE,
-    }
-    _dump_json(os.path.join(out_dir, "tokenizer_config.json"), tc)
-    gc = {"bos_token_id": cfg["bos_token_id"], "eos_token_id": cfg["eos_token_id"], "do_sample": False}
-    _dump_json(os.path.join(out_dir, "generation_config.json"), gc)
-
-
-def _dump_json(path, obj):
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=2, ensure_ascii=False)
-        f.write("\n")
-
-
-def write_hf_model(out_dir: str, arch: str, seed: int = 0, log=None, **overrides) -> str:
-    """Write a Hugging Face checkpoint dir (config.json, model.safetensors,
-    tokenizer.json, tokenizer_config.json, generation_config.json).
-    overrides change any config key; dtype/torch_dtype="bfloat16" stores
-    BF16 (round-to-nearest-even of the same float32 values)."""
-    cfg = hf_config(arch, **overrides)
-    os.makedirs(out_dir, exist_ok=True)
-    _dump_json(os.path.join(out_dir, "config.json"), cfg)
-    write_safetensors(os.path.join(out_dir, "model.safetensors"), tensor_specs(cfg), seed,
-                      bf16=cfg["torch_dtype"] == "bfloat16", log=log)
-    write_tokenizer_files(out_dir, cfg)
-    return str(out_dir)
-
 
 # ------------------------------------------------------------------ GGUF
 

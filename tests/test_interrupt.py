@@ -1,138 +1,63 @@
-"""Ctrl-C (SIGINT) during ``intdet generate`` and ``intdet convert``.
+"""Ctrl-C (SIGINT) and SIGTERM during ``intdet generate`` and ``intdet convert``.
+
+Every signal here lands at a point the code names: the child process sends
+it to itself when it reaches a stage of $INTDET_TEST_SIGNAL_AT
+(intdet/testhook.py), never after a delay guessed from a timed run, which a
+faster or slower machine would move out of the work.
 
 generate: the text generated so far stays on stdout, stderr ends with the
 stats line and the chain hash of exactly those tokens (marked
 "(interrupted)"), exit 130, no traceback.
 
 convert (and the conversion into the cache that ``generate -m SRC`` does):
-exit 130 with one line and no traceback; OUT is either complete (the
-interrupt came after the final rename) or absent, no ``.intdet-convert-*``
-temp dir is left, and the cache never holds a half-converted model.
+SIGINT exits 130 with the one line ``intdet: interrupted``, SIGTERM 143 with
+``intdet: terminated``; OUT is either complete (the signal came after the
+final rename) or absent (or, with --force, the old model whole), no
+``.intdet-convert-*`` temporary directory is left, and the cache never holds
+a half-converted model. SIGKILL cannot be cleaned up after: the next
+conversion into the same directory removes what it left.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
 import signal
 import subprocess
 import sys
-import threading
-import time
 
-import models
 import pytest
+
+from intdet.convert import convert, output
 
 CLI = [sys.executable, "-m", "intdet.cli"]
 HASH_RE = re.compile(r"\bhash ([0-9a-f]{12})\b")
 GEN_RE = re.compile(r"generated (\d+) tok")
+HOOK = "INTDET_TEST_SIGNAL_AT"
+# how each signal ends the CLI: exit status and its one line on stderr
+ENDS = {"SIGINT": (130, "intdet: interrupted"), "SIGTERM": (143, "intdet: terminated")}
+STAGES_BEFORE_INSTALL = ["read", "quantize", "written", "install"]
 
 
-def env_for(cache):
-    return dict(os.environ, INTDET_CACHE=str(cache), HF_HUB_OFFLINE="1", PYTHONIOENCODING="utf-8")
-
-
-class Proc:
-    """A CLI subprocess whose stdout/stderr are drained by threads, so the
-    test can wait for the first output bytes."""
-
-    def __init__(self, args, cache):
-        self.p = subprocess.Popen(CLI + [str(a) for a in args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                  stdin=subprocess.DEVNULL, env=env_for(cache), bufsize=0)
-        self.out, self.err = bytearray(), bytearray()
-        self.first_out = threading.Event()
-        self.threads = [threading.Thread(target=self._drain, args=(self.p.stdout, self.out, self.first_out), daemon=True),
-                        threading.Thread(target=self._drain, args=(self.p.stderr, self.err, None), daemon=True)]
-        for t in self.threads:
-            t.start()
-
-    @staticmethod
-    def _drain(pipe, buf, event):
-        while True:
-            b = pipe.read(4096)
-            if not b:
-                return
-            buf += b
-            if event is not None:
-                event.set()
-
-    def sigint(self):
-        self.p.send_signal(signal.SIGINT)
-
-    def wait(self, timeout=60):
-        try:
-            rc = self.p.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.p.kill()
-            self.p.wait()
-            pytest.fail(f"no exit {timeout} s after SIGINT; stderr: {bytes(self.err)[-2000:]!r}")
-        for t in self.threads:
-            t.join(10)
-        return rc, bytes(self.out).decode("utf-8", "replace"), bytes(self.err).decode("utf-8", "replace")
-
-
-def run(args, cache, timeout=300):
-    p = subprocess.run(CLI + [str(a) for a in args], capture_output=True, env=env_for(cache), timeout=timeout,
+def run(args, cache, at=None, timeout=300):
+    """Run the CLI; ``at`` = "STAGE[:SIGNAL]" makes it signal itself there."""
+    env = dict(os.environ, INTDET_CACHE=str(cache), HF_HUB_OFFLINE="1", PYTHONIOENCODING="utf-8")
+    env.pop(HOOK, None)
+    if at:
+        env[HOOK] = at
+    p = subprocess.run(CLI + [str(a) for a in args], capture_output=True, env=env, timeout=timeout,
                        stdin=subprocess.DEVNULL, check=False)
     return p.returncode, p.stdout.decode("utf-8", "replace"), p.stderr.decode("utf-8", "replace")
 
 
-# ----------------------------------------------------------------- generate
-
-
-@pytest.fixture(scope="module")
-def long_ctx_model(tmp_path_factory):
-    """Tiny llama with a 4096-token context, converted in process."""
-    from intdet.convert import convert
-
-    base = tmp_path_factory.mktemp("long_ctx")
-    hf = models.write_hf_model(str(base / "hf"), "llama", max_position_embeddings=4096)
-    return convert(hf, str(base / "conv"), progress=False)
-
-
-@pytest.mark.parametrize("sampling", [[], ["--temperature", "0.7", "--seed", "11"]], ids=["greedy", "sampled"])
-def test_ctrl_c_during_generate(long_ctx_model, tmp_path, sampling):
-    cache = tmp_path / "cache"
-    # The numpy spec backend is slow enough that the SIGINT always lands mid-run
-    # (the C++ core can reach EOS first on a fast machine).
-    args = ["generate", "-m", long_ctx_model, "--ids", "1,5,9", "-n", "100000", "--device", "ref", *sampling]
-    pr = Proc(args, cache)
-    assert pr.first_out.wait(120), f"no output; stderr: {bytes(pr.err)[-2000:]!r}"
-    time.sleep(0.3)  # let a few more tokens through
-    t0 = time.monotonic()
-    pr.sigint()
-    rc, out, err = pr.wait()
-    assert time.monotonic() - t0 < 30
-    assert rc == 130, (rc, out[-500:], err[-2000:])
-    assert "Traceback" not in err, err
-    lines = err.splitlines()
-    assert lines and "(interrupted)" in lines[-1], err
-    h, n = HASH_RE.search(lines[-1]).group(1), int(GEN_RE.search(lines[-1]).group(1))
-    assert 1 <= n < 4000, lines[-1]
-    assert out.endswith("\n"), out[-200:]
-    # The hash and text are those of exactly the n tokens generated: a run
-    # stopped by -n n gives the same chain hash and the same text.
-    rc2, out2, err2 = run(["generate", "-m", long_ctx_model, "--ids", "1,5,9", "-n", n, *sampling], cache)
-    assert rc2 == 0, err2
-    assert HASH_RE.search(err2.splitlines()[-1]).group(1) == h
-    assert out2 == out
-
-
-# ------------------------------------------------------------------ convert
-
-
-@pytest.fixture(scope="module")
-def bigger_hf(tmp_path_factory):
-    """A llama checkpoint big enough (~100 MB float32) that converting it
-    takes a few seconds."""
-    d = tmp_path_factory.mktemp("bigger") / "hf"
-    return models.write_hf_model(str(d), "llama", hidden_size=512, intermediate_size=1536, num_hidden_layers=8,
-                                 num_attention_heads=8, num_key_value_heads=2, head_dim=64)
-
-
 def leftovers(parent):
-    return [n for n in os.listdir(parent) if n.startswith(".intdet-convert-")] if os.path.isdir(parent) else []
+    return sorted(n for n in os.listdir(parent) if n.startswith(output.TMP_PREFIX)) if os.path.isdir(parent) else []
+
+
+def tree(d):
+    return {n: open(os.path.join(d, n), "rb").read() for n in sorted(os.listdir(d))}
 
 
 def complete(out) -> bool:
@@ -144,82 +69,186 @@ def complete(out) -> bool:
     return ok and all(os.path.isfile(os.path.join(out, n)) for n in ("model.safetensors", "tokenizer.json"))
 
 
-def interrupt_at(args, cache, delay, out_parent):
-    """Run args, SIGINT after ``delay`` s (or as soon as a temp dir shows up
-    in out_parent when delay is None)."""
-    pr = Proc(args, cache)
-    t0 = time.monotonic()
-    if delay is None:
-        while not leftovers(out_parent) and pr.p.poll() is None and time.monotonic() - t0 < 120:
-            time.sleep(0.002)
-    else:
-        time.sleep(delay)
-    if pr.p.poll() is None:
-        pr.sigint()
-    return pr.wait()
-
-
-# A SIGINT that comes once the work is done (the final rename made, or the
-# interpreter already shutting down, when Python's default handler is back
-# and the process dies of the signal: rc -2) leaves a complete OUT.
-DONE_RCS = (0, 130, -signal.SIGINT)
-
-
-def check_interrupted_or_complete(rc, err, out_dir):
-    """True when the run was interrupted (exit 130, one line, no OUT);
-    False when it finished (OUT complete)."""
+def assert_ended_by(sig, rc, err):
+    code, line = ENDS[sig]
     assert "Traceback" not in err, err
-    parent = os.path.dirname(out_dir)
-    assert leftovers(parent) == [], leftovers(parent)
-    if complete(out_dir):
-        assert rc in DONE_RCS, (rc, err)
-        return False
-    assert rc == 130, (rc, err)
-    assert len(err.splitlines()) == 1 and "interrupted" in err, err
-    assert not os.path.lexists(out_dir), os.listdir(out_dir)
-    return True
+    assert rc == code and err.splitlines() == [line], (rc, err)
 
 
-def test_ctrl_c_during_convert(bigger_hf, tmp_path):
+@pytest.fixture(scope="module")
+def converted(tiny_llama_hf, tmp_path_factory):
+    """tiny_llama_hf converted without interruption: what a complete OUT holds."""
+    return convert(tiny_llama_hf, str(tmp_path_factory.mktemp("conv") / "m"), progress=False)
+
+
+# ----------------------------------------------------------------- generate
+
+
+@pytest.mark.parametrize("device,sampling", [("cpu", []), ("cpu", ["--temperature", "0.7", "--seed", "11"]),
+                                             ("ref", [])], ids=["greedy", "sampled", "greedy-ref"])
+def test_ctrl_c_during_generate(converted, tmp_path, device, sampling):
     cache = tmp_path / "cache"
-    # an uninterrupted run: how long a conversion takes here
-    t0 = time.monotonic()
-    rc, _, err = run(["convert", bigger_hf, "-o", tmp_path / "full"], cache)
-    full = time.monotonic() - t0
-    assert rc == 0, err
-    interrupted = 0
-    for k, frac in enumerate([0.5, 0.75, None, 0.9, 0.35]):
-        out = tmp_path / "outs" / f"out{k}"
-        out.parent.mkdir(exist_ok=True)
-        delay = None if frac is None else frac * full
-        rc, _, err = interrupt_at(["convert", bigger_hf, "-o", out], cache, delay, str(out.parent))
-        interrupted += check_interrupted_or_complete(rc, err, str(out))
-    assert interrupted >= 2, "the conversion always finished before SIGINT"
+    args = ["generate", "-m", converted, "--ids", "1,5,9", "--device", device, *sampling]
+    rc, out, err = run(args + ["-n", 50], cache, at="token-7")
+    assert rc == 130, (rc, out[-500:], err[-2000:])
+    assert "Traceback" not in err, err
+    last = err.splitlines()[-1]
+    assert "(interrupted)" in last and int(GEN_RE.search(last).group(1)) == 7, err
+    assert out.endswith("\n"), out[-200:]
+    # The hash and text are those of exactly the 7 tokens generated: a run
+    # stopped by -n 7 gives the same chain hash and the same text.
+    rc2, out2, err2 = run(args + ["-n", 7], cache)
+    assert rc2 == 0, err2
+    assert HASH_RE.search(err2.splitlines()[-1]).group(1) == HASH_RE.search(last).group(1)
+    assert out2 == out
 
 
-def test_ctrl_c_during_conversion_into_cache(bigger_hf, tmp_path):
-    """generate -m HF_DIR converts into the cache first; an interrupt there
-    leaves the cache without any entry (no half model, no temp dir), and the
-    next run converts and generates normally."""
+# ------------------------------------------------------------------ convert
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("stage", STAGES_BEFORE_INSTALL)
+def test_signal_during_convert_leaves_nothing(tiny_llama_hf, tmp_path, stage, sig):
+    out = tmp_path / "outs" / "m"
+    out.parent.mkdir()
+    rc, _, err = run(["convert", tiny_llama_hf, "-o", out], tmp_path / "cache", at=f"{stage}:{sig}")
+    assert_ended_by(sig, rc, err)
+    assert os.listdir(out.parent) == []  # neither OUT nor a temporary directory
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_signal_after_the_final_rename_leaves_the_whole_model(tiny_llama_hf, tmp_path, converted, sig):
+    out = tmp_path / "outs" / "m"
+    out.parent.mkdir()
+    rc, _, err = run(["convert", tiny_llama_hf, "-o", out], tmp_path / "cache", at=f"installed:{sig}")
+    assert_ended_by(sig, rc, err)
+    assert os.listdir(out.parent) == ["m"] and tree(out) == tree(converted)
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_signal_during_convert_force_keeps_a_whole_model(tiny_llama_hf, tiny_qwen3_hf, tmp_path, converted, sig):
+    """--force over another model: the old model until the final rename, the
+    new one after it, whole either way."""
+    out = tmp_path / "outs" / "m"
+    convert(tiny_qwen3_hf, str(out), progress=False)
+    old = tree(out)
+    for stage, want in [("written", old), ("install", old), ("installed", tree(converted))]:
+        rc, _, err = run(["convert", tiny_llama_hf, "-o", out, "--force"], tmp_path / "cache", at=f"{stage}:{sig}")
+        assert_ended_by(sig, rc, err)
+        assert tree(out) == want, stage
+        assert os.listdir(out.parent) == ["m"], stage
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_signal_during_conversion_into_cache(tiny_llama_hf, tmp_path, sig):
+    """generate -m HF_DIR converts into the cache first; a signal there
+    leaves the cache without any entry (no half model, no temporary
+    directory), and the next run converts and generates normally."""
     cache = tmp_path / "cache"
     models_dir = cache / "models"
-    t0 = time.monotonic()
-    args = ["generate", "-m", bigger_hf, "--ids", "1,2", "-n", "2"]
-    rc, _, err = run(args, tmp_path / "cache0")
-    full = time.monotonic() - t0
-    assert rc == 0, err
-    interrupted = 0
-    for frac in (0.4, 0.6, None):
-        rc, _, err = interrupt_at(args, cache, None if frac is None else frac * full, str(models_dir))
-        assert "Traceback" not in err, err
-        assert leftovers(models_dir) == []
-        entries = os.listdir(models_dir) if models_dir.is_dir() else []
-        assert all(complete(models_dir / e) for e in entries), entries  # never a half model
-        if rc == 130 and "intdet: interrupted" in err:
-            interrupted += 1
-        else:
-            assert rc in DONE_RCS, err
-    assert interrupted >= 1
+    args = ["generate", "-m", tiny_llama_hf, "--ids", "1,2", "-n", "2"]
+    for stage in STAGES_BEFORE_INSTALL:
+        rc, _, err = run(args, cache, at=f"{stage}:{sig}")
+        assert_ended_by(sig, rc, err)
+        assert not models_dir.is_dir() or os.listdir(models_dir) == [], (stage, os.listdir(models_dir))
+    rc, _, err = run(args, cache)
+    assert rc == 0 and HASH_RE.search(err.splitlines()[-1]), err
+    (entry,) = os.listdir(models_dir)
+    assert complete(models_dir / entry)
+
+
+def test_signal_after_conversion_into_cache_keeps_the_entry(tiny_llama_hf, tmp_path):
+    cache = tmp_path / "cache"
+    args = ["generate", "-m", tiny_llama_hf, "--ids", "1,2", "-n", "2"]
+    rc, _, err = run(args, cache, at="installed:SIGTERM")
+    assert_ended_by("SIGTERM", rc, err)
+    (entry,) = os.listdir(cache / "models")
+    assert complete(cache / "models" / entry)
+
+
+def test_sigkill_leftovers_are_swept_by_the_next_conversion_into_the_cache(tiny_llama_hf, tmp_path):
+    """SIGKILL ends the process before any cleanup; the next conversion
+    into the same cache directory removes the dead process's temporary
+    directory."""
+    cache = tmp_path / "cache"
+    args = ["generate", "-m", tiny_llama_hf, "--ids", "1,2", "-n", "2"]
+    rc, _, err = run(args, cache, at="written:SIGKILL")
+    assert rc == -signal.SIGKILL, (rc, err)
+    assert len(leftovers(cache / "models")) == 1  # what the issue saw: a temporary dir the kill left
     rc, _, err = run(args, cache)
     assert rc == 0, err
-    assert HASH_RE.search(err.splitlines()[-1])
+    assert leftovers(cache / "models") == []
+    (entry,) = os.listdir(cache / "models")
+    assert complete(cache / "models" / entry)
+
+
+# -------------------------------------------------------------------- sweep
+
+
+def dead_pid() -> int:
+    """The PID of a process that has exited (and been reaped)."""
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    return p.pid
+
+
+def test_sweep_removes_only_dead_unlocked_temporaries(tmp_path, tiny_llama_hf):
+    parent = tmp_path / "p"
+    parent.mkdir()
+    dead, live = dead_pid(), os.getpid()
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep").write_text("x")
+
+    def mk(name):
+        (parent / name).mkdir()
+        (parent / name / "model.safetensors").write_bytes(b"partial")
+        return parent / name
+
+    stale = [f"{output.TMP_PREFIX}{dead}-0123abcd", f"{output.TMP_PREFIX}{dead}-4567cdef-old"]
+    for n in stale:
+        mk(n)
+    keep = [f"{output.TMP_PREFIX}{live}-89abcdef", f"{output.TMP_PREFIX}{live}-89abcdef-old",
+            f"{output.TMP_PREFIX}notes", f"{output.TMP_PREFIX}{dead}-xyz", "model"]
+    for n in keep:
+        mk(n)
+    # a dead PID whose directory is locked: a live conversion in another PID
+    # namespace (a container sharing the cache), and its parked old model
+    locked = mk(f"{output.TMP_PREFIX}{dead}-aaaabbbb")
+    mk(f"{output.TMP_PREFIX}{dead}-aaaabbbb-old")
+    fd = os.open(locked, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    keep += [f"{output.TMP_PREFIX}{dead}-aaaabbbb", f"{output.TMP_PREFIX}{dead}-aaaabbbb-old"]
+    # names of the pattern that are not directories: a file, and a link to a directory elsewhere
+    (parent / f"{output.TMP_PREFIX}{dead}-00000000").write_text("file")
+    (parent / f"{output.TMP_PREFIX}{dead}-11111111").symlink_to(outside)
+    keep += [f"{output.TMP_PREFIX}{dead}-00000000", f"{output.TMP_PREFIX}{dead}-11111111"]
+    try:
+        assert sorted(output.sweep_stale(str(parent))) == sorted(stale)
+        assert sorted(os.listdir(parent)) == sorted(keep)
+        assert (outside / "keep").read_text() == "x"
+        # a conversion into the same parent sweeps too (the lock still held)
+        for n in stale:
+            mk(n)
+        convert(tiny_llama_hf, str(parent / "out"), progress=False)
+        assert sorted(os.listdir(parent)) == sorted(keep + ["out"])
+    finally:
+        os.close(fd)
+    assert sorted(output.sweep_stale(str(parent))) == [f"{output.TMP_PREFIX}{dead}-aaaabbbb",
+                                                       f"{output.TMP_PREFIX}{dead}-aaaabbbb-old"]
+
+
+def test_a_conversion_locks_its_temporary_directory(tiny_llama_hf, tmp_path, monkeypatch):
+    """While convert() writes, its temporary directory is locked, so the
+    sweep of a process that cannot see its PID leaves it alone."""
+    seen = []
+    real_save = output.install
+
+    def spy(tmp, *a):
+        seen.append(output._locked(tmp))
+        return real_save(tmp, *a)
+
+    monkeypatch.setattr("intdet.convert.install", spy)
+    convert(tiny_llama_hf, str(tmp_path / "m"), progress=False)
+    assert seen == [True]
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # convert's SIGTERM handler is gone again

@@ -253,10 +253,50 @@ def test_stream_decoder_truncated_char(toy):
 def test_stream_decoder_sentencepiece(tmp_path):
     tok, meta = tokenizer_from_gguf(str(toy_sentencepiece(tmp_path)))
     ids = encode(tok, meta, "hello wörld 日本 hello " * 12, add_bos=False)
+    assert tok.id_to_token(ids[-1]) == "▁" and "<0xE6>" in {tok.id_to_token(i) for i in ids}  # byte fallback
     decoder = StreamDecoder(tok)
     chunks = [decoder.push(i) for i in ids] + [decoder.flush()]
     assert "".join(chunks) == tok.decode(ids)
     assert not any("\ufffd" in c for c in chunks)
+    assert "日" in chunks and "本" in chunks  # each three byte tokens, released whole
+
+
+def test_stream_decoder_skips_special_tokens(toy):
+    tok, meta = toy
+    ids = encode(tok, meta, "<|im_start|>héllo<|im_end|> wörld<|im_end|>", special=True)
+    end = tok.token_to_id("<|im_end|>")
+    assert ids.count(end) == 2
+    for skip in (True, False):
+        decoder = StreamDecoder(tok, skip_special_tokens=skip)
+        chunks = [decoder.push(i) for i in ids] + [decoder.flush()]
+        assert "".join(chunks) == tok.decode(ids, skip_special_tokens=skip)
+        assert ("<|im_end|>" in "".join(chunks)) is not skip
+
+
+def test_stream_decoder_steps_do_not_decode_everything(toy, monkeypatch):
+    """Each push decodes a short window (DecodeStream), not all ids so far."""
+    tok, meta = toy
+    ids = encode(tok, meta, "héllo wörld 🎉 日本語 " * 20)
+    decoder = StreamDecoder(tok)
+    calls = []
+    monkeypatch.setattr(decoder, "_decode", lambda ids: calls.append(len(ids)) or tok.decode(ids))
+    text = "".join(decoder.push(i) for i in ids)
+    assert calls == []
+    assert text + decoder.flush() == tok.decode(ids) and calls == [len(ids)]
+
+
+def test_stream_decoder_survives_a_decoder_that_is_not_prefix_stable():
+    """A decoder rewriting text across tokens makes DecodeStream raise; the
+    stream goes on, the rest decoded from all ids."""
+    from tokenizers import Tokenizer, decoders, models as tok_models
+
+    tok = Tokenizer(tok_models.WordLevel({"a": 0, "b": 1, "c": 2, "[UNK]": 3}, unk_token="[UNK]"))
+    tok.decoder = decoders.Sequence([decoders.Fuse(), decoders.Replace("ab", "X")])
+    ids = [0, 1, 2, 2, 0]
+    assert tok.decode(ids) == "Xcca"
+    decoder = StreamDecoder(tok)
+    chunks = [decoder.push(i) for i in ids] + [decoder.flush()]
+    assert chunks[0] == "a" and "".join(chunks) == "a" + tok.decode(ids)[1:]  # "a" was out before "b" came
 
 
 def test_save_load_round_trip(toy, tmp_path):

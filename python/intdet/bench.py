@@ -22,14 +22,13 @@ noisy; ``scripts/bench_cpu.py`` repeats them in fresh processes.
 from __future__ import annotations
 
 import hashlib
-import resource
-import sys
 import time
 
 import numpy as np
 
 from .errors import IntdetError
 from .model import Engine, LoadedModel, default_threads
+from .rss import peak_rss_bytes
 from .sampling import Sampler
 
 BENCH_TEXT = ("The quick brown fox jumps over the lazy dog, and the children watch it from the old stone bridge "
@@ -52,23 +51,6 @@ def bench_prompt_ids(lm: LoadedModel, n: int) -> list:
     if not base:
         raise IntdetError(f"{lm.path}: the tokenizer gives no usable ids for the benchmark text")
     return (base * (n // len(base) + 1))[:n]
-
-
-def peak_rss_bytes() -> int:
-    """Peak resident set size of this process. On Linux, VmHWM from
-    /proc/self/status: ru_maxrss there also counts the RSS the parent had
-    when it forked this process (the pre-exec address space), so a small
-    process started by a big one would report the big one's size. Elsewhere
-    ru_maxrss (KiB on Linux, bytes on macOS)."""
-    try:
-        with open("/proc/self/status", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return int(r) if sys.platform == "darwin" else int(r) * 1024
 
 
 def _tokens_hash(tokens) -> str:
@@ -194,6 +176,13 @@ def format_table(rows: list) -> str:
             cells.append(rate(r["batch_decode_tok_s"]))
         cells += [f"{r['peak_rss_bytes'] / 2**20:.1f}", r["decode_tokens_hash"]]
         lines.append(cells)
+    return "\n".join([f"model {r0['model']}", text_table(head, lines)])
+
+
+def text_table(head: list, lines: list, left=(0,)) -> str:
+    """Rows of cells (str) under ``head``, each column as wide as its widest
+    cell, two spaces apart; the columns in ``left`` left-aligned, the others
+    right-aligned (numbers)."""
     w = [max(len(h), *(len(c[i]) for c in lines)) for i, h in enumerate(head)]
-    fmt = lambda cs: "  ".join(c.rjust(w[i]) if i else c.ljust(w[i]) for i, c in enumerate(cs))  # noqa: E731
-    return "\n".join([f"model {r0['model']}", fmt(head)] + [fmt(c) for c in lines])
+    fmt = lambda cs: "  ".join(c.ljust(w[i]) if i in left else c.rjust(w[i]) for i, c in enumerate(cs))  # noqa: E731
+    return "\n".join([fmt(head)] + [fmt(c) for c in lines])

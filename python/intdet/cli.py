@@ -3,7 +3,8 @@
 User errors print one line, ``intdet: error: ...``, and exit 1 (usage errors
 exit 2, as click does); no traceback, no partial output. Ctrl-C exits 130:
 during generation after printing the text so far and its hash, elsewhere
-with the one line ``intdet: interrupted``.
+with the one line ``intdet: interrupted``. SIGTERM during a conversion exits
+143 with the line ``intdet: terminated``.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import sys
 import click
 
 from .errors import IntdetError
+from .signals import Terminated
 
 
 def _fail(msg: str, code: int = 1):
@@ -36,6 +38,9 @@ def user_errors(fn):
         except KeyboardInterrupt:  # Ctrl-C outside generation (convert, model load): one line, exit 130
             click.echo("intdet: interrupted", err=True)
             sys.exit(130)
+        except Terminated:  # SIGTERM during a conversion, which cleaned up first
+            click.echo("intdet: terminated", err=True)
+            sys.exit(143)
         except MemoryError:
             _fail("out of memory")
         except OSError as e:  # permission denied, disk full, ... on a named file
@@ -277,27 +282,21 @@ def _cuda_hash_runs(lm, cpu, ids, steps, seed, temperature, with_ref, progress):
 
 @main.command("random-model")
 @click.argument("out_dir")
+# the choices are random_model.SHAPES, spelled out so that importing the CLI does not import numpy
 @click.option("--shape", type=click.Choice(["qwen3-0.6b", "tiny-llama", "tiny-qwen3"]), default="qwen3-0.6b",
               show_default=True)
 @click.option("--seed", default=0, type=int, show_default=True)
 @user_errors
 def random_model(out_dir, shape, seed):
-    """Write a Hugging Face checkpoint with deterministic random weights (then `intdet convert` it).
+    """Write a Hugging Face checkpoint with deterministic random weights (then `intdet convert` it)."""
+    import time
 
-    Wraps scripts/make_random_model.py, so it needs a source checkout."""
-    import importlib.util
-    import os
+    from .random_model import write_random_model
 
-    # An editable install finds scripts/ next to the package; an installed
-    # wheel finds it when run from the source checkout.
-    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts", "make_random_model.py")
-    script = here if os.path.isfile(here) else os.path.join(os.getcwd(), "scripts", "make_random_model.py")
-    if not os.path.isfile(script):
-        raise IntdetError("random-model needs a source checkout of intdet (scripts/make_random_model.py)")
-    spec = importlib.util.spec_from_file_location("intdet_make_random_model", script)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    sys.exit(mod.main([out_dir, "--shape", shape, "--seed", str(seed)]))
+    t0 = time.monotonic()
+    log = lambda msg: click.echo(f"{time.monotonic() - t0:7.1f}s {msg}", err=True)  # noqa: E731
+    write_random_model(out_dir, shape, seed, log=log)
+    log(f"wrote {out_dir}")
 
 
 @main.command("hash-check")

@@ -9,6 +9,7 @@ from .errors import IntdetError
 from .hashing import ChainHash
 from .model import Engine
 from .sampling import Sampler
+from .testhook import signal_at
 
 
 @dataclass
@@ -79,6 +80,7 @@ def generate(engine: Engine, prompt_ids, max_new_tokens: int, sampler: Sampler |
             g.tokens.append(tok)
             if on_token:
                 on_token(tok)
+            signal_at(f"token-{len(g.tokens)}")  # test hook (testhook.py), inert unless its variable is set
             if tok in eos:
                 g.stop = "eos"
                 break

@@ -3,8 +3,10 @@
 The output directory holds model.safetensors (integer tensors only),
 config.json and tokenizer.json/tokenizer_config.json. It is written into a
 temporary sibling directory and renamed into place, so an interrupted or
-failed conversion leaves nothing behind; ``--force`` replaces only an
-intdet model directory, by one atomic swap (output.py).
+failed conversion, or one stopped by SIGINT or SIGTERM, leaves nothing
+behind; ``--force`` replaces only an intdet model directory, by one atomic
+swap (output.py). The ``signal_at`` calls are a test hook (testhook.py),
+inert unless $INTDET_TEST_SIGNAL_AT is set.
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ import secrets
 
 from ..errors import IntdetError
 from ..format import WEIGHT_FORMATS, is_converted
-from .output import TMP_PREFIX, check_output, install, old_path, remove_tree
+from ..signals import sigterm_raises
+from ..testhook import signal_at, watch_quantize
+from .output import TMP_PREFIX, check_output, claim, install, old_path, release, remove_tree, sweep_stale
 from .quantize import quantize_model
 from .sources import read_source
 
@@ -26,8 +30,15 @@ def convert(src: str, out_dir: str, force: bool = False, progress: bool = True, 
 
     Raises IntdetError if the source is unreadable or unsupported, or if
     ``out_dir`` exists and is not empty, unless force and out_dir is an
-    intdet model directory (output.check_output). Returns out_dir.
+    intdet model directory (output.check_output); KeyboardInterrupt (SIGINT)
+    or signals.Terminated (SIGTERM, in the main thread) after removing the
+    temporary directory. Returns out_dir.
     """
+    with sigterm_raises():  # `kill PID` cleans up as Ctrl-C does
+        return _convert(src, out_dir, force, progress, weights)
+
+
+def _convert(src: str, out_dir: str, force: bool, progress: bool, weights: str) -> str:
     from ..tokenizer import save_tokenizer
 
     out_dir = os.path.abspath(out_dir)
@@ -37,27 +48,36 @@ def convert(src: str, out_dir: str, force: bool = False, progress: bool = True, 
     if os.path.isdir(src) and is_converted(src):
         raise IntdetError(f"{src}: already a converted intdet model (convert its source instead)")
     fm = read_source(src)
+    signal_at("read")
+    watch_quantize(fm)
     tensors, cfg = quantize_model(fm, progress=progress, weights=weights)
     parent = os.path.dirname(out_dir) or "."
     os.makedirs(parent, exist_ok=True)
+    sweep_stale(parent)
     # The name is fixed before the directory exists, so an interrupt at any
     # point (even inside mkdir) is cleaned up by the handler below.
     tmp = os.path.join(parent, f"{TMP_PREFIX}{os.getpid()}-{secrets.token_hex(4)}")
+    lock = None
     try:
         os.mkdir(tmp)
+        lock = claim(tmp)
         from ..safetensors_io import save_atomic
 
         save_atomic(tensors, os.path.join(tmp, "model.safetensors"), metadata={"format": "intdet"})
+        signal_at("written")
         cfg["tokenizer"] = {"bos_token_id": fm.tok_meta.get("bos_token_id"), "eos_token_ids": fm.tok_meta.get("eos_token_ids", [])}
         with open(os.path.join(tmp, "config.json"), "w", encoding="utf-8") as f:
             json.dump(cfg, f, indent=2, sort_keys=True)
             f.write("\n")
         save_tokenizer(fm.tokenizer, fm.tok_meta, tmp)
         _readable_by_all(tmp)
+        signal_at("install")
         install(tmp, out_dir, src, force)
+        signal_at("installed")
     finally:
         remove_tree(tmp)  # the old model after a swap, or the partial new one
         remove_tree(old_path(tmp))
+        release(lock)
     return out_dir
 
 

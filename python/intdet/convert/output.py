@@ -7,7 +7,9 @@ source. The new model is built in a temporary sibling directory and swapped
 in by one rename (Linux ``renameat2(RENAME_EXCHANGE)``; elsewhere two renames
 with SIGINT/SIGTERM deferred between them), so an interruption at any instant
 leaves the old model or the new one at OUT, never neither (a Ctrl-C
-between them is deferred until both are done).
+between them is deferred until both are done). A conversion killed
+outright (SIGKILL) leaves its temporary directory, which the next
+conversion into the same parent removes (sweep_stale).
 """
 
 from __future__ import annotations
@@ -16,13 +18,18 @@ import ctypes
 import ctypes.util
 import errno
 import os
+import re
 import shutil
 import signal
 
 from ..errors import IntdetError
 from ..format import MODEL_FILES, is_converted
+from ..signals import Terminated
 
 TMP_PREFIX = ".intdet-convert-"
+# A temporary directory of convert(), f"{TMP_PREFIX}{pid}-{8 hex digits}", or
+# where install() parks the replaced model (old_path).
+_TMP_NAME = re.compile(re.escape(TMP_PREFIX) + r"(\d+)-[0-9a-f]{8}(-old)?\Z")
 
 
 def check_output(out_dir: str, src: str, force: bool) -> None:
@@ -134,10 +141,99 @@ def old_path(tmp: str) -> str:
 
 
 def remove_tree(path: str) -> None:
-    """rmtree that a second Ctrl-C arriving during the cleanup cannot cut short."""
+    """rmtree that a second Ctrl-C or SIGTERM arriving during the cleanup
+    cannot cut short."""
     for _ in range(5):
         try:
             shutil.rmtree(path, ignore_errors=True)
             return
-        except KeyboardInterrupt:
+        except (KeyboardInterrupt, Terminated):
             continue
+
+
+# --------------------------------------------------------- stale temporaries
+# SIGKILL, a crash or a power cut leaves a conversion's temporary directory
+# behind (SIGINT and SIGTERM are cleaned up). The next conversion into the
+# same parent removes those whose process is gone. The PID alone is not
+# proof: a cache shared by containers (other PID namespaces) holds
+# directories of processes this one cannot see, so a live conversion also
+# holds an flock on its directory (where the file system allows one), and a
+# locked one is left alone.
+
+
+def claim(tmp: str):
+    """Lock the new temporary directory ``tmp`` for this process's lifetime
+    (the kernel drops the lock when the process dies, however it dies).
+    Returns a handle for release(), None where directories cannot be locked."""
+    try:
+        import fcntl
+
+        fd = os.open(tmp, os.O_RDONLY)
+    except (ImportError, OSError):
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def release(handle) -> None:
+    """Drop the lock claim() took (None: nothing to drop)."""
+    if handle is not None:
+        os.close(handle)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # signal 0: existence check only
+    except ProcessLookupError:
+        return False
+    except (OSError, OverflowError):  # EPERM: alive, another user's; a pid out of range: not ours
+        return True
+    return True
+
+
+def _locked(path: str) -> bool:
+    try:
+        import fcntl
+
+        fd = os.open(path, os.O_RDONLY)
+    except (ImportError, OSError):
+        return False  # gone, or no flock here: the PID check decides
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def sweep_stale(parent: str) -> list:
+    """Remove from ``parent`` the temporary directories (old_path ones too)
+    of conversions whose process has died and that no process holds locked.
+    Raises no OSError: this is housekeeping, and the conversion goes on
+    whatever it finds. Returns the names removed."""
+    if os.name == "nt":  # os.kill(pid, 0) there would send CTRL_C_EVENT
+        return []
+    try:
+        names = os.listdir(parent)
+    except OSError:
+        return []
+    removed = []
+    for name in names:
+        m = _TMP_NAME.match(name)
+        path = os.path.join(parent, name)
+        if not m or _pid_alive(int(m.group(1))) or os.path.islink(path) or not os.path.isdir(path):
+            continue
+        # A parked old model is locked through its conversion's own directory.
+        if _locked(path[:-len("-old")] if m.group(2) else path):
+            continue
+        remove_tree(path)
+        if not os.path.lexists(path):
+            removed.append(name)
+    return removed

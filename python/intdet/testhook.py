@@ -1,0 +1,55 @@
+"""Test hook: a process sends itself a signal at a named point of its work.
+
+Inert unless the environment variable ``INTDET_TEST_SIGNAL_AT`` is set. Tests
+set it to ``STAGE`` or ``STAGE:SIGNAL`` (a name such as ``SIGTERM``; default
+``SIGINT``) so that an interrupt lands at a known point instead of after a
+guessed delay, which a faster or slower machine would move. Stages:
+
+* convert: ``read`` (source read), ``quantize`` (halfway through the layers),
+  ``written`` (model.safetensors written into the temporary directory),
+  ``install`` (just before the final rename), ``installed`` (just after it);
+* generate: ``token-N`` (the N-th generated token chosen and streamed).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+ENV = "INTDET_TEST_SIGNAL_AT"
+
+
+def _armed() -> tuple[str, str]:
+    stage, _, sig = os.environ.get(ENV, "").partition(":")
+    return stage, sig or "SIGINT"
+
+
+def signal_at(stage: str) -> None:
+    """Send this process the configured signal if ``stage`` is the one named
+    in $INTDET_TEST_SIGNAL_AT; otherwise do nothing. Python runs the signal's
+    handler as soon as os.kill returns, so what it raises comes from here."""
+    want, sig = _armed()
+    if want == stage:
+        os.kill(os.getpid(), signal.Signals[sig])
+
+
+class _SignalOnRead(dict):
+    """The weights dict, sending the signal when quantize first reads a
+    weight of layer ``prefix`` (quantize goes through the layers in order)."""
+
+    def __init__(self, weights: dict, prefix: str):
+        super().__init__(weights)
+        self._prefix = prefix
+
+    def __getitem__(self, key):
+        if self._prefix and key.startswith(self._prefix):
+            self._prefix = ""
+            signal_at("quantize")
+        return super().__getitem__(key)
+
+
+def watch_quantize(fm) -> None:
+    """Arm the ``quantize`` stage on FloatModel ``fm`` (halfway through its
+    layers) when the hook names it; otherwise leave fm untouched."""
+    if _armed()[0] == "quantize":
+        fm.weights = _SignalOnRead(fm.weights, f"blk.{fm.hp['num_layers'] // 2}.")

@@ -1,0 +1,83 @@
+"""scripts/bench_cpu.py without llama.cpp: its table format, the intdet
+worker, and the peak-RSS code the llama.cpp worker loads in a venv that has
+no intdet."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import intdet.rss
+from intdet.convert import convert
+
+SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts", "bench_cpu.py")
+
+
+@pytest.fixture(scope="module")
+def bench_cpu():
+    spec = importlib.util.spec_from_file_location("bench_cpu", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_format_result_is_unchanged(bench_cpu):
+    def eng(p, d, mib):
+        return {"prefill_tok_s": p, "decode_tok_s": d, "peak_rss_bytes": mib * 2**20}
+
+    res = {"model": "M", "note": "intdet: int8; llama.cpp: Q8_0", "prompt_tokens": 512, "gen_tokens": 128, "repeats": 3,
+           "intdet_isa": "avx2", "llama_cpp_version": "0.3.16",
+           "rows": [{"threads": 1, "intdet": eng(812.25, 41.5, 300), "llama": eng(400.0, 50.125, 250.4),
+                     "greedy_tokens_agree": 17},
+                    {"threads": 16, "intdet": eng(9812.25, 141.5, 1300), "llama": eng(0, 150.0, 1250),
+                     "greedy_tokens_agree": 128}]}
+    assert bench_cpu.format_result(res) == """\
+M: intdet: int8; llama.cpp: Q8_0
+prompt 512 tok, decode 128 tok (batch 1, greedy), median of 3; intdet isa avx2, llama-cpp-python 0.3.16
+threads  metric        intdet  llama.cpp  intdet/llama.cpp
+      1  pp512 tok/s    812.2      400.0              2.03
+      1  tg128 tok/s     41.5       50.1              0.83
+      1  peak RSS MiB     300        250              1.20
+     16  pp512 tok/s   9812.2        0.0                 -
+     16  tg128 tok/s    141.5      150.0              0.94
+     16  peak RSS MiB    1300       1250              1.04
+greedy decode tokens equal between the engines from the start: threads 1: 17/128, threads 16: 128/128"""
+
+
+def test_llama_worker_reads_peak_rss_without_intdet(tmp_path):
+    """The llama.cpp worker's python has no intdet: it loads intdet/rss.py by
+    path. `python -I -S` stands in for it (no site-packages at all)."""
+    code = ("import importlib.util, sys\n"
+            "spec = importlib.util.spec_from_file_location('bench_cpu', sys.argv[1])\n"
+            "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)\n"
+            "print(m._peak_rss_bytes({'rss_py': sys.argv[2]}), any('intdet' in k for k in sys.modules))\n"
+            "import intdet\n")
+    r = subprocess.run([sys.executable, "-I", "-S", "-c", code, SCRIPT, intdet.rss.__file__], capture_output=True,
+                       text=True, cwd=tmp_path)
+    assert "No module named 'intdet'" in r.stderr, r.stderr  # the last line: intdet really is absent
+    rss, imported = r.stdout.split()
+    assert int(rss) > 1 << 20 and imported == "False"
+
+
+def test_intdet_worker(tmp_path, tiny_llama_hf):
+    from intdet.bench import run_bench
+    from intdet.model import load_model
+
+    model = convert(tiny_llama_hf, str(tmp_path / "m"), progress=False)
+    ids = [5, 6, 7, 8, 9, 10, 11, 12, 13, 14]
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"model": model, "ids": ids, "gen": 4, "threads": 1}))
+    r = subprocess.run([sys.executable, SCRIPT, "--worker", "intdet", str(spec)], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    (line,) = [ln for ln in r.stdout.splitlines() if ln.startswith("BENCH_RESULT ")]
+    res = json.loads(line[len("BENCH_RESULT "):])
+    assert set(res) == {"prefill_tok_s", "decode_tok_s", "threads", "tokens", "peak_rss_bytes", "isa"}
+    assert res["threads"] == 1 and res["peak_rss_bytes"] > 1 << 20
+    (row,) = run_bench(load_model(model), gen_tokens=4, threads=[1], prompt_ids=ids, keep_tokens=True)
+    assert res["tokens"] == row["decode_tokens"] and res["isa"] == row["isa"]
