@@ -230,8 +230,8 @@ PYBIND11_MODULE(_core, mod) {
     I64Arr out({T, N});
     const Kernels& k = kernels();
     if (k.linear_packed) {  // this kernel set reads repacked weights, as after pack_model
-      std::vector<int8_t> wp((size_t)packed_size_w8x2(N, K));
-      pack_w8x2(w.data(), N, K, wp.data());
+      std::vector<int8_t> wp((size_t)k.packing->w8.size(N, K));
+      k.packing->w8.pack(w.data(), N, K, wp.data());
       k.linear_packed(q.data(), e.data(), T, K, wp.data(), mant.data(), shift.data(), nullptr, N, out.mutable_data(), N);
     } else {
       k.linear(q.data(), e.data(), T, K, w.data(), mant.data(), shift.data(), nullptr, N, out.mutable_data(), N);
@@ -250,8 +250,8 @@ PYBIND11_MODULE(_core, mod) {
     I64Arr out({T, N});
     const Kernels& k = kernels();
     if (k.linear_w4_packed) {  // as after pack_model
-      std::vector<uint8_t> wp((size_t)packed_size_w4(N, K));
-      pack_w4(w4.data(), gd.data(), gm.data(), N, K, wp.data());
+      std::vector<uint8_t> wp((size_t)k.packing->w4.size(N, K));
+      k.packing->w4.pack(w4.data(), gd.data(), gm.data(), N, K, wp.data());
       k.linear_w4_packed(q.data(), e.data(), T, K, wp.data(), nullptr, nullptr, mant.data(), shift.data(), nullptr, N,
                          out.mutable_data(), N);
     } else {
