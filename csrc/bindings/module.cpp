@@ -7,6 +7,7 @@
 #include <pybind11/stl.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -14,6 +15,7 @@
 #include "intdet/kernels.h"
 #include "intdet/model.h"
 #include "intdet/ops.h"
+#include "intdet/trace.h"
 #include "model_dict.h"
 #include "op_args.h"
 
@@ -324,6 +326,43 @@ PYBIND11_MODULE(_core, mod) {
                      z.data(), p.data(), w.data(), out.mutable_data());
     return out;
   });
+  // ---- named intermediates (scripts/first_divergence.py) ----
+  mod.def(
+      "forward_trace",
+      [](const PyModel& pm, PyState& s, py::array_t<int32_t, py::array::c_style> tokens, int64_t start,
+         std::optional<std::string> isa) {
+        const Kernels& ks = isa ? kernel_set(*isa) : kernels();  // this call only: no global switch
+        const int64_t T = tokens.size();
+        const Config& c = pm.m.cfg;
+        if (T == 0) throw std::invalid_argument("forward_trace needs at least one token");
+        if (start != s.n_past) throw std::invalid_argument("start must equal the number of cached positions");
+        if (start + T > s.kv.max_len) throw std::invalid_argument("sequence longer than the KV cache");
+        std::vector<Row> rows((size_t)T);
+        for (int64_t t = 0; t < T; ++t) {
+          const int32_t tok = tokens.data()[t];
+          if (tok < 0 || tok >= c.vocab) throw std::invalid_argument("token id out of range");
+          rows[t] = Row{0, start + t, tok, true};
+        }
+        py::array_t<int32_t> out({T, c.vocab});
+        Trace tr;
+        {
+          py::gil_scoped_release nogil;
+          KVCache* caches[1] = {&s.kv};
+          forward_rows_traced(pm.m, caches, rows.data(), T, out.mutable_data(), ks, tr);
+        }
+        s.n_past = start + T;
+        py::dict named;
+        for (Trace::Tensor& x : tr.tensors) {
+          I64Arr a(std::vector<py::ssize_t>(x.shape.begin(), x.shape.end()));
+          std::copy(x.values.begin(), x.values.end(), a.mutable_data());
+          named[py::str(x.name)] = a;
+        }
+        return py::make_tuple(out, named, tr.isa);
+      },
+      py::arg("model"), py::arg("state"), py::arg("tokens"), py::arg("start"), py::arg("isa") = py::none(),
+      "forward(..., all_logits=True) on kernel set `isa` (default: the active one) that also returns the "
+      "named intermediates: (logits int32 [T, V], dict name -> int64 array in forward order, the kernel "
+      "set's name). Names and values as the ref spec's trace (python/intdet/ref/model.py).");
   mod.def("available_isas", &available_isas, "Kernel sets this build has and this CPU runs (best last).");
   mod.def("set_isa", &set_isa, py::arg("name"), "Force a kernel set (scalar, avx2, ...).");
   mod.def("isa", []() { return std::string(kernels().name); }, "The active kernel set.");

@@ -111,9 +111,9 @@ std::vector<std::string> available_isas() {
   return out;
 }
 
-void set_isa(const std::string& name) {
-  g_active.store(by_name(name, "ISA '" + name + "'"), std::memory_order_release);
-}
+const Kernels& kernel_set(const std::string& name) { return *by_name(name, "ISA '" + name + "'"); }
+
+void set_isa(const std::string& name) { g_active.store(&kernel_set(name), std::memory_order_release); }
 
 void set_num_threads(int n) {
 #ifdef _OPENMP

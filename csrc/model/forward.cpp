@@ -8,6 +8,7 @@
 #include "intdet/kernels.h"
 #include "intdet/model.h"
 #include "intdet/ops.h"
+#include "intdet/trace.h"
 
 namespace intdet {
 namespace {
@@ -109,12 +110,17 @@ void add_residual(std::vector<int64_t>& x, const std::vector<int64_t>& d, int64_
   for (int64_t i = 0; i < n; ++i) x[i] = sat32(x[i] + d[i]);
 }
 
-}  // namespace
-
-void forward_rows(const Model& m, KVCache* const* caches, const Row* rows, int64_t T, int32_t* logits) {
-  // One kernel set for the whole call, whatever set_isa() does meanwhile.
-  const Kernels& ks = kernels();
+// The forward pass on kernel set ks; tr, when not null, receives the named
+// intermediates (one test per site and layer when null, nothing per row).
+void forward_impl(const Model& m, KVCache* const* caches, const Row* rows, int64_t T, int32_t* logits,
+                  const Kernels& ks, Trace* tr) {
   check_packed(m, ks);
+  if (tr) tr->isa = ks.name;
+  auto rec = [tr](std::string name, const std::vector<int64_t>& a, std::vector<int64_t> shape) {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    tr->tensors.push_back({std::move(name), std::move(shape), std::vector<int64_t>(a.begin(), a.begin() + n)});
+  };
   const Config& c = m.cfg;
   const int64_t H = c.hidden, F = c.ffn, nh = c.n_heads, nkv = c.n_kv, D = c.head_dim;
   const int64_t grp = nh / nkv, half = D / 2;
@@ -131,14 +137,22 @@ void forward_rows(const Model& m, KVCache* const* caches, const Row* rows, int64
     for (int64_t i = 0; i < H; ++i)
       x[t * H + i] = shift_round_sat32((int64_t)m.tok_embd[tok * H + i] * m.embd_mant[tok], m.embd_shift[tok]);
   }
+  if (tr) rec("tok_embd", x, {T, H});
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const Layer& L = m.layers[l];
+    const std::string blk = tr ? "blk." + std::to_string(l) + "." : "";
     // --- attention block ---
     norm_rows(x.data(), L.attn_norm, T, H, c.eps_hidden, h);  // [T, H] norm units
     act.from_rows(ks, h.data(), T, H);                        // int16 + exponent per token
     run_linear(ks, L.q, act, T, q.data());                    // [T, nh*D] Q16
     run_linear(ks, L.k, act, T, k.data());                    // [T, nkv*D] Q16
     run_linear(ks, L.v, act, T, v.data());                    // [T, nkv*D] Q16
+    if (tr) {
+      rec(blk + "attn_norm", h, {T, H});
+      rec(blk + "attn_q", q, {T, nh, D});
+      rec(blk + "attn_k", k, {T, nkv, D});
+      rec(blk + "attn_v", v, {T, nkv, D});
+    }
     if (c.qk_norm) {  // Qwen3: per-head RMSNorm
       norm_rows(q.data(), L.q_norm, T * nh, D, c.eps_head, qn);
       q.swap(qn);
@@ -175,18 +189,32 @@ void forward_rows(const Model& m, KVCache* const* caches, const Row* rows, int64
     }
     act.from_rows(ks, o.data(), T, nh * D);
     run_linear(ks, L.o, act, T, tmp.data());  // [T, H] Q16
+    if (tr) {
+      rec(blk + "attn_out", o, {T, nh * D});
+      rec(blk + "attn_output", tmp, {T, H});
+    }
     add_residual(x, tmp, T * H);
     // --- feed-forward block ---
     norm_rows(x.data(), L.ffn_norm, T, H, c.eps_hidden, h);
     act.from_rows(ks, h.data(), T, H);
     run_linear(ks, L.gate, act, T, gate.data());  // [T, F] Q16
     run_linear(ks, L.up, act, T, up.data());      // [T, F] Q16
+    if (tr) {
+      rec(blk + "ffn_norm", h, {T, H});
+      rec(blk + "ffn_gate", gate, {T, F});  // before SwiGLU overwrites it
+      rec(blk + "ffn_up", up, {T, F});
+    }
     const auto swiglu = ks.swiglu;
 #pragma omp parallel for schedule(static) if (T > 1)
     for (int64_t t = 0; t < T; ++t) swiglu(gate.data() + t * F, up.data() + t * F, F, gate.data() + t * F);
     act.from_rows(ks, gate.data(), T, F);  // SwiGLU output was Q32
     run_linear(ks, L.down, act, T, tmp.data());
     add_residual(x, tmp, T * H);
+    if (tr) {
+      rec(blk + "ffn_swiglu", gate, {T, F});
+      rec(blk + "ffn_down", tmp, {T, H});
+      rec(blk + "residual", x, {T, H});
+    }
   }
   // Final norm and lm_head only for the rows that want logits.
   std::vector<int64_t> sel;
@@ -201,7 +229,21 @@ void forward_rows(const Model& m, KVCache* const* caches, const Row* rows, int64
   act.from_rows(ks, h.data(), Tout, H);
   std::vector<int64_t> lg((size_t)(Tout * c.vocab));
   run_linear(ks, m.output, act, Tout, lg.data());  // [Tout, V] Q16
+  if (tr) rec("output", lg, {Tout, c.vocab});
   for (int64_t i = 0; i < Tout * c.vocab; ++i) logits[i] = (int32_t)lg[i];
+}
+
+}  // namespace
+
+void forward_rows(const Model& m, KVCache* const* caches, const Row* rows, int64_t T, int32_t* logits) {
+  // One kernel set for the whole call, whatever set_isa() does meanwhile.
+  forward_impl(m, caches, rows, T, logits, kernels(), nullptr);
+}
+
+void forward_rows_traced(const Model& m, KVCache* const* caches, const Row* rows, int64_t T, int32_t* logits,
+                         const Kernels& ks, Trace& trace) {
+  trace = Trace{};
+  forward_impl(m, caches, rows, T, logits, ks, &trace);
 }
 
 void forward(const Model& m, KVCache& kv, const int32_t* tokens, int64_t T, int64_t start, bool all_logits,

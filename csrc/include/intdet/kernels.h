@@ -87,8 +87,10 @@ const std::vector<const Kernels*>& kernel_sets();
 const Kernels& kernels();
 // Names this build has and this CPU can run, best last ("scalar" first).
 std::vector<std::string> available_isas();
-// Force a kernel set (any case); throws std::invalid_argument naming the ISA
-// and the valid choices when the build or the CPU lacks it.
+// The kernel set called `name` (any case); throws std::invalid_argument
+// naming the ISA and the valid choices when the build or the CPU lacks it.
+const Kernels& kernel_set(const std::string& name);
+// Make kernel_set(name) the active set (later forwards take it).
 void set_isa(const std::string& name);
 
 // Threads for prefill and decode (OpenMP); 0 = all cores.
