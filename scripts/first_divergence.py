@@ -27,8 +27,9 @@ def main(argv=None) -> int:
     ap.add_argument("-m", "--model", default=None, help="model (default: SmolLM2-135M-Instruct)")
     ap.add_argument("--prompt", default="The capital of France is")
     ap.add_argument("--ids", default=None, help="comma-separated token ids instead of --prompt")
+    isas = ",".join(_core.available_isas())
     ap.add_argument("--backends", default=None,
-                    help=f"comma-separated, the first is the reference (default: ref,{','.join(_core.available_isas())})")
+                    help=f"comma-separated, the first is the reference (default: ref,{isas})")
     ap.add_argument("--threads", type=int, default=None, help="threads of the C++ core (default: all cores)")
     a = ap.parse_args(argv)
     lm = load_model(resolve_model(a.model, progress=sys.stderr.isatty()))

@@ -120,7 +120,8 @@ def test_first_divergence_shapes_and_missing_names():
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("first_divergence", os.path.join(ROOT, "scripts", "first_divergence.py"))
+    path = os.path.join(ROOT, "scripts", "first_divergence.py")
+    spec = importlib.util.spec_from_file_location("first_divergence", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
