@@ -1,3 +1,4 @@
+import contextlib
 import os
 import sys
 
@@ -6,6 +7,45 @@ sys.path.insert(0, os.path.dirname(__file__))
 import pytest  # noqa: E402
 
 import models  # noqa: E402  (tests/models.py: deterministic tiny checkpoints)
+from intdet import _core  # noqa: E402
+
+# ---- every CPU kernel set (x thread count): the one definition the tests share
+
+ISAS = _core.available_isas()  # this build's sets that this CPU runs
+THREADS = (1, 2, 3)
+
+
+@contextlib.contextmanager
+def using_isa(isa, threads=None):
+    """Run the block on kernel set `isa` (and `threads` threads), then restore
+    the set and thread count that were active before."""
+    before = (_core.isa(), _core.num_threads())
+    try:
+        _core.set_isa(isa)
+        if threads is not None:
+            _core.set_num_threads(threads)
+        yield
+    finally:
+        _core.set_isa(before[0])
+        _core.set_num_threads(before[1])
+
+
+@pytest.fixture(params=[(i, t) for i in ISAS for t in THREADS], ids=[f"{i}-{t}t" for i in ISAS for t in THREADS])
+def isa_threads(request):
+    """(isa, threads), active for the test: whole forwards, which split rows
+    and channels across threads."""
+    with using_isa(*request.param):
+        yield request.param
+
+
+@pytest.fixture(params=ISAS)
+def isa(request):
+    """The kernel set active for the test, each once: the _core.ops bindings
+    run one thread, so only the set matters. Hypothesis tests using it
+    suppress HealthCheck.function_scoped_fixture: the set is meant to stay
+    for all their examples."""
+    with using_isa(request.param):
+        yield request.param
 
 
 @pytest.fixture(scope="session")

@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 
 import models
-from intdet import _core
 from intdet.convert import convert
 from intdet.convert.quantize import W4_MAX, quant_rows_int4
 from intdet.convert.sources import read_source
@@ -58,19 +57,13 @@ def test_files_hold_int4_linears(model4):
     assert lm.tensors["tok_embd.q"].dtype == np.int8  # embedding / lm_head stay int8
 
 
-def test_core_matches_spec_every_isa_and_thread_count(model4):
-    lm = load_model(model4)
-    want = _run(Engine(lm, "ref"))
-    before = (_core.isa(), _core.num_threads())
-    try:
-        for isa in _core.available_isas():
-            for th in (1, 2, 3):
-                _core.set_isa(isa)
-                _core.set_num_threads(th)
-                assert np.array_equal(_run(Engine(lm, "cpu")), want), (isa, th)
-    finally:
-        _core.set_isa(before[0])
-        _core.set_num_threads(before[1])
+@pytest.fixture(scope="module")
+def spec4(model4):
+    return _run(Engine(load_model(model4), "ref"))
+
+
+def test_core_matches_spec_every_isa_and_thread_count(model4, spec4, isa_threads):
+    assert np.array_equal(_run(Engine(load_model(model4), "cpu")), spec4), isa_threads
 
 
 def test_prefill_splits_and_batches(model4):

@@ -5,7 +5,7 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from intdet import _core
@@ -65,18 +65,12 @@ def test_isqrt_bitlen(xs):
     assert im.bitlen(x).tolist() == [v.bit_length() for v in xs]
 
 
-def test_exp2_all_fractions_and_shifts():
+def test_exp2_all_fractions_and_shifts(isa):
     u = np.arange(0, 40 << 16, 7, dtype=I64)
     u = np.concatenate([u, arr([0, 1, 65535, 65536, (31 << 16) - 1, 31 << 16, 2**40, 2**47 + 5, 2**62, 2**63 - 1])])
     want = im.exp2_neg_q30(u)
-    before = _core.isa()
-    try:
-        for isa in _core.available_isas():  # the SIMD lanes too, every input
-            _core.set_isa(isa)
-            for n in (1, 2, 3, 5, len(u)):
-                assert np.array_equal(C.exp2_neg_q30(u[-n:]), want[-n:]), (isa, n)
-    finally:
-        _core.set_isa(before)
+    for n in (1, 2, 3, 5, len(u)):  # the SIMD lanes and tails, every input
+        assert np.array_equal(C.exp2_neg_q30(u[-n:]), want[-n:]), (isa, n)
     f = np.arange(65536, dtype=I64)
     err = np.abs(im.exp2_neg_q30(f) - 2.0 ** (30 - f / 65536.0))
     assert err.max() < 5  # the documented bound of EXP2_POLY_Q30
@@ -114,7 +108,7 @@ def test_row_ops_random(n, seed, extremes):
 
 
 @pytest.mark.parametrize("K", [1, 2, 15, 16, 17, 63, 64, 65, 255, 256, 257, 600, 4095, 4096, 4097, 9000])
-def test_linear_and_rope(K):
+def test_linear_and_rope(K, isa):
     rng = np.random.default_rng(K)
     T, N = 5, 7
     q = rng.integers(-32767, 32768, size=(T, K)).astype(np.int16)
@@ -127,14 +121,8 @@ def test_linear_and_rope(K):
     mant = rng.integers(1 << 14, (1 << 15) + 1, size=N).astype(np.int32)
     shift = rng.integers(-5, 60, size=N).astype(np.int32)
     want = ops.linear(q, e, w, mant, shift)
-    before = _core.isa()
-    try:
-        for isa in _core.available_isas():  # every kernel set, all bits
-            _core.set_isa(isa)
-            assert np.array_equal(C.linear(q, e, w, mant, shift), want), isa
-            assert np.array_equal(C.linear(q[:1], e[:1], w, mant, shift), want[:1]), isa  # decode (T=1) path
-    finally:
-        _core.set_isa(before)
+    assert np.array_equal(C.linear(q, e, w, mant, shift), want), isa
+    assert np.array_equal(C.linear(q[:1], e[:1], w, mant, shift), want[:1]), isa  # decode (T=1) path
     D = 2 * (K % 24 + 1)
     x = rng.integers(-(2**31) + 1, 2**31, size=(T, 3, D), dtype=I64)
     cos = rng.integers(-(2**14), 2**14 + 1, size=(T, D // 2)).astype(np.int16)
@@ -142,10 +130,10 @@ def test_linear_and_rope(K):
     assert np.array_equal(C.rope(x, cos, sin), ops.rope(x, cos, sin))
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(T=st.integers(1, 200), N=st.integers(1, 70), K=st.integers(1, 1100), seed=st.integers(0, 2**32 - 1),
        extreme=st.sampled_from(["random", "max", "alternating"]))
-def test_linear_tiles_every_isa(T, N, K, seed, extreme):
+def test_linear_tiles_every_isa(isa, T, N, K, seed, extreme):
     """Every tile shape of the packed SIMD GEMM (tokens not a multiple of the
     register tile or the L2 chunk, channels not a multiple of 8/16/32, odd K)
     and the largest sums the bounds allow, all bits against the spec."""
@@ -162,19 +150,13 @@ def test_linear_tiles_every_isa(T, N, K, seed, extreme):
     mant = rng.integers(1 << 14, (1 << 15) + 1, size=N).astype(np.int32)
     shift = rng.integers(20, 60, size=N).astype(np.int32)
     want = ops.linear(q, e, w, mant, shift)
-    before = _core.isa()
-    try:
-        for isa in _core.available_isas():
-            _core.set_isa(isa)
-            assert np.array_equal(C.linear(q, e, w, mant, shift), want), isa
-    finally:
-        _core.set_isa(before)
+    assert np.array_equal(C.linear(q, e, w, mant, shift), want), isa
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(n=st.integers(1, 70), seed=st.integers(0, 2**32 - 1), bits=st.integers(0, 62),
        kind=st.sampled_from(["random", "rounds_to_limit", "negative_limit", "zeros"]))
-def test_quant16_every_isa(n, seed, bits, kind):
+def test_quant16_every_isa(isa, n, seed, bits, kind):
     """int16 per-token quantization: SIMD lanes and tails against the spec,
     including values that round up to +-2^15 (then saturate to +-32767)."""
     rng = np.random.default_rng(seed)
@@ -186,19 +168,13 @@ def test_quant16_every_isa(n, seed, bits, kind):
     elif kind == "zeros":
         x[0] = 0
     want_q, want_e = im.quant16(x)
-    before = _core.isa()
-    try:
-        for isa in _core.available_isas():
-            _core.set_isa(isa)
-            q, e = C.quant16(x)
-            assert np.array_equal(q, want_q) and np.array_equal(e, want_e), isa
-    finally:
-        _core.set_isa(before)
+    q, e = C.quant16(x)
+    assert np.array_equal(q, want_q) and np.array_equal(e, want_e), isa
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(n=st.integers(1, 70), seed=st.integers(0, 2**32 - 1), bits=st.integers(0, 31))
-def test_swiglu_every_isa(n, seed, bits):
+def test_swiglu_every_isa(isa, n, seed, bits):
     """SwiGLU (Q16 in, Q32 out) on every ISA: gates from 0 to +-(2^31 - 1),
     so exp(-|g|) runs from 1 down past the 2^-31 cut-off."""
     rng = np.random.default_rng(seed)
@@ -206,17 +182,11 @@ def test_swiglu_every_isa(n, seed, bits):
     g[::5] = rng.choice(np.array([0, 1, -1, 2**31 - 1, -(2**31 - 1), 65536 * 22, -65536 * 22], I64), size=len(g[::5]))
     u = rng.integers(-(2**31) + 1, 2**31, size=n, dtype=I64)
     want = ops.swiglu(g, u)
-    before = _core.isa()
-    try:
-        for isa in _core.available_isas():
-            _core.set_isa(isa)
-            assert np.array_equal(C.swiglu(g, u), want), isa
-    finally:
-        _core.set_isa(before)
+    assert np.array_equal(C.swiglu(g, u), want), isa
 
 
 @pytest.mark.parametrize("case", ["every_fraction", "every_exponent", "int32_extremes", "short_rows"])
-def test_softmax_every_isa(case):
+def test_softmax_every_isa(case, isa):
     """The SIMD exp2 lanes against the spec: every Q16 fraction below the max,
     exponents across the 2^-31 cut-off, and scores at the int32 limits."""
     rng = np.random.default_rng(7)
@@ -231,21 +201,15 @@ def test_softmax_every_isa(case):
     else:
         z = rng.integers(-(2**22), 2**22, size=(64, 7), dtype=I64)
     want = ops.softmax_q16(z)
-    before = _core.isa()
-    try:
-        for isa in _core.available_isas():
-            _core.set_isa(isa)
-            for n in sorted({1, 2, 3, 4, 5, z.shape[1]}):
-                zz = np.ascontiguousarray(z[:, :n])
-                assert np.array_equal(C.softmax_q16(zz), ops.softmax_q16(zz)), (isa, n)
-            assert np.array_equal(C.softmax_q16(z), want), isa
-    finally:
-        _core.set_isa(before)
+    for n in sorted({1, 2, 3, 4, 5, z.shape[1]}):
+        zz = np.ascontiguousarray(z[:, :n])
+        assert np.array_equal(C.softmax_q16(zz), ops.softmax_q16(zz)), (isa, n)
+    assert np.array_equal(C.softmax_q16(z), want), isa
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 63, 64, 65, 511, 512, 513, 1100])
 @pytest.mark.parametrize("D", [16, 48, 64, 72, 128])
-def test_attention_every_isa(n, D):
+def test_attention_every_isa(n, D, isa):
     rng = np.random.default_rng(n * 1000 + D)
     q = rng.integers(-32767, 32768, size=D).astype(np.int16)
     kc = rng.integers(-127, 128, size=(n, D)).astype(np.int8)
@@ -258,13 +222,7 @@ def test_attention_every_isa(n, D):
     want = ops.attention(
         q.astype(I64)[None, None], np.array([[e_q]], I64), kc.astype(I64)[:, None], ka.astype(I64)[:, None],
         vc.astype(I64)[:, None], va.astype(I64)[:, None], np.array([n - 1]), sm, ss)[0, 0]
-    before = _core.isa()
-    try:
-        for isa in _core.available_isas():
-            _core.set_isa(isa)
-            assert np.array_equal(C.attend(q, e_q, kc, ka, vc, va, sm, ss), want), isa
-    finally:
-        _core.set_isa(before)
+    assert np.array_equal(C.attend(q, e_q, kc, ka, vc, va, sm, ss), want), isa
 
 
 def _int4_layer(rng, N, K, extreme):
@@ -283,10 +241,10 @@ def _int4_layer(rng, N, K, extreme):
     return w4, gd.astype(np.int16), gm.astype(np.int16)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(T=st.integers(1, 200), N=st.integers(1, 70), G=st.integers(1, 34), seed=st.integers(0, 2**32 - 1),
        extreme=st.sampled_from(["random", "max", "alternating"]))
-def test_linear_w4_every_isa(T, N, G, seed, extreme):
+def test_linear_w4_every_isa(isa, T, N, G, seed, extreme):
     """The int4 linear layer (W4A16) on every kernel set against the spec
     (dequant_int4 + linear), all bits: token tiles and channel groups not a
     multiple of the SIMD tiles, and the largest group sums the bound allows."""
@@ -305,13 +263,7 @@ def test_linear_w4_every_isa(T, N, G, seed, extreme):
     w = ops.dequant_int4(w4, gd, gm)
     assert np.abs(w).max() <= 2047
     want = ops.linear(q, e, w, mant, shift)
-    before = _core.isa()
-    try:
-        for isa in _core.available_isas():
-            _core.set_isa(isa)
-            assert np.array_equal(C.linear_w4(q, e, w4, gd, gm, mant, shift), want), isa
-    finally:
-        _core.set_isa(before)
+    assert np.array_equal(C.linear_w4(q, e, w4, gd, gm, mant, shift), want), isa
 
 
 def test_dequant_int4_layout():

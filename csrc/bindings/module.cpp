@@ -7,6 +7,7 @@
 #include <pybind11/stl.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -14,7 +15,9 @@
 #include "intdet/kernels.h"
 #include "intdet/model.h"
 #include "intdet/ops.h"
+#include "intdet/trace.h"
 #include "model_bindings.h"
+#include "op_args.h"
 
 namespace py = pybind11;
 using namespace intdet;
@@ -97,40 +100,58 @@ PYBIND11_MODULE(_core, mod) {
   pybind::bind_loader(mod);
 
   // ---- primitives and ops, for bit-exact tests against ref/ ----
+  // Each checks its arguments' ranks and shapes first (op_args.h): the
+  // kernels trust them. Row kernels run on the active kernel set, taken once.
+  namespace oa = intdet::op_args;
   py::module_ ops = mod.def_submodule("ops", "scalar C++ ops on int64 arrays, for tests");
   ops.def("round_shift", [](const I64Arr& x, const I64Arr& s) {
+    oa::same_shape("round_shift", x, "x", s, "s");
     I64Arr out = new_like(x);
     for (py::ssize_t i = 0; i < x.size(); ++i) out.mutable_data()[i] = round_shift(x.data()[i], s.data()[i]);
     return out;
   });
   ops.def("shift_round_sat32", [](const I64Arr& x, const I64Arr& s) {
+    oa::same_shape("shift_round_sat32", x, "x", s, "s");
     I64Arr out = new_like(x);
     for (py::ssize_t i = 0; i < x.size(); ++i) out.mutable_data()[i] = shift_round_sat32(x.data()[i], s.data()[i]);
     return out;
   });
   ops.def("round_div", [](const I64Arr& a, const I64Arr& b) {
+    oa::same_shape("round_div", a, "a", b, "b");
+    for (py::ssize_t i = 0; i < b.size(); ++i)  // floor_div's contract; 0 would trap
+      if (b.data()[i] <= 0) oa::fail("round_div", "divisors must be positive");
     I64Arr out = new_like(a);
     for (py::ssize_t i = 0; i < a.size(); ++i) out.mutable_data()[i] = round_div(a.data()[i], b.data()[i]);
     return out;
   });
   ops.def("isqrt", [](const I64Arr& x) {
     I64Arr out = new_like(x);
-    for (py::ssize_t i = 0; i < x.size(); ++i) out.mutable_data()[i] = isqrt(x.data()[i]);
+    for (py::ssize_t i = 0; i < x.size(); ++i) {
+      if (x.data()[i] < 0) oa::fail("isqrt", "negative input");
+      out.mutable_data()[i] = isqrt(x.data()[i]);
+    }
     return out;
   });
   ops.def("bitlen", [](const I64Arr& x) {
     I64Arr out = new_like(x);
-    for (py::ssize_t i = 0; i < x.size(); ++i) out.mutable_data()[i] = bitlen(x.data()[i]);
+    for (py::ssize_t i = 0; i < x.size(); ++i) {
+      if (x.data()[i] < 0) oa::fail("bitlen", "negative input");
+      out.mutable_data()[i] = bitlen(x.data()[i]);
+    }
     return out;
   });
   ops.def("exp2_neg_q30", [](const I64Arr& x) {  // active ISA's row kernel
     I64Arr out = new_like(x);
     for (py::ssize_t i = 0; i < x.size(); ++i)
-      if (x.data()[i] < 0) throw std::invalid_argument("exp2_neg_q30: negative input");
+      if (x.data()[i] < 0) oa::fail("exp2_neg_q30", "negative input");
     kernels().exp2_row(x.data(), (int64_t)x.size(), out.mutable_data());
     return out;
   });
   ops.def("rms_norm", [](const I64Arr& x, py::array_t<int16_t, py::array::c_style> g, int64_t eps, int in_frac) {
+    oa::has_rows("rms_norm", x, "x");
+    const py::ssize_t H = x.shape(x.ndim() - 1);
+    oa::shape("rms_norm", g, "g", {H});
+    if (H > 8192) oa::fail("rms_norm", "rows longer than 8192 overflow the int64 sum of squares");
     return rows(x, [&](const int64_t* r, int64_t n, int64_t* o) {
       std::vector<int32_t> y((size_t)n);
       rms_norm_row(r, g.data(), n, eps, in_frac, y.data());
@@ -138,15 +159,18 @@ PYBIND11_MODULE(_core, mod) {
     });
   });
   ops.def("quant16", [](const I64Arr& x) {
+    oa::has_rows("quant16", x, "x");
+    const auto quant = kernels().quant16;  // active ISA
     std::vector<int64_t> es;
     I64Arr q = rows(x, [&](const int64_t* r, int64_t n, int64_t* o) {
       std::vector<int16_t> v((size_t)n);
-      es.push_back(kernels().quant16(r, n, v.data()));  // active ISA
+      es.push_back(quant(r, n, v.data()));
       for (int64_t i = 0; i < n; ++i) o[i] = v[i];
     });
     return py::make_tuple(q, py::array_t<int64_t>((py::ssize_t)es.size(), es.data()));
   });
   ops.def("quant8", [](const I64Arr& x) {
+    oa::has_rows("quant8", x, "x");
     std::vector<int64_t> as;
     I64Arr q = rows(x, [&](const int64_t* r, int64_t n, int64_t* o) {
       std::vector<int8_t> v((size_t)n);
@@ -155,8 +179,12 @@ PYBIND11_MODULE(_core, mod) {
     });
     return py::make_tuple(q, py::array_t<int64_t>((py::ssize_t)as.size(), as.data()));
   });
-  ops.def("softmax_q16", [](const I64Arr& z) { return rows(z, kernels().softmax); });  // active ISA
+  ops.def("softmax_q16", [](const I64Arr& z) {
+    oa::has_rows("softmax_q16", z, "z");
+    return rows(z, kernels().softmax);  // active ISA
+  });
   ops.def("swiglu", [](const I64Arr& g, const I64Arr& u) {
+    oa::same_shape("swiglu", g, "g", u, "u");
     I64Arr out = new_like(g);
     kernels().swiglu(g.data(), u.data(), g.size(), out.mutable_data());  // active ISA
     return out;
@@ -164,8 +192,12 @@ PYBIND11_MODULE(_core, mod) {
   ops.def("rope", [](const I64Arr& x, py::array_t<int16_t, py::array::c_style> cos,
                      py::array_t<int16_t, py::array::c_style> sin) {
     // x [T, nh, D], cos/sin [T, D/2]
-    I64Arr out = new_like(x);
+    oa::rank("rope", x, "x", 3);
     const int64_t T = x.shape(0), nh = x.shape(1), D = x.shape(2);
+    if (D % 2) oa::fail("rope", "head size D = x.shape[2] must be even");
+    oa::shape("rope", cos, "cos", {T, D / 2});
+    oa::shape("rope", sin, "sin", {T, D / 2});
+    I64Arr out = new_like(x);
     std::copy(x.data(), x.data() + x.size(), out.mutable_data());
     for (int64_t t = 0; t < T; ++t)
       rope_row(out.mutable_data() + t * nh * D, nh, D, cos.data() + t * D / 2, sin.data() + t * D / 2);
@@ -174,13 +206,20 @@ PYBIND11_MODULE(_core, mod) {
   ops.def("linear", [](py::array_t<int16_t, py::array::c_style> q, py::array_t<int32_t, py::array::c_style> e,
                        py::array_t<int8_t, py::array::c_style> w, py::array_t<int32_t, py::array::c_style> mant,
                        py::array_t<int32_t, py::array::c_style> shift) {
+    // q [T, K], e [T], w [N, K], mant/shift [N]
+    oa::rank("linear", q, "q", 2);
+    oa::rank("linear", w, "w", 2);
     const int64_t T = q.shape(0), K = q.shape(1), N = w.shape(0);
-    if (w.shape(1) != K) throw std::invalid_argument("linear: K mismatch");
+    if (T < 1 || K < 1 || N < 1) oa::fail("linear", "q and w must not be empty");
+    oa::shape("linear", w, "w", {N, K});
+    oa::shape("linear", e, "e", {T});
+    oa::shape("linear", mant, "mant", {N});
+    oa::shape("linear", shift, "shift", {N});
     I64Arr out({T, N});
     const Kernels& k = kernels();
     if (k.linear_packed) {  // this kernel set reads repacked weights, as after pack_model
-      std::vector<int8_t> wp((size_t)packed_size_w8x2(N, K));
-      pack_w8x2(w.data(), N, K, wp.data());
+      std::vector<int8_t> wp((size_t)k.packing->w8.size(N, K));
+      k.packing->w8.pack(w.data(), N, K, wp.data());
       k.linear_packed(q.data(), e.data(), T, K, wp.data(), mant.data(), shift.data(), nullptr, N, out.mutable_data(), N);
     } else {
       k.linear(q.data(), e.data(), T, K, w.data(), mant.data(), shift.data(), nullptr, N, out.mutable_data(), N);
@@ -191,16 +230,24 @@ PYBIND11_MODULE(_core, mod) {
                           py::array_t<uint8_t, py::array::c_style> w4, py::array_t<int16_t, py::array::c_style> gd,
                           py::array_t<int16_t, py::array::c_style> gm, py::array_t<int32_t, py::array::c_style> mant,
                           py::array_t<int32_t, py::array::c_style> shift) {
-    // Int4 linear with the active kernel set (docs/format.md): w4 [N, K/2], gd/gm [N, K/32].
+    // Int4 linear with the active kernel set (docs/format.md): q [T, K], e [T],
+    // w4 [N, K/2], gd/gm [N, K/32], mant/shift [N].
+    oa::rank("linear_w4", q, "q", 2);
+    oa::rank("linear_w4", w4, "w4", 2);
     const int64_t T = q.shape(0), K = q.shape(1), N = w4.shape(0);
-    if (K % 32 || w4.shape(1) != K / 2 || gd.shape(0) != N || gd.shape(1) != K / 32 || gm.shape(0) != N ||
-        gm.shape(1) != K / 32)
-      throw std::invalid_argument("linear_w4: shape mismatch");
+    if (T < 1 || K < 1 || N < 1) oa::fail("linear_w4", "q and w4 must not be empty");
+    if (K % 32) oa::fail("linear_w4", "K = q.shape[1] must be a multiple of 32");
+    oa::shape("linear_w4", w4, "w4", {N, K / 2});
+    oa::shape("linear_w4", gd, "gd", {N, K / 32});
+    oa::shape("linear_w4", gm, "gm", {N, K / 32});
+    oa::shape("linear_w4", e, "e", {T});
+    oa::shape("linear_w4", mant, "mant", {N});
+    oa::shape("linear_w4", shift, "shift", {N});
     I64Arr out({T, N});
     const Kernels& k = kernels();
     if (k.linear_w4_packed) {  // as after pack_model
-      std::vector<uint8_t> wp((size_t)packed_size_w4(N, K));
-      pack_w4(w4.data(), gd.data(), gm.data(), N, K, wp.data());
+      std::vector<uint8_t> wp((size_t)k.packing->w4.size(N, K));
+      k.packing->w4.pack(w4.data(), gd.data(), gm.data(), N, K, wp.data());
       k.linear_w4_packed(q.data(), e.data(), T, K, wp.data(), nullptr, nullptr, mant.data(), shift.data(), nullptr, N,
                          out.mutable_data(), N);
     } else {
@@ -213,9 +260,14 @@ PYBIND11_MODULE(_core, mod) {
                        py::array_t<int32_t, py::array::c_style> ka, py::array_t<int8_t, py::array::c_style> vc,
                        py::array_t<int32_t, py::array::c_style> va, int64_t score_mant, int64_t score_shift) {
     // One query head (q [D]) over n positions (kc, vc [n, D]; ka, va [n]).
+    oa::rank("attend", kc, "kc", 2);
     const int64_t n = kc.shape(0), D = kc.shape(1);
-    if (q.size() != D || vc.shape(0) != n || vc.shape(1) != D || ka.size() != n || va.size() != n || D > 256 || n < 1)
-      throw std::invalid_argument("attend: shape mismatch");
+    if (n < 1 || D < 1) oa::fail("attend", "kc must not be empty");
+    if (D > 256) oa::fail("attend", "head size D = kc.shape[1] must be at most 256");  // int32 score bound
+    oa::shape("attend", q, "q", {D});
+    oa::shape("attend", vc, "vc", {n, D});
+    oa::shape("attend", ka, "ka", {n});
+    oa::shape("attend", va, "va", {n});
     std::vector<int64_t> z((size_t)n), p((size_t)n);
     std::vector<int16_t> w((size_t)n);
     I64Arr out((py::ssize_t)D);
@@ -223,6 +275,43 @@ PYBIND11_MODULE(_core, mod) {
                      z.data(), p.data(), w.data(), out.mutable_data());
     return out;
   });
+  // ---- named intermediates (scripts/first_divergence.py) ----
+  mod.def(
+      "forward_trace",
+      [](const PyModel& pm, PyState& s, py::array_t<int32_t, py::array::c_style> tokens, int64_t start,
+         std::optional<std::string> isa) {
+        const Kernels& ks = isa ? kernel_set(*isa) : kernels();  // this call only: no global switch
+        const int64_t T = tokens.size();
+        const Config& c = pm.m.cfg;
+        if (T == 0) throw std::invalid_argument("forward_trace needs at least one token");
+        if (start != s.n_past) throw std::invalid_argument("start must equal the number of cached positions");
+        if (start + T > s.kv.max_len) throw std::invalid_argument("sequence longer than the KV cache");
+        std::vector<Row> rows((size_t)T);
+        for (int64_t t = 0; t < T; ++t) {
+          const int32_t tok = tokens.data()[t];
+          if (tok < 0 || tok >= c.vocab) throw std::invalid_argument("token id out of range");
+          rows[t] = Row{0, start + t, tok, true};
+        }
+        py::array_t<int32_t> out({T, c.vocab});
+        Trace tr;
+        {
+          py::gil_scoped_release nogil;
+          KVCache* caches[1] = {&s.kv};
+          forward_rows_traced(pm.m, caches, rows.data(), T, out.mutable_data(), ks, tr);
+        }
+        s.n_past = start + T;
+        py::dict named;
+        for (Trace::Tensor& x : tr.tensors) {
+          I64Arr a(std::vector<py::ssize_t>(x.shape.begin(), x.shape.end()));
+          std::copy(x.values.begin(), x.values.end(), a.mutable_data());
+          named[py::str(x.name)] = a;
+        }
+        return py::make_tuple(out, named, tr.isa);
+      },
+      py::arg("model"), py::arg("state"), py::arg("tokens"), py::arg("start"), py::arg("isa") = py::none(),
+      "forward(..., all_logits=True) on kernel set `isa` (default: the active one) that also returns the "
+      "named intermediates: (logits int32 [T, V], dict name -> int64 array in forward order, the kernel "
+      "set's name). Names and values as the ref spec's trace (python/intdet/ref/model.py).");
   mod.def("available_isas", &available_isas, "Kernel sets this build has and this CPU runs (best last).");
   mod.def("set_isa", &set_isa, py::arg("name"), "Force a kernel set (scalar, avx2, ...).");
   mod.def("isa", []() { return std::string(kernels().name); }, "The active kernel set.");

@@ -1,85 +1,119 @@
-// Picks the kernel set from the CPU's features (or INTDET_ISA) once.
+// The kernel-set registry and the runtime choice among its entries: the best
+// set the CPU runs, or INTDET_ISA / set_isa().
+#include <atomic>
+#include <cctype>
 #include <cstdlib>
 #include <stdexcept>
 
 #include "intdet/kernels.h"
-#include "intdet/ops.h"
+#include "intdet/model.h"
 
 #ifdef _OPENMP
 #include <omp.h>
 #endif
 
 namespace intdet {
+
+#define INTDET_KERNEL_SET(v) extern const Kernels v;
+#include "kernel_sets.inc"
+#undef INTDET_KERNEL_SET
+
 namespace {
 
-const Kernels kScalar{"scalar", linear_generic, nullptr, attend_head, softmax_q16_row, exp2_neg_q30_row, quant16_row, swiglu_row,
-                      linear_w4_generic, nullptr};
-#if defined(__x86_64__) || defined(_M_X64)
-const Kernels kAvx2{"avx2", nullptr, linear_avx2_packed, attend_head_avx2, softmax_q16_row_avx2, exp2_neg_q30_row_avx2, quant16_row_avx2, swiglu_row_avx2,
-                    nullptr, linear_w4_avx2_packed};
-#endif
-#if defined(__aarch64__)
-const Kernels kNeon{"neon", linear_neon, nullptr, attend_head_neon, softmax_q16_row, exp2_neg_q30_row, quant16_row, swiglu_row,
-                    linear_w4_neon, nullptr};
-#endif
-
-bool cpu_has(const std::string& name) {
-  if (name == "scalar") return true;
-#if defined(__aarch64__)
-  if (name == "neon") return true;  // ASIMD is part of the aarch64 baseline
-#endif
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-  __builtin_cpu_init();
-  if (name == "avx2") return __builtin_cpu_supports("avx2");
-#endif
-  return false;
+// A malformed entry is a programming error: refuse it before any kernel runs.
+void check_entry(const Kernels& k, const std::vector<const Kernels*>& before) {
+  auto bad = [&](const char* why) {
+    throw std::logic_error(std::string("kernel set '") + (k.name ? k.name : "?") + "': " + why);
+  };
+  if (!k.name || !*k.name) bad("no name");
+  for (const char* c = k.name; *c; ++c)
+    if (std::tolower((unsigned char)*c) != *c) bad("name not lower case");
+  if (!k.cpu_runs) bad("no cpu_runs");
+  if (!k.attend || !k.softmax || !k.exp2_row || !k.quant16 || !k.swiglu) bad("a row kernel is missing");
+  if (!k.linear == !k.linear_packed) bad("needs exactly one of linear, linear_packed");
+  if (!k.linear_w4 == !k.linear_w4_packed) bad("needs exactly one of linear_w4, linear_w4_packed");
+  const Packing* p = k.packing;
+  if (k.linear_packed && !(p && p->w8.pack && p->w8.size && p->w8.channel_bytes))
+    bad("linear_packed without an int8 packer");
+  if (k.linear_w4_packed && !(p && p->w4.pack && p->w4.size && p->w4.channel_bytes))
+    bad("linear_w4_packed without an int4 packer");
+  if (p && (p->id < 0 || p->id >= kPackedLayouts)) bad("packing id out of range");
+  for (const Kernels* o : before) {
+    if (std::string(o->name) == k.name) bad("name used twice");
+    if (p && o->packing && o->packing != p && o->packing->id == p->id) bad("packing id shared by two layouts");
+  }
 }
 
-const Kernels* by_name(const std::string& name) {
-  if (name == "scalar") return &kScalar;
-#if defined(__x86_64__) || defined(_M_X64)
-  if (name == "avx2") return &kAvx2;
-#endif
-#if defined(__aarch64__)
-  if (name == "neon") return &kNeon;
-#endif
-  return nullptr;
+std::vector<const Kernels*> make_registry() {
+  std::vector<const Kernels*> sets;
+  for (const Kernels* k : {
+#define INTDET_KERNEL_SET(v) &v,
+#include "kernel_sets.inc"
+#undef INTDET_KERNEL_SET
+       }) {
+    check_entry(*k, sets);
+    sets.push_back(k);
+  }
+  return sets;
+}
+
+std::string lower(std::string s) {
+  for (char& c : s) c = (char)std::tolower((unsigned char)c);
+  return s;
+}
+
+std::string choices() {
+  std::string s;
+  for (const std::string& n : available_isas()) s += (s.empty() ? "" : ", ") + n;
+  return " (choose " + s + ")";
+}
+
+// `what` names the request in the error, e.g. "INTDET_ISA=avx512".
+const Kernels* by_name(const std::string& name, const std::string& what) {
+  for (const Kernels* k : kernel_sets())
+    if (k->name == lower(name)) {
+      if (!k->cpu_runs()) throw std::invalid_argument(what + ": this CPU lacks it" + choices());
+      return k;
+    }
+  throw std::invalid_argument(what + ": this build has no such kernel set" + choices());
 }
 
 const Kernels* pick_default() {
   const char* env = std::getenv("INTDET_ISA");
-  if (env && *env) {
-    const Kernels* k = by_name(env);
-    if (!k) throw std::invalid_argument(std::string("INTDET_ISA=") + env + ": this build has no such kernel set");
-    if (!cpu_has(env)) throw std::invalid_argument(std::string("INTDET_ISA=") + env + ": this CPU lacks it");
-    return k;
-  }
-  auto names = available_isas();
-  return by_name(names.back());
+  if (env && *env) return by_name(env, std::string("INTDET_ISA=") + env);
+  const Kernels* best = nullptr;
+  for (const Kernels* k : kernel_sets())
+    if (k->cpu_runs()) best = k;
+  return best;  // scalar runs everywhere
 }
 
-const Kernels*& active() {
-  static const Kernels* k = pick_default();
-  return k;
-}
+// Atomic so a set_isa() racing a forward's snapshot is well defined.
+std::atomic<const Kernels*> g_active{nullptr};
 
 }  // namespace
 
-const Kernels& kernels() { return *active(); }
+const std::vector<const Kernels*>& kernel_sets() {
+  static const std::vector<const Kernels*> sets = make_registry();
+  return sets;
+}
+
+const Kernels& kernels() {
+  const Kernels* k = g_active.load(std::memory_order_acquire);
+  if (k) return *k;
+  const Kernels* def = pick_default();  // throws for a bad INTDET_ISA (asked again next call)
+  return g_active.compare_exchange_strong(k, def, std::memory_order_acq_rel) ? *def : *k;
+}
 
 std::vector<std::string> available_isas() {
   std::vector<std::string> out;
-  for (const char* n : {"scalar", "avx2", "neon"})
-    if (by_name(n) && cpu_has(n)) out.push_back(n);
+  for (const Kernels* k : kernel_sets())
+    if (k->cpu_runs()) out.push_back(k->name);
   return out;
 }
 
-void set_isa(const std::string& name) {
-  const Kernels* k = by_name(name);
-  if (!k) throw std::invalid_argument("ISA '" + name + "': this build has no such kernel set");
-  if (!cpu_has(name)) throw std::invalid_argument("ISA '" + name + "': this CPU lacks it");
-  active() = k;
-}
+const Kernels& kernel_set(const std::string& name) { return *by_name(name, "ISA '" + name + "'"); }
+
+void set_isa(const std::string& name) { g_active.store(&kernel_set(name), std::memory_order_release); }
 
 void set_num_threads(int n) {
 #ifdef _OPENMP

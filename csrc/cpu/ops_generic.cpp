@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "intdet/intmath.h"
+#include "intdet/kernels.h"
 
 namespace intdet {
 
@@ -177,5 +178,22 @@ void attend_head(const int16_t* q, int e_q, const int8_t* kc, const int32_t* ka,
   }
   for (int64_t d = 0; d < D; ++d) out[d] = shl(out[d], s);
 }
+
+// The portable kernel set: the functions above on row-major weights.
+extern const Kernels kScalarKernels;
+constinit const Kernels kScalarKernels{
+    .name = "scalar",
+    .cpu_runs = [] { return true; },
+    .packing = nullptr,
+    .linear = linear_generic,
+    .linear_packed = nullptr,
+    .linear_w4 = linear_w4_generic,
+    .linear_w4_packed = nullptr,
+    .attend = attend_head,
+    .softmax = softmax_q16_row,
+    .exp2_row = exp2_neg_q30_row,
+    .quant16 = quant16_row,
+    .swiglu = swiglu_row,
+};
 
 }  // namespace intdet

@@ -1,4 +1,5 @@
-// Weight repacking for the SIMD kernels (portable code, run once at load).
+// Weight repacking for the SIMD kernels: the g8 layout's packers (portable
+// code, run once at load) and pack_model, which fills every layout in use.
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -55,10 +56,21 @@ void pack_w4(const uint8_t* w4, const int16_t* gd, const int16_t* gm, int64_t N,
 }
 
 namespace {
+int64_t channel_bytes_w8x2(int64_t K) { return (K + 1) / 2 * 2; }
+int64_t channel_bytes_w4(int64_t K) { return K / kW4Group * (kW4Block / 8); }
+}  // namespace
+
+// The AVX2 kernels' layout: channels in groups of 8 for both weight formats.
+constinit const Packing kPackG8{
+    .name = "g8",
+    .id = 0,
+    .w8 = {.size = packed_size_w8x2, .channel_bytes = channel_bytes_w8x2, .pack = pack_w8x2},
+    .w4 = {.size = packed_size_w4, .channel_bytes = channel_bytes_w4, .pack = pack_w4},
+};
 
 // Whole pages inside [p, p + n) leave the process; for a read-only file
 // mapping a later read faults them back in from the file.
-void drop_pages(const void* p, int64_t n) {
+void release_pages(const void* p, int64_t n) {
 #if defined(__unix__) || defined(__APPLE__)
   const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
   const uintptr_t lo = ((uintptr_t)p + page - 1) / page * page, hi = ((uintptr_t)p + (uintptr_t)n) / page * page;
@@ -69,33 +81,43 @@ void drop_pages(const void* p, int64_t n) {
 #endif
 }
 
-}  // namespace
-
 void pack_model(Model& m, bool release_source) {
-#if defined(__x86_64__) || defined(_M_X64)
-  const auto isas = available_isas();  // a CPU without AVX2 never reads packed weights
-  if (std::find(isas.begin(), isas.end(), "avx2") == isas.end()) return;
-  m.owned = std::make_shared<std::vector<std::vector<int8_t>>>();
+  // The layouts of the kernel sets this CPU runs (one copy per layout, however
+  // many sets read it): a CPU that runs no packed set gets no copies.
+  std::vector<const Packing*> layouts;
+  for (const Kernels* k : kernel_sets())
+    if (k->packing && k->cpu_runs() && std::find(layouts.begin(), layouts.end(), k->packing) == layouts.end())
+      layouts.push_back(k->packing);
+  if (layouts.empty()) return;
+  if (!m.owned) m.owned = std::make_shared<std::vector<std::vector<int8_t>>>();
+  auto buffer = [&](int64_t bytes) { return m.owned->emplace_back((size_t)bytes).data(); };
   auto pack = [&](Linear& L) {
-    if (L.w4) {
-      m.owned->emplace_back((size_t)packed_size_w4(L.N, L.K));
-      pack_w4(L.w4, L.gd, L.gm, L.N, L.K, reinterpret_cast<uint8_t*>(m.owned->back().data()));
-      L.w4p = reinterpret_cast<const uint8_t*>(m.owned->back().data());
-      if (release_source) drop_pages(L.w4, L.N * L.K / 2);
-      return;
+    bool packed = false;
+    for (const Packing* p : layouts) {
+      if (L.w4 && p->w4.pack) {
+        uint8_t* out = reinterpret_cast<uint8_t*>(buffer(p->w4.size(L.N, L.K)));
+        p->w4.pack(L.w4, L.gd, L.gm, L.N, L.K, out);
+        L.packed[p->id] = out;
+        packed = true;
+      } else if (!L.w4 && p->w8.pack) {
+        int8_t* out = buffer(p->w8.size(L.N, L.K));
+        p->w8.pack(L.w, L.N, L.K, out);
+        L.packed[p->id] = out;
+        packed = true;
+      }
     }
-    m.owned->emplace_back((size_t)packed_size_w8x2(L.N, L.K));
-    pack_w8x2(L.w, L.N, L.K, m.owned->back().data());
-    L.wp = m.owned->back().data();
-    if (release_source) drop_pages(L.w, L.N * L.K);
+    // Only the packed copies are read unless a row-major set is chosen; then
+    // the pages fault back in from the file.
+    if (packed && release_source) {
+      if (L.w4)
+        release_pages(L.w4, L.N * L.K / 2);
+      else
+        release_pages(L.w, L.N * L.K);
+    }
   };
   for (Layer& L : m.layers)
     for (Linear* x : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down}) pack(*x);
   pack(m.output);
-#else
-  (void)m;
-  (void)release_source;
-#endif
 }
 
 }  // namespace intdet

@@ -195,7 +195,7 @@ DevLinear upload_linear(DeviceModel& m, std::map<const void*, void*>& seen, cons
   DevLinear d;
   d.N = L.N;
   d.K = L.K;
-  if (L.w4) {  // int4: the unpacked format (w4, gd, gm); the CPU's repacked w4p is not used here
+  if (L.w4) {  // int4: the unpacked format (w4, gd, gm); the CPU kernel sets' packed copies are not used here
     if (L.K % 32) throw std::invalid_argument("int4 weights: input size is not a multiple of 32");
     d.w4 = upload(m, seen, L.w4, L.N * (L.K / 2));
     d.gd = upload(m, seen, L.gd, L.N * (L.K / 32));

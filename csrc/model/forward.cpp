@@ -1,12 +1,14 @@
 // The decoder forward pass (Llama / Qwen2 / Qwen3), integer only.
 // Mirrors python/intdet/ref/model.py line for line; formats in comments.
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "intdet/intmath.h"
 #include "intdet/kernels.h"
 #include "intdet/model.h"
 #include "intdet/ops.h"
+#include "intdet/trace.h"
 
 namespace intdet {
 namespace {
@@ -15,10 +17,10 @@ namespace {
 struct Act16 {
   std::vector<int16_t> q;
   std::vector<int32_t> e;
-  void from_rows(const int64_t* x, int64_t T, int64_t n) {
+  void from_rows(const Kernels& ks, const int64_t* x, int64_t T, int64_t n) {
     q.resize((size_t)(T * n));
     e.resize((size_t)T);
-    const auto quant = kernels().quant16;
+    const auto quant = ks.quant16;
 #pragma omp parallel for schedule(static) if (T > 1)
     for (int64_t t = 0; t < T; ++t) e[t] = quant(x + t * n, n, q.data() + t * n);
   }
@@ -27,8 +29,8 @@ struct Act16 {
 // Output channels are split into blocks across threads; each output is
 // computed by exactly one thread, so the thread count cannot change a bit.
 // Blocks of 64 rows, halved (down to 16) until every thread gets about 4:
-// small layers (GQA's K and V) would otherwise leave threads idle. A
-// multiple of 8, so packed groups never straddle blocks; each output is
+// small layers (GQA's K and V) would otherwise leave threads idle. Blocks
+// start at multiples of 16, as packed layouts require (kernels.h); each output is
 // computed whole by one call, so the split cannot change a bit.
 template <class F>
 void over_row_blocks(int64_t N, F&& f) {
@@ -39,22 +41,37 @@ void over_row_blocks(int64_t N, F&& f) {
   for (int64_t b = 0; b < nblk; ++b) f(b * rows, b * rows + rows < N ? rows : N - b * rows);
 }
 
-// The kernel set's linear layer for L's weight format (int8 or int4), on the
+// Whether k's linear kernel for L's weight format reads a packed copy.
+bool reads_packed(const Kernels& k, const Linear& L) {
+  return L.w4 ? k.linear_w4_packed != nullptr : k.linear_packed != nullptr;
+}
+
+// Every packed copy the kernel set reads exists, checked before the forward
+// writes anything (pack_model made them for every set this CPU runs).
+void check_packed(const Model& m, const Kernels& k) {
+  auto check = [&](const Linear& L) {
+    if (reads_packed(k, L) && !L.packed[k.packing->id])
+      throw std::logic_error(std::string("linear weights not packed for kernel set ") + k.name +
+                             " (pack_model not called)");
+  };
+  for (const Layer& L : m.layers)
+    for (const Linear* x : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down}) check(*x);
+  check(m.output);
+}
+
+// The kernel set's linear layer for L's weight format (int8 or int4), on its
 // packed layout when the set reads one.
-void run_linear(const Linear& L, const Act16& a, int64_t T, int64_t* out) {
-  const Kernels& k = kernels();
+void run_linear(const Kernels& k, const Linear& L, const Act16& a, int64_t T, int64_t* out) {
   const int16_t* q = a.q.data();
   const int32_t* e = a.e.data();
   const int64_t K = L.K;
   auto bias = [&](int64_t j0) { return L.bias ? L.bias + j0 : nullptr; };
-  auto need = [](const void* p) {
-    if (!p) throw std::logic_error("linear weights were not packed (pack_model not called)");
-  };
-  if (L.w4 && k.linear_w4_packed) {
-    need(L.w4p);
-    const int64_t row = K / kW4Group * (kW4Block / 8);  // bytes per channel
+  const void* packed = reads_packed(k, L) ? L.packed[k.packing->id] : nullptr;
+  if (L.w4 && packed) {
+    const uint8_t* w = static_cast<const uint8_t*>(packed);
+    const int64_t row = k.packing->w4.channel_bytes(K);
     over_row_blocks(L.N, [&](int64_t j0, int64_t n) {
-      k.linear_w4_packed(q, e, T, K, L.w4p + j0 * row, nullptr, nullptr, L.mant + j0, L.shift + j0, bias(j0), n,
+      k.linear_w4_packed(q, e, T, K, w + j0 * row, nullptr, nullptr, L.mant + j0, L.shift + j0, bias(j0), n,
                          out + j0, L.N);
     });
   } else if (L.w4) {
@@ -64,11 +81,9 @@ void run_linear(const Linear& L, const Act16& a, int64_t T, int64_t* out) {
                   bias(j0), n, out + j0, L.N);
     });
   } else {
-    const bool packed = k.linear_packed != nullptr;
-    if (packed) need(L.wp);
     const LinearFn fn = packed ? k.linear_packed : k.linear;
-    const int8_t* w = packed ? L.wp : L.w;
-    const int64_t row = packed ? (K + 1) / 2 * 2 : K;  // bytes per channel
+    const int8_t* w = packed ? static_cast<const int8_t*>(packed) : L.w;
+    const int64_t row = packed ? k.packing->w8.channel_bytes(K) : K;  // bytes per channel
     over_row_blocks(L.N, [&](int64_t j0, int64_t n) {
       fn(q, e, T, K, w + j0 * row, L.mant + j0, L.shift + j0, bias(j0), n, out + j0, L.N);
     });
@@ -95,9 +110,17 @@ void add_residual(std::vector<int64_t>& x, const std::vector<int64_t>& d, int64_
   for (int64_t i = 0; i < n; ++i) x[i] = sat32(x[i] + d[i]);
 }
 
-}  // namespace
-
-void forward_rows(const Model& m, KVCache* const* caches, const Row* rows, int64_t T, int32_t* logits) {
+// The forward pass on kernel set ks; tr, when not null, receives the named
+// intermediates (one test per site and layer when null, nothing per row).
+void forward_impl(const Model& m, KVCache* const* caches, const Row* rows, int64_t T, int32_t* logits,
+                  const Kernels& ks, Trace* tr) {
+  check_packed(m, ks);
+  if (tr) tr->isa = ks.name;
+  auto rec = [tr](std::string name, const std::vector<int64_t>& a, std::vector<int64_t> shape) {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    tr->tensors.push_back({std::move(name), std::move(shape), std::vector<int64_t>(a.begin(), a.begin() + n)});
+  };
   const Config& c = m.cfg;
   const int64_t H = c.hidden, F = c.ffn, nh = c.n_heads, nkv = c.n_kv, D = c.head_dim;
   const int64_t grp = nh / nkv, half = D / 2;
@@ -114,14 +137,22 @@ void forward_rows(const Model& m, KVCache* const* caches, const Row* rows, int64
     for (int64_t i = 0; i < H; ++i)
       x[t * H + i] = shift_round_sat32((int64_t)m.tok_embd[tok * H + i] * m.embd_mant[tok], m.embd_shift[tok]);
   }
+  if (tr) rec("tok_embd", x, {T, H});
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const Layer& L = m.layers[l];
+    const std::string blk = tr ? "blk." + std::to_string(l) + "." : "";
     // --- attention block ---
     norm_rows(x.data(), L.attn_norm, T, H, c.eps_hidden, h);  // [T, H] norm units
-    act.from_rows(h.data(), T, H);                            // int16 + exponent per token
-    run_linear(L.q, act, T, q.data());                        // [T, nh*D] Q16
-    run_linear(L.k, act, T, k.data());                        // [T, nkv*D] Q16
-    run_linear(L.v, act, T, v.data());                        // [T, nkv*D] Q16
+    act.from_rows(ks, h.data(), T, H);                        // int16 + exponent per token
+    run_linear(ks, L.q, act, T, q.data());                    // [T, nh*D] Q16
+    run_linear(ks, L.k, act, T, k.data());                    // [T, nkv*D] Q16
+    run_linear(ks, L.v, act, T, v.data());                    // [T, nkv*D] Q16
+    if (tr) {
+      rec(blk + "attn_norm", h, {T, H});
+      rec(blk + "attn_q", q, {T, nh, D});
+      rec(blk + "attn_k", k, {T, nkv, D});
+      rec(blk + "attn_v", v, {T, nkv, D});
+    }
     if (L.q_norm) {  // the block has per-head q/k RMSNorm (Qwen3)
       norm_rows(q.data(), L.q_norm, T * nh, D, c.eps_head, qn);
       q.swap(qn);
@@ -141,8 +172,8 @@ void forward_rows(const Model& m, KVCache* const* caches, const Row* rows, int64
       }
     }
     // One (row, head) pair per task; each writes only its own output.
-    const AttendFn attend = kernels().attend;
-    const auto quant = kernels().quant16;
+    const AttendFn attend = ks.attend;
+    const auto quant = ks.quant16;
 #pragma omp parallel for schedule(dynamic, 1)
     for (int64_t th = 0; th < T * nh; ++th) {
       const int64_t t = th / nh, hd = th % nh, g = hd / grp;
@@ -156,20 +187,34 @@ void forward_rows(const Model& m, KVCache* const* caches, const Row* rows, int64
              kv.va.data() + lay + g, n, nkv * D, D, L.score_mant, L.score_shift, z.data(), p.data(), w16.data(),
              o.data() + (t * nh + hd) * D);
     }
-    act.from_rows(o.data(), T, nh * D);
-    run_linear(L.o, act, T, tmp.data());  // [T, H] Q16
+    act.from_rows(ks, o.data(), T, nh * D);
+    run_linear(ks, L.o, act, T, tmp.data());  // [T, H] Q16
+    if (tr) {
+      rec(blk + "attn_out", o, {T, nh * D});
+      rec(blk + "attn_output", tmp, {T, H});
+    }
     add_residual(x, tmp, T * H);
     // --- feed-forward block ---
     norm_rows(x.data(), L.ffn_norm, T, H, c.eps_hidden, h);
-    act.from_rows(h.data(), T, H);
-    run_linear(L.gate, act, T, gate.data());  // [T, F] Q16
-    run_linear(L.up, act, T, up.data());      // [T, F] Q16
-    const auto swiglu = kernels().swiglu;
+    act.from_rows(ks, h.data(), T, H);
+    run_linear(ks, L.gate, act, T, gate.data());  // [T, F] Q16
+    run_linear(ks, L.up, act, T, up.data());      // [T, F] Q16
+    if (tr) {
+      rec(blk + "ffn_norm", h, {T, H});
+      rec(blk + "ffn_gate", gate, {T, F});  // before SwiGLU overwrites it
+      rec(blk + "ffn_up", up, {T, F});
+    }
+    const auto swiglu = ks.swiglu;
 #pragma omp parallel for schedule(static) if (T > 1)
     for (int64_t t = 0; t < T; ++t) swiglu(gate.data() + t * F, up.data() + t * F, F, gate.data() + t * F);
-    act.from_rows(gate.data(), T, F);  // SwiGLU output was Q32
-    run_linear(L.down, act, T, tmp.data());
+    act.from_rows(ks, gate.data(), T, F);  // SwiGLU output was Q32
+    run_linear(ks, L.down, act, T, tmp.data());
     add_residual(x, tmp, T * H);
+    if (tr) {
+      rec(blk + "ffn_swiglu", gate, {T, F});
+      rec(blk + "ffn_down", tmp, {T, H});
+      rec(blk + "residual", x, {T, H});
+    }
   }
   // Final norm and lm_head only for the rows that want logits.
   std::vector<int64_t> sel;
@@ -181,10 +226,24 @@ void forward_rows(const Model& m, KVCache* const* caches, const Row* rows, int64
   for (int64_t r = 0; r < Tout; ++r)
     for (int64_t i = 0; i < H; ++i) xs[r * H + i] = x[sel[r] * H + i];
   norm_rows(xs.data(), m.out_norm, Tout, H, c.eps_hidden, h);
-  act.from_rows(h.data(), Tout, H);
+  act.from_rows(ks, h.data(), Tout, H);
   std::vector<int64_t> lg((size_t)(Tout * c.vocab));
-  run_linear(m.output, act, Tout, lg.data());  // [Tout, V] Q16
+  run_linear(ks, m.output, act, Tout, lg.data());  // [Tout, V] Q16
+  if (tr) rec("output", lg, {Tout, c.vocab});
   for (int64_t i = 0; i < Tout * c.vocab; ++i) logits[i] = (int32_t)lg[i];
+}
+
+}  // namespace
+
+void forward_rows(const Model& m, KVCache* const* caches, const Row* rows, int64_t T, int32_t* logits) {
+  // One kernel set for the whole call, whatever set_isa() does meanwhile.
+  forward_impl(m, caches, rows, T, logits, kernels(), nullptr);
+}
+
+void forward_rows_traced(const Model& m, KVCache* const* caches, const Row* rows, int64_t T, int32_t* logits,
+                         const Kernels& ks, Trace& trace) {
+  trace = Trace{};
+  forward_impl(m, caches, rows, T, logits, ks, &trace);
 }
 
 void forward(const Model& m, KVCache& kv, const int32_t* tokens, int64_t T, int64_t start, bool all_logits,

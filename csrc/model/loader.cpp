@@ -10,11 +10,6 @@
 #include <stdexcept>
 #include <string>
 
-#if defined(__unix__) || defined(__APPLE__)
-#include <sys/mman.h>
-#include <unistd.h>
-#endif
-
 namespace intdet {
 namespace {
 
@@ -140,17 +135,6 @@ void check_int4(const std::string& st, const std::string& name, const int16_t* g
 }
 
 }  // namespace
-
-void release_pages(const void* p, int64_t n) {
-#if defined(__unix__) || defined(__APPLE__)
-  const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
-  const uintptr_t lo = ((uintptr_t)p + page - 1) / page * page, hi = ((uintptr_t)p + (uintptr_t)n) / page * page;
-  if (hi > lo) madvise((void*)lo, hi - lo, MADV_DONTNEED);
-#else
-  (void)p;
-  (void)n;
-#endif
-}
 
 ModelDesc parse_config(const std::string& text, const std::string& where) {
   json j;

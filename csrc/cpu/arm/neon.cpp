@@ -1,4 +1,5 @@
-// NEON linear and attention kernels for aarch64 (ASIMD is baseline there).
+// NEON linear and attention kernels for aarch64 (ASIMD is baseline there)
+// and the NEON kernel set's entry.
 // Same bits as the generic kernels: exact integer dot products in any order,
 // the shared linear_epilogue / attn_score, and the spec's P.V quantization.
 #include <arm_neon.h>
@@ -110,5 +111,22 @@ void attend_head_neon(const int16_t* q, int e_q, const int8_t* kc, const int32_t
   }
   for (int64_t d = 0; d < D; ++d) out[d] = shl(out[d], sh);
 }
+
+// Row ops are the scalar ones; the weights stay row-major (no packing).
+extern const Kernels kNeonKernels;
+constinit const Kernels kNeonKernels{
+    .name = "neon",
+    .cpu_runs = [] { return true; },  // ASIMD is part of the aarch64 baseline
+    .packing = nullptr,
+    .linear = linear_neon,
+    .linear_packed = nullptr,
+    .linear_w4 = linear_w4_neon,
+    .linear_w4_packed = nullptr,
+    .attend = attend_head_neon,
+    .softmax = softmax_q16_row,
+    .exp2_row = exp2_neg_q30_row,
+    .quant16 = quant16_row,
+    .swiglu = swiglu_row,
+};
 
 }  // namespace intdet

@@ -1,9 +1,11 @@
-// AVX2 attention kernel (compiled with -mavx2 only); the linear layer is in
-// avx2_gemm.cpp. Same bits as attend_head: dots are exact in any order.
+// AVX2 attention and row kernels (compiled with -mavx2 only) and the AVX2
+// kernel set's entry; the linear layers are in avx2_gemm.cpp and avx2_w4.cpp.
+// Same bits as attend_head: dots are exact in any order.
 #include <immintrin.h>
 
 #include <vector>
 
+#include "avx2.h"
 #include "intdet/kernels.h"
 #include "intdet/ops.h"
 
@@ -184,5 +186,36 @@ void attend_head_avx2(const int16_t* q, int e_q, const int8_t* kc, const int32_t
     for (int64_t d0 = 0; d0 < D; d0 += 16) pv_pass<1>(w16, vc + d0, stride, n, out + d0);
   for (int64_t d = 0; d < D; ++d) out[d] = shl(out[d], sh);
 }
+
+namespace {
+
+// Baseline code (kernels.h): it decides whether the rest of this file may run.
+INTDET_BASELINE_CODE bool cpu_has_avx2() {
+#if defined(__GNUC__) || defined(__clang__)
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2");  // also checks the OS saves the YMM registers
+#else
+  return false;
+#endif
+}
+
+}  // namespace
+
+// Constant-initialized (no code runs at load on a CPU without AVX2).
+extern const Kernels kAvx2Kernels;
+constinit const Kernels kAvx2Kernels{
+    .name = "avx2",
+    .cpu_runs = cpu_has_avx2,
+    .packing = &kPackG8,
+    .linear = nullptr,
+    .linear_packed = linear_avx2_packed,
+    .linear_w4 = nullptr,
+    .linear_w4_packed = linear_w4_avx2_packed,
+    .attend = attend_head_avx2,
+    .softmax = softmax_q16_row_avx2,
+    .exp2_row = exp2_neg_q30_row_avx2,
+    .quant16 = quant16_row_avx2,
+    .swiglu = swiglu_row_avx2,
+};
 
 }  // namespace intdet

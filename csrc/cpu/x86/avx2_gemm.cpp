@@ -14,6 +14,7 @@
 
 #include <cstring>
 
+#include "avx2.h"
 #include "intdet/kernels.h"
 #include "intdet/ops.h"
 #include "tiles.h"

@@ -22,6 +22,7 @@
 #include <cstring>
 #include <vector>
 
+#include "avx2.h"
 #include "intdet/kernels.h"
 #include "intdet/ops.h"
 #include "tiles.h"

@@ -39,8 +39,4 @@ ModelDesc parse_config(const std::string& json_text, const std::string& cfg_path
 Model build_model(const ModelDesc& d, const TensorMap& tensors, const std::string& st_path,
                   bool release_source = false);
 
-// Drops the whole pages inside [p, p + n) of a read-only file mapping (a
-// later read faults them back in from the file); a no-op elsewhere.
-void release_pages(const void* p, int64_t n);
-
 }  // namespace intdet

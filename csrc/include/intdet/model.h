@@ -9,20 +9,23 @@
 
 namespace intdet {
 
+constexpr int kPackedLayouts = 4;  // distinct packed weight layouts a build may have
+
 struct Linear {
   const int8_t* w = nullptr;       // [N, K] int8, per-output-channel symmetric
   const int32_t* mant = nullptr;   // [N] dyadic mantissa (< 2^15)
   const int32_t* shift = nullptr;  // [N] dyadic shift
   const int32_t* bias = nullptr;   // [N] Q16 or null
   int64_t N = 0, K = 0;
-  const int8_t* wp = nullptr;  // w repacked for the SIMD kernels (pack_w8x2), owned by Model
   // Int4 weights (docs/format.md; w is null then): codes w4 [N, K/2] uint8,
   // per group of 32 inputs step gd and offset gm [N, K/32] int16, the
   // effective weight gd * u + gm (|.| <= 2047).
   const uint8_t* w4 = nullptr;
   const int16_t* gd = nullptr;
   const int16_t* gm = nullptr;
-  const uint8_t* w4p = nullptr;  // w4 + gd + gm repacked (pack_w4), owned by Model
+  // w (or w4 + gd + gm) repacked by pack_model, one copy per packed layout
+  // (index Packing::id, kernels.h) a kernel set this CPU runs reads; owned by Model.
+  const void* packed[kPackedLayouts] = {};
 };
 
 struct Layer {
@@ -54,13 +57,18 @@ struct Model {
   std::shared_ptr<std::vector<std::vector<int8_t>>> owned;
 };
 
-// Repacks every linear layer's weights for the kernel sets that read packed
-// weights (x86: AVX2), so any ISA chosen later finds them; a no-op where no
-// such kernel set is compiled in or the CPU cannot run it. Call once after filling the pointers.
+// Repacks every linear layer's weights into each packed layout that a kernel
+// set this CPU runs reads (x86: AVX2's), so any ISA chosen later finds them;
+// a no-op where no such set runs. Call once after filling the pointers.
 // release_source: the weights lie in a read-only file mapping, so each
 // source tensor's pages are dropped (madvise) once packed, keeping peak RSS
 // near one copy. Never set it for weights in ordinary (anonymous) memory.
 void pack_model(Model& m, bool release_source = false);
+
+// Drops the whole pages inside [p, p + n) of a read-only file mapping (a
+// later read faults them back in from the file); a no-op elsewhere. Used by
+// pack_model and the loader (loader.h) for mapped weights.
+void release_pages(const void* p, int64_t n);
 
 // KV cache for one sequence: int8 rows plus one absmax scale per (pos, kv head).
 struct KVCache {

@@ -1,0 +1,24 @@
+// The AVX2 kernel set's functions, defined in avx2.cpp, avx2_gemm.cpp and
+// avx2_w4.cpp (each compiled with -mavx2 only); avx2.cpp holds the entry.
+#pragma once
+
+#include <cstdint>
+
+namespace intdet {
+
+// Linear layers on the g8 packed layout (kPackG8, kernels.h).
+void linear_avx2_packed(const int16_t* q, const int32_t* e, int64_t T, int64_t K, const int8_t* wp,
+                        const int32_t* mant, const int32_t* shift, const int32_t* bias, int64_t N, int64_t* out,
+                        int64_t ldo);
+void linear_w4_avx2_packed(const int16_t* q, const int32_t* e, int64_t T, int64_t K, const uint8_t* w4p,
+                           const int16_t* gd, const int16_t* gm, const int32_t* mant, const int32_t* shift,
+                           const int32_t* bias, int64_t N, int64_t* out, int64_t ldo);
+void softmax_q16_row_avx2(const int64_t* z, int64_t n, int64_t* p);
+void exp2_neg_q30_row_avx2(const int64_t* u, int64_t n, int64_t* p);
+int quant16_row_avx2(const int64_t* x, int64_t n, int16_t* q);
+void swiglu_row_avx2(const int64_t* g, const int64_t* u, int64_t n, int64_t* a);
+void attend_head_avx2(const int16_t* q, int e_q, const int8_t* kc, const int32_t* ka, const int8_t* vc,
+                      const int32_t* va, int64_t n, int64_t stride, int64_t D, int64_t score_mant,
+                      int64_t score_shift, int64_t* z, int64_t* p, int16_t* w16, int64_t* out);
+
+}  // namespace intdet

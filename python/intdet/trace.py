@@ -1,0 +1,75 @@
+"""Named intermediates of one forward pass on a backend (the numpy spec or a
+C++ kernel set), and the first tensor where two backends differ.
+
+Names are GGUF-style, in forward order: ``tok_embd``, then per layer
+``blk.N.attn_norm`` ... ``blk.N.residual`` (LAYER_OPS), then ``output`` (the
+logits of every position). Every value is an exact integer array, so two
+backends agree when every array has the same shape and bits.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .model import Engine, LoadedModel
+from .ref.model import RefModel
+
+LAYER_OPS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_out", "attn_output", "ffn_norm", "ffn_gate",
+             "ffn_up", "ffn_swiglu", "ffn_down", "residual")
+
+
+def trace_names(n_layers: int) -> list[str]:
+    """Every traced name in forward order."""
+    return ["tok_embd", *(f"blk.{i}.{op}" for i in range(n_layers) for op in LAYER_OPS), "output"]
+
+
+def trace_ref(lm: LoadedModel, ids) -> dict:
+    """name -> int64 array from the numpy spec (python/intdet/ref/model.py)."""
+    n = len(ids)
+    cfg = dict(lm.cfg, context_length=n)
+    t = dict(lm.tensors)
+    t["rope.cos"], t["rope.sin"] = t["rope.cos"][:n], t["rope.sin"][:n]
+    rec = {}
+    RefModel(cfg, t).forward(np.asarray(ids), 0, trace=rec)
+    return {name: np.asarray(a) for name, (a, _factor) in rec.items()}
+
+
+def trace_cpu(engine: Engine, ids, isa: str | None = None) -> dict:
+    """name -> int64 array from the C++ core on kernel set `isa` (default: the
+    active one), for this call only. engine: an Engine on device "cpu"."""
+    core = engine._core
+    state = core.State(engine._model, len(ids))
+    _logits, named, _used = core.forward_trace(engine._model, state, np.ascontiguousarray(ids, np.int32), 0, isa)
+    return dict(named)
+
+
+def first_divergence(a: dict, b: dict, names) -> tuple[str, str] | None:
+    """The first name (in `names` order) whose arrays differ in shape or in any
+    bit, with a one-line description; None when all agree. A name recorded by
+    one side only counts as a difference."""
+    for name in names:
+        if (name in a) != (name in b):
+            return name, f"recorded by {'the first' if name in a else 'the second'} side only"
+        if name not in a:
+            continue
+        x, y = np.asarray(a[name]), np.asarray(b[name])
+        if x.shape != y.shape:
+            return name, f"shape {x.shape} vs {y.shape}"
+        bad = np.flatnonzero(x.astype(np.int64).ravel() != y.astype(np.int64).ravel())
+        if bad.size:
+            at = tuple(int(i) for i in np.unravel_index(bad[0], x.shape))
+            return name, f"{bad.size} of {x.size} values differ; first at {at}: {int(x[at])} vs {int(y[at])}"
+    return None
+
+
+def trace_backend(engine: Engine, ids, backend: str) -> dict:
+    """The trace of `backend`: "ref" (the numpy spec) or a CPU kernel set name."""
+    return trace_ref(engine.lm, ids) if backend == "ref" else trace_cpu(engine, ids, backend)
+
+
+def compare_backends(engine: Engine, ids, backends) -> list[tuple[str, tuple[str, str] | None]]:
+    """Each backend after the first against the first: (backend,
+    first_divergence or None)."""
+    names = trace_names(engine.lm.cfg["num_layers"])
+    base = trace_backend(engine, ids, backends[0])
+    return [(b, first_divergence(base, trace_backend(engine, ids, b), names)) for b in backends[1:]]
