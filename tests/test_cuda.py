@@ -140,7 +140,7 @@ def _emu_sources():
     return paths
 
 
-LOADER_SRC = ("layout.cpp", "loader.cpp")
+LOADER_SRC = ("layout.cpp", "loader.cpp", "pages.cpp")
 
 
 def _nlohmann_include():
