@@ -4,11 +4,6 @@
 #include <cstdint>
 #include <cstring>
 
-#if defined(__unix__) || defined(__APPLE__)
-#include <sys/mman.h>
-#include <unistd.h>
-#endif
-
 #include "intdet/kernels.h"
 #include "intdet/model.h"
 
@@ -67,19 +62,6 @@ constinit const Packing kPackG8{
     .w8 = {.size = packed_size_w8x2, .channel_bytes = channel_bytes_w8x2, .pack = pack_w8x2},
     .w4 = {.size = packed_size_w4, .channel_bytes = channel_bytes_w4, .pack = pack_w4},
 };
-
-// Whole pages inside [p, p + n) leave the process; for a read-only file
-// mapping a later read faults them back in from the file.
-void release_pages(const void* p, int64_t n) {
-#if defined(__unix__) || defined(__APPLE__)
-  const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
-  const uintptr_t lo = ((uintptr_t)p + page - 1) / page * page, hi = ((uintptr_t)p + (uintptr_t)n) / page * page;
-  if (hi > lo) madvise((void*)lo, hi - lo, MADV_DONTNEED);
-#else
-  (void)p;
-  (void)n;
-#endif
-}
 
 void pack_model(Model& m, bool release_source) {
   // The layouts of the kernel sets this CPU runs (one copy per layout, however
