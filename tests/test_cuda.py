@@ -683,10 +683,18 @@ def test_first_divergence_names_the_cuda_difference(monkeypatch, converted, op, 
     from intdet.trace import compare_backends
 
     mod = _emu_or_skip()
-    monkeypatch.setattr(M, "cuda_module", lambda: mod)
+    calls = []
+
+    class Counted:  # the module, counting its traced calls: "cuda" must be the CUDA engine's trace
+        def __getattr__(self, name):
+            if name == "forward_trace":
+                calls.append(name)
+            return getattr(mod, name)
+
+    monkeypatch.setattr(M, "cuda_module", lambda: Counted())
     engine = Engine(converted["qwen3"], "cuda")
     res = compare_backends(engine, TRACE_IDS, ["cuda", "scalar", C.available_isas()[-1]])
-    assert [d for _, d in res] == [None, None]
+    assert [d for _, d in res] == [None, None] and len(calls) == 1
     monkeypatch.setattr(ref_ops, op, _spoiled(getattr(ref_ops, op), call, 0))
     (backend, div), = compare_backends(engine, TRACE_IDS, ["ref", "cuda"])
     assert backend == "cuda" and div is not None and div[0] == first, div
