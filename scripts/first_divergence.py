@@ -1,13 +1,15 @@
 """Name the first intermediate tensor where two backends differ.
 
-Runs one prompt through the numpy integer spec (ref) and the C++ core on each
-CPU kernel set, records every named intermediate (tok_embd, blk.N.attn_norm
-... blk.N.residual, output; python/intdet/trace.py) and prints, for each
-backend after the first, the first tensor in forward order whose bits differ
-from the first backend's, or that all agree. Exits 1 on any difference.
+Runs one prompt through the numpy integer spec (ref), the C++ core on each
+CPU kernel set and, when named, the CUDA engine (backend "cuda"), records
+every named intermediate (tok_embd, blk.N.attn_norm ... blk.N.residual,
+output; python/intdet/trace.py) and prints, for each backend after the
+first, the first tensor in forward order whose bits differ from the first
+backend's, or that all agree. Exits 1 on any difference, 2 when a backend
+cannot run (no CUDA GPU, say).
 
 Usage: python scripts/first_divergence.py [-m MODEL] [--prompt TEXT | --ids 1,2,3]
-           [--backends ref,scalar,avx2] [--threads N]
+           [--backends ref,scalar,avx2,cuda] [--threads N]
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import argparse
 import sys
 
 from intdet import _core
+from intdet.errors import IntdetError
 from intdet.model import Engine, load_model
 from intdet.resolve import resolve_model
 from intdet.tokenizer import encode
@@ -29,7 +32,8 @@ def main(argv=None) -> int:
     ap.add_argument("--ids", default=None, help="comma-separated token ids instead of --prompt")
     isas = ",".join(_core.available_isas())
     ap.add_argument("--backends", default=None,
-                    help=f"comma-separated, the first is the reference (default: ref,{isas})")
+                    help=f"comma-separated, the first is the reference; ref, a CPU kernel set or cuda "
+                         f"(default: ref,{isas})")
     ap.add_argument("--threads", type=int, default=None, help="threads of the C++ core (default: all cores)")
     a = ap.parse_args(argv)
     lm = load_model(resolve_model(a.model, progress=sys.stderr.isatty()))
@@ -40,7 +44,12 @@ def main(argv=None) -> int:
     engine = Engine(lm, "cpu", threads=a.threads)
     n = len(trace_names(lm.cfg["num_layers"]))
     ok = True
-    for backend, div in compare_backends(engine, ids, backends):
+    try:
+        results = compare_backends(engine, ids, backends)
+    except IntdetError as e:
+        print(f"first_divergence: error: {e}", file=sys.stderr)
+        return 2
+    for backend, div in results:
         if div is None:
             print(f"{backend} vs {backends[0]}: all {n} tensors agree ({len(ids)} tokens)")
         else:

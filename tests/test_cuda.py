@@ -134,7 +134,7 @@ def _emu_sources():
     names = ["kernels.cu", "kernels.cuh", "engine.cpp", "engine.h", "module.cpp", "emu.h"]
     paths = [os.path.join(CUDA_SRC, n) for n in names]
     paths += [os.path.join(ROOT, "csrc", "include", "intdet", n)
-              for n in ("intmath.h", "ops.h", "model.h", "layout.h", "loader.h")]
+              for n in ("intmath.h", "ops.h", "model.h", "layout.h", "loader.h", "trace.h", "kernels.h")]
     paths += [os.path.join(ROOT, "csrc", "model", n) for n in LOADER_SRC]  # the one model loader
     paths.append(os.path.join(ROOT, "csrc", "bindings", "model_bindings.h"))
     return paths
@@ -593,3 +593,155 @@ def test_random_model_cli_matches_generator(tmp_path):
     for name in ("model.safetensors", "config.json", "tokenizer.json"):
         with open(tmp_path / "cli" / name, "rb") as a, open(os.path.join(ref, name), "rb") as b:
             assert a.read() == b.read(), name
+
+
+# ------------------------------------------------------------------ named intermediates (python/intdet/trace.py)
+
+TRACE_IDS = [5, 17, 99, 230, 41, 7, 300, 12]
+
+
+def _traced_models(converted, converted_int4):
+    return {"qwen3": converted["qwen3"], "qwen2": converted["qwen2"], "int4": converted_int4}
+
+
+@pytest.mark.parametrize("name,graphs", [("qwen3", False), ("qwen2", True), ("int4", False)])
+def test_trace_is_the_cpu_trace(monkeypatch, backend, converted, converted_int4, name, graphs):
+    """_cuda.forward_trace has the C++ core's names, order, shapes and every
+    bit (graphs on: a traced call bypasses them); its logits are forward's."""
+    import intdet.model as M
+    from intdet.trace import first_divergence, trace_cpu, trace_cuda, trace_names
+
+    monkeypatch.setattr(M, "cuda_module", lambda: backend)
+    lm = _traced_models(converted, converted_int4)[name]
+    cpu = trace_cpu(Engine(lm, "cpu"), TRACE_IDS)
+    gpu_engine = Engine(lm, "cuda", cuda_graphs=graphs)
+    gpu = trace_cuda(gpu_engine, TRACE_IDS)
+    names = trace_names(lm.cfg["num_layers"])
+    assert list(cpu) == names and list(gpu) == names
+    for n in names:
+        assert gpu[n].dtype == np.int64 and gpu[n].shape == cpu[n].shape, n
+        assert np.array_equal(gpu[n], cpu[n]), n
+    assert first_divergence(cpu, gpu, names) is None
+    mod, m = gpu_engine._core, gpu_engine._model
+    s = mod.State(m, len(TRACE_IDS) + 2)
+    logits, named, used = mod.forward_trace(m, s, np.asarray(TRACE_IDS, np.int32), 0)
+    assert used == "cuda" and s.n_past == len(TRACE_IDS)
+    s2 = mod.State(m, len(TRACE_IDS) + 2)
+    assert np.array_equal(logits, mod.forward(m, s2, np.asarray(TRACE_IDS, np.int32), 0, True))
+    assert np.array_equal(named["output"], logits)
+    # the traced call filled the cache like forward: the next (graph) step agrees
+    step = np.asarray([3], np.int32)
+    assert np.array_equal(mod.forward(m, s, step, s.n_past), mod.forward(m, s2, step, s2.n_past))
+    # a traced call after cached positions (a decode step) also matches the CPU's
+    cpu_engine = Engine(lm, "cpu")
+    st_cpu = C.State(cpu_engine._model, 4)
+    st_gpu = mod.State(m, 4)
+    C.forward(cpu_engine._model, st_cpu, np.asarray(TRACE_IDS[:3], np.int32), 0, False)
+    mod.forward(m, st_gpu, np.asarray(TRACE_IDS[:3], np.int32), 0, False)
+    _, want, _ = C.forward_trace(cpu_engine._model, st_cpu, np.asarray([9], np.int32), 3)
+    _, got, _ = mod.forward_trace(m, st_gpu, np.asarray([9], np.int32), 3)
+    assert first_divergence(dict(want), dict(got), names) is None
+
+
+def test_trace_checks_its_arguments(backend, converted):
+    lm = converted["qwen3"]
+    m = backend.Model(lm.cfg, lm.tensors)
+    s = backend.State(m, 4)
+    with pytest.raises(ValueError, match="KV cache"):
+        backend.forward_trace(m, s, np.asarray(TRACE_IDS, np.int32), 0)
+    with pytest.raises(ValueError, match="cached positions"):
+        backend.forward_trace(m, s, np.asarray(TRACE_IDS[:2], np.int32), 1)
+    with pytest.raises(ValueError, match="at least one token"):
+        backend.forward_trace(m, s, np.asarray([], np.int32), 0)
+    assert s.n_past == 0
+
+
+def _spoiled(fn, call, where):
+    """fn whose result of call number `call` is off by one at `where`."""
+    n = [0]
+
+    def broken(*a, **k):
+        out = fn(*a, **k)
+        if n[0] == call:
+            out = np.array(out, copy=True)
+            out[where] += 1
+        n[0] += 1
+        return out
+
+    return broken
+
+
+@pytest.mark.parametrize("op,call,first", [
+    ("swiglu", 1, "blk.1.ffn_swiglu"),  # layer 0 still agrees: the first difference is named
+    ("shift_round_sat32", 0, "tok_embd"),
+])
+def test_first_divergence_names_the_cuda_difference(monkeypatch, converted, op, call, first):
+    """compare_backends with cuda on one side: a deliberately broken ref op
+    (so ref vs cuda differ) is named; cuda vs the CPU still agree."""
+    import intdet.model as M
+    from intdet.ref import ops as ref_ops
+    from intdet.trace import compare_backends
+
+    mod = _emu_or_skip()
+    calls = []
+
+    class Counted:  # the module, counting its traced calls: "cuda" must be the CUDA engine's trace
+        def __getattr__(self, name):
+            if name == "forward_trace":
+                calls.append(name)
+            return getattr(mod, name)
+
+    monkeypatch.setattr(M, "cuda_module", lambda: Counted())
+    engine = Engine(converted["qwen3"], "cuda")
+    res = compare_backends(engine, TRACE_IDS, ["cuda", "scalar", C.available_isas()[-1]])
+    assert [d for _, d in res] == [None, None] and len(calls) == 1
+    monkeypatch.setattr(ref_ops, op, _spoiled(getattr(ref_ops, op), call, 0))
+    (backend, div), = compare_backends(engine, TRACE_IDS, ["ref", "cuda"])
+    assert backend == "cuda" and div is not None and div[0] == first, div
+    assert "values differ" in div[1]
+
+
+def test_first_divergence_names_a_perturbed_cuda_tensor(monkeypatch, converted):
+    """One value of one CUDA traced tensor changed: that tensor is named, even
+    when later ones (here every one) agree."""
+    import intdet.model as M
+    from intdet.trace import first_divergence, trace_cuda, trace_names
+
+    mod = _emu_or_skip()
+    monkeypatch.setattr(M, "cuda_module", lambda: mod)
+    lm = converted["qwen2"]
+    names = trace_names(lm.cfg["num_layers"])
+    gpu = trace_cuda(Engine(lm, "cuda"), TRACE_IDS)
+    for name in ("blk.0.attn_v", "blk.1.ffn_norm", "output"):
+        bad = dict(gpu)
+        bad[name] = gpu[name].copy()
+        bad[name][-1, ...].flat[-1] += 1
+        div = first_divergence(gpu, bad, names)
+        assert div is not None and div[0] == name and div[1].startswith("1 of "), div
+
+
+def test_first_divergence_script_cuda_backend(monkeypatch, capsys, converted):
+    """scripts/first_divergence.py --backends cuda,...: agrees, then names the
+    tensor a broken ref op changes; without a GPU module it says why (exit 2)."""
+    import importlib.util
+
+    import intdet.model as M
+    from intdet.ref import ops as ref_ops
+
+    mod = _emu_or_skip()
+    spec = importlib.util.spec_from_file_location("first_divergence", os.path.join(ROOT, "scripts",
+                                                                                   "first_divergence.py"))
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    path = os.path.dirname(converted["qwen3"].cfg_path)
+    ids = ",".join(map(str, TRACE_IDS))
+    if not HAVE_GPU:
+        assert script.main(["-m", path, "--ids", ids, "--backends", "scalar,cuda"]) == 2
+        assert "first_divergence: error: --device cuda:" in capsys.readouterr().err
+    monkeypatch.setattr(M, "cuda_module", lambda: mod)
+    assert script.main(["-m", path, "--ids", ids, "--backends", "cuda,ref,scalar"]) == 0
+    out = capsys.readouterr().out
+    assert "ref vs cuda: all " in out and "scalar vs cuda: all " in out
+    monkeypatch.setattr(ref_ops, "swiglu", _spoiled(ref_ops.swiglu, 0, 0))
+    assert script.main(["-m", path, "--ids", ids, "--backends", "cuda,ref"]) == 1
+    assert "ref vs cuda: first divergence at blk.0.ffn_swiglu" in capsys.readouterr().out

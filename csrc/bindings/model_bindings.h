@@ -15,6 +15,7 @@
 
 #include "intdet/loader.h"
 #include "intdet/model.h"
+#include "intdet/trace.h"
 
 namespace intdet {
 namespace pybind {
@@ -96,6 +97,34 @@ inline void bind_loader(py::module_& mod) {
       py::arg("tensors_path") = "model.safetensors", py::arg("mapped") = false,
       "Run every loader check on converted tensors (what Model() checks) without building an engine; ValueError "
       "naming the file and the tensor or key.");
+}
+
+// The rows of a traced call (forward_trace of either module): tokens at
+// positions start.., one sequence, every row with logits; arguments checked.
+inline std::vector<Row> trace_rows(const Config& c, int64_t n_past, int64_t max_len, const Arr<int32_t>& tokens,
+                                   int64_t start) {
+  const int64_t T = tokens.size();
+  if (T == 0) throw std::invalid_argument("forward_trace needs at least one token");
+  if (start != n_past) throw std::invalid_argument("start must equal the number of cached positions");
+  if (start + T > max_len) throw std::invalid_argument("sequence longer than the KV cache");
+  std::vector<Row> rows((size_t)T);
+  for (int64_t t = 0; t < T; ++t) {
+    const int32_t tok = tokens.data()[t];
+    if (tok < 0 || tok >= c.vocab) throw std::invalid_argument("token id out of range");
+    rows[t] = Row{0, start + t, tok, true};
+  }
+  return rows;
+}
+
+// A trace as Python's dict name -> int64 array (insertion order = forward order).
+inline py::dict trace_dict(const Trace& tr) {
+  py::dict named;
+  for (const Trace::Tensor& x : tr.tensors) {
+    Arr<int64_t> a(std::vector<py::ssize_t>(x.shape.begin(), x.shape.end()));
+    std::copy(x.values.begin(), x.values.end(), a.mutable_data());
+    named[py::str(x.name)] = a;
+  }
+  return named;
 }
 
 // forward and forward_batch for a backend B with

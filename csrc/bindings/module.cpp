@@ -282,17 +282,8 @@ PYBIND11_MODULE(_core, mod) {
          std::optional<std::string> isa) {
         const Kernels& ks = isa ? kernel_set(*isa) : kernels();  // this call only: no global switch
         const int64_t T = tokens.size();
-        const Config& c = pm.m.cfg;
-        if (T == 0) throw std::invalid_argument("forward_trace needs at least one token");
-        if (start != s.n_past) throw std::invalid_argument("start must equal the number of cached positions");
-        if (start + T > s.kv.max_len) throw std::invalid_argument("sequence longer than the KV cache");
-        std::vector<Row> rows((size_t)T);
-        for (int64_t t = 0; t < T; ++t) {
-          const int32_t tok = tokens.data()[t];
-          if (tok < 0 || tok >= c.vocab) throw std::invalid_argument("token id out of range");
-          rows[t] = Row{0, start + t, tok, true};
-        }
-        py::array_t<int32_t> out({T, c.vocab});
+        const std::vector<Row> rows = pybind::trace_rows(pm.m.cfg, s.n_past, s.kv.max_len, tokens, start);
+        py::array_t<int32_t> out({T, pm.m.cfg.vocab});
         Trace tr;
         {
           py::gil_scoped_release nogil;
@@ -300,12 +291,7 @@ PYBIND11_MODULE(_core, mod) {
           forward_rows_traced(pm.m, caches, rows.data(), T, out.mutable_data(), ks, tr);
         }
         s.n_past = start + T;
-        py::dict named;
-        for (Trace::Tensor& x : tr.tensors) {
-          I64Arr a(std::vector<py::ssize_t>(x.shape.begin(), x.shape.end()));
-          std::copy(x.values.begin(), x.values.end(), a.mutable_data());
-          named[py::str(x.name)] = a;
-        }
+        py::dict named = pybind::trace_dict(tr);
         return py::make_tuple(out, named, tr.isa);
       },
       py::arg("model"), py::arg("state"), py::arg("tokens"), py::arg("start"), py::arg("isa") = py::none(),

@@ -105,10 +105,43 @@ struct Workspace {
   Buf<int32_t> x, qb, kb, vb, gate, up, logits, act_e, scratch;
   Buf<int16_t> act;
   Buf<int64_t> o, a;
+  Buf<int32_t> traced;  // [rows, H]: a normed row or a projection before its residual add (trace only)
   int32_t* tokens() { return meta.p; }
   int32_t* seq() { return meta.p + rows; }
   int32_t* pos() { return meta.p + 2 * rows; }
   int32_t* sel() { return meta.p + 3 * rows; }
+};
+
+// Receives the named intermediates of a traced call (intdet/trace.h): each
+// step's device buffer is copied to the host once the stream has run it.
+// Chunks after the first (rows beyond kMaxChunkRows) append their rows to the
+// tensors the first one made, in the same order.
+struct Tracer {
+  Trace& tr;
+  cudaStream_t st;
+  size_t next = 0;  // tensor index of the next record in this chunk
+  bool append = false;  // a later chunk: extend the tensors along rows
+  template <class T>
+  void rec(const std::string& name, const T* dev, std::vector<int64_t> shape) {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    std::vector<T> host((size_t)n);
+    ck(cudaMemcpyAsync(host.data(), dev, (size_t)n * sizeof(T), cudaMemcpyDeviceToHost, st),
+       "cudaMemcpyAsync (trace)");
+    ck(cudaStreamSynchronize(st), "trace");  // pageable memory: the copy is done when the stream is
+    add(name, std::move(shape), std::vector<int64_t>(host.begin(), host.end()));
+  }
+  void add(const std::string& name, std::vector<int64_t> shape, std::vector<int64_t> values) {
+    if (append && next < tr.tensors.size()) {
+      Trace::Tensor& t = tr.tensors[next];
+      if (t.name != name) throw std::logic_error("trace: chunks record different names");
+      t.shape[0] += shape[0];
+      t.values.insert(t.values.end(), values.begin(), values.end());
+    } else {
+      tr.tensors.push_back({name, std::move(shape), std::move(values)});
+    }
+    ++next;
+  }
 };
 
 }  // namespace
@@ -218,21 +251,31 @@ void lin(DeviceModel& m, const DevLinear& L, int64_t T, int32_t* out, bool resid
   launch_linear(m.ws.act.p, m.ws.act_e.p, (int)T, (int)L.K, L.w, L.mant, L.shift, L.bias, (int)L.N, out, L.N, residual, kLinearAuto, m.stream);
 }
 
-// All layers for T rows (metadata already on the device); no host sync.
-void enqueue_body(DeviceModel& m, int64_t T, int64_t sstride, int64_t rows_per) {
+// All layers for T rows (metadata already on the device); no host sync
+// unless tr (then each named step is copied to the host after it runs).
+void enqueue_body(DeviceModel& m, int64_t T, int64_t sstride, int64_t rows_per, Tracer* tr) {
   const Config& c = m.cfg;
   Workspace& w = m.ws;
   const cudaStream_t st = m.stream;
   const int H = (int)c.hidden, nh = (int)c.n_heads, nkv = (int)c.n_kv, D = (int)c.head_dim;
   const int64_t F = c.ffn;
+  int32_t* normed = tr ? w.traced.p : nullptr;  // the norms also store their int32 rows when tracing
   launch_embed(w.tokens(), m.tok_embd, m.embd_mant, m.embd_shift, (int)T, H, w.x.p, st);
+  if (tr) tr->rec("tok_embd", w.x.p, {T, H});
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const DevLayer& L = m.layers[(size_t)l];
+    const std::string blk = tr ? "blk." + std::to_string(l) + "." : "";
     // --- attention block ---
-    launch_norm_quant16(w.x.p, nullptr, L.attn_norm, (int)T, H, c.eps_hidden, w.act.p, w.act_e.p, st);
+    launch_norm_quant16(w.x.p, nullptr, L.attn_norm, (int)T, H, c.eps_hidden, w.act.p, w.act_e.p, st, normed);
+    if (tr) tr->rec(blk + "attn_norm", normed, {T, H});
     lin(m, L.q, T, w.qb.p, false);  // [T, nh*D] Q16
     lin(m, L.k, T, w.kb.p, false);  // [T, nkv*D]
     lin(m, L.v, T, w.vb.p, false);
+    if (tr) {  // before norm_rope rewrites q and k in place
+      tr->rec(blk + "attn_q", w.qb.p, {T, nh, D});
+      tr->rec(blk + "attn_k", w.kb.p, {T, nkv, D});
+      tr->rec(blk + "attn_v", w.vb.p, {T, nkv, D});
+    }
     // q_norm / k_norm are null unless the block has per-head q/k RMSNorm.
     launch_norm_rope(w.qb.p, (int)T, nh, D, L.q_norm, c.eps_head, w.pos(), m.rope_cos, m.rope_sin, st);
     launch_norm_rope(w.kb.p, (int)T, nkv, D, L.k_norm, c.eps_head, w.pos(), m.rope_cos, m.rope_sin, st);
@@ -241,14 +284,28 @@ void enqueue_body(DeviceModel& m, int64_t T, int64_t sstride, int64_t rows_per) 
       launch_attention(w.qb.p, (int)r0, (int)std::min(rows_per, T - r0), nh, nkv, D, (int)l, w.seq(), w.pos(),
                        w.kvs.p, L.score_mant, L.score_shift, w.scratch.p, sstride, w.o.p, st);
     launch_quant16_i64(w.o.p, (int)T, nh * D, w.act.p, w.act_e.p, st);
+    if (tr) {  // the projection alone: the same kernel once more, storing instead of adding
+      tr->rec(blk + "attn_out", w.o.p, {T, nh * D});
+      lin(m, L.o, T, w.traced.p, false);
+      tr->rec(blk + "attn_output", w.traced.p, {T, H});
+    }
     lin(m, L.o, T, w.x.p, true);  // x = sat32(x + o-proj)
     // --- feed-forward block ---
-    launch_norm_quant16(w.x.p, nullptr, L.ffn_norm, (int)T, H, c.eps_hidden, w.act.p, w.act_e.p, st);
+    launch_norm_quant16(w.x.p, nullptr, L.ffn_norm, (int)T, H, c.eps_hidden, w.act.p, w.act_e.p, st, normed);
+    if (tr) tr->rec(blk + "ffn_norm", normed, {T, H});
     lin(m, L.gate, T, w.gate.p, false);  // [T, F] Q16
     lin(m, L.up, T, w.up.p, false);
     launch_swiglu(w.gate.p, w.up.p, T * F, w.a.p, st);  // Q32 int64
     launch_quant16_i64(w.a.p, (int)T, (int)F, w.act.p, w.act_e.p, st);
+    if (tr) {
+      tr->rec(blk + "ffn_gate", w.gate.p, {T, F});
+      tr->rec(blk + "ffn_up", w.up.p, {T, F});
+      tr->rec(blk + "ffn_swiglu", w.a.p, {T, F});
+      lin(m, L.down, T, w.traced.p, false);
+      tr->rec(blk + "ffn_down", w.traced.p, {T, H});
+    }
     lin(m, L.down, T, w.x.p, true);
+    if (tr) tr->rec(blk + "residual", w.x.p, {T, H});
   }
 }
 
@@ -261,7 +318,7 @@ void enqueue_head(DeviceModel& m, int64_t r0, int64_t nr) {
 }
 
 void forward_chunk(DeviceModel& m, DeviceState* const* states, int64_t n_states, const Row* rows, int64_t T,
-                   int32_t* logits) {
+                   int32_t* logits, Tracer* tr) {
   const Config& c = m.cfg;
   Workspace& w = m.ws;
   const int64_t H = c.hidden, F = c.ffn, nh = c.n_heads, nkv = c.n_kv, D = c.head_dim, V = c.vocab;
@@ -271,7 +328,7 @@ void forward_chunk(DeviceModel& m, DeviceState* const* states, int64_t n_states,
     nmax = std::max(nmax, rows[t].pos + 1);
   }
   for (int64_t i = 0; i < n_states; ++i) maxlen = std::max(maxlen, states[i]->kv.max_len);
-  const bool graph = m.use_graphs && T <= kGemvMaxRows;
+  const bool graph = m.use_graphs && T <= kGemvMaxRows && !tr;  // a traced call never runs a graph
   // Scratch row stride: the longest cache for graphs (replayed as sequences
   // grow), else this call's longest row, rounded up.
   const int64_t sstride = graph ? maxlen : (nmax + 255) / 256 * 256;
@@ -300,6 +357,7 @@ void forward_chunk(DeviceModel& m, DeviceState* const* states, int64_t n_states,
   moved |= w.logits.grow((size_t)(std::max<int64_t>(group, 1) * V));
   moved |= w.scratch.grow((size_t)(rows_per * nh * sstride));
   if (moved) m.drop_graphs();
+  if (tr) w.traced.grow((size_t)(cap * H));  // no graph reads it
 
   // Row metadata and the caches of this call to the device.
   int32_t* hm = w.h_meta.p;
@@ -325,7 +383,7 @@ void forward_chunk(DeviceModel& m, DeviceState* const* states, int64_t n_states,
       cudaGraph_t g = nullptr;
       ck(cudaStreamBeginCapture(m.stream, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
       try {
-        enqueue_body(m, T, sstride, rows_per);
+        enqueue_body(m, T, sstride, rows_per, nullptr);
         if (Tout) enqueue_head(m, 0, Tout);
       } catch (...) {
         cudaStreamEndCapture(m.stream, &g);
@@ -344,7 +402,7 @@ void forward_chunk(DeviceModel& m, DeviceState* const* states, int64_t n_states,
       ck(cudaMemcpyAsync(logits, w.logits.p, (size_t)(Tout * V) * sizeof(int32_t), cudaMemcpyDeviceToHost, m.stream),
          "cudaMemcpyAsync (logits)");
   } else {
-    enqueue_body(m, T, sstride, rows_per);
+    enqueue_body(m, T, sstride, rows_per, tr);
     for (int64_t r0 = 0; r0 < Tout; r0 += group) {
       const int64_t nr = std::min(group, Tout - r0);
       enqueue_head(m, r0, nr);
@@ -354,6 +412,7 @@ void forward_chunk(DeviceModel& m, DeviceState* const* states, int64_t n_states,
     }
   }
   ck(cudaStreamSynchronize(m.stream), "forward");
+  if (tr && Tout) tr->add("output", {Tout, V}, std::vector<int64_t>(logits, logits + Tout * V));
 }
 
 }  // namespace
@@ -432,8 +491,10 @@ StatePtr new_state(DeviceModel& m, int64_t max_len) {
 
 int64_t state_max_len(const DeviceState& s) { return s.kv.max_len; }
 
-void forward_rows(DeviceModel& m, DeviceState* const* states, int64_t n_states, const Row* rows, int64_t T,
-                  int32_t* logits) {
+namespace {
+
+void forward_rows_impl(DeviceModel& m, DeviceState* const* states, int64_t n_states, const Row* rows, int64_t T,
+                       int32_t* logits, Trace* trace) {
   if (T <= 0) return;
   ck(cudaSetDevice(m.device), "cudaSetDevice");
   for (int64_t i = 0; i < n_states; ++i)
@@ -446,10 +507,29 @@ void forward_rows(DeviceModel& m, DeviceState* const* states, int64_t n_states, 
   }
   for (int64_t c0 = 0; c0 < T; c0 += kMaxChunkRows) {
     const int64_t n = std::min(kMaxChunkRows, T - c0);
-    forward_chunk(m, states, n_states, rows + c0, n, logits);
+    if (trace) {
+      Tracer tr{*trace, m.stream, 0, c0 > 0};
+      forward_chunk(m, states, n_states, rows + c0, n, logits, &tr);
+    } else {
+      forward_chunk(m, states, n_states, rows + c0, n, logits, nullptr);
+    }
     for (int64_t t = c0; t < c0 + n; ++t)
       if (rows[t].want_logits) logits += m.cfg.vocab;
   }
+}
+
+}  // namespace
+
+void forward_rows(DeviceModel& m, DeviceState* const* states, int64_t n_states, const Row* rows, int64_t T,
+                  int32_t* logits) {
+  forward_rows_impl(m, states, n_states, rows, T, logits, nullptr);
+}
+
+void forward_rows_traced(DeviceModel& m, DeviceState* const* states, int64_t n_states, const Row* rows, int64_t T,
+                         int32_t* logits, Trace& trace) {
+  trace = Trace{};
+  trace.isa = "cuda";
+  forward_rows_impl(m, states, n_states, rows, T, logits, &trace);
 }
 
 // ---------------------------------------------------------------- test entry points

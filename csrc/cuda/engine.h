@@ -9,6 +9,7 @@
 #include <string>
 
 #include "intdet/model.h"
+#include "intdet/trace.h"
 
 namespace intdet {
 namespace cuda {
@@ -47,6 +48,12 @@ int64_t state_max_len(const DeviceState& s);
 // logits: host int32 [rows with want_logits, V] in row order.
 void forward_rows(DeviceModel& m, DeviceState* const* states, int64_t n_states, const Row* rows, int64_t T,
                   int32_t* logits);
+// forward_rows that also fills `trace` with the named intermediates of the
+// CPU's forward_rows_traced (same names, order, shapes and values; isa
+// "cuda"), each copied from the device after its step; never from a CUDA
+// graph. forward_rows itself records nothing and never waits mid-call.
+void forward_rows_traced(DeviceModel& m, DeviceState* const* states, int64_t n_states, const Row* rows, int64_t T,
+                         int32_t* logits, Trace& trace);
 
 // Op-level entry points for the tests (host arrays in, host arrays out).
 namespace test {

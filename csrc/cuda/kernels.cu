@@ -140,15 +140,19 @@ __device__ int quant16_block(const T* y, int n, int16_t* q, int64_t* red) {
 
 constexpr int kNormThreads = 256;
 
-// One block per row; dynamic shared memory holds the normed row (n int32).
+// One block per row; dynamic shared memory holds the normed row (n int32),
+// also stored to normed [R, n] when that is not null (the trace only).
 __global__ void __launch_bounds__(kNormThreads)
     norm_quant16_kernel(const int32_t* __restrict__ x, const int32_t* __restrict__ idx, const int16_t* __restrict__ g,
-                        int n, int64_t eps_q60, int16_t* __restrict__ q, int32_t* __restrict__ e) {
+                        int n, int64_t eps_q60, int16_t* __restrict__ q, int32_t* __restrict__ e,
+                        int32_t* __restrict__ normed) {
   INTDET_DYN_SMEM(int32_t, y_s);
   __shared__ int64_t red[33];
   const int64_t r = blockIdx.x;
   const int64_t src = idx ? idx[r] : r;
   norm_row(x + src * n, g, n, eps_q60, 16, y_s, red);
+  if (normed)  // grid-uniform
+    for (int i = threadIdx.x; i < n; i += blockDim.x) normed[r * n + i] = y_s[i];
   const int ex = quant16_block(y_s, n, q + r * n, red);
   if (threadIdx.x == 0) e[r] = ex;
 }
@@ -704,9 +708,10 @@ void launch_embed(const int32_t* tokens, const int8_t* emb, const int32_t* mant,
 }
 
 void launch_norm_quant16(const int32_t* x, const int32_t* idx, const int16_t* g, int R, int n, int64_t eps_q60,
-                         int16_t* q, int32_t* e, cudaStream_t st) {
+                         int16_t* q, int32_t* e, cudaStream_t st, int32_t* normed) {
   if (R <= 0) return;
-  INTDET_LAUNCH(norm_quant16_kernel, R, kNormThreads, (size_t)n * sizeof(int32_t), st, x, idx, g, n, eps_q60, q, e);
+  INTDET_LAUNCH(norm_quant16_kernel, R, kNormThreads, (size_t)n * sizeof(int32_t), st, x, idx, g, n, eps_q60, q, e,
+                normed);
   check_launch("norm_quant16");
 }
 

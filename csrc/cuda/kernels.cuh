@@ -38,9 +38,10 @@ void launch_embed(const int32_t* tokens, const int8_t* emb, const int32_t* mant,
                   int32_t* x, cudaStream_t st);
 
 // For each output row r (source row idx ? idx[r] : r of x [*, n] int32):
-// y = rms_norm_row(x) (norm units), then (q [R, n] int16, e [R]) = quant16(y).
+// y = rms_norm_row(x) (norm units), then (q [R, n] int16, e [R]) = quant16(y);
+// y itself also goes to normed [R, n] int32 when not null (the trace).
 void launch_norm_quant16(const int32_t* x, const int32_t* idx, const int16_t* g, int R, int n, int64_t eps_q60,
-                         int16_t* q, int32_t* e, cudaStream_t st);
+                         int16_t* q, int32_t* e, cudaStream_t st, int32_t* normed = nullptr);
 
 // (q [R, n] int16, e [R]) = quant16 of each row of x [R, n] int64.
 void launch_quant16_i64(const int64_t* x, int R, int n, int16_t* q, int32_t* e, cudaStream_t st);

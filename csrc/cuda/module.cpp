@@ -114,6 +114,26 @@ PYBIND11_MODULE(INTDET_CUDA_MODULE_NAME, mod) {
       .def("reset", [](PyState& s) { s.n_past = 0; });
 
   pybind::bind_forward<Gpu>(mod);
+  mod.def(
+      "forward_trace",
+      [](PyModel& pm, PyState& s, Arr<int32_t> tokens, int64_t start) {
+        const int64_t T = tokens.size();
+        const std::vector<Row> rows = pybind::trace_rows(pm.cfg, s.n_past, s.max_len, tokens, start);
+        py::array_t<int32_t> out({T, pm.cfg.vocab});
+        Trace tr;
+        {
+          py::gil_scoped_release nogil;
+          cuda::DeviceState* devs[1] = {s.dev.get()};
+          cuda::forward_rows_traced(*pm.dev, devs, 1, rows.data(), T, out.mutable_data(), tr);
+        }
+        s.n_past = start + T;
+        py::dict named = pybind::trace_dict(tr);
+        return py::make_tuple(out, named, tr.isa);
+      },
+      py::arg("model"), py::arg("state"), py::arg("tokens"), py::arg("start"),
+      "forward(..., all_logits=True) that also returns the named intermediates, copied from the device after "
+      "each step (never from a CUDA graph): (logits int32 [T, V], dict name -> int64 array in forward order, "
+      "'cuda'). Names, order, shapes and values as intdet._core.forward_trace.");
 
   // ---- single ops on the device, for the bit-exact tests against intdet._core.ops ----
   py::module_ ops = mod.def_submodule("ops", "CUDA kernels on host arrays, for tests");

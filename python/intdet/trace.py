@@ -1,5 +1,6 @@
-"""Named intermediates of one forward pass on a backend (the numpy spec or a
-C++ kernel set), and the first tensor where two backends differ.
+"""Named intermediates of one forward pass on a backend (the numpy spec, a
+C++ kernel set, or the CUDA engine), and the first tensor where two backends
+differ.
 
 Names are GGUF-style, in forward order: ``tok_embd``, then per layer
 ``blk.N.attn_norm`` ... ``blk.N.residual`` (LAYER_OPS), then ``output`` (the
@@ -43,6 +44,15 @@ def trace_cpu(engine: Engine, ids, isa: str | None = None) -> dict:
     return dict(named)
 
 
+def trace_cuda(engine: Engine, ids) -> dict:
+    """name -> int64 array from the CUDA engine (its module's forward_trace:
+    intdet._cuda, or whatever intdet.model.cuda_module returns, such as the
+    host emulator in tests). engine: an Engine on device "cuda"."""
+    state = engine._core.State(engine._model, len(ids))
+    _logits, named, _used = engine._core.forward_trace(engine._model, state, np.ascontiguousarray(ids, np.int32), 0)
+    return dict(named)
+
+
 def first_divergence(a: dict, b: dict, names) -> tuple[str, str] | None:
     """The first name (in `names` order) whose arrays differ in shape or in any
     bit, with a one-line description; None when all agree. A name recorded by
@@ -63,8 +73,14 @@ def first_divergence(a: dict, b: dict, names) -> tuple[str, str] | None:
 
 
 def trace_backend(engine: Engine, ids, backend: str) -> dict:
-    """The trace of `backend`: "ref" (the numpy spec) or a CPU kernel set name."""
-    return trace_ref(engine.lm, ids) if backend == "ref" else trace_cpu(engine, ids, backend)
+    """The trace of `backend`: "ref" (the numpy spec), "cuda" (the CUDA
+    engine) or a CPU kernel set name. engine: on device "cpu" or "cuda"; an
+    Engine for the other device is made from its model when needed."""
+    if backend == "ref":
+        return trace_ref(engine.lm, ids)
+    if backend == "cuda":
+        return trace_cuda(engine if engine.device == "cuda" else Engine(engine.lm, "cuda"), ids)
+    return trace_cpu(engine if engine.device == "cpu" else Engine(engine.lm, "cpu"), ids, backend)
 
 
 def compare_backends(engine: Engine, ids, backends) -> list[tuple[str, tuple[str, str] | None]]:
