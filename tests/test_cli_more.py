@@ -138,6 +138,14 @@ def test_prompt_from_dev_zero_is_refused(conv, cache):
     assert_error(cli(["perplexity", "-m", conv, "-f", "/dev/zero"], cache, timeout=120), "-f", "/dev/zero", "MiB")
 
 
+def test_unbounded_stdin_is_refused(conv, cache):
+    with open("/dev/zero", "rb") as zero:
+        p = subprocess.run(CLI + ["generate", "-m", conv, "-f", "-"], stdin=zero, capture_output=True,
+                           env=env_for(cache), timeout=120, check=False)
+    err = p.stderr.decode()
+    assert p.returncode == 1 and err.startswith("intdet: error: -f stdin: larger than 64 MiB") and len(err.splitlines()) == 1, err
+
+
 def test_huge_regular_prompt_file_refused_before_reading(conv, cache, tmp_path):
     f = tmp_path / "sparse.txt"
     with open(f, "wb") as fh:
