@@ -124,6 +124,12 @@ class IntdetGroup(click.Group):
         except click.exceptions.NoArgsIsHelpError as e:
             click.echo(e.ctx.get_help())
             rv = 0
+        except click.BadParameter as e:  # name the option first, as intdet's own errors do
+            where = f" (see '{e.ctx.command_path} --help')" if e.ctx is not None else ""
+            name = "/".join(e.param.opts) if isinstance(e.param, click.Option) else (
+                e.param.human_readable_name if e.param is not None else "")
+            msg = " ".join(e.message.split())
+            _fail((f"{name}: {msg}" if name else " ".join(e.format_message().split())) + where)
         except click.UsageError as e:
             where = f" (see '{e.ctx.command_path} --help')" if e.ctx is not None else ""
             _fail(" ".join(e.format_message().split()) + where)
