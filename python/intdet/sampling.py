@@ -1,11 +1,24 @@
-"""Integer sampling from int32 logits: greedy, temperature, top-k, top-p.
+"""Integer sampling from int32 logits: repetition penalty, greedy,
+temperature, top-k, top-p, min-p.
 
 Everything is integer so a seed gives the same token on every machine:
+- the repetition penalty (llama.cpp's ``--repeat-penalty``) comes first and
+  applies to greedy decoding too: every distinct token among the last
+  ``repeat_last_n`` ids (prompt and generated, -1 = all) has its Q16 logit l
+  divided by the penalty when l > 0 and multiplied by it otherwise. The
+  penalty is an exact decimal r = r_num / r_den (at most 6 places, in
+  (0, 100]); l' = round_div(l * r_den, r_num) for l > 0, else
+  -round_div(-l * r_num, r_den) (round half away from zero, Python ints, no
+  float); 1 = off;
 - weights w_i = 2^(-u_i) in Q30 with u_i = (max - l_i) * log2(e) / T in Q16
   (temperature folded into the exp argument; ``exp2_neg_q30`` of ref/intmath);
 - top-k keeps the k largest logits, lower token id first on ties;
 - top-p keeps the shortest prefix (in that order) whose weight reaches p,
   compared by cross-multiplication (p is an exact decimal fraction);
+- min-p keeps, of what top-k and top-p left, the tokens whose Q30 weight w_i
+  satisfies w_i * m_den >= m_num * w_max (w_max = 2^30, the most likely
+  token's weight; m = m_num / m_den an exact decimal in [0, 1], 0 = off), so
+  p_i >= m * p_max exactly, after temperature as in Hugging Face;
 - the draw is SplitMix64 (Steele et al. 2014) keyed by (seed, absolute
   position), so batching and prefill splits cannot change it; the pick is the
   integer inverse CDF: first i with cumsum_i > floor(r * total / 2^64).
@@ -53,21 +66,44 @@ def parse_fraction(text, name: str, lo: Decimal, hi: Decimal, lo_open=False) -> 
     return n, den
 
 
+def apply_repeat_penalty(logits: np.ndarray, recent, r_num: int, r_den: int) -> np.ndarray:
+    """llama.cpp's repetition penalty on Q16 logits (int64 copy returned):
+    each distinct id in ``recent`` gets l / r when l > 0, l * r otherwise,
+    r = r_num / r_den, rounded half away from zero in exact integers."""
+    out = np.array(logits, dtype=np.int64)
+    if r_num == r_den:
+        return out
+    for t in sorted({int(t) for t in recent if 0 <= int(t) < len(out)}):
+        v = int(out[t])
+        out[t] = (2 * v * r_den + r_num) // (2 * r_num) if v > 0 else -((-2 * v * r_num + r_den) // (2 * r_den))
+    return out
+
+
 @dataclass
 class Sampler:
-    """temperature 0 (or None) means greedy. top_k 0 = off; top_p 1 = off."""
+    """temperature 0 (or None) means greedy. top_k 0 = off; top_p 1 = off;
+    min_p 0 = off; repeat_penalty 1 = off (over the last repeat_last_n ids,
+    -1 = all, 0 = off)."""
 
     temperature: str | float | None = None
     top_k: int = 0
     top_p: str | float = "1"
     seed: int = 0
+    min_p: str | float = "0"
+    repeat_penalty: str | float = "1"
+    repeat_last_n: int = 64
 
     def __post_init__(self):
         t = "0" if self.temperature is None else self.temperature
         self.t_num, self.t_den = parse_fraction(t, "--temperature", Decimal(0), Decimal(100))
         self.p_num, self.p_den = parse_fraction(self.top_p, "--top-p", Decimal(0), Decimal(1), lo_open=True)
+        self.m_num, self.m_den = parse_fraction(self.min_p, "--min-p", Decimal(0), Decimal(1))
+        self.r_num, self.r_den = parse_fraction(self.repeat_penalty, "--repeat-penalty", Decimal(0), Decimal(100),
+                                                lo_open=True)
         if self.top_k < 0:
             raise IntdetError(f"--top-k: {self.top_k} must be >= 0")
+        if not -1 <= self.repeat_last_n < 2**31:
+            raise IntdetError(f"--repeat-last-n: {self.repeat_last_n} must be >= -1 (-1 = the whole context, 0 = off)")
         if not 0 <= self.seed < 2**64:
             raise IntdetError(f"--seed: {self.seed} must be in [0, 2^64)")
 
@@ -75,8 +111,22 @@ class Sampler:
     def greedy(self) -> bool:
         return self.t_num == 0
 
-    def pick(self, logits: np.ndarray, position: int) -> int:
-        """logits: int32 [V] (Q16). Returns the chosen token id."""
+    @property
+    def penalized(self) -> bool:
+        return self.r_num != self.r_den and self.repeat_last_n != 0
+
+    def recent(self, history) -> list:
+        """The ids the repetition penalty looks at: the last repeat_last_n of ``history``."""
+        if not self.penalized or not history:
+            return []
+        return list(history) if self.repeat_last_n < 0 else list(history[-self.repeat_last_n:])
+
+    def pick(self, logits: np.ndarray, position: int, history=()) -> int:
+        """logits: int32 [V] (Q16); position: the absolute position of the
+        token being chosen (keys the draw); history: the ids so far (prompt
+        and generated) for the repetition penalty. Returns the chosen id."""
+        if self.penalized:
+            logits = apply_repeat_penalty(logits, self.recent(history), self.r_num, self.r_den)
         logits = np.asarray(logits, dtype=np.int64)
         if self.greedy:
             return int(np.argmax(logits))  # lowest id wins ties
@@ -101,6 +151,11 @@ class Sampler:
             need = -((-int(cum[-1]) * self.p_num) // self.p_den)
             n = int(np.searchsorted(cum, need, side="left")) + 1
             cum = cum[:n]
+        if self.m_num:
+            # keep w_i * m_den >= m_num * 2^30 (w[0] = 2^30 is the largest);
+            # w is non-increasing, so that is a prefix, never empty
+            n = int(np.count_nonzero(w[:len(cum)] * self.m_den >= self.m_num << 30))
+            cum = cum[:max(n, 1)]
         total = int(cum[-1])
         target = (draw_u64(self.seed, position) * total) >> 64
         i = int(np.searchsorted(cum, target, side="right"))

@@ -8,7 +8,9 @@ guessed delay, which a faster or slower machine would move. Stages:
 * convert: ``read`` (source read), ``quantize`` (halfway through the layers),
   ``written`` (model.safetensors written into the temporary directory),
   ``install`` (just before the final rename), ``installed`` (just after it);
-* generate: ``token-N`` (the N-th generated token chosen and streamed).
+* generate: ``prefill-N`` (the N-th prefill call returned; calls are of
+  generate.PREFILL_CHUNK tokens), ``token-N`` (the N-th generated token
+  chosen and streamed).
 """
 
 from __future__ import annotations

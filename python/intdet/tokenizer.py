@@ -17,6 +17,7 @@ import datetime
 import functools
 import json
 import os
+import re
 import threading
 from pathlib import Path
 from typing import Any
@@ -543,23 +544,37 @@ def render_chat(meta: dict, messages: list[dict], add_generation_prompt: bool = 
         bos_token=meta.get("bos_token") or "", eos_token=meta.get("eos_token") or "", **variables)
 
 
-def encode_chat(tok: Tokenizer, meta: dict, user_text: str) -> list[int]:
-    """Token ids of a one-turn chat prompt (with the generation prompt).
+def encode_chat(tok: Tokenizer, meta: dict, user_text: str, system: str | None = None) -> list[int]:
+    """Token ids of a one-turn chat prompt (with the generation prompt);
+    ``system`` adds a system message (else the template's default applies).
+    See :func:`encode_messages`."""
+    msgs = ([{"role": "system", "content": system}] if system is not None else []) + [
+        {"role": "user", "content": user_text}]
+    return encode_messages(tok, meta, msgs)
 
-    The template is rendered around a placeholder, and only the template's
-    own text is matched for special tokens: the user's text is encoded as
+
+def encode_messages(tok: Tokenizer, meta: dict, messages: list[dict],
+                    add_generation_prompt: bool = True) -> list[int]:
+    """Token ids of a chat (``[{"role", "content"}, ...]``) rendered by the
+    model's template, ending with the generation prompt.
+
+    The template is rendered around placeholders, and only the template's
+    own text is matched for special tokens: message contents are encoded as
     plain text, so "<|im_end|>" typed by a user cannot inject a control token.
     BOS is added when meta asks for it and the template did not write it.
     Raises what :func:`render_chat` raises.
     """
-    hole = "\x00intdet-user-content\x00"
-    rendered = render_chat(meta, [{"role": "user", "content": hole}])
+    holes = [f"\x00intdet-content-{i}\x00" for i in range(len(messages))]
+    rendered = render_chat(meta, [dict(m, content=h) for m, h in zip(messages, holes)],
+                           add_generation_prompt=add_generation_prompt)
     bos = meta.get("bos_token")
     add_bos = bool(meta.get("add_bos_token")) and not (bos and rendered.startswith(bos))
-    parts = rendered.split(hole)
-    ids = encode(tok, meta, parts[0], add_bos=add_bos, special=True)
-    for part in parts[1:]:
-        ids += encode(tok, meta, user_text, add_bos=False) + encode(tok, meta, part, add_bos=False, special=True)
+    pieces = re.split("(\x00intdet-content-\\d+\x00)", rendered)
+    ids = encode(tok, meta, pieces[0], add_bos=add_bos, special=True)
+    for j in range(1, len(pieces), 2):
+        i = int(pieces[j][len("\x00intdet-content-"):-1])
+        ids += encode(tok, meta, messages[i]["content"], add_bos=False)
+        ids += encode(tok, meta, pieces[j + 1], add_bos=False, special=True)
     return ids
 
 

@@ -1,0 +1,126 @@
+"""``intdet chat``: an interactive multi-turn chat.
+
+Each turn the whole conversation is rendered by the model's chat template
+(``tokenizer.encode_messages``: message contents as plain text, so typed
+control-token strings stay text) and generated from an empty KV cache, so a
+reply is the one ``generate --chat`` would give for that conversation, with
+the same chain hash. Lines are read from stdin: with readline editing and a
+prompt on a terminal, one message per line otherwise. ``/reset`` forgets the
+conversation (the system prompt stays), ``/help`` lists the commands, Ctrl-D
+(end of input) or ``/exit`` leaves, Ctrl-C stops the current reply only (the
+part already shown stays in the conversation).
+"""
+
+from __future__ import annotations
+
+import sys
+
+from .errors import IntdetError
+from .generate import TextStream, generate
+
+HELP = """commands:
+  /reset   forget the conversation (the system prompt stays)
+  /help    this list
+  /exit    leave (or Ctrl-D); Ctrl-C stops the current reply only"""
+
+
+def conversation_ids(lm, messages: list[dict]) -> list[int]:
+    """Token ids of ``messages`` under the model's chat template, ending
+    with the generation prompt; IntdetError for a missing or failing template."""
+    import jinja2
+
+    from .tokenizer import encode_messages
+
+    try:
+        return encode_messages(lm.tokenizer, lm.tok_meta, messages)
+    except ValueError as e:
+        raise IntdetError(str(e)) from None
+    except jinja2.TemplateError as e:  # a broken template or its raise_exception()
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise IntdetError(f"{lm.path}: chat template failed ({msg})") from None
+
+
+def _lines(inp, tty: bool, prompt: str, err):
+    """User lines; None for Ctrl-C at the prompt (the line is dropped)."""
+    while True:
+        if tty:
+            try:
+                try:
+                    import readline  # noqa: F401  (line editing and history for input())
+                except ImportError:
+                    pass
+                line = input(prompt)
+            except EOFError:
+                err.write("\n")
+                return
+            except KeyboardInterrupt:
+                err.write("\n")
+                yield None
+                continue
+        else:
+            line = inp.readline()
+            if not line:
+                return
+            line = line.rstrip("\r\n")
+        yield line
+
+
+def run_chat(engine, lm, sampler, max_new_tokens: int, system: str | None = None, stop=(), inp=None, out=None,
+             err=None, tty: bool | None = None, quiet: bool = False, stats_line=None) -> int:
+    """The chat loop; returns the number of replies. ``stats_line(g)``
+    formats a reply's stats (token counts, speed, hash) for stderr."""
+    inp = inp or sys.stdin
+    out = out or sys.stdout
+    err = err or sys.stderr
+    tty = inp.isatty() if tty is None else tty
+    base = [{"role": "system", "content": system}] if system is not None else []
+    messages = list(base)
+    conversation_ids(lm, messages + [{"role": "user", "content": ""}])  # a broken template fails now, not mid-chat
+    eos = lm.tok_meta.get("eos_token_ids") or []
+    replies = 0
+    if tty:
+        err.write("intdet chat: type a message; /help for commands, Ctrl-D to leave\n")
+    for line in _lines(inp, tty, "> ", err):
+        if line is None or not line.strip():
+            continue
+        cmd = line.strip()
+        if cmd in ("/exit", "/quit"):
+            break
+        if cmd == "/reset":
+            messages = list(base)
+            err.write("(conversation cleared)\n")
+            continue
+        if cmd == "/help":
+            out.write(HELP + "\n")
+            out.flush()
+            continue
+        if cmd.startswith("/") and " " not in cmd:
+            err.write(f"unknown command {cmd}; /help lists them\n")
+            continue
+        messages.append({"role": "user", "content": line})
+        ids = conversation_ids(lm, messages)
+        if len(ids) >= engine.context_length:
+            messages.pop()
+            err.write(f"intdet: the conversation ({len(ids)} tokens) no longer fits the context length "
+                      f"{engine.context_length}: /reset to start again\n")
+            continue
+        ts = TextStream(lm.tokenizer, stop)
+
+        def on_token(t, ts=ts):
+            text, stopped = ts.push(t)
+            if text:
+                out.write(text)
+                out.flush()
+            return stopped
+
+        g = generate(engine, ids, max_new_tokens, sampler, eos_ids=eos, on_token=on_token)
+        if g.stop != "stop":
+            out.write(ts.flush())
+        out.write("\n")
+        out.flush()
+        messages.append({"role": "assistant", "content": ts.text})
+        replies += 1
+        if not quiet and stats_line:
+            err.write(stats_line(g) + "\n")
+            err.flush()
+    return replies

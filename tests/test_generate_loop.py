@@ -1,0 +1,164 @@
+"""generate(): chunked prefill (bit-identical for every split, progress,
+Ctrl-C between chunks), truncation, stop reasons; TextStream stop sequences."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import models
+from intdet.generate import TextStream, generate, truncate_prompt
+from intdet.sampling import Sampler
+
+CTX = models.TINY["max_position_embeddings"]  # 256
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_llama_hf, tmp_path_factory):
+    from intdet.convert import convert
+    from intdet.model import Engine, load_model
+
+    out = convert(tiny_llama_hf, str(tmp_path_factory.mktemp("loop") / "m"), progress=False)
+    return Engine(load_model(out), "cpu")
+
+
+PROMPT = [int(x) for x in np.random.default_rng(5).integers(3, 300, size=200)]
+
+
+def test_prefill_logits_identical_for_every_split(engine):
+    """All bits of all prompt positions' logits, whole against chunked."""
+    whole = engine.new_sequence(CTX).forward(PROMPT, all_logits=True)
+    for chunk in (1, 7, 64, 100, 199):
+        seq = engine.new_sequence(CTX)
+        parts = [seq.forward(PROMPT[i:i + chunk], all_logits=True) for i in range(0, len(PROMPT), chunk)]
+        got = np.concatenate(parts)
+        assert got.dtype == whole.dtype and got.shape == whole.shape
+        assert got.tobytes() == whole.tobytes(), chunk
+
+
+@pytest.mark.parametrize("sampler", [Sampler(), Sampler(temperature="0.9", seed=3, repeat_penalty="1.3")],
+                         ids=["greedy", "sampled"])
+def test_generate_same_for_every_prefill_chunk(engine, sampler):
+    ref = generate(engine, PROMPT, 12, sampler, prefill_chunk=0)
+    for chunk in (1, 7, 64, 256):
+        g = generate(engine, PROMPT, 12, sampler, prefill_chunk=chunk)
+        assert g.tokens == ref.tokens and g.hashes == ref.hashes and g.hash == ref.hash, chunk
+
+
+def test_prefill_progress_and_interrupt_between_chunks(engine):
+    seen = []
+
+    def on_prefill(done, total):
+        seen.append((done, total))
+        if len(seen) == 2:
+            raise KeyboardInterrupt  # what Ctrl-C raises once a chunk's C++ call returns
+
+    g = generate(engine, PROMPT, 12, prefill_chunk=64, on_prefill=on_prefill)
+    assert seen == [(64, 200), (128, 200)]
+    assert g.stop == "interrupted" and g.tokens == []
+    assert g.hash == generate(engine, PROMPT, 0).hash  # the hash of the prompt alone
+    seen.clear()
+    generate(engine, PROMPT[:130], 1, prefill_chunk=64, on_prefill=lambda d, t: seen.append(d))
+    assert seen == [64, 128, 130]
+
+
+def test_stop_reasons(engine):
+    assert generate(engine, PROMPT, 3).stop == "length"
+    g = generate(engine, [5] * (CTX - 4), 100)
+    assert g.stop in ("context", "eos"), g.stop
+    if g.stop == "context":
+        assert len(g.tokens) == 5
+    g = generate(engine, PROMPT, 10, on_token=lambda t: True)
+    assert g.stop == "stop" and len(g.tokens) == 1
+
+
+def test_truncate_prompt():
+    p = list(range(10, 310))
+    left = truncate_prompt(p, CTX, 16, "left")
+    assert left == p[-(CTX - 16):]
+    assert truncate_prompt(p, CTX, 16, "right") == p[:CTX - 16]
+    assert truncate_prompt(p, CTX, 10**9, "right") == p[:CTX // 2]  # room for at most half the context
+    assert truncate_prompt(p, CTX, 0, "right") == p[:CTX - 1]  # at least one token of room
+    bos = [1] + p
+    cut = truncate_prompt(bos, CTX, 16, "left", bos_id=1)
+    assert cut[0] == 1 and cut[1:] == p[-(CTX - 17):] and len(cut) == CTX - 16
+    assert truncate_prompt(p[:20], CTX, 16, "left") == p[:20]
+
+
+def test_generate_truncates(engine):
+    p = [int(x) for x in np.random.default_rng(6).integers(3, 300, size=300)]
+    g = generate(engine, p, 8, truncate="left")
+    assert g.prompt_ids == p[-(CTX - 8):] and g.truncated == 300 - (CTX - 8)
+    assert g.hash == generate(engine, p[-(CTX - 8):], 8).hash
+
+
+# ------------------------------------------------------------- TextStream
+
+
+class FakeTok:
+    """Each id is one piece of text (id -> pieces[id])."""
+
+    def __init__(self, pieces):
+        self.pieces = pieces
+
+    def id_to_token(self, i):
+        return self.pieces[i] if 0 <= i < len(self.pieces) else None
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(self.pieces[i] for i in ids)
+
+
+@pytest.fixture
+def fake_stream(monkeypatch):
+    import intdet.tokenizer as tk
+
+    class Dec:  # StreamDecoder on FakeTok: one piece per push
+        def __init__(self, tok, skip_special_tokens=True):
+            self.tok = tok
+
+        def push(self, i):
+            return self.tok.pieces[i]
+
+        def flush(self):
+            return ""
+
+    monkeypatch.setattr(tk, "StreamDecoder", Dec)
+    return lambda pieces, stop: TextStream(FakeTok(pieces), stop)
+
+
+def test_stop_sequence_spanning_tokens(fake_stream):
+    ts = fake_stream(["Hel", "lo, wo", "rld", "!"], ["o, world"])
+    outs = [ts.push(i) for i in range(4)]
+    assert outs[0] == ("Hel", False)
+    assert outs[1] == ("l", False)  # "o, wo" held back: it may start the stop sequence
+    assert outs[2] == ("", True)  # stop found: nothing of it printed
+    assert outs[3] == ("", True)
+    assert ts.text == "Hell" and ts.flush() == ""
+
+
+def test_held_text_released_when_no_stop(fake_stream):
+    ts = fake_stream(["ab", "c", "x", "ab"], ["abd"])
+    assert [ts.push(i)[0] for i in range(4)] == ["", "abc", "x", ""]
+    assert ts.flush() == "ab" and ts.text == "abcxab"
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.text("ab\n", max_size=4), min_size=1, max_size=12), st.lists(st.text("ab\n", min_size=1, max_size=4),
+                                                                                 max_size=3))
+def test_stream_equals_cut_text(fake_stream, pieces, stops):
+    """Whatever the split into tokens, the printed text is the full text cut
+    before the earliest stop sequence (all of it when none occurs)."""
+    ts = fake_stream(pieces, stops)
+    printed = ""
+    for i in range(len(pieces)):
+        out, stopped = ts.push(i)
+        printed += out
+        if stopped:
+            break
+    printed += ts.flush()
+    full = "".join(pieces)
+    hits = [full.find(s) for s in stops if s in full]
+    want = full[:min(hits)] if hits else full
+    assert printed == want == ts.text
