@@ -1,5 +1,6 @@
 """SIGTERM as an exception, so that work which must clean up (a conversion's
-temporary directory) gets to run its ``finally`` blocks.
+temporary directory) gets to run its ``finally`` blocks; and a block that
+SIGINT/SIGTERM must not cut in two (signals_deferred).
 
 Python turns SIGINT into KeyboardInterrupt but leaves SIGTERM at the default
 action, which ends the process on the spot: ``kill PID`` (or a service
@@ -9,6 +10,7 @@ manager, or a container runtime stopping) would leave files behind.
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import threading
 
@@ -38,3 +40,34 @@ def sigterm_raises():
         yield
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+class signals_deferred:
+    """SIGINT and SIGTERM that arrive inside the block act when it ends.
+
+    Python runs signal handlers in the main thread whichever thread the OS
+    delivered to, so a recording handler defers them for the whole process
+    (a signal mask would not: OpenMP's threads keep theirs open). Off the
+    main thread handlers cannot be changed, and none run there anyway."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __enter__(self):
+        self.pending, self.old = [], {}
+        try:
+            for s in self.SIGNALS:
+                self.old[s] = signal.signal(s, lambda sig, frame: self.pending.append(sig))
+        except ValueError:  # not the main thread
+            pass
+        return self
+
+    def __exit__(self, *exc):
+        for s, h in self.old.items():
+            signal.signal(s, h)
+        for s in self.pending[:1]:  # now act on the first one as it would have
+            h = self.old.get(s)
+            if callable(h):
+                h(s, None)  # e.g. default_int_handler: KeyboardInterrupt
+            elif h != signal.SIG_IGN:
+                os.kill(os.getpid(), s)
+        return False

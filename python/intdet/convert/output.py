@@ -20,11 +20,10 @@ import errno
 import os
 import re
 import shutil
-import signal
 
 from ..errors import IntdetError
 from ..format import MODEL_FILES, is_converted
-from ..signals import Terminated
+from ..signals import Terminated, signals_deferred
 
 TMP_PREFIX = ".intdet-convert-"
 # A temporary directory of convert(), f"{TMP_PREFIX}{pid}-{8 hex digits}", or
@@ -95,44 +94,13 @@ def install(tmp: str, out_dir: str, src: str, force: bool) -> None:
     # No atomic exchange on this system or file system: park the old model
     # beside it, with the signals a user sends held off between the renames.
     old = old_path(tmp)
-    with _signals_deferred():
+    with signals_deferred():
         os.rename(out_dir, old)
         try:
             os.rename(tmp, out_dir)
         except BaseException:
             os.rename(old, out_dir)
             raise
-
-
-class _signals_deferred:
-    """SIGINT and SIGTERM that arrive inside the block act when it ends.
-
-    Python runs signal handlers in the main thread whichever thread the OS
-    delivered to, so a recording handler defers them for the whole process
-    (a signal mask would not: OpenMP's threads keep theirs open). Off the
-    main thread handlers cannot be changed, and none run there anyway."""
-
-    SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-    def __enter__(self):
-        self.pending, self.old = [], {}
-        try:
-            for s in self.SIGNALS:
-                self.old[s] = signal.signal(s, lambda sig, frame: self.pending.append(sig))
-        except ValueError:  # not the main thread
-            pass
-        return self
-
-    def __exit__(self, *exc):
-        for s, h in self.old.items():
-            signal.signal(s, h)
-        for s in self.pending[:1]:  # now act on the first one as it would have
-            h = self.old.get(s)
-            if callable(h):
-                h(s, None)  # e.g. default_int_handler: KeyboardInterrupt
-            elif h != signal.SIG_IGN:
-                os.kill(os.getpid(), s)
-        return False
 
 
 def old_path(tmp: str) -> str:
