@@ -53,8 +53,8 @@ def _cap_threads(ctx, param, value):
     from .model import default_threads
 
     def one(n):
-        if n < 0:
-            raise click.BadParameter(f"{n} must be >= 0 (0 = auto)")
+        if not 0 <= n <= 1024:
+            raise click.BadParameter(f"{n} must be in [0, 1024] (0 = auto)")
         cores = default_threads()
         if n > cores:
             _warn(f"--threads {n}: this process may use {cores} core{'s' if cores > 1 else ''}; using {cores}")
