@@ -6,7 +6,9 @@ the ratios, not the absolute figures).
     python scripts/bench_threads.py [-m MODEL] [--threads 1 --threads 2] [--busy 0 --busy 1 --busy 2]
                                     [--policy NAME=ENV ...] [--gen-tokens 64] [--prompt-tokens 128]
 
-Each (policy, busy, threads) cell runs `python -m intdet bench --json` in a
+--threads 0 is intdet's default, auto: every core this process may use, fewer
+while other processes keep some busy (csrc/cpu/threads.cpp); the "used" column
+is the count its last decode step took. Each (policy, busy, threads) cell runs `python -m intdet bench --json` in a
 fresh process with the policy's environment (libgomp reads it at start-up),
 while `busy` processes spin on their own (`while True: pass`), each started
 before and killed after the cell. Default policies:
@@ -53,12 +55,13 @@ def main(argv=None):
     for p in a.policy:
         name, _, spec = p.partition("=")
         policies[name] = dict(kv.split("=", 1) for kv in spec.split(",") if kv)
-    threads = a.threads or [1, os.cpu_count() or 1]
+    threads = a.threads or [0, 1, os.cpu_count() or 1]
     busies = a.busy or [0, 1]
     base = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_NUM_THREADS")}
     _bench(a.model, 1, 4, 8, base)  # converts into the cache once, outside the timings
     first = next(iter(policies))
-    print(f"{'policy':<10} {'busy':>4} {'threads':>7} {'prefill tok/s':>13} {'decode tok/s':>12}  decode / {first}")
+    print(f"{'policy':<10} {'busy':>4} {'threads':>7} {'used':>4} {'prefill tok/s':>13} {'decode tok/s':>12}  "
+          f"decode / {first}")
     res = {}
     for busy in busies:
         for t in threads:
@@ -73,7 +76,8 @@ def main(argv=None):
                         h.wait()
                 res[(name, busy, t)] = row
                 ref = res.get((first, busy, t), row)["decode_tok_s"]
-                print(f"{name:<10} {busy:>4} {row['threads']:>7} {row['prefill_tok_s']:>13.1f} "
+                shown = row["threads"] if row["threads_requested"] else "auto"
+                print(f"{name:<10} {busy:>4} {shown:>7} {row['threads_used']:>4} {row['prefill_tok_s']:>13.1f} "
                       f"{row['decode_tok_s']:>12.1f}  {row['decode_tok_s'] / ref:.2f}", flush=True)
 
 

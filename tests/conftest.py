@@ -19,7 +19,7 @@ THREADS = (1, 2, 3)
 def using_isa(isa, threads=None):
     """Run the block on kernel set `isa` (and `threads` threads), then restore
     the set and thread count that were active before."""
-    before = (_core.isa(), _core.num_threads())
+    before = (_core.isa(), _core.thread_setting())
     try:
         _core.set_isa(isa)
         if threads is not None:

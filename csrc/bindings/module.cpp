@@ -302,6 +302,12 @@ PYBIND11_MODULE(_core, mod) {
   mod.def("set_isa", &set_isa, py::arg("name"), "Force a kernel set (scalar, avx2, ...).");
   mod.def("isa", []() { return std::string(kernels().name); }, "The active kernel set.");
   mod.def("kernels_ready", []() { (void)kernels(); }, "Select the kernel set now (raises ValueError for a bad INTDET_ISA).");
-  mod.def("set_num_threads", &set_num_threads, py::arg("n"), "Threads for prefill/decode; 0 = all cores.");
-  mod.def("num_threads", &num_threads);
+  mod.def("set_num_threads", &set_num_threads, py::arg("n"),
+          "Threads for prefill/decode: n > 0 exactly n; 0 auto (the cores this process may use, fewer while other "
+          "processes keep some busy).");
+  mod.def("num_threads", &num_threads, "The fixed thread count, or in auto mode the cores this process may use.");
+  mod.def("auto_thread_count", &auto_thread_count, py::arg("ncpu"), py::arg("ceiling"), py::arg("busy"),
+          py::arg("total"), py::arg("self"), "Auto's rule on one load sample (csrc/cpu/threads.cpp), for tests.");
+  mod.def("thread_setting", &thread_setting, "What set_num_threads was given (0 = auto).");
+  mod.def("last_forward_threads", &last_forward_threads, "The thread count the latest forward used.");
 }

@@ -8,9 +8,6 @@
 #include "intdet/kernels.h"
 #include "intdet/model.h"
 
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
 namespace intdet {
 
@@ -114,21 +111,5 @@ std::vector<std::string> available_isas() {
 const Kernels& kernel_set(const std::string& name) { return *by_name(name, "ISA '" + name + "'"); }
 
 void set_isa(const std::string& name) { g_active.store(&kernel_set(name), std::memory_order_release); }
-
-void set_num_threads(int n) {
-#ifdef _OPENMP
-  omp_set_num_threads(n > 0 ? n : omp_get_num_procs());
-#else
-  (void)n;
-#endif
-}
-
-int num_threads() {
-#ifdef _OPENMP
-  return omp_get_max_threads();
-#else
-  return 1;
-#endif
-}
 
 }  // namespace intdet

@@ -35,7 +35,7 @@ struct Act16 {
 template <class F>
 void over_row_blocks(int64_t N, F&& f) {
   int64_t rows = 64;
-  while (rows > 16 && (N + rows - 1) / rows < 4 * (int64_t)num_threads()) rows /= 2;
+  while (rows > 16 && (N + rows - 1) / rows < 4 * (int64_t)team_threads()) rows /= 2;
   const int64_t nblk = (N + rows - 1) / rows;
 #pragma omp parallel for schedule(static)
   for (int64_t b = 0; b < nblk; ++b) f(b * rows, b * rows + rows < N ? rows : N - b * rows);
@@ -115,6 +115,7 @@ void add_residual(std::vector<int64_t>& x, const std::vector<int64_t>& d, int64_
 void forward_impl(const Model& m, KVCache* const* caches, const Row* rows, int64_t T, int32_t* logits,
                   const Kernels& ks, Trace* tr) {
   check_packed(m, ks);
+  forward_threads();  // fixed, or auto: fewer when other processes hold cores
   if (tr) tr->isa = ks.name;
   auto rec = [tr](std::string name, const std::vector<int64_t>& a, std::vector<int64_t> shape) {
     int64_t n = 1;

@@ -34,7 +34,7 @@ from .sampling import Sampler
 BENCH_TEXT = ("The quick brown fox jumps over the lazy dog, and the children watch it from the old stone bridge "
               "while the river runs quietly towards the sea. ")
 
-ROW_KEYS = ("model", "isa", "threads_requested", "threads", "batch", "prompt_tokens", "gen_tokens",
+ROW_KEYS = ("model", "isa", "threads_requested", "threads", "threads_used", "batch", "prompt_tokens", "gen_tokens",
             "prefill_s", "prefill_tok_s", "decode_s", "decode_tok_s", "batch_decode_s", "batch_decode_tok_s",
             "decode_tokens_hash", "peak_rss_bytes")
 
@@ -58,7 +58,9 @@ def _tokens_hash(tokens) -> str:
 
 
 def _set_threads(engine: Engine, threads: int) -> int:
-    engine._core.set_num_threads(threads or default_threads())
+    """threads > 0: exactly that many; 0: auto (fewer while other processes
+    keep cores busy). Returns the most a forward will use."""
+    engine._core.set_num_threads(threads)
     return int(engine._core.num_threads())
 
 
@@ -141,6 +143,7 @@ def run_bench(lm: LoadedModel, prompt_tokens: int = 512, gen_tokens: int = 128, 
             "isa": engine._core.isa(),
             "threads_requested": t,
             "threads": n_threads,
+            "threads_used": int(engine._core.last_forward_threads()),  # auto: the latest decode step's
             "batch": batch,
             "prompt_tokens": prompt_tokens,
             "gen_tokens": gen_tokens,
@@ -171,7 +174,7 @@ def format_table(rows: list) -> str:
     head += ["peak RSS MiB", "tokens hash"]
     lines = []
     for r in rows:
-        cells = [r["isa"], str(r["threads"]), rate(r["prefill_tok_s"]), rate(r["decode_tok_s"])]
+        cells = [r["isa"], str(r["threads"]) if r["threads_requested"] else f"auto ({r['threads_used']})", rate(r["prefill_tok_s"]), rate(r["decode_tok_s"])]
         if batched:
             cells.append(rate(r["batch_decode_tok_s"]))
         cells += [f"{r['peak_rss_bytes'] / 2**20:.1f}", r["decode_tokens_hash"]]

@@ -87,6 +87,7 @@ def configurations(isas, threads_all: int):
         (f"{best}, prefill in chunks of 7", best, threads_all, 7, 1),
         (f"{best}, inside a batch of 4", best, threads_all, 0, 4),
         (f"{best}, inside a batch of 8", best, threads_all, 0, 8),
+        (f"{best}, auto threads (fewer while the cores are busy)", best, 0, 0, 1),
     ]
     return out
 
@@ -97,7 +98,7 @@ def hash_check(engine: Engine, prompt, steps: int, seed: int = 0, temperature: s
     core = engine._core
     isas = core.available_isas()
     all_th = default_threads()
-    before = (core.isa(), core.num_threads())
+    before = (core.isa(), core.thread_setting())
     runs = []
     try:
         for label, isa, th, chunk, batch in configurations(isas, all_th):

@@ -144,8 +144,8 @@ class Engine:
                 _core.kernels_ready()
             except ValueError as e:  # INTDET_ISA names a kernel set this CPU or build lacks
                 raise IntdetError(str(e)) from None
-            if threads is not None:
-                _core.set_num_threads(threads or default_threads())
+            if threads is not None:  # 0: auto (all cores, fewer while others keep some busy)
+                _core.set_num_threads(threads)
             try:
                 # mapped: the tensors are views of the read-only file mapping,
                 # so the core may drop each weight's pages once it has packed it.

@@ -93,9 +93,25 @@ const Kernels& kernel_set(const std::string& name);
 // Make kernel_set(name) the active set (later forwards take it).
 void set_isa(const std::string& name);
 
-// Threads for prefill and decode (OpenMP); 0 = all cores.
+// Threads for prefill and decode (OpenMP), csrc/cpu/threads.cpp. n > 0:
+// exactly n; 0 (the default): auto, the cores this process may use minus
+// those other processes keep busy, measured at most every 100 ms.
 void set_num_threads(int n);
+// What set_num_threads was given: n, or 0 for auto.
+int thread_setting();
+// The fixed count, or in auto mode the cores this process may use.
 int num_threads();
+// Picks the count for one forward and makes it the OpenMP team size; a
+// forward calls it once at its start. Returns the count.
+int forward_threads();
+// The team size of the forward in progress (its work split follows it).
+int team_threads();
+// Auto's rule: over one sample, ncpu CPUs spent `busy` of `total` jiffies
+// busy, `self` of them ours; free cores = ncpu - (busy - self) / (total /
+// ncpu), rounded to nearest, clamped to [1, ceiling].
+int auto_thread_count(int64_t ncpu, int64_t ceiling, int64_t busy, int64_t total, int64_t self);
+// The count the latest forward used (num_threads() before any forward).
+int last_forward_threads();
 
 // The packed layout of the AVX2 kernels ("g8"), portable code in pack.cpp.
 // Int8: output channels in groups of 8, K in pairs, 16 bytes = w[8g + c][2p + i]
