@@ -34,7 +34,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 
-PIN=${PIN:-1ecb7dbdbe39}  # intdet hash-check -m <random qwen3-0.6b, seed 0> --steps 16, CPU (docs/cuda.md)
+PIN=${PIN:-e3ef2d10076c}  # intdet hash-check -m <random qwen3-0.6b, seed 0> --steps 16, CPU, format_version 2 (docs/cuda.md)
 MODEL_PIN=54c71e9d6fcc22a3  # sha256 prefix of that converted model.safetensors
 STEPS=${STEPS:-16}
 OUTDIR=${OUT:-$ROOT/build/device-out}  # build/ is git-ignored
