@@ -17,20 +17,24 @@
 # Results: $OUT/device-results-<date>.md (and docs/ in this working copy),
 # the full log in $OUT/device-check.log.
 #
-# Carried wheels (folder wheels/, name it in the device tool's `carry`):
-#   gguf-0.19.0-py3-none-any.whl   (intdet depends on gguf; the image lacks it)
-# Fetch it here with:
-#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
-#     --implementation cp --platform manylinux2014_x86_64 -d wheels gguf==0.19.0
+# Carried wheels (folder wheels/, git-ignored: name it in the device tool's
+# `carry`): what intdet needs that the GPU image lacks (gguf, nlohmann-json;
+# /work/.library/device/KINDS.md lists the image's packages). Fetch them here
+# first with:  bash scripts/fetch-device-wheels.sh
 #
 # Usage (device tool, from the repo root):  bash scripts/device-check.sh
+# Rehearsal on a machine without a GPU:     STANDIN=1 bash scripts/device-check.sh
+#   (every step but the GPU ones: wheels, the CUDA build, the SASS check, the
+#   random model, its pinned sha256 and the CPU hash against PIN)
 # Environment: OUT (results folder; default build/device-out), PIN (expected greedy
-# hash; default below), STEPS (default 16), SKIP_TORCH=1, SKIP_COMPILE=1.
+# hash; default below), STEPS (default 16), SKIP_TORCH=1, SKIP_COMPILE=1, STANDIN=1,
+# BUILD_LIMIT, HC_LIMIT (seconds for the build and hash-check steps; default 420
+# each, enough on 16 cores; the rehearsal on 2 cores runs the whole CPU matrix).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 
-PIN=${PIN:-1ecb7dbdbe39}  # intdet hash-check -m <random qwen3-0.6b, seed 0> --steps 16, CPU (docs/cuda.md)
+PIN=${PIN:-e3ef2d10076c}  # intdet hash-check -m <random qwen3-0.6b, seed 0> --steps 16, CPU, format_version 2 (docs/cuda.md)
 MODEL_PIN=54c71e9d6fcc22a3  # sha256 prefix of that converted model.safetensors
 STEPS=${STEPS:-16}
 OUTDIR=${OUT:-$ROOT/build/device-out}  # build/ is git-ignored
@@ -42,6 +46,8 @@ WORK=${WORK:-/tmp/intdet-device}
 mkdir -p "$WORK"
 PY=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1
+STANDIN=${STANDIN:-}
+gpu() { [ -z "$STANDIN" ]; }  # the GPU steps run only on a real device
 export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-16}
 exec > >(tee -a "$LOG") 2>&1
 
@@ -94,27 +100,28 @@ step "carried wheels"
 if compgen -G "wheels/*.whl" >/dev/null; then
   run wheels 120 $PY -m pip install -q --no-index --no-deps --find-links wheels/ wheels/*.whl
 else
-  echo "no wheels/ folder: gguf must already be installed"
+  echo "no wheels/ folder (bash scripts/fetch-device-wheels.sh makes it): gguf and nlohmann-json must already be installed"
 fi
+run deps 30 $PY -c "import gguf, nlohmann_json; print('gguf', gguf.__file__)"
 
 step "build (pip install -e . with CUDA)"
 if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then export PATH=/usr/local/cuda/bin:$PATH; fi
-run build 420 $PY -m pip install -q --no-build-isolation --no-index --no-deps -e . \
+run build "${BUILD_LIMIT:-420}" $PY -m pip install -q --no-build-isolation --no-index --no-deps -e . \
   -Ccmake.define.INTDET_CUDA=ON -Cbuild-dir=build/device
-run import 60 $PY -c "import intdet._cuda as c; n = c.device_count(); print('devices', n, c.device_name() if n else c.no_device_reason()); assert n > 0"
+run import 60 $PY -c "import intdet._cuda as c, os; n = c.device_count(); print('devices', n, c.device_name() if n else c.no_device_reason()); assert n > 0 or os.environ.get('STANDIN')"
 md
 md "## Build and SASS check"
 md '```'
 md "$(grep -E -- '--- (build|import)' "$LOG" | tail -2)"
 step "SASS check"
 SASS_OUT=$WORK/sass.txt
-run sass 300 bash -c "$PY scripts/check_sass.py --top 6 | tee $SASS_OUT"
+run sass 300 bash -c "set -o pipefail; $PY scripts/check_sass.py --top 6 2>&1 | tee $SASS_OUT"
 md "$(cat "$SASS_OUT" 2>/dev/null || echo 'check_sass did not run')"
 md '```'
 
 step "tests/test_cuda.py"
 TEST_OUT=$WORK/pytest.txt
-run pytest 360 bash -c "set -o pipefail; $PY -m pytest -q -p no:cacheprovider tests/test_cuda.py -k 'not emu and not test_engine_generate_hash_equal' 2>&1 | tee $TEST_OUT"
+gpu && run pytest 360 bash -c "set -o pipefail; $PY -m pytest -q -p no:cacheprovider tests/test_cuda.py -k 'not emu and not test_engine_generate_hash_equal' 2>&1 | tee $TEST_OUT"
 md
 md "## tests/test_cuda.py (GPU tests; the emulator ones are left to CPU machines)"
 md '```'
@@ -125,8 +132,8 @@ step "random Qwen3-0.6B-shaped model"
 HF=$WORK/qwen3-0.6b-hf
 INT=$WORK/qwen3-0.6b
 if [ ! -f "$INT/model.safetensors" ]; then
-  run random-model 240 bash -c "intdet random-model $HF --shape qwen3-0.6b --seed 0 > $WORK/random-model.log 2>&1"
-  run convert 300 intdet convert "$HF" -o "$INT" --force
+  run random-model 240 bash -c "$PY -m intdet random-model $HF --shape qwen3-0.6b --seed 0 > $WORK/random-model.log 2>&1"
+  run convert 300 $PY -m intdet convert "$HF" -o "$INT" --force
 fi
 MODEL_SHA=$( (sha256sum "$INT/model.safetensors" | cut -c1-16) 2>/dev/null || echo missing)
 echo "model.safetensors sha256 $MODEL_SHA (pinned $MODEL_PIN)"
@@ -137,7 +144,9 @@ md
 md "Converted model.safetensors sha256 $MODEL_SHA... (pinned $MODEL_PIN...)."
 md '```'
 HC_OUT=$WORK/hashcheck.txt
-run hash-check 420 bash -c "set -o pipefail; intdet hash-check -m $INT --steps $STEPS --device cuda --expect $PIN 2>&1 | tee $HC_OUT"
+HC_DEV="--device cuda"
+gpu || HC_DEV=""  # stand-in: the CPU matrix against the pin
+run hash-check "${HC_LIMIT:-420}" bash -c "set -o pipefail; $PY -m intdet hash-check -m $INT --steps $STEPS $HC_DEV --expect $PIN 2>&1 | tee $HC_OUT"
 md "$(cat "$HC_OUT" 2>/dev/null || echo 'hash-check did not run')"
 md '```'
 
@@ -248,8 +257,8 @@ if which == "intdet":
 else:
     torch_bench(which == "torch-compile")
 PYEOF
-run bench-intdet 240 $PY "$BENCH_PY" intdet "$INT" "$HF" "$ROWS"
-if [ -z "${SKIP_TORCH:-}" ]; then
+gpu && run bench-intdet 240 $PY "$BENCH_PY" intdet "$INT" "$HF" "$ROWS"
+if gpu && [ -z "${SKIP_TORCH:-}" ]; then
   soft bench-torch-eager 180 $PY "$BENCH_PY" torch-eager "$INT" "$HF" "$ROWS"
   LEFT=$((450 - (SECONDS - START)))
   if [ -z "${SKIP_COMPILE:-}" ] && [ "$LEFT" -gt 60 ]; then
@@ -276,7 +285,7 @@ fi
 step "compute-sanitizer memcheck on the op tests (if time is left)"
 SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 LEFT=$((470 - (SECONDS - START)))
-if [ -x "$SAN" ] && [ "$LEFT" -gt 45 ]; then
+if gpu && [ -x "$SAN" ] && [ "$LEFT" -gt 45 ]; then
   SAN_OUT=$WORK/sanitizer.txt
   soft memcheck "$LEFT" bash -c "set -o pipefail; $SAN --tool memcheck --error-exitcode 3 $PY -m pytest -q -p no:cacheprovider tests/test_cuda.py -k 'gpu and (linear or attend or swiglu or norm or round_div)' 2>&1 | tail -n 25 | tee $SAN_OUT"
   md
