@@ -425,10 +425,15 @@ class Scheduler:
         """Run the engine loop in a daemon thread (the server's mode)."""
         if self._thread is not None:
             return
-        self._thread = threading.Thread(target=self._loop, name="intdet-engine", daemon=True)
+        # OpenMP's thread count (omp_set_num_threads, behind _core.set_num_threads)
+        # belongs to the OS thread that set it: hand the caller's to the loop thread.
+        threads = self.engine._core.num_threads() if self.engine.device == "cpu" else None
+        self._thread = threading.Thread(target=self._loop, args=(threads,), name="intdet-engine", daemon=True)
         self._thread.start()
 
-    def _loop(self) -> None:
+    def _loop(self, threads=None) -> None:
+        if threads is not None:
+            self.engine._core.set_num_threads(threads)
         while True:
             with self._lock:
                 while not self.waiting and not self.running and not self._stopping:
