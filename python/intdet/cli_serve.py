@@ -75,7 +75,8 @@ def serve(model, revision, weights, device, threads, host, port, max_batch, step
               step_tokens=step_tokens, kv_bytes=kv_cache_mib << 20, progress=sys.stderr.isatty())
     app = create_app(llm, name, api_key, Limits(max_body_bytes=max_body_mib << 20, max_n=max_n))
     config = uvicorn.Config(app, log_level="info" if verbose else "warning", access_log=verbose,
-                            limit_concurrency=max_connections, timeout_graceful_shutdown=drain_timeout,
+                            # uvicorn counts the connection being checked: N + 1 lets N in
+                            limit_concurrency=max_connections + 1, timeout_graceful_shutdown=drain_timeout,
                             lifespan="on", server_header=False)
     server = uvicorn.Server(config)
     h, p = sock.getsockname()[:2]
