@@ -114,7 +114,7 @@ def reference(engine):
     (16, 512, 10**6, 0),  # everything at once, prompts whole
     (4, 5, 10**6, 1),     # few slots, prompts cut into chunks of <= 5 rows mixed with decode rows
     (16, 33, 400, 2),     # KV memory for ~2-4 sequences: the rest wait in the queue
-    (1, 64, 10**6, 3),    # one at a time
+    (2, 64, 10**6, 3),    # two slots
 ])
 def test_concurrent_mixed_requests_equal_alone(engine, reference, max_batch, step_tokens, kv_positions, order_seed):
     ss, stops, want = reference
