@@ -436,3 +436,16 @@ def test_connection_limit_answers_503(model_dir):
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0
+
+
+def test_streamed_logprobs_and_offsets(server, llm):
+    body = {"prompt": "with logprobs", "max_tokens": 12, "temperature": 0.5, "seed": 3, "logprobs": 2, "stream": True}
+    chunks = sse(server, "/v1/completions", body)
+    want = llm.generate(body["prompt"], params(body))
+    lps = [c["choices"][0]["logprobs"] for c in chunks if c["choices"] and c["choices"][0]["logprobs"]]
+    assert [x["token_logprobs"][0] for x in lps] == [t.logprob for t in want.logprobs]
+    texts = [c["choices"][0]["text"] for c in chunks if c["choices"]]
+    assert "".join(texts) == want.text
+    offsets = [x["text_offset"][0] for x in lps]
+    assert offsets == sorted(offsets) and offsets[0] == 0
+    assert all(len(x["top_logprobs"][0]) >= 2 for x in lps)
