@@ -28,8 +28,9 @@ file bench_cpu.py writes under ``$INTDET_CACHE/bench``); intdet serves its
 int8 conversion of that same Q8_0 file. ``--intdet-only`` measures intdet
 alone (on the Q8_0 file if present, else the Q4_1 GGUF).
 
-Output tokens are counted from the usage chunk when the server sends one
-(``stream_options.include_usage``), else one per text chunk. Prints a table
+Output tokens are counted the same way for both servers: one per streamed
+text chunk (both send one chunk per token; a token that ends inside a UTF-8
+character sends none). Prints a table
 and the ratios intdet / llama.cpp and intdet at C / intdet at 1. Timings on
 a shared machine vary; tests never read them.
 """
@@ -111,10 +112,13 @@ class ServerProc:
         self.log.close()
 
 
-def stream_completion(port: int, prompt: str, max_tokens: int) -> dict:
-    """One streaming greedy completion; returns text, tokens, ttft and the chunk times."""
-    body = json.dumps({"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "seed": 0, "stream": True,
-                       "stream_options": {"include_usage": True}})
+def stream_completion(port: int, prompt: str, max_tokens: int, usage: bool = True) -> dict:
+    """One streaming greedy completion; returns text, tokens, ttft and the chunk times.
+    ``usage``: ask for the usage chunk (llama-cpp-python's server has no stream_options)."""
+    req = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "seed": 0, "stream": True}
+    if usage:
+        req["stream_options"] = {"include_usage": True}
+    body = json.dumps(req)
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
     t0 = time.perf_counter()
     c.request("POST", "/v1/completions", body=body, headers={"Content-Type": "application/json"})
@@ -140,7 +144,7 @@ def stream_completion(port: int, prompt: str, max_tokens: int) -> dict:
                 times.append(time.perf_counter())
                 text.append(ch["text"])
     c.close()
-    return {"text": "".join(text), "tokens": usage if usage is not None else len(times),
+    return {"text": "".join(text), "tokens": len(times), "usage_tokens": usage,
             "ttft": (times[0] - t0) if times else None, "gaps": [b - a for a, b in zip(times, times[1:])],
             "end": time.perf_counter()}
 
@@ -152,7 +156,7 @@ def pct(xs, q):
     return xs[min(len(xs) - 1, int(round(q / 100 * (len(xs) - 1))))]
 
 
-def run_level(port: int, clients: int, requests: int, max_tokens: int) -> dict:
+def run_level(port: int, clients: int, requests: int, max_tokens: int, usage: bool = True) -> dict:
     results, errors = [], []
     lock = threading.Lock()
 
@@ -160,7 +164,7 @@ def run_level(port: int, clients: int, requests: int, max_tokens: int) -> dict:
         for j in range(requests):
             p = PROMPTS[(k * requests + j) % len(PROMPTS)] + f" ({k * requests + j})"
             try:
-                r = stream_completion(port, p, max_tokens)
+                r = stream_completion(port, p, max_tokens, usage)
             except Exception as e:  # noqa: BLE001
                 with lock:
                     errors.append(str(e))
@@ -180,7 +184,7 @@ def run_level(port: int, clients: int, requests: int, max_tokens: int) -> dict:
 
     def one(k):
         try:
-            same[k] = stream_completion(port, IDENTICAL, max_tokens)["text"]
+            same[k] = stream_completion(port, IDENTICAL, max_tokens, usage)["text"]
         except Exception as e:  # noqa: BLE001
             same[k] = f"error: {e}"
 
@@ -271,8 +275,9 @@ def main(argv=None) -> int:
             log(f"{name}: {c} clients x {args.requests} requests, max_tokens {args.max_tokens}")
             srv = start()
             try:
-                stream_completion(srv.port, "warm up", 4)
-                r = run_level(srv.port, c, args.requests, args.max_tokens)
+                usage = name == "intdet"
+                stream_completion(srv.port, "warm up", 4, usage)
+                r = run_level(srv.port, c, args.requests, args.max_tokens, usage)
             finally:
                 srv.stop()
             r["engine"] = name
