@@ -425,9 +425,12 @@ class Scheduler:
         """Run the engine loop in a daemon thread (the server's mode)."""
         if self._thread is not None:
             return
-        # OpenMP's thread count (omp_set_num_threads, behind _core.set_num_threads)
-        # belongs to the OS thread that set it: hand the caller's to the loop thread.
-        threads = self.engine._core.num_threads() if self.engine.device == "cpu" else None
+        # A core whose set_num_threads is omp_set_num_threads sets the count of the
+        # calling OS thread only: hand the caller's to the loop thread. A core with
+        # thread_setting keeps one process-wide setting (auto included): leave it.
+        core = getattr(self.engine, "_core", None)
+        per_thread = self.engine.device == "cpu" and not hasattr(core, "thread_setting")
+        threads = core.num_threads() if per_thread else None
         self._thread = threading.Thread(target=self._loop, args=(threads,), name="intdet-engine", daemon=True)
         self._thread.start()
 
