@@ -1,0 +1,13 @@
+"""intdet: LLM inference with bit-identical integer-only logits on every machine.
+The public API is intdet.api (imported lazily, so `import intdet` stays light)."""
+
+_API = ("LLM", "load", "SamplingParams", "Completion", "StreamChunk", "Score", "TokenLogprob", "derive_seed")
+__all__ = list(_API)
+
+
+def __getattr__(name):
+    if name in _API:
+        from . import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'intdet' has no attribute {name!r}")

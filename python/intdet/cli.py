@@ -807,5 +807,7 @@ def bench(model, prompt_tokens, gen_tokens, threads, batch, revision, as_json, w
     click.echo(json.dumps({"model": lm.path, "rows": rows}) if as_json else format_table(rows))
 
 
+main.add_command(__import__("intdet.cli_serve", fromlist=["command"]).command(model_options, user_errors))  # serve
+
 if __name__ == "__main__":
     main()

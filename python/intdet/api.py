@@ -1,0 +1,415 @@
+"""The public Python API: load a model, generate (one prompt or many,
+batched), stream, chat, and score continuations, every result with its
+chain hash.
+
+    import intdet
+    llm = intdet.load()                      # default SmolLM2-135M-Instruct; any source -m accepts
+    c = llm.generate("The capital of France is", intdet.SamplingParams(max_tokens=40))
+    c.text, c.tokens, c.hash                 # c.hash == `intdet generate ... -n 40`'s hash
+    outs = llm.generate(["a", "b", [1, 2, 3]], intdet.SamplingParams(temperature=0.8, seed=7))
+    for chunk in llm.stream("Once upon a time"):
+        print(chunk.text, end="")
+    s = llm.score("The capital of France is", " Paris")
+    s.logprob, s.is_greedy, s.hash
+
+Many prompts run together through one ``Scheduler`` (continuous batching
+over ``forward_batch``); each result is the same bits as the prompt run
+alone with ``intdet generate`` (same tokens, text, log-probabilities and
+hash), whatever else is in the batch. Log-probabilities are fixed-point
+(logprobs.py): ``TokenLogprob.logprob_q`` is an int in Q24 nats and
+``.logprob`` its exact float value, identical on every machine.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from dataclasses import dataclass, field
+from typing import Iterator, Sequence, Union
+
+from .errors import IntdetError
+from .logprobs import to_float
+from .sampling import MASK64, Sampler, splitmix64
+from .scheduler import DEFAULT_KV_BYTES, DEFAULT_MAX_BATCH, DEFAULT_STEP_TOKENS, Event, Request, Scheduler, TokenLogprob
+
+Prompt = Union[str, Sequence[int]]
+
+FINISH_REASONS = ("eos", "stop", "length", "context", "cancelled", "error")
+
+
+def derive_seed(seed: int, index: int) -> int:
+    """The seed of choice ``index`` of a request seeded ``seed`` (n > 1):
+    choice 0 keeps ``seed``, choice i > 0 gets SplitMix64(seed + i), so
+    every choice draws independently and is reproducible alone."""
+    return seed if index == 0 else splitmix64((seed + index) & MASK64)
+
+
+@dataclass
+class SamplingParams:
+    """How to generate (vLLM's ``SamplingParams`` names; intdet's exact integer
+    sampling, sampling.py).
+
+    max_tokens: most tokens to generate (>= 0; the generation also ends at an
+        EOS id, a stop string or the end of the context).
+    temperature: 0 = greedy (integer argmax, lowest id on ties); else an
+        exact decimal in (0, 100] (a float is read by its shortest repr, so
+        0.7 is 7/10; at most 6 decimal places).
+    top_k (0 = off), top_p in (0, 1] (1 = off), min_p in [0, 1] (0 = off).
+    repeat_penalty in (0, 100] (1 = off; llama.cpp's, greedy too) over the
+        last repeat_last_n ids (-1 = all, 0 = off).
+    seed: int in [0, 2^64): keys the draws with the position (default 0,
+        as ``intdet generate``).
+    stop: strings that end the generation (not included in the text).
+    logprobs: None, or k >= 0: each generated token's log-probability and
+        the k most likely tokens at its position.
+    prompt_logprobs: None, or k >= 0: the same for each prompt token after
+        the first.
+    truncate: None (a prompt that does not fit is an error), "left" or
+        "right" (as ``intdet generate --truncate``).
+    Raises IntdetError (naming the field) for a value out of range.
+    """
+
+    max_tokens: int = 16
+    temperature: Union[float, int, str] = 0
+    top_p: Union[float, int, str] = 1
+    top_k: int = 0
+    min_p: Union[float, int, str] = 0
+    repeat_penalty: Union[float, int, str] = 1
+    repeat_last_n: int = 64
+    seed: int = 0
+    stop: Sequence[str] = ()
+    logprobs: Union[int, None] = None
+    prompt_logprobs: Union[int, None] = None
+    truncate: Union[str, None] = None
+
+    def sampler(self) -> Sampler:
+        """The integer ``Sampler`` of these parameters (IntdetError naming the field)."""
+        try:
+            return Sampler(temperature=str(self.temperature), top_k=self.top_k, top_p=str(self.top_p),
+                           seed=self.seed, min_p=str(self.min_p), repeat_penalty=str(self.repeat_penalty),
+                           repeat_last_n=self.repeat_last_n)
+        except IntdetError as e:  # the sampler names CLI options: name the field instead
+            msg = str(e)
+            for opt, name in (("--temperature", "temperature"), ("--top-p", "top_p"), ("--top-k", "top_k"),
+                              ("--min-p", "min_p"), ("--repeat-penalty", "repeat_penalty"),
+                              ("--repeat-last-n", "repeat_last_n"), ("--seed", "seed")):
+                if msg.startswith(opt + ":"):
+                    msg = name + msg[len(opt):]
+            raise IntdetError(msg) from None
+
+    def check(self) -> None:
+        if not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool) or self.max_tokens < 0:
+            raise IntdetError(f"max_tokens: {self.max_tokens!r} must be an integer >= 0")
+        for name in ("logprobs", "prompt_logprobs"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= 1000):
+                raise IntdetError(f"{name}: {v!r} must be None or an integer in [0, 1000]")
+        if self.truncate not in (None, "left", "right"):
+            raise IntdetError(f"truncate: {self.truncate!r}: choose None, 'left' or 'right'")
+        if isinstance(self.stop, str) or not all(isinstance(s, str) for s in self.stop):
+            raise IntdetError("stop: must be a list of strings")
+        self.sampler()
+
+
+@dataclass
+class Completion:
+    """One generation.
+
+    prompt_ids: the ids run (after truncation); tokens: the generated ids
+    (an EOS id, or the token completing a stop string, included); text: their
+    text (special tokens skipped, a stop string and what follows cut);
+    finish_reason: "eos", "stop" (a stop string), "length" (max_tokens),
+    "context" (the context is full), "cancelled" or "error"; hash: the
+    12-hex-digit chain hash (docs/chain-hash.md) after the last token,
+    ``intdet generate``'s; hashes: {step: hash} at steps 1, 64, 128, 256,
+    512; seed: the sampler's seed; logprobs: [TokenLogprob] per generated
+    token (when asked); prompt_logprobs: [None, TokenLogprob, ...] per
+    prompt position (when asked); truncated: prompt tokens cut.
+    """
+
+    prompt_ids: list
+    tokens: list
+    text: str
+    finish_reason: str
+    hash: str
+    hashes: dict
+    seed: int
+    logprobs: Union[list, None] = None
+    prompt_logprobs: Union[list, None] = None
+    truncated: int = 0
+    error: str = ""
+
+    @property
+    def cumulative_logprob(self) -> Union[float, None]:
+        """Sum of the generated tokens' log-probabilities (exact in Q24, then a float)."""
+        return None if self.logprobs is None else to_float(sum(t.logprob_q for t in self.logprobs))
+
+
+@dataclass
+class StreamChunk:
+    """What ``LLM.stream`` yields: ``text`` newly safe to show, ``token`` the
+    id generated (None for a chunk carrying only held-back text or the end),
+    ``logprob`` (TokenLogprob or None); the last chunk has ``finish_reason``
+    and the whole ``completion``."""
+
+    text: str
+    token: Union[int, None] = None
+    logprob: Union[TokenLogprob, None] = None
+    finish_reason: Union[str, None] = None
+    completion: Union[Completion, None] = None
+
+
+@dataclass
+class Score:
+    """Log-likelihood of ``continuation_ids`` after ``context_ids``.
+
+    logprobs: [TokenLogprob] per continuation token (its Q24 log-probability
+    and the ``top`` most likely tokens at that position); logprob_q: their
+    exact sum (Q24 int) and logprob its float; is_greedy: every continuation
+    token is a most likely token at its position (ties count); hash: the
+    chain hash of the context with the continuation as if generated (equal
+    to ``intdet generate --ids CONTEXT``'s when greedy decoding produces
+    exactly the continuation)."""
+
+    context_ids: list
+    continuation_ids: list
+    logprobs: list = field(default_factory=list)
+    logprob_q: int = 0
+    is_greedy: bool = True
+    hash: str = ""
+
+    @property
+    def logprob(self) -> float:
+        return to_float(self.logprob_q)
+
+
+def _is_ids(x) -> bool:
+    return isinstance(x, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in x)
+
+
+class LLM:
+    """A model on a device with a batching scheduler.
+
+    Args:
+        model: any source ``intdet generate -m`` accepts (converted dir, GGUF
+            file, Hugging Face dir or repo id; None = the default
+            SmolLM2-135M-Instruct), converted into the cache when needed.
+        device: "cpu" (C++ core), "cuda" (GPU kernels, same bits) or "ref"
+            (numpy integer spec).
+        threads: CPU threads (None or 0 = all cores).
+        weights: "int8" or "int4" when the source needs converting.
+        revision: Hub revision for a repo id.
+        max_batch, step_tokens, kv_bytes: the scheduler's limits (scheduler.py).
+    Raises IntdetError for a model or option that cannot be used.
+    """
+
+    def __init__(self, model: Union[str, None] = None, device: str = "cpu", threads: Union[int, None] = None,
+                 weights: Union[str, None] = None, revision: Union[str, None] = None,
+                 max_batch: int = DEFAULT_MAX_BATCH, step_tokens: int = DEFAULT_STEP_TOKENS,
+                 kv_bytes: int = DEFAULT_KV_BYTES, progress: bool = False):
+        from .model import Engine, load_model
+        from .resolve import resolve_model
+
+        self.lm = load_model(resolve_model(model, revision, progress=progress, weights=weights))
+        self.engine = Engine(self.lm, device, threads)
+        self.scheduler = Scheduler(self.engine, max_batch=max_batch, step_tokens=step_tokens, kv_bytes=kv_bytes)
+        self.tokenizer, self.meta = self.lm.tokenizer, self.lm.tok_meta
+        self.eos_ids = tuple(self.meta.get("eos_token_ids") or ())
+        self._run_lock = threading.RLock()  # one thread steps at a time; re-entrant for generate inside stream
+
+    # ---------------------------------------------------------------- facts
+
+    @property
+    def context_length(self) -> int:
+        return self.engine.context_length
+
+    @property
+    def vocab_size(self) -> int:
+        return self.engine.vocab_size
+
+    @property
+    def model_sha256(self) -> str:
+        return self.lm.model_sha256
+
+    @property
+    def system_fingerprint(self) -> str:
+        """Names the model file and the format version, nothing of the
+        machine: equal fingerprints give equal results."""
+        h = hashlib.sha256(f"intdet-v{self.lm.cfg['format_version']}-{self.lm.model_sha256}".encode()).hexdigest()
+        return f"intdet-v{self.lm.cfg['format_version']}-{h[:16]}"
+
+    # ---------------------------------------------------------------- text
+
+    def encode(self, text: str, add_bos: Union[bool, None] = None) -> list:
+        """Token ids of ``text`` (BOS as the model asks unless ``add_bos``);
+        special-token strings in it stay plain text."""
+        from .tokenizer import encode
+
+        if not isinstance(text, str):
+            raise IntdetError(f"prompt: expected a string, got {type(text).__name__}")
+        return encode(self.tokenizer, self.meta, text, add_bos=add_bos)
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        self._check_ids(ids, "tokens")
+        return self.tokenizer.decode([int(t) for t in ids], skip_special_tokens=skip_special_tokens)
+
+    def token_text(self, token: int) -> str:
+        """The text of one id (special tokens shown; '' for an id the tokenizer lacks)."""
+        if self.tokenizer.id_to_token(int(token)) is None:
+            return ""
+        return self.tokenizer.decode([int(token)], skip_special_tokens=False)
+
+    def chat_ids(self, messages: list) -> list:
+        """Token ids of ``messages`` ([{"role", "content"}]) under the model's
+        chat template with the generation prompt (``intdet generate --chat``'s)."""
+        from .chat import conversation_ids
+
+        if not isinstance(messages, list) or not messages or not all(
+                isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+                for m in messages):
+            raise IntdetError("messages: must be a non-empty list of {\"role\": str, \"content\": str}")
+        return conversation_ids(self.lm, messages)
+
+    def _check_ids(self, ids, what: str) -> None:
+        if not _is_ids(ids):
+            raise IntdetError(f"{what}: expected a list of integer token ids")
+        bad = [t for t in ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise IntdetError(f"{what}: token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})")
+
+    def prompt_ids(self, prompt: Prompt) -> list:
+        """A prompt (text or ids) as checked ids."""
+        ids = self.encode(prompt) if isinstance(prompt, str) else prompt
+        self._check_ids(ids, "prompt")
+        if not ids:
+            raise IntdetError("prompt: empty")
+        return [int(t) for t in ids]
+
+    # ---------------------------------------------------------------- requests
+
+    def request(self, prompt_ids: list, params: SamplingParams, on_event=None, score_from=None) -> Request:
+        """The scheduler ``Request`` for ``prompt_ids`` under ``params``
+        (checked; truncated as ``params.truncate`` says)."""
+        from .generate import truncate_prompt
+
+        params.check()
+        n_given = len(prompt_ids)
+        if params.truncate is not None and len(prompt_ids) >= self.context_length:
+            prompt_ids = truncate_prompt(prompt_ids, self.context_length, params.max_tokens, params.truncate,
+                                         self.meta.get("bos_token_id"))
+        req = Request(prompt_ids, params.max_tokens, params.sampler(), eos_ids=self.eos_ids, stop=params.stop,
+                      logprobs=params.logprobs, prompt_logprobs=params.prompt_logprobs, score_from=score_from,
+                      on_event=on_event, tokenizer=self.tokenizer)
+        req.truncated = n_given - len(prompt_ids)
+        self.scheduler.check(req)
+        return req
+
+    @staticmethod
+    def completion(req: Request) -> Completion:
+        """The ``Completion`` of a finished request."""
+        return Completion(prompt_ids=req.prompt_ids, tokens=list(req.tokens), text=req.text,
+                          finish_reason=req.finish_reason, hash=req.hash, hashes=dict(req.hashes),
+                          seed=req.sampler.seed,
+                          logprobs=list(req.token_logprobs) if req.logprobs is not None else None,
+                          prompt_logprobs=list(req.prompt_token_logprobs) if req.prompt_logprobs is not None else None,
+                          truncated=getattr(req, "truncated", 0), error=req.error)
+
+    def _run(self, reqs: list) -> None:
+        with self._run_lock:
+            for r in reqs:
+                self.scheduler.submit(r)
+            self.scheduler.run_until_idle(until=lambda: all(r.done.is_set() for r in reqs))
+
+    # ---------------------------------------------------------------- generate
+
+    def generate(self, prompts, params: Union[SamplingParams, Sequence[SamplingParams], None] = None):
+        """Generate for one prompt (a str, or a list of int ids) -> Completion,
+        or for a list of prompts -> [Completion] (run batched). ``params``:
+        one SamplingParams for all, or one per prompt. Raises IntdetError for
+        a bad prompt or parameter before anything runs."""
+        single = isinstance(prompts, str) or _is_ids(prompts) and len(prompts) > 0
+        plist = [prompts] if single else list(prompts)
+        if not plist:
+            raise IntdetError("prompts: empty list")
+        params = params or SamplingParams()
+        per = list(params) if isinstance(params, (list, tuple)) else [params] * len(plist)
+        if len(per) != len(plist):
+            raise IntdetError(f"params: {len(per)} SamplingParams for {len(plist)} prompts")
+        reqs = [self.request(self.prompt_ids(p), sp) for p, sp in zip(plist, per)]
+        self._run(reqs)
+        outs = [self.completion(r) for r in reqs]
+        return outs[0] if single else outs
+
+    def chat(self, messages, params: Union[SamplingParams, None] = None):
+        """``generate`` on chat conversations: one conversation
+        ([{"role", "content"}]) -> Completion, or a list of them -> [Completion]."""
+        single = isinstance(messages, list) and messages and isinstance(messages[0], dict)
+        convs = [messages] if single else list(messages)
+        outs = self.generate([self.chat_ids(m) for m in convs], params)
+        return outs[0] if single else outs
+
+    def stream(self, prompt: Prompt, params: Union[SamplingParams, None] = None) -> Iterator[StreamChunk]:
+        """Yield StreamChunks as tokens are generated (text with stop strings
+        held back); the last has finish_reason and the Completion. Leaving
+        the loop early cancels the generation."""
+        params = params or SamplingParams()
+        events: list[Event] = []
+        req = self.request(self.prompt_ids(prompt), params, on_event=events.append)
+        with self._run_lock:
+            self.scheduler.submit(req)
+            try:
+                while True:
+                    if not events and not req.done.is_set():
+                        self.scheduler.step()
+                    while events:
+                        ev = events.pop(0)
+                        if ev.kind == "token":
+                            if ev.token is not None or ev.text:
+                                yield StreamChunk(ev.text, ev.token, ev.logprob)
+                        else:
+                            c = self.completion(req)
+                            yield StreamChunk("", None, None, c.finish_reason, c)
+                            return
+            finally:
+                if not req.done.is_set():
+                    req.cancel()
+                    self.scheduler.run_until_idle(until=req.done.is_set)
+
+    # ---------------------------------------------------------------- score
+
+    def score(self, context, continuation: Union[Prompt, None] = None, top: int = 0):
+        """Log-likelihood of ``continuation`` after ``context`` (text or ids;
+        a text continuation is encoded without BOS) -> Score, with the ``top``
+        most likely tokens at each continuation position. A list of pairs,
+        ``score([(ctx, cont), ...])``, is scored batched -> [Score]."""
+        pairs = context if continuation is None else [(context, continuation)]
+        if not isinstance(pairs, (list, tuple)) or not pairs:
+            raise IntdetError("score: give (context, continuation) or a non-empty list of such pairs")
+        reqs, shapes = [], []
+        for pair in pairs:
+            if not isinstance(pair, (list, tuple)) or len(pair) != 2:
+                raise IntdetError("score: each item must be a (context, continuation) pair")
+            ctx, cont = pair
+            c_ids = self.prompt_ids(ctx)
+            k_ids = self.encode(cont, add_bos=False) if isinstance(cont, str) else cont
+            self._check_ids(k_ids, "continuation")
+            if not k_ids:
+                raise IntdetError("continuation: empty")
+            # top-1 always, for is_greedy
+            req = self.request(c_ids + [int(t) for t in k_ids],
+                               SamplingParams(max_tokens=0, prompt_logprobs=max(int(top), 1)), score_from=len(c_ids))
+            reqs.append(req)
+            shapes.append((c_ids, [int(t) for t in k_ids]))
+        self._run(reqs)
+        out = []
+        for req, (c_ids, k_ids) in zip(reqs, shapes):
+            lps = req.prompt_token_logprobs[len(c_ids):]
+            greedy = all(t.logprob_q == t.top[0][1] for t in lps)
+            lps = [TokenLogprob(t.token, t.logprob_q, t.top[:top]) for t in lps]
+            out.append(Score(c_ids, k_ids, lps, sum(t.logprob_q for t in lps), greedy, req.hash))
+        return out if continuation is None else out[0]
+
+
+def load(model: Union[str, None] = None, device: str = "cpu", threads: Union[int, None] = None, **kw) -> LLM:
+    """``LLM(model, device, threads, ...)``: mlx-lm's habit."""
+    return LLM(model, device=device, threads=threads, **kw)

@@ -1,0 +1,118 @@
+"""``intdet serve``: the OpenAI-compatible server (serve/app.py) on uvicorn.
+
+Binds to 127.0.0.1 unless --host says otherwise; --api-key (or
+$INTDET_API_KEY) requires ``Authorization: Bearer KEY`` on every endpoint but
+/health. SIGTERM or Ctrl-C: stop accepting connections, let running
+requests finish for up to --drain-timeout seconds, then cancel what is left
+and exit 0. It prints one line ``intdet serve: listening on http://HOST:PORT
+(model NAME)`` on stderr once it accepts connections (--port 0 picks a free
+port, named there).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+
+import click
+
+from .errors import IntdetError
+
+
+_OPTIONS = [
+    click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (loopback by default)."),
+    click.option("--port", default=8000, show_default=True, type=int, help="TCP port (0: any free port)."),
+    click.option("--max-batch", default=16, show_default=True, type=int, help="Sequences decoded together at most."),
+    click.option("--step-tokens", default=512, show_default=True, type=int,
+                 help="Rows per forward call (decode rows + prefill chunks): the token budget of a step."),
+    click.option("--kv-cache-mib", default=2048, show_default=True, type=int,
+                 help="KV cache memory for running sequences; requests beyond it wait in the queue."),
+    click.option("--api-key", default=None, metavar="KEY",
+                 help="Require 'Authorization: Bearer KEY' (default: $INTDET_API_KEY; none = open)."),
+    click.option("--served-model-name", default=None, metavar="NAME",
+                 help="Model id in the API (default: the file name)."),
+    click.option("--max-connections", default=64, show_default=True, type=int,
+                 help="Concurrent connections; more get HTTP 503."),
+    click.option("--max-body-mib", default=8, show_default=True, type=int, help="Largest request body."),
+    click.option("--max-n", default=16, show_default=True, type=int, help="Largest n (choices per prompt)."),
+    click.option("--drain-timeout", default=10, show_default=True, type=int,
+                 help="Seconds SIGTERM waits for running requests before cancelling them."),
+    click.option("-v", "--verbose", is_flag=True, help="Log each HTTP request."),
+]
+
+
+def command(model_options, user_errors) -> click.Command:
+    """The ``serve`` command, built with cli.py's shared model options and
+    error handling, passed in so that this module never imports cli.py
+    (which registers it; ``python -m intdet.cli`` runs cli.py as __main__,
+    and importing ``intdet.cli`` from here would load it a second time)."""
+    fn = user_errors(serve)
+    for dec in reversed(_OPTIONS):
+        fn = dec(fn)
+    return click.command("serve")(model_options(fn))
+
+
+def serve(model, revision, weights, device, threads, host, port, max_batch, step_tokens, kv_cache_mib, api_key,
+          served_model_name, max_connections, max_body_mib, max_n, drain_timeout, verbose):
+    """Serve the model over an OpenAI-compatible HTTP API (deterministic continuous batching)."""
+    try:
+        import uvicorn
+
+        from .serve.app import Limits, create_app
+    except ImportError as e:
+        raise IntdetError(f"intdet serve needs the serve extra: pip install 'intdet[serve]' ({e})") from None
+    from .api import LLM
+    from .resolve import resolve_source
+
+    for name, v, lo in (("--port", port, 0), ("--max-batch", max_batch, 1), ("--step-tokens", step_tokens, 1),
+                        ("--kv-cache-mib", kv_cache_mib, 1), ("--max-connections", max_connections, 1),
+                        ("--max-body-mib", max_body_mib, 1), ("--max-n", max_n, 1), ("--drain-timeout", drain_timeout, 0)):
+        if v < lo:
+            raise IntdetError(f"{name}: {v} must be >= {lo}")
+    if port > 65535:
+        raise IntdetError(f"--port: {port} must be <= 65535")
+    api_key = api_key if api_key is not None else (os.environ.get("INTDET_API_KEY") or None)
+    try:
+        fam = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.socket(fam, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except (OSError, OverflowError) as e:
+        raise IntdetError(f"--host {host} --port {port}: cannot bind ({getattr(e, 'strerror', None) or e})") from None
+    src = resolve_source(model, revision) if model is None or os.path.exists(model) else model
+    name = served_model_name or os.path.basename(os.path.normpath(src or model or "intdet"))
+    llm = LLM(model, device=device, threads=threads, weights=weights, revision=revision, max_batch=max_batch,
+              step_tokens=step_tokens, kv_bytes=kv_cache_mib << 20, progress=sys.stderr.isatty())
+    app = create_app(llm, name, api_key, Limits(max_body_bytes=max_body_mib << 20, max_n=max_n))
+    config = uvicorn.Config(app, log_level="info" if verbose else "warning", access_log=verbose,
+                            # uvicorn counts the connection being checked: N + 1 lets N in
+                            limit_concurrency=max_connections + 1, timeout_graceful_shutdown=drain_timeout,
+                            lifespan="on", server_header=False)
+    server = uvicorn.Server(config)
+    h, p = sock.getsockname()[:2]
+    shown = f"[{h}]" if ":" in h else h
+
+    orig_startup = server.startup
+
+    async def startup(sockets=None):
+        await orig_startup(sockets=sockets)
+        click.echo(f"intdet serve: listening on http://{shown}:{p} (model {name}, "
+                   f"{'API key required' if api_key else 'no API key'})", err=True)
+
+    server.startup = startup
+    # uvicorn handles SIGINT/SIGTERM (stop accepting, drain, cancel) and, once
+    # stopped, raises the signal again for the handler it found: make that
+    # one record it, so a drained shutdown exits 0 instead of dying by it.
+    got = []
+    before = {s: signal.signal(s, lambda n, f: got.append(n)) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        server.run(sockets=[sock])
+    finally:
+        for s, h in before.items():
+            signal.signal(s, h)
+    if got:
+        click.echo(f"intdet serve: stopped ({signal.Signals(got[0]).name})", err=True)
+    if getattr(server, "started", True) is False:
+        raise IntdetError("the server did not start (see the lines above)")

@@ -1,0 +1,474 @@
+"""A deterministic continuous-batching scheduler over ``Engine.forward_batch``.
+
+One engine loop admits requests as they come, runs the prefill chunks and
+decode rows of many sequences in one forward call (``forward_batch`` is the
+core's ``forward_rows``: each row's logits are the same bits whatever else is
+in the call), samples each sequence with its own seeded integer sampler,
+and retires sequences when they finish or are cancelled.
+
+Why every request equals the same request run alone (``intdet generate``):
+its logits do not depend on the batch or on how its prompt was cut into
+chunks (the core's guarantee, tests/test_batch.py), the sampler's draw is
+keyed by (seed, absolute position), and the stop rules are those of
+``generate.generate``. Nothing here reads the clock or the load to decide
+a token; the load only decides *when* a row runs.
+
+A step (``Scheduler.step``):
+  1. cancelled requests are retired;
+  2. waiting requests are admitted first come, first served while fewer
+     than ``max_batch`` run and their KV cache fits ``kv_bytes`` (a request
+     reserves its whole KV cache at admission: (prompt + max_new_tokens)
+     positions x ``kv_bytes_per_position``); the head of the queue is never
+     overtaken, so no request starves;
+  3. every decoding sequence contributes one row; prefilling sequences, in
+     admission order, take the rest of ``step_tokens`` (the token budget)
+     in chunks; one forward_batch call runs them all (two when some rows
+     need the logits of every prompt position: prompt log-probabilities);
+  4. each sequence whose prompt is done picks its token, extends its chain
+     hash and log-probabilities, and emits an ``Event``.
+
+Requests come from any thread (``submit``); ``step`` runs in one thread at a
+time: the caller's (``run_until_idle``, as the Python API does) or the loop
+thread of ``start`` (as the server does). Events are delivered by the
+request's ``on_event(event)`` callback, called in the stepping thread; it
+must not block (the server hands them to an asyncio queue).
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from .errors import IntdetError
+from .hashing import ChainHash
+from .logprobs import LogSoftmax, to_float
+from .sampling import Sampler
+
+DEFAULT_MAX_BATCH = 16
+DEFAULT_STEP_TOKENS = 512  # rows per forward call: decode rows + prefill chunks
+DEFAULT_KV_BYTES = 2 << 30
+
+
+def kv_bytes_per_position(cfg: dict) -> int:
+    """Bytes of KV cache one position takes: int8 K and V of every layer and
+    KV head plus their int32 absmax scales (csrc/include/intdet/model.h
+    KVCache)."""
+    return cfg["num_layers"] * cfg["num_kv_heads"] * (2 * cfg["head_dim"] + 2 * 4)
+
+
+@dataclass
+class TokenLogprob:
+    """One position's log-probabilities, Q24 nats (logprobs.py): ``token``
+    and its ``logprob_q``; ``top``: [(id, logprob_q)] most likely first."""
+
+    token: int
+    logprob_q: int
+    top: list = field(default_factory=list)
+
+    @property
+    def logprob(self) -> float:
+        """The exact float value logprob_q / 2^24."""
+        return to_float(self.logprob_q)
+
+
+@dataclass
+class Event:
+    """What a request's ``on_event`` receives.
+
+    kind "token": one generated ``token`` (id), the ``text`` now safe to show
+    (stop sequences held back), its ``logprob`` (TokenLogprob or None).
+    kind "done": the request finished; ``request`` holds the result
+    (tokens, text, finish_reason, hash, log-probabilities). kind "error":
+    the engine failed on this request (``error``: message); it is retired."""
+
+    kind: str
+    request: "Request"
+    token: int | None = None
+    text: str = ""
+    logprob: TokenLogprob | None = None
+    error: str = ""
+
+
+_ids = itertools.count()
+
+
+class Request:
+    """One sequence to run.
+
+    Args:
+        prompt_ids: int token ids (non-empty, each in [0, vocab)).
+        max_new_tokens: most tokens to generate (>= 0).
+        sampler: a ``Sampler`` (greedy by default); its seed keys the draws.
+        eos_ids: ids that end the generation (kept and hashed).
+        stop: stop strings: the generation ends when its text contains one
+            (the token completing it is kept and hashed; the text before it
+            is the result, as ``intdet generate --stop``).
+        logprobs: None, or k >= 0: each generated token's log-probability
+            and the k most likely alternatives.
+        prompt_logprobs: None, or k >= 0: the same for every prompt position
+            after the first (the log-likelihood an evaluation harness reads).
+        score_from: prompt positions >= score_from are a continuation being
+            scored: the chain hash starts from prompt_ids[:score_from] and
+            hashes each of those tokens with the logits that predicted it
+            (as if generated), then goes on with the generated tokens.
+            Default: len(prompt_ids) (the hash of ``intdet generate``).
+        on_event: callable(Event) or None.
+        tokenizer: for the text and stop strings (None: no text).
+    """
+
+    def __init__(self, prompt_ids, max_new_tokens: int, sampler: Sampler | None = None, eos_ids=(), stop=(),
+                 logprobs: int | None = None, prompt_logprobs: int | None = None, score_from: int | None = None,
+                 on_event=None, tokenizer=None):
+        self.id = next(_ids)
+        self.prompt_ids = [int(t) for t in prompt_ids]
+        self.max_new_tokens = int(max_new_tokens)
+        self.sampler = sampler or Sampler()
+        self.eos_ids = frozenset(int(e) for e in eos_ids)
+        self.stop = tuple(s for s in stop if s)
+        self.logprobs = logprobs
+        self.prompt_logprobs = prompt_logprobs
+        self.score_from = len(self.prompt_ids) if score_from is None else int(score_from)
+        self.on_event = on_event
+        self.tokenizer = tokenizer
+        # results
+        self.tokens: list[int] = []
+        self.token_logprobs: list[TokenLogprob] = []
+        self.prompt_token_logprobs: list[TokenLogprob | None] = []  # [None] + one per prompt position > 0
+        self.text = ""
+        self.finish_reason = ""  # eos, stop, length, context, cancelled, error
+        self.error = ""
+        self.hash = ""
+        self.hashes: dict = {}
+        self.done = threading.Event()
+        self.t_submit = self.t_first = self.t_done = 0.0
+        # engine state (the scheduler's)
+        self._cancel = False
+        self._seq = None
+        self._prefilled = 0
+        self._chain = None
+        self._stream = None
+        self._history = None
+        self._n_total = 0
+        self._logits = None  # the logits the next token is picked from
+
+    def cancel(self) -> None:
+        """Ask the scheduler to retire this request at its next step (its
+        client went away); thread-safe, idempotent."""
+        self._cancel = True
+
+    @property
+    def needs_all_logits(self) -> bool:
+        return self.prompt_logprobs is not None or self.score_from < len(self.prompt_ids)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return self.done.wait(timeout)
+
+
+class Scheduler:
+    """The engine loop. ``max_batch``: sequences running at once;
+    ``step_tokens``: rows per forward call (the token budget); ``kv_bytes``:
+    KV cache memory the running sequences may hold together.
+    Raises IntdetError for a limit < 1."""
+
+    def __init__(self, engine, max_batch: int = DEFAULT_MAX_BATCH, step_tokens: int = DEFAULT_STEP_TOKENS,
+                 kv_bytes: int = DEFAULT_KV_BYTES):
+        for name, v in (("max_batch", max_batch), ("step_tokens", step_tokens), ("kv_bytes", kv_bytes)):
+            if not isinstance(v, int) or v < 1:
+                raise IntdetError(f"{name}: {v!r} must be an integer >= 1")
+        self.engine = engine
+        self.max_batch = max_batch
+        self.step_tokens = step_tokens
+        self.kv_bytes = kv_bytes
+        self.kv_per_pos = kv_bytes_per_position(engine.lm.cfg)
+        self.kv_used = 0
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._thread = None
+        self._stopping = False
+        self.steps = 0
+        self.max_running_seen = 0
+
+    # ---------------------------------------------------------------- submit
+
+    def check(self, req: Request) -> None:
+        """IntdetError when ``req`` can never run: empty prompt, an id out of
+        the vocabulary, no room in the context, or a KV cache larger than
+        ``kv_bytes``."""
+        ctx, vocab = self.engine.context_length, self.engine.vocab_size
+        if not req.prompt_ids:
+            raise IntdetError("prompt: empty")
+        bad = [t for t in req.prompt_ids if not 0 <= t < vocab]
+        if bad:
+            raise IntdetError(f"prompt: token id {bad[0]} is outside the vocabulary [0, {vocab})")
+        if req.max_new_tokens < 0:
+            raise IntdetError(f"max_tokens: {req.max_new_tokens} must be >= 0")
+        if len(req.prompt_ids) > ctx or (len(req.prompt_ids) == ctx and req.max_new_tokens > 0):
+            raise IntdetError(f"prompt: {len(req.prompt_ids)} tokens do not fit the context length {ctx} "
+                              "(leave room for one generated token)")
+        if not 1 <= req.score_from <= len(req.prompt_ids):
+            raise IntdetError(f"score_from: {req.score_from} must be in [1, {len(req.prompt_ids)}]")
+        need = self._positions(req) * self.kv_per_pos
+        if need > self.kv_bytes:
+            raise IntdetError(f"prompt + max_tokens: {self._positions(req)} positions need {need >> 20} MiB of KV "
+                              f"cache, more than the server's {self.kv_bytes >> 20} MiB")
+
+    def _positions(self, req: Request) -> int:
+        return min(self.engine.context_length, len(req.prompt_ids) + req.max_new_tokens)
+
+    def submit(self, req: Request) -> Request:
+        """Queue ``req`` (checked first: IntdetError when it can never run)."""
+        self.check(req)
+        req.t_submit = time.perf_counter()
+        with self._lock:
+            if self._stopping:
+                raise IntdetError("the server is shutting down")
+            self.waiting.append(req)
+            self._wake.notify()
+        return req
+
+    @property
+    def idle(self) -> bool:
+        with self._lock:
+            return not self.waiting and not self.running
+
+    # ---------------------------------------------------------------- the step
+
+    def _emit(self, req: Request, ev: Event) -> None:
+        if req.on_event is not None:
+            try:
+                req.on_event(ev)
+            except Exception:  # a consumer's bug must not stop the engine loop
+                req._cancel = True
+
+    def _retire(self, req: Request, reason: str, error: str = "") -> None:
+        if req._stream is not None and reason not in ("stop", "cancelled", "error"):
+            tail = req._stream.flush()
+            if tail:
+                req.text = req._stream.text
+                self._emit(req, Event("token", req, text=tail))  # held-back text, no new token
+        if req._stream is not None:
+            req.text = req._stream.text
+        req.finish_reason, req.error = reason, error
+        if req._chain is not None:
+            req.hash, req.hashes = req._chain.hex(), dict(req._chain.at)
+        req._seq = req._logits = None  # frees the KV cache
+        self.kv_used -= self._positions(req) * self.kv_per_pos
+        req.t_done = time.perf_counter()
+        with self._lock:
+            if req in self.running:
+                self.running.remove(req)
+        self._emit(req, Event("error" if reason == "error" else "done", req, error=error))
+        req.done.set()
+
+    def _admit(self) -> None:
+        with self._lock:
+            gone = [r for r in self.waiting if r._cancel]
+            if gone:
+                self.waiting = deque(r for r in self.waiting if not r._cancel)
+            while self.waiting and len(self.running) < self.max_batch:
+                req = self.waiting[0]
+                need = self._positions(req) * self.kv_per_pos
+                if self.kv_used + need > self.kv_bytes:
+                    break  # queued, not failed: it runs when a sequence retires
+                self.waiting.popleft()
+                self.kv_used += need
+                self._start(req)
+                self.running.append(req)
+            self.max_running_seen = max(self.max_running_seen, len(self.running))
+        for r in gone:
+            self._drop_waiting(r)
+
+    def _drop_waiting(self, req: Request) -> None:
+        req.finish_reason = "cancelled"
+        req.t_done = time.perf_counter()
+        self._emit(req, Event("done", req))
+        req.done.set()
+
+    def _start(self, req: Request) -> None:
+        from .generate import TextStream
+
+        req._n_total = self._positions(req)
+        if req.max_new_tokens > 0 or req.needs_all_logits:
+            req._seq = self.engine.new_sequence(req._n_total)
+        req._chain = ChainHash(self.engine.lm.cfg["format_version"], self.engine.lm.model_sha256,
+                               req.prompt_ids[:req.score_from])
+        req._history = list(req.prompt_ids) if req.sampler.penalized else None
+        if req.tokenizer is not None:
+            req._stream = TextStream(req.tokenizer, req.stop)
+        if req.prompt_logprobs is not None:
+            req.prompt_token_logprobs = [None]
+
+    def step(self) -> bool:
+        """Run one forward call for the running sequences (admitting and
+        retiring around it). Returns False when there was nothing to do."""
+        with self._lock:
+            cancelled = [r for r in self.running if r._cancel]
+        for r in cancelled:
+            self._retire(r, "cancelled")
+        self._admit()
+        with self._lock:
+            running = list(self.running)
+        for r in running:  # max_new_tokens 0 and no prompt log-probabilities: nothing to run
+            if r._seq is None:
+                self._retire(r, "length")
+        running = [r for r in running if r._seq is not None]
+        if not running:
+            return False
+        # rows: every decoding sequence one, then prefill chunks in admission order
+        plan = []
+        budget = self.step_tokens
+        for r in running:
+            if r._prefilled == len(r.prompt_ids):
+                plan.append((r, [r.tokens[-1]]))
+                budget -= 1
+        for r in running:
+            if r._prefilled < len(r.prompt_ids) and budget > 0:
+                n = min(budget, len(r.prompt_ids) - r._prefilled)
+                plan.append((r, r.prompt_ids[r._prefilled:r._prefilled + n]))
+                budget -= n
+        groups = [[p for p in plan if not (p[0].needs_all_logits and p[0]._prefilled < len(p[0].prompt_ids))],
+                  [p for p in plan if p[0].needs_all_logits and p[0]._prefilled < len(p[0].prompt_ids)]]
+        for all_logits, group in ((False, groups[0]), (True, groups[1])):
+            if not group:
+                continue
+            try:
+                outs = self.engine.forward_batch([r._seq for r, _ in group], [t for _, t in group],
+                                                 all_logits=all_logits)
+            except Exception as e:  # noqa: BLE001  (inputs were checked; keep serving the others)
+                for r, _ in group:
+                    self._retire(r, "error", f"engine: {e}")
+                continue
+            for (r, toks), out in zip(group, outs):
+                self._after_forward(r, toks, out, all_logits)
+        self.steps += 1
+        for r, _ in plan:
+            if r._seq is not None and r._logits is not None and not r._cancel:
+                self._advance(r)
+        return True
+
+    def _after_forward(self, r: Request, toks, out, all_logits: bool) -> None:
+        if r._prefilled < len(r.prompt_ids):
+            start = r._prefilled
+            r._prefilled += len(toks)
+            if all_logits:
+                self._prompt_rows(r, start, out)
+            if r._prefilled < len(r.prompt_ids):
+                return  # more prompt chunks to come
+            if r.max_new_tokens == 0:
+                self._retire(r, "length")
+                return
+        r._logits = out[-1]
+
+    def _prompt_rows(self, r: Request, start: int, out) -> None:
+        """Rows of prompt positions start..start+len(out)-1: the log-probability
+        of the next prompt token, and the scored continuation's hash."""
+        n = len(r.prompt_ids)
+        last = min(start + len(out), n - 1)  # row p predicts prompt token p + 1
+        if last <= start:
+            return
+        rows = out[:last - start]
+        if r.prompt_logprobs is not None:
+            ls = LogSoftmax(rows)
+            for j in range(len(rows)):
+                tok = r.prompt_ids[start + j + 1]
+                r.prompt_token_logprobs.append(TokenLogprob(tok, ls.logprob_q(j, tok), ls.top(j, r.prompt_logprobs)))
+        for j in range(len(rows)):
+            p = start + j
+            if p >= r.score_from - 1:
+                r._chain.update(rows[j], r.prompt_ids[p + 1])
+
+    def _advance(self, r: Request) -> None:
+        """Pick the next token from r._logits and apply generate()'s stop rules."""
+        logits, r._logits = r._logits, None
+        tok = r.sampler.pick(logits, r._seq.n_past, r._history)
+        r._chain.update(logits, tok)
+        r.tokens.append(tok)
+        if not r.t_first:
+            r.t_first = time.perf_counter()
+        if r._history is not None:
+            r._history.append(tok)
+        lp = None
+        if r.logprobs is not None:
+            ls = LogSoftmax(logits)
+            lp = TokenLogprob(tok, ls.logprob_q(0, tok), ls.top(0, r.logprobs))
+            r.token_logprobs.append(lp)
+        piece, stopped = r._stream.push(tok) if r._stream is not None else ("", False)
+        if r._stream is not None:
+            r.text = r._stream.text
+        self._emit(r, Event("token", r, token=tok, text=piece, logprob=lp))
+        if tok in r.eos_ids:
+            self._retire(r, "eos")
+        elif stopped:
+            self._retire(r, "stop")
+        elif len(r.tokens) >= r.max_new_tokens:
+            self._retire(r, "length")
+        elif r._seq.n_past >= r._n_total:
+            self._retire(r, "context")
+
+    # ---------------------------------------------------------------- driving
+
+    def run_until_idle(self, until=None) -> None:
+        """Step in the calling thread until nothing waits or runs (or
+        ``until()`` is true). Not with ``start``'s thread running."""
+        if self._thread is not None:
+            raise RuntimeError("run_until_idle: the scheduler's loop thread is running")
+        while not (until and until()):
+            if not self.step() and self.idle:
+                break
+
+    def start(self) -> None:
+        """Run the engine loop in a daemon thread (the server's mode)."""
+        if self._thread is not None:
+            return
+        # A core whose set_num_threads is omp_set_num_threads sets the count of the
+        # calling OS thread only: hand the caller's to the loop thread. A core with
+        # thread_setting keeps one process-wide setting (auto included): leave it.
+        core = getattr(self.engine, "_core", None)
+        per_thread = self.engine.device == "cpu" and not hasattr(core, "thread_setting")
+        threads = core.num_threads() if per_thread else None
+        self._thread = threading.Thread(target=self._loop, args=(threads,), name="intdet-engine", daemon=True)
+        self._thread.start()
+
+    def _loop(self, threads=None) -> None:
+        if threads is not None:
+            self.engine._core.set_num_threads(threads)
+        while True:
+            with self._lock:
+                while not self.waiting and not self.running and not self._stopping:
+                    self._wake.wait()
+                if self._stopping and not self.running and not self.waiting:
+                    return
+            try:
+                self.step()
+            except Exception as e:  # noqa: BLE001  (a bug here must not leave clients waiting forever)
+                with self._lock:
+                    stuck = list(self.running)
+                for r in stuck:
+                    try:
+                        self._retire(r, "error", f"engine loop: {type(e).__name__}: {e}")
+                    except Exception:  # noqa: BLE001  (drop it by hand: it must not come back every step)
+                        with self._lock:
+                            if r in self.running:
+                                self.running.remove(r)
+                                self.kv_used -= self._positions(r) * self.kv_per_pos
+                        r.finish_reason, r._seq = "error", None
+                        r.done.set()
+
+    def shutdown(self, cancel: bool = True, timeout: float | None = None) -> None:
+        """Stop taking requests; ``cancel``: retire every running and waiting
+        request as cancelled, else let them finish. Joins the loop thread."""
+        with self._lock:
+            self._stopping = True
+            reqs = list(self.waiting) + list(self.running)
+            self._wake.notify_all()
+        if cancel:
+            for r in reqs:
+                r.cancel()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None

@@ -1,0 +1,127 @@
+"""Request bodies of the OpenAI-compatible endpoints, as vLLM shapes them,
+checked with pydantic (strict types: "5" is not a number, true is not 1;
+unknown fields are refused, as OpenAI does), and the OpenAI error shape.
+
+Sampling numbers (temperature, top_p, min_p, repetition_penalty) arrive as
+JSON numbers; intdet reads each by its shortest decimal repr (0.7 is 7/10)
+and samples in exact integers (sampling.py). Fields OpenAI defines that
+intdet does not implement are accepted only at their neutral value
+(presence/frequency penalty 0, no logit_bias, best_of equal to n).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, List, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, ValidationError
+
+MAX_LOGPROBS = 20  # vLLM's default max_logprobs
+U64 = 2**64 - 1
+
+Num = Union[StrictInt, StrictFloat]
+Count = Annotated[StrictInt, Field(ge=0)]
+TokenId = Annotated[StrictInt, Field(ge=0, le=2**31 - 1)]
+
+UNION_HELP = {
+    "prompt": "must be a string, a list of strings, a list of token ids or a list of token-id lists",
+    "stop": "must be a string or a list of strings",
+    "content": "must be a string or a list of {\"type\": \"text\", \"text\": str} parts",
+}
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class StreamOptions(Strict):
+    include_usage: StrictBool = False
+    continuous_usage_stats: StrictBool = False
+
+
+class SamplingFields(Strict):
+    """What completions and chat completions share."""
+
+    model: Optional[StrictStr] = None
+    temperature: Optional[Annotated[Num, Field(ge=0, le=100)]] = None  # None: 1, OpenAI's default
+    top_p: Optional[Annotated[Num, Field(gt=0, le=1)]] = None
+    top_k: Optional[Annotated[StrictInt, Field(ge=-1, le=2**31 - 1)]] = None  # -1 or 0: off (vLLM uses -1)
+    min_p: Optional[Annotated[Num, Field(ge=0, le=1)]] = None
+    repetition_penalty: Optional[Annotated[Num, Field(gt=0, le=100)]] = None
+    seed: Optional[Annotated[StrictInt, Field(ge=0, le=U64)]] = None
+    n: Annotated[StrictInt, Field(ge=1)] = 1
+    best_of: Optional[Annotated[StrictInt, Field(ge=1)]] = None
+    stop: Optional[Union[StrictStr, List[StrictStr]]] = None
+    stream: StrictBool = False
+    stream_options: Optional[StreamOptions] = None
+    presence_penalty: Optional[Annotated[Num, Field(ge=0, le=0)]] = None
+    frequency_penalty: Optional[Annotated[Num, Field(ge=0, le=0)]] = None
+    logit_bias: Optional[Annotated[dict, Field(max_length=0)]] = None
+    user: Optional[StrictStr] = None
+
+
+class CompletionRequest(SamplingFields):
+    prompt: Union[StrictStr, List[StrictStr], List[TokenId], List[List[TokenId]]]
+    max_tokens: Optional[Count] = 16
+    echo: StrictBool = False
+    logprobs: Optional[Annotated[StrictInt, Field(ge=0, le=MAX_LOGPROBS)]] = None
+    suffix: Optional[Annotated[StrictStr, Field(max_length=0)]] = None
+
+
+class TextPart(Strict):
+    type: Literal["text"]
+    text: StrictStr
+
+
+class Message(Strict):
+    role: Literal["system", "user", "assistant"]
+    content: Union[StrictStr, List[TextPart]]
+    name: Optional[StrictStr] = None
+
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+
+
+class ChatRequest(SamplingFields):
+    messages: Annotated[List[Message], Field(min_length=1)]
+    max_tokens: Optional[Count] = None  # None: up to the end of the context
+    max_completion_tokens: Optional[Count] = None
+    logprobs: StrictBool = False
+    top_logprobs: Optional[Annotated[StrictInt, Field(ge=0, le=MAX_LOGPROBS)]] = None
+
+
+class TokenizeRequest(Strict):
+    model: Optional[StrictStr] = None
+    prompt: Optional[StrictStr] = None
+    messages: Optional[Annotated[List[Message], Field(min_length=1)]] = None
+    add_special_tokens: StrictBool = True
+    add_generation_prompt: StrictBool = True
+
+
+class DetokenizeRequest(Strict):
+    model: Optional[StrictStr] = None
+    tokens: List[TokenId]
+
+
+def error_body(message: str, kind: str = "invalid_request_error", param: Optional[str] = None, code=None) -> dict:
+    """OpenAI's error shape."""
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def validation_message(e: ValidationError) -> tuple:
+    """(one-line message naming the field, the field) of a pydantic error."""
+    errs = e.errors()
+    first = errs[0]
+    loc = [str(x) for x in first["loc"]]
+    field = loc[0] if loc else ""
+    same = [x for x in errs if x["loc"] and str(x["loc"][0]) == field]
+    last_name = next((p for p in reversed(loc) if p in UNION_HELP), None)
+    if len(same) > 1 and last_name:
+        return f"{'.'.join(loc[:loc.index(last_name) + 1])}: {UNION_HELP[last_name]}", field
+    if first["type"] == "extra_forbidden":
+        return f"{'.'.join(loc)}: unknown field", field
+    # drop pydantic's union-branch names ("int", "float", "list[int]") from the path
+    path = [p for p in loc if not (p in ("int", "float", "str") or p.startswith(("list[", "function-")))]
+    what = first["msg"]
+    if first["type"] in ("less_than_equal", "greater_than_equal", "less_than", "greater_than"):
+        what += f" (got {first.get('input')!r})"[:80]
+    return f"{'.'.join(path) or 'body'}: {what}", field

@@ -1,0 +1,158 @@
+"""The public Python API (intdet.load / LLM): generate one or many, stream,
+chat and score, each equal to `intdet generate` run alone (tokens, text,
+chain hash)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import intdet
+from intdet.convert import convert
+from intdet.errors import IntdetError
+from intdet.generate import TextStream, generate
+from intdet.logprobs import LogSoftmax
+from intdet.sampling import Sampler
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory, tiny_llama_hf):
+    return convert(tiny_llama_hf, str(tmp_path_factory.mktemp("api") / "m"), progress=False)
+
+
+@pytest.fixture(scope="module")
+def llm(model_dir):
+    return intdet.load(model_dir, max_batch=4, step_tokens=16)
+
+
+def alone(llm, ids, n, sampler=None, stop=()):
+    ts = TextStream(llm.tokenizer, stop)
+    g = generate(llm.engine, ids, n, sampler or Sampler(), eos_ids=llm.eos_ids, on_token=lambda t: ts.push(t)[1])
+    if g.stop != "stop":
+        ts.flush()
+    return g, ts.text
+
+
+def test_public_names():
+    for name in ("LLM", "load", "SamplingParams", "Completion", "StreamChunk", "Score", "TokenLogprob", "derive_seed"):
+        assert getattr(intdet, name) is getattr(intdet.api, name)
+    with pytest.raises(AttributeError):
+        intdet.nothing_here  # noqa: B018
+
+
+def test_generate_one_equals_cli(llm, model_dir):
+    c = llm.generate([5, 17, 99, 230], intdet.SamplingParams(max_tokens=12, temperature="0.8", seed=11))
+    out = subprocess.run([sys.executable, "-m", "intdet", "generate", "-m", model_dir, "--ids", "5,17,99,230", "-n", "12",
+                          "--temperature", "0.8", "--seed", "11", "--json"], capture_output=True, text=True, check=True)
+    cli = json.loads(out.stdout)
+    assert (c.tokens, c.hash, c.text, c.seed) == (cli["tokens"], cli["hash"], cli["text"], 11)
+    assert c.hashes == cli["hashes"] or {str(k): v for k, v in c.hashes.items()} == cli["hashes"]
+    assert c.finish_reason == cli["stop"] and c.prompt_ids == [5, 17, 99, 230]
+
+
+def test_generate_many_batched_equals_each_alone(llm):
+    prompts = ["hello world", [7, 8, 9], "a much longer prompt " * 6, [300]]
+    params = [intdet.SamplingParams(max_tokens=n, temperature=t, seed=s, top_k=k, stop=st)
+              for n, t, s, k, st in ((20, 0, 0, 0, ()), (9, "1.1", 5, 40, ()), (30, 0.7, 2, 0, ("e",)), (0, 0, 0, 0, ()))]
+    outs = llm.generate(prompts, params)
+    assert len(outs) == 4
+    for p, sp, c in zip(prompts, params, outs):
+        ids = llm.encode(p) if isinstance(p, str) else p
+        g, text = alone(llm, ids, sp.max_tokens, sp.sampler(), sp.stop)
+        assert (c.tokens, c.hash, c.text) == (g.tokens, g.hash, text)
+    # one SamplingParams for every prompt
+    same = llm.generate(["x", "x", "x"], intdet.SamplingParams(max_tokens=6, temperature=1, seed=3))
+    assert len({(c.hash, tuple(c.tokens)) for c in same}) == 1
+
+
+def test_logprobs_are_the_fixed_point_log_softmax(llm):
+    c = llm.generate("hello", intdet.SamplingParams(max_tokens=6, logprobs=3, prompt_logprobs=2))
+    ids = c.prompt_ids + c.tokens
+    rows = llm.engine.new_sequence(len(ids)).forward(ids, all_logits=True)
+    ls = LogSoftmax(rows)
+    p0 = len(c.prompt_ids) - 1
+    assert [(t.token, t.logprob_q, t.top) for t in c.logprobs] == \
+        [(tok, ls.logprob_q(p0 + j, tok), ls.top(p0 + j, 3)) for j, tok in enumerate(c.tokens)]
+    assert c.prompt_logprobs[0] is None and len(c.prompt_logprobs) == len(c.prompt_ids)
+    assert [t.logprob_q for t in c.prompt_logprobs[1:]] == [ls.logprob_q(p, c.prompt_ids[p + 1]) for p in range(p0)]
+    assert c.logprobs[0].logprob == c.logprobs[0].logprob_q / 2**24
+    assert c.cumulative_logprob == sum(t.logprob_q for t in c.logprobs) / 2**24
+    # greedy: every chosen token is the most likely one
+    assert all(t.logprob_q == t.top[0][1] for t in c.logprobs)
+
+
+def test_stream_adds_up_and_stops_early(llm):
+    sp = intdet.SamplingParams(max_tokens=25, temperature="0.9", seed=4)
+    chunks = list(llm.stream("stream me", sp))
+    last = chunks[-1]
+    assert last.finish_reason and last.completion is not None
+    assert [c.token for c in chunks if c.token is not None] == last.completion.tokens
+    assert "".join(c.text for c in chunks) == last.completion.text
+    g, text = alone(llm, llm.encode("stream me"), 25, sp.sampler())
+    assert (last.completion.tokens, last.completion.hash, last.completion.text) == (g.tokens, g.hash, text)
+    # leaving the loop cancels the request and frees its slot
+    for i, _ in enumerate(llm.stream("stream me", intdet.SamplingParams(max_tokens=200))):
+        if i == 2:
+            break
+    assert llm.scheduler.idle and llm.scheduler.kv_used == 0
+
+
+def test_chat_equals_generate_of_template(llm):
+    msgs = [{"role": "user", "content": "hi <|im_end|> there"}]
+    c = llm.chat(msgs, intdet.SamplingParams(max_tokens=8))
+    g, text = alone(llm, llm.chat_ids(msgs), 8)
+    assert (c.tokens, c.hash) == (g.tokens, g.hash)
+    assert [x.hash for x in llm.chat([msgs, msgs], intdet.SamplingParams(max_tokens=8))] == [c.hash, c.hash]
+
+
+def test_score(llm):
+    ctx = llm.encode("the quick brown")
+    g, _ = alone(llm, ctx, 5)
+    s = llm.score(ctx, g.tokens, top=2)
+    assert s.is_greedy and s.hash == g.hash and s.continuation_ids == g.tokens
+    assert s.logprob_q == sum(t.logprob_q for t in s.logprobs) and all(len(t.top) == 2 for t in s.logprobs)
+    other = [(g.tokens[0] + 1) % llm.vocab_size] + g.tokens[1:]
+    s2 = llm.score(ctx, other)
+    assert not s2.is_greedy and s2.logprob_q < s.logprob_q and s2.logprobs[0].top == []
+    # text continuation (no BOS) and batches of pairs give the same numbers
+    both = llm.score([(ctx, g.tokens), ("the quick brown", " fox")])
+    assert both[0].logprob_q == s.logprob_q and both[0].hash == s.hash
+    assert both[1].context_ids == ctx and both[1].continuation_ids == llm.encode(" fox", add_bos=False)
+
+
+@pytest.mark.parametrize("kw,msg", [
+    (dict(temperature="hot"), "temperature: 'hot' is not a number"),
+    (dict(temperature=101), "temperature: 101 is outside"),
+    (dict(top_p=0), "top_p: 0 is outside"),
+    (dict(top_k=-1), "top_k: -1 must be >= 0"),
+    (dict(seed=-1), "seed: -1 must be in"),
+    (dict(max_tokens=-2), "max_tokens"),
+    (dict(max_tokens=True), "max_tokens"),
+    (dict(logprobs=-1), "logprobs"),
+    (dict(stop="x"), "stop: must be a list"),
+    (dict(truncate="middle"), "truncate"),
+])
+def test_bad_params_name_the_field(llm, kw, msg):
+    with pytest.raises(IntdetError, match=msg):
+        llm.generate("x", intdet.SamplingParams(**kw))
+
+
+def test_bad_prompts(llm):
+    for p, msg in (([], "empty list"), ([[]], "prompt: empty"), ([5, 999], "outside the vocabulary"),
+                   ([1.5], "token ids"), ([5] * 300, "do not fit")):
+        with pytest.raises(IntdetError, match=msg):
+            llm.generate(p)
+    c = llm.generate([5] * 300, intdet.SamplingParams(max_tokens=4, truncate="left"))
+    assert c.truncated == 300 - len(c.prompt_ids) > 0
+    with pytest.raises(IntdetError, match="messages"):
+        llm.chat([{"role": "user"}])
+    with pytest.raises(IntdetError, match="missing: no such file"):
+        intdet.load(os.path.join(os.path.dirname(llm.lm.path), "missing"))
+
+
+def test_derive_seed():
+    assert intdet.derive_seed(7, 0) == 7
+    seeds = {intdet.derive_seed(7, i) for i in range(100)}
+    assert len(seeds) == 100 and all(0 <= s < 2**64 for s in seeds)

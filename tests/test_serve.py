@@ -1,0 +1,451 @@
+"""`intdet serve` on a real loopback port: OpenAI/vLLM shapes, every response
+equal to the same request run alone through the Python API (chain hash
+included), lm-evaluation-harness's log-likelihood request, the openai client,
+and hostile clients (bad JSON, wrong types, huge numbers, unknown fields,
+oversized bodies, disconnects mid-stream, many at once); SIGTERM drains."""
+
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+import intdet
+from intdet.convert import convert
+
+KEY = "test-key-123"
+
+
+def start_server(model_dir, *extra, key=KEY):
+    args = [sys.executable, "-m", "intdet", "serve", "-m", model_dir, "--port", "0", "--threads", "1", *extra]
+    if key:
+        args += ["--api-key", key]
+    env = dict(os.environ, INTDET_API_KEY="")
+    proc = subprocess.Popen(args, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)
+    deadline = time.monotonic() + 120
+    line = ""
+    while time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        if "listening on http://" in line or not line:
+            break
+    if "listening on http://" not in line:
+        proc.kill()
+        raise RuntimeError(f"server did not start: {line!r} {proc.stderr.read()}")
+    port = int(line.split("http://127.0.0.1:")[1].split()[0])
+    threading.Thread(target=proc.stderr.read, daemon=True).start()  # keep draining stderr
+    return proc, port
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory, tiny_llama_hf):
+    return convert(tiny_llama_hf, str(tmp_path_factory.mktemp("serve") / "tiny"), progress=False)
+
+
+@pytest.fixture(scope="module")
+def server(model_dir):
+    proc, port = start_server(model_dir, "--max-batch", "4", "--step-tokens", "16", "--max-n", "4",
+                              "--max-body-mib", "1")
+    yield port
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(60) == 0
+
+
+@pytest.fixture(scope="module")
+def llm(model_dir):
+    return intdet.load(model_dir, threads=1)
+
+
+def request(port, method, path, body=None, key=KEY, raw=None, headers=None, timeout=120):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    h = {"Content-Type": "application/json", **(headers or {})}
+    if key:
+        h["Authorization"] = f"Bearer {key}"
+    data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
+    c.request(method, path, body=data, headers=h)
+    r = c.getresponse()
+    text = r.read().decode()
+    c.close()
+    try:
+        return r.status, json.loads(text) if text else None
+    except ValueError:
+        return r.status, text
+
+
+def post(port, path, body, **kw):
+    return request(port, "POST", path, body, **kw)
+
+
+def sse(port, path, body):
+    """Chunks of a streamed response (parsed), ending at [DONE]."""
+    status, text = post(port, path, body)
+    assert status == 200, text
+    assert isinstance(text, str) and text.endswith("data: [DONE]\n\n")
+    return [json.loads(x[6:]) for x in text.strip().split("\n\n") if x.startswith("data: {")]
+
+
+def params(body, max_tokens=16):
+    return intdet.SamplingParams(max_tokens=body.get("max_tokens", max_tokens), temperature=body.get("temperature", 1),
+                                 top_p=body.get("top_p", 1), top_k=max(body.get("top_k", 0), 0), seed=body["seed"],
+                                 stop=[body["stop"]] if isinstance(body.get("stop"), str) else body.get("stop", ()),
+                                 logprobs=body.get("logprobs"))
+
+
+BODIES = [
+    {"prompt": "hello world", "max_tokens": 20, "temperature": 0, "seed": 0},
+    {"prompt": [5, 17, 99, 230], "max_tokens": 30, "temperature": 0.8, "seed": 11, "top_k": 40},
+    {"prompt": "a longer prompt " * 8, "max_tokens": 12, "temperature": 1.2, "seed": 5, "top_p": 0.9},
+    {"prompt": "stop here", "max_tokens": 40, "temperature": 0, "seed": 0, "stop": ["e", "zz"]},
+    {"prompt": "with logprobs", "max_tokens": 6, "temperature": 0.5, "seed": 3, "logprobs": 2},
+]
+
+
+def check_choice(llm, body, choice):
+    want = llm.generate(body["prompt"], params(body))
+    assert choice["text"] == want.text and choice["hash"] == want.hash and choice["seed"] == want.seed
+    assert choice["finish_reason"] == {"eos": "stop", "stop": "stop", "length": "length", "context": "length"}[
+        want.finish_reason]
+    if body.get("logprobs") is not None and "token_logprobs" in (choice.get("logprobs") or {}):
+        assert choice["logprobs"]["token_logprobs"] == [t.logprob_q / 2**24 for t in want.logprobs]
+
+
+def test_completions_equal_alone(server, llm):
+    for body in BODIES:
+        status, r = post(server, "/v1/completions", body)
+        assert status == 200, r
+        assert r["object"] == "text_completion" and r["system_fingerprint"] == llm.system_fingerprint
+        check_choice(llm, body, r["choices"][0])
+        assert r["usage"]["completion_tokens"] >= 1
+
+
+def test_many_concurrent_mixed_requests_each_equal_alone(server, llm):
+    """24 clients at once, streaming and not, completions and chat; 8 of them
+    the same greedy request: one distinct output."""
+    jobs = [("c", dict(b)) for b in BODIES] + [("s", dict(b, stream=True)) for b in BODIES]
+    same = {"prompt": "identical", "max_tokens": 24, "temperature": 0, "seed": 0}
+    jobs += [("c" if i % 2 else "s", dict(same, stream=bool(i % 2 == 0))) for i in range(8)]
+    chat = {"messages": [{"role": "user", "content": "hi there"}], "max_tokens": 10, "temperature": 0.7, "seed": 9}
+    jobs += [("chat", dict(chat)), ("chat", dict(chat, stream=True))] * 3
+    results = [None] * len(jobs)
+
+    def run(i, kind, body):
+        if kind == "chat":
+            if body.get("stream"):
+                chunks = sse(server, "/v1/chat/completions", body)
+                last = [c for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]][-1]["choices"][0]
+                text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
+                results[i] = (text, last["hash"])
+            else:
+                _, r = post(server, "/v1/chat/completions", body)
+                results[i] = (r["choices"][0]["message"]["content"], r["choices"][0]["hash"])
+        elif body.get("stream"):
+            chunks = sse(server, "/v1/completions", body)
+            last = [c for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]][-1]["choices"][0]
+            results[i] = ("".join(c["choices"][0]["text"] for c in chunks if c["choices"]), last["hash"])
+        else:
+            _, r = post(server, "/v1/completions", body)
+            results[i] = (r["choices"][0]["text"], r["choices"][0]["hash"])
+
+    ths = [threading.Thread(target=run, args=(i, k, b)) for i, (k, b) in enumerate(jobs)]
+    for t in ths:
+        t.start()
+    for t in ths:
+        t.join(300)
+    for (kind, body), res in zip(jobs, results):
+        body = {k: v for k, v in body.items() if k != "stream"}
+        if kind == "chat":
+            want = llm.chat(body["messages"], intdet.SamplingParams(max_tokens=10, temperature=0.7, seed=9))
+        else:
+            want = llm.generate(body["prompt"], params(body))
+        assert res == (want.text, want.hash), (kind, body)
+    assert len({r for r, (k, b) in zip(results, jobs) if b.get("prompt") == "identical"}) == 1
+
+
+def test_lm_eval_loglikelihood_request(server, llm):
+    """lm-evaluation-harness local-completions, loglikelihood: its exact
+    payload; it sums token_logprobs[ctxlen:-1] and calls a continuation
+    greedy when each of its logprobs equals max(top_logprobs[i].values())
+    (lm_eval/models/openai_completions.py parse_logprobs)."""
+    ctx = llm.encode("the quick brown")
+    cont = llm.encode(" fox jumps", add_bos=False)
+    greedy = llm.generate(ctx, intdet.SamplingParams(max_tokens=3, temperature=0)).tokens
+    pairs = [(ctx, cont), (ctx, greedy), (llm.encode("a"), [7])]
+    body = {"model": "tiny", "prompt": [c + k for c, k in pairs], "max_tokens": 1, "logprobs": 1, "echo": True,
+            "temperature": 0, "seed": 1234}
+    status, r = post(server, "/v1/completions", body)
+    assert status == 200, r
+    choices = sorted(r["choices"], key=lambda c: c["index"])
+    assert len(choices) == 3
+    for ch, (c, k) in zip(choices, pairs):
+        lp = ch["logprobs"]
+        n = len(c) + len(k)
+        assert len(lp["token_logprobs"]) == len(lp["top_logprobs"]) == len(lp["tokens"]) == n + 1
+        assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+        ctxlen = len(c)
+        total = sum(lp["token_logprobs"][ctxlen:-1])
+        is_greedy = all(t == max(top.values()) for t, top in zip(lp["token_logprobs"][ctxlen:-1],
+                                                               lp["top_logprobs"][ctxlen:-1]))
+        s = llm.score(c, k)
+        assert lp["token_logprobs"][ctxlen:-1] == [t.logprob for t in s.logprobs]
+        assert total == pytest.approx(s.logprob, abs=1e-9) and is_greedy == s.is_greedy
+    assert [s.is_greedy for s in llm.score(pairs)] == [False, True, llm.score(pairs[2][0], [7]).is_greedy]
+
+
+def test_openai_client(server, llm):
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{server}/v1", api_key=KEY, max_retries=0)
+    models = client.models.list()
+    name = models.data[0].id
+    r = client.completions.create(model=name, prompt="hello world", max_tokens=20, temperature=0, seed=0)
+    want = llm.generate("hello world", intdet.SamplingParams(max_tokens=20))
+    assert r.choices[0].text == want.text and r.choices[0].model_extra["hash"] == want.hash
+    assert r.system_fingerprint == llm.system_fingerprint
+    msgs = [{"role": "user", "content": "hi there"}]
+    stream = client.chat.completions.create(model=name, messages=msgs, max_tokens=10, temperature=0.7, seed=9,
+                                            stream=True, stream_options={"include_usage": True}, logprobs=True,
+                                            top_logprobs=2)
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    want = llm.chat(msgs, intdet.SamplingParams(max_tokens=10, temperature=0.7, seed=9, logprobs=2))
+    assert text == want.text and chunks[-1].usage.completion_tokens == len(want.tokens)
+    lps = [x.logprob for c in chunks if c.choices and c.choices[0].logprobs for x in c.choices[0].logprobs.content]
+    assert lps == [t.logprob for t in want.logprobs]
+    with pytest.raises(openai.BadRequestError, match="temperature"):
+        client.completions.create(model=name, prompt="x", temperature=-1)
+    bad = openai.OpenAI(base_url=f"http://127.0.0.1:{server}/v1", api_key="wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        bad.models.list()
+
+
+def test_seeds_drawn_returned_and_derived(server, llm):
+    status, r = post(server, "/v1/completions", {"prompt": "seedless", "max_tokens": 8})
+    seed = r["choices"][0]["seed"]
+    again = llm.generate("seedless", intdet.SamplingParams(max_tokens=8, temperature=1, seed=seed))
+    assert r["choices"][0]["hash"] == again.hash
+    status, r = post(server, "/v1/completions", {"prompt": ["p one", "p two"], "max_tokens": 6, "n": 3,
+                                                 "temperature": 1, "seed": 42})
+    assert status == 200 and len(r["choices"]) == 6
+    for ch in r["choices"]:
+        p, c = divmod(ch["index"], 3)
+        want = llm.generate(["p one", "p two"][p], intdet.SamplingParams(max_tokens=6, temperature=1,
+                                                                         seed=intdet.derive_seed(42, c)))
+        assert (ch["seed"], ch["hash"], ch["text"]) == (want.seed, want.hash, want.text)
+
+
+def test_tokenize_detokenize_models_health(server, llm):
+    status, r = post(server, "/tokenize", {"prompt": "hello world"})
+    assert status == 200 and r["tokens"] == llm.encode("hello world") and r["count"] == len(r["tokens"])
+    assert r["max_model_len"] == llm.context_length
+    status, r2 = post(server, "/detokenize", {"tokens": r["tokens"]})
+    assert status == 200 and r2["prompt"] == llm.decode(r["tokens"])
+    status, r = post(server, "/tokenize", {"messages": [{"role": "user", "content": "hi"}]})
+    assert r["tokens"] == llm.chat_ids([{"role": "user", "content": "hi"}])
+    assert request(server, "GET", "/health", key=None)[0] == 200
+    status, r = request(server, "GET", "/v1/models")
+    assert r["data"][0]["max_model_len"] == llm.context_length
+
+
+def test_api_key_on_every_endpoint_but_health(server):
+    for method, path in (("GET", "/v1/models"), ("POST", "/v1/completions"), ("POST", "/v1/chat/completions"),
+                         ("POST", "/tokenize"), ("POST", "/detokenize"), ("GET", "/stats"), ("GET", "/nope")):
+        for key in (None, "wrong", KEY + "x"):
+            status, r = request(server, method, path, {"prompt": "x"}, key=key)
+            assert status == 401 and r["error"]["type"] == "authentication_error", (method, path, key)
+    assert request(server, "GET", "/health", key=None)[0] == 200
+
+
+HOSTILE = [
+    (b"{not json", 400, "not valid JSON"),
+    (b"", 400, "not valid JSON"),
+    (b"[1, 2]", 400, "must be a JSON object"),
+    (b'{"prompt": "x", "max_tokens": NaN}', 400, "not valid JSON"),
+    (b'{"prompt": "x", "max_tokens": 1' + b"0" * 5000 + b"}", 400, "not valid JSON"),
+    ({"prompt": 5}, 400, "prompt: must be a string"),
+    ({"prompt": [1, "a"]}, 400, "prompt: must be"),
+    ({"prompt": []}, 400, "prompt: empty"),
+    ({"prompt": ""}, 400, "prompt: empty"),
+    ({"prompt": [[]]}, 400, "prompt: empty"),
+    ({"prompt": [5, 100000]}, 400, "outside the vocabulary"),
+    ({"prompt": [-1]}, 400, "prompt"),
+    ({}, 400, "prompt: Field required"),
+    ({"prompt": "x", "max_tokens": "10"}, 400, "max_tokens: Input should be a valid integer"),
+    ({"prompt": "x", "max_tokens": 10**30}, 400, "max_tokens"),
+    ({"prompt": "x", "max_tokens": -1}, 400, "max_tokens"),
+    ({"prompt": "x", "max_tokens": 1.5}, 400, "max_tokens"),
+    ({"prompt": "x", "max_tokens": 300}, 400, "maximum context length is 256"),
+    ({"prompt": [5] * 300, "max_tokens": 1}, 400, "maximum context length"),
+    ({"prompt": "x", "temperature": "hot"}, 400, "temperature"),
+    ({"prompt": "x", "temperature": 1e308}, 400, "temperature"),
+    ({"prompt": "x", "temperature": True}, 400, "temperature"),
+    ({"prompt": "x", "temperature": 0.1234567}, 400, "more than 6 decimal places"),
+    ({"prompt": "x", "top_p": 0}, 400, "top_p"),
+    ({"prompt": "x", "seed": 2**70}, 400, "seed"),
+    ({"prompt": "x", "seed": -5}, 400, "seed"),
+    ({"prompt": "x", "n": 10**9}, 400, "n: 1000000000 is more than this server's limit of 4"),
+    ({"prompt": "x", "n": 0}, 400, "n"),
+    ({"prompt": "x", "logprobs": 10**6}, 400, "logprobs"),
+    ({"prompt": "x", "stop": [1]}, 400, "stop"),
+    ({"prompt": "x", "stop": ["s"] * 40}, 400, "stop: at most 16"),
+    ({"prompt": "x", "frobnicate": 1}, 400, "frobnicate: unknown field"),
+    ({"prompt": "x", "presence_penalty": 0.5}, 400, "presence_penalty"),
+    ({"prompt": "x", "logit_bias": {"5": 10}}, 400, "logit_bias"),
+    ({"prompt": "x", "best_of": 3}, 400, "best_of"),
+    ({"prompt": "x", "model": "gpt-4"}, 404, "model: 'gpt-4' is not served here"),
+    ({"prompt": "x", "stream_options": {"include_usage": "yes"}}, 400, "stream_options.include_usage"),
+    ({"prompt": ["a"] * 300}, 400, "more than 256 prompts"),
+]
+
+
+@pytest.mark.parametrize("body,status,msg", HOSTILE, ids=[str(i) for i in range(len(HOSTILE))])
+def test_hostile_completions(server, body, status, msg):
+    raw = body if isinstance(body, bytes) else None
+    got, r = post(server, "/v1/completions", None if raw is not None else body, raw=raw)
+    assert got == status, r
+    assert set(r) == {"error"} and msg in r["error"]["message"] and "\n" not in r["error"]["message"]
+    assert "Traceback" not in json.dumps(r)
+
+
+@pytest.mark.parametrize("body,msg", [
+    ({"messages": []}, "messages"),
+    ({"messages": [{"role": "robot", "content": "x"}]}, "messages.0.role"),
+    ({"messages": [{"role": "user", "content": 5}]}, "content: must be"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": "x"}]}]}, "messages"),
+    ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 10**6}, "maximum context length"),
+    ({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 99, "logprobs": True}, "top_logprobs"),
+    ({"messages": [{"role": "user", "content": "x" * 2000}]}, "maximum context length"),
+])
+def test_hostile_chat(server, body, msg):
+    status, r = post(server, "/v1/chat/completions", body)
+    assert status == 400 and msg in r["error"]["message"], r
+
+
+def test_hostile_other_endpoints(server):
+    assert post(server, "/detokenize", {"tokens": [10**6]})[0] == 400
+    assert post(server, "/detokenize", {"tokens": "abc"})[0] == 400
+    assert post(server, "/tokenize", {})[0] == 400
+    assert request(server, "GET", "/v1/completions")[0] == 405
+    status, r = post(server, "/v1/completions", None, raw=b"x" * (1 << 20 + 1) + b"x" * 10)
+    assert status == 413 and "larger than" in r["error"]["message"]
+    # a Content-Length that lies about a huge body is refused before reading
+    status, r = post(server, "/v1/completions", None, raw=b"{}", headers={"Content-Length": str(10**12)})
+    assert status in (400, 413)
+    assert request(server, "GET", "/health", key=None)[0] == 200
+
+
+def stats(port):
+    return request(port, "GET", "/stats")[1]
+
+
+def wait_idle(port, cancelled_before, timeout=60):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        s = stats(port)
+        if s["running"] == 0 and s["waiting"] == 0 and s["cancelled"] > cancelled_before:
+            return s
+        time.sleep(0.05)
+    raise AssertionError(f"not idle: {stats(port)}")
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_client_vanishing_frees_its_slot(server, llm, stream):
+    before = stats(server)["cancelled"]
+    # 16 sequences of 250 tokens on 4 slots: still running when the client leaves
+    body = json.dumps({"prompt": ["x", "y", "z", "w"], "n": 4, "max_tokens": 250, "temperature": 0,
+                       "stream": stream}).encode()
+    s = socket.create_connection(("127.0.0.1", server))
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              + f"Authorization: Bearer {KEY}\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+    if stream:
+        assert s.recv(100).startswith(b"HTTP/1.1 200")  # the stream has begun
+    else:
+        time.sleep(0.2)
+    s.close()
+    after = wait_idle(server, before)
+    assert after["kv_used_bytes"] == 0
+    # the engine still serves, with the same bits
+    status, r = post(server, "/v1/completions", BODIES[0])
+    assert status == 200 and r["choices"][0]["hash"] == llm.generate(BODIES[0]["prompt"], params(BODIES[0])).hash
+
+
+def test_sigterm_drains_running_streams(model_dir):
+    proc, port = start_server(model_dir, "--drain-timeout", "120", key=None)
+    out = {}
+
+    def client():
+        try:
+            out["chunks"] = sse(port, "/v1/completions", {"prompt": "drain me", "max_tokens": 240, "temperature": 0,
+                                                          "stream": True})
+        except Exception as e:  # noqa: BLE001
+            out["error"] = e
+
+    t = threading.Thread(target=client)
+    t.start()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and t.is_alive() and stats_open(port)["running"] == 0:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGTERM)
+    t.join(60)
+    assert proc.wait(60) == 0
+    assert "error" not in out and out["chunks"][-1]["choices"][0]["finish_reason"] in ("length", "stop")
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", port), timeout=2)
+
+
+def stats_open(port):
+    return request(port, "GET", "/stats", key=None)[1]
+
+
+def test_bad_serve_options(model_dir):
+    for args, msg in ((["--port", "70000"], "--port: 70000 must be <= 65535"), (["--max-batch", "0"], "--max-batch"),
+                      (["--host", "256.0.0.1"], "cannot bind")):
+        r = subprocess.run([sys.executable, "-m", "intdet", "serve", "-m", model_dir, *args], capture_output=True,
+                           text=True, timeout=120)
+        assert r.returncode == 1 and r.stderr.startswith("intdet: error: ") and msg in r.stderr, r.stderr
+        assert "Traceback" not in r.stderr
+
+
+def test_connection_limit_answers_503(model_dir):
+    proc, port = start_server(model_dir, "--max-connections", "2", "--max-batch", "1", key=None)
+    try:
+        body = json.dumps({"prompt": ["x", "y"], "n": 4, "max_tokens": 240, "temperature": 0, "stream": True}).encode()
+        held = []
+        for _ in range(2):
+            s = socket.create_connection(("127.0.0.1", port))
+            s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+            assert s.recv(100).startswith(b"HTTP/1.1 200")
+            held.append(s)
+        status, _ = request(port, "GET", "/v1/models", key=None)
+        assert status == 503
+        for s in held:
+            s.close()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if request(port, "GET", "/health", key=None)[0] == 200:
+                    break
+            except OSError:
+                pass
+            time.sleep(0.1)
+        assert request(port, "GET", "/health", key=None)[0] == 200
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+
+
+def test_streamed_logprobs_and_offsets(server, llm):
+    body = {"prompt": "with logprobs", "max_tokens": 12, "temperature": 0.5, "seed": 3, "logprobs": 2, "stream": True}
+    chunks = sse(server, "/v1/completions", body)
+    want = llm.generate(body["prompt"], params(body))
+    lps = [c["choices"][0]["logprobs"] for c in chunks if c["choices"] and c["choices"][0]["logprobs"]]
+    assert [x["token_logprobs"][0] for x in lps] == [t.logprob for t in want.logprobs]
+    texts = [c["choices"][0]["text"] for c in chunks if c["choices"]]
+    assert "".join(texts) == want.text
+    offsets = [x["text_offset"][0] for x in lps]
+    assert offsets == sorted(offsets) and offsets[0] == 0
+    assert all(len(x["top_logprobs"][0]) >= 2 for x in lps)
