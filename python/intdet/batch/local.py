@@ -11,6 +11,9 @@ batch's records, in any order of batches.
 from __future__ import annotations
 
 import multiprocessing
+import os
+import threading
+import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 
@@ -43,8 +46,17 @@ def run_serial(cfg: WorkerConfig, batches):
 _runner = None
 
 
-def _init(cfg: WorkerConfig) -> None:
+def _exit_with_parent(parent: int) -> None:
+    """A worker whose driver died (kill -9) exits instead of lingering."""
+    while True:
+        time.sleep(1.0)
+        if os.getppid() != parent:
+            os._exit(1)
+
+
+def _init(cfg: WorkerConfig, parent: int) -> None:
     global _runner
+    threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True).start()
     _runner = cfg.runner()
 
 
@@ -61,7 +73,7 @@ def run_pool(cfg: WorkerConfig, batches, workers: int):
         yield from run_serial(cfg, batches)
         return
     ctx = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init, initargs=(cfg,)) as ex:
+    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init, initargs=(cfg, os.getpid())) as ex:
         todo = iter(batches)
         running = set()
         try:

@@ -36,6 +36,8 @@ def open_output(path: str):
         for n, line in enumerate(data[:end].splitlines(), 1):
             try:
                 rec = json.loads(line)
+                if not isinstance(rec, dict) or not {"id", "task", "result", "error"} <= rec.keys():
+                    raise ValueError
                 done.add(record_key(rec))
             except (ValueError, KeyError, TypeError, AttributeError):
                 raise IntdetError(f"{path}: line {n} is not an intdet batch record; "

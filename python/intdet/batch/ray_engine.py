@@ -22,6 +22,7 @@ path must exist on every node (or give a Hub repo id, converted on each).
 from __future__ import annotations
 
 import json
+import logging
 import os
 
 from ..errors import IntdetError
@@ -32,12 +33,21 @@ from .tasks import record_line
 ITEM_COLUMN, POS_COLUMN = "_intdet_item", "_intdet_pos"
 
 
-def _py(v):
-    """A numpy/pyarrow cell as plain JSON-able Python (None stays None)."""
+INT_FIELDS = ("max_tokens", "top_k", "repeat_last_n", "seed", "logprobs", "top", "ctx")
+
+
+def _py(name, v):
+    """A numpy/pyarrow cell as plain JSON-able Python (None stays None). An
+    integer column with missing cells arrives as floats: an integral float
+    of an integer field is that integer again."""
     if hasattr(v, "tolist"):
-        return v.tolist()
+        v = v.tolist()
     if isinstance(v, bytes):
-        return v.decode("utf-8")
+        v = v.decode("utf-8")
+    if name in INT_FIELDS and isinstance(v, float) and v.is_integer():
+        v = int(v)
+    if name == "id" and isinstance(v, float) and v.is_integer():
+        v = int(v)
     return v
 
 
@@ -68,7 +78,7 @@ class BatchPredictor:
             return {POS_COLUMN: list(batch[POS_COLUMN]), "record": [record_line(r) for r in recs]}
         items, seen = [], {}
         for i in range(n):
-            row = {c: _py(batch[c][i]) for c in cols}
+            row = {c: _py(c, batch[c][i]) for c in cols}
             row = {k: v for k, v in row.items() if v is not None and not (isinstance(v, float) and v != v)}
             it = parse_line(i, json.dumps(row), self.task, seen)
             items.append(it)
@@ -87,11 +97,12 @@ def _init_ray(address, workers: int):
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     if ray.is_initialized():
         return ray, False
+    quiet = dict(log_to_driver=False, logging_level=logging.WARNING)
     if address:
-        ray.init(address=address, log_to_driver=False)
+        ray.init(address=address, **quiet)
     else:
-        ray.init(num_cpus=max(1, workers), include_dashboard=False, log_to_driver=False,
-                 object_store_memory=200 << 20)
+        ray.init(num_cpus=max(1, workers), include_dashboard=False, object_store_memory=200 << 20, **quiet)
+    logging.getLogger("ray.data").setLevel(logging.WARNING)
     return ray, True
 
 
