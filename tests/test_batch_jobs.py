@@ -315,3 +315,17 @@ def test_cli_task_option_and_summary(model_dir, tmp_path):
     assert s["perplexity"]["nll"] == s["perplexity"]["nll_q"] / 2**24 / s["perplexity"]["tokens"]
     r = _cli(str(inp), "-o", str(tmp_path / "c.jsonl"), "-m", model_dir, "--task", "compress", "--workers", "0")
     assert r.returncode == 0 and json.loads(r.stdout)["errors"] == 2
+
+
+def test_missing_extra_is_a_one_line_error(model_dir, items_file, tmp_path):
+    blocked = tmp_path / "blocked"
+    for name in ("ray", "distributed"):
+        (blocked / name).mkdir(parents=True)
+        (blocked / name / "__init__.py").write_text("raise ImportError('not installed')\n")
+    env = dict(os.environ, PYTHONPATH=str(blocked))
+    for engine, extra in (("ray", "ray"), ("dask", "dask")):
+        out = tmp_path / f"{engine}.jsonl"
+        r = _cli(items_file, "-o", str(out), "-m", model_dir, "--engine", engine, env=env)
+        assert r.returncode == 1 and r.stderr.strip() == (
+            f"intdet: error: --engine {engine} needs the {extra} extra: pip install 'intdet[{extra}]'"), r.stderr
+        assert not out.exists()

@@ -43,11 +43,17 @@ def _run(batch: list) -> list:
     return [(pos, r) for (pos, _), r in zip(batch, runner.run(items))]
 
 
-def run_dask(cfg: WorkerConfig, batches, workers: int, address=None):
+def require_dask():
+    """IntdetError saying which extra to install when distributed is missing."""
     try:
-        from distributed import Client, LocalCluster, as_completed
+        import distributed  # noqa: F401
     except ImportError:
         raise IntdetError("--engine dask needs the dask extra: pip install 'intdet[dask]'") from None
+
+
+def run_dask(cfg: WorkerConfig, batches, workers: int, address=None):
+    require_dask()
+    from distributed import Client, LocalCluster, as_completed
     cluster = None
     if address:
         client = Client(address)

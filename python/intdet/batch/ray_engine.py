@@ -88,11 +88,18 @@ class BatchPredictor:
                 "record": [record_line(r) for r in recs], "error": [r["error"] or "" for r in recs]}
 
 
-def _init_ray(address, workers: int):
+def require_ray():
+    """The ray module, or IntdetError saying which extra to install."""
     try:
         import ray
+        import ray.data  # noqa: F401  (ray without [data] lacks it)
     except ImportError:
         raise IntdetError("--engine ray needs the ray extra: pip install 'intdet[ray]'") from None
+    return ray
+
+
+def _init_ray(address, workers: int):
+    ray = require_ray()
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     if ray.is_initialized():

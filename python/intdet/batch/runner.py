@@ -59,6 +59,12 @@ def run_job(input_path: str, output_path: str, model=None, task: str = "generate
     if os.path.exists(output_path) and os.path.exists(input_path) and os.path.samefile(input_path, output_path):
         raise IntdetError(f"-o {output_path}: is the input file")
     items = read_items(input_path, task)
+    if engine == "ray":
+        from .ray_engine import require_ray as require
+    elif engine == "dask":
+        from .dask_engine import require_dask as require
+    if engine != "local":
+        require()  # a missing extra is an error before the output file is touched
     f, done = open_output(output_path)
     try:
         todo = [it for it in items if it.key not in done]
