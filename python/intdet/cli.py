@@ -785,5 +785,9 @@ def bench(model, prompt_tokens, gen_tokens, threads, batch, revision, as_json, w
     click.echo(json.dumps({"model": lm.path, "rows": rows}) if as_json else format_table(rows))
 
 
+from . import cli_compress  # noqa: E402  (its commands use the helpers above)
+main.add_command(cli_compress.compress)
+main.add_command(cli_compress.decompress)
+
 if __name__ == "__main__":
     main()
