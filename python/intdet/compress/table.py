@@ -8,13 +8,15 @@ least 1, in exact integer arithmetic (docs/compress.md):
 2. u_i = round_shift(d_i * LOG2E_Q30, 30)            (Q16 log2 units: d * log2(e))
 3. w_i = exp2_neg_q30(u_i)                           (Q30, so 2^(-u_i) relative to the argmax, whose w is 2^30;
                                                       0 once u_i >= 31 * 2^16)
-4. W = sum w_i                                       (int64: <= V * 2^30 < 2^52)
-5. f_i = 1 + floor(w_i * (2^P - V) / W)              (w_i * (2^P - V) < 2^60)
-6. f[argmax] += 2^P - sum f                          (argmax: lowest id among the largest logits)
+4. W = sum w_i                                       (int64: 2^30 <= W <= V * 2^30 <= 2^52)
+5. M = floor((2^P - V) * 2^32 / W)                   (one division per table; M <= 2^32)
+6. f_i = 1 + floor(w_i * M / 2^32)                   (w_i * M <= 2^62; sum f_i <= V + (2^P - V))
+7. f[argmax] += 2^P - sum f                          (argmax: lowest id among the largest logits)
 
 This is a softmax at temperature 1 (exp2 of ref/intmath: shift plus the
 frozen degree-6 polynomial, I-LLM's DI-Exp form, arXiv 2405.17849) with
-every token floored at 1 / 2^P. At P = 28 and V = 49,152 the floor takes
+every token floored at 1 / 2^P; M is (2^P - V) / W to 32 fractional bits,
+so no per-token division is needed. At P = 28 and V = 49,152 the floor takes
 V / 2^28 = 0.018% of the mass (at most 0.00026 bit per token).
 The C++ twin is csrc/compress/freq_table.h (``intdet._core.compress.freq_table``),
 equal bit for bit (tests/test_compress_table.py).
@@ -34,7 +36,7 @@ DIFF_CAP = 1 << 26  # Q16 logit gap beyond which the weight is 0 anyway (as samp
 
 def freq_table(logits, precision: int = PRECISION) -> np.ndarray:
     """Frequencies int64 [..., V] of int32 logits [..., V] (Q16 nats), each row
-    summing to 2^precision, every entry >= 1, by steps 1-6 above.
+    summing to 2^precision, every entry >= 1, by steps 1-7 above.
 
     Raises ValueError for V outside [1, 2^22] or precision outside [24, 30].
     """
@@ -50,7 +52,8 @@ def freq_table(logits, precision: int = PRECISION) -> np.ndarray:
     w = exp2_neg_q30(u)
     W = w.sum(axis=-1, keepdims=True)
     total = 1 << precision
-    f = 1 + (w * (total - V)) // W
+    M = ((total - V) << 32) // W
+    f = 1 + ((w * M) >> 32)
     arg = np.argmax(z, axis=-1)  # lowest id on ties
     rem = total - f.sum(axis=-1)
     np.put_along_axis(f, arg[..., None], np.take_along_axis(f, arg[..., None], -1) + rem[..., None], -1)
