@@ -16,6 +16,7 @@
 #include "intdet/model.h"
 #include "intdet/ops.h"
 #include "intdet/trace.h"
+#include "compress_bindings.h"
 #include "model_bindings.h"
 #include "op_args.h"
 
@@ -304,4 +305,5 @@ PYBIND11_MODULE(_core, mod) {
   mod.def("kernels_ready", []() { (void)kernels(); }, "Select the kernel set now (raises ValueError for a bad INTDET_ISA).");
   mod.def("set_num_threads", &set_num_threads, py::arg("n"), "Threads for prefill/decode; 0 = all cores.");
   mod.def("num_threads", &num_threads);
+  pybind::bind_compress(mod);
 }

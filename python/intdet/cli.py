@@ -787,6 +787,9 @@ def bench(model, prompt_tokens, gen_tokens, threads, batch, revision, as_json, w
 
 main.add_command(__import__("intdet.cli_serve", fromlist=["serve"]).serve)  # intdet serve (cli_serve.py)
 main.add_command(__import__("intdet.cli_batch", fromlist=["batch"]).batch)  # intdet batch (cli_batch.py)
+from . import cli_compress  # noqa: E402  (its commands use the helpers above)
+main.add_command(cli_compress.compress)
+main.add_command(cli_compress.decompress)
 
 if __name__ == "__main__":
     main()
