@@ -22,7 +22,7 @@ from intdet.errors import IntdetError
 from intdet.logprobs import LogSoftmax
 from intdet.perplexity import window_nll
 
-N_GOOD = 240
+N_GOOD = 246  # 240 of generate, score and perplexity, then 6 of compress
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +34,7 @@ def mixed_items():
     """N_GOOD items of every task and input kind, then bad lines."""
     words = ["the", "cat", "sat", "on", "a", "mat", "and", "then", "ran", "off"]
     out = []
-    for i in range(N_GOOD):
+    for i in range(240):
         text = " ".join(words[(i * 7 + j) % len(words)] for j in range(3 + i % 9))
         k = i % 8
         if k == 0:
@@ -56,6 +56,9 @@ def mixed_items():
             d = {"id": f"r{i}", "prompt": text, "max_tokens": 4, "temperature": "1.3", "top_p": 0.9, "seed": 3,
                  "repeat_penalty": 1.1}
         out.append(json.dumps(d))
+    for i in range(6):
+        out.append(json.dumps({"id": f"z{i}", "task": "compress", "text": "the cat sat on the mat. " * (1 + 7 * i),
+                               "ctx": 16 + 8 * i, "return_data": i % 2 == 0}))
     out += [
         "{not json",
         '[1, 2]',
@@ -70,7 +73,7 @@ def mixed_items():
         '{"id": "u7", "task": "perplexity", "text": "' + "word " * 300 + '"}',
         '{"id": "u8", "task": "score", "context": "x", "continuation": ""}',
         '{"id": "g0", "prompt": "a duplicate id"}',
-        '{"id": "u9", "task": "compress", "text": "x"}',
+        '{"id": "u9", "task": "compress", "text": "x", "ctx": 999}',
         "",
     ]
     return out
@@ -153,6 +156,22 @@ def test_records_are_the_api_results(serial, model_dir):
     p = recs['"w6"']["result"]
     assert (p["nll_q"], p["tokens"], p["windows"]) == (want, 30, 2)
     assert abs(p["nll"] - flt) < 30 * 6e-6
+    # compress: the container of intdet.compress, and it decompresses to the text
+    import base64
+    import hashlib
+    import io
+
+    from intdet.compress import codec
+
+    z = recs['"z4"']["result"]
+    text = "the cat sat on the mat. " * 29
+    blob = io.BytesIO()
+    st = codec.compress_stream(llm.engine, io.BytesIO(text.encode()).read, blob, ctx=48)
+    assert (z["compressed_bytes"], z["sha256"], z["chunks"]) == (st.out_bytes, hashlib.sha256(blob.getvalue()).hexdigest(), st.chunks)
+    back = io.BytesIO()
+    codec.decompress_stream(llm.engine, io.BytesIO(base64.b64decode(z["data"])), back, "z4")
+    assert back.getvalue() == text.encode() and "data" not in recs['"z5"']["result"]
+    assert summary["compress"]["compressed_bytes"] == sum(recs[f'"z{i}"']["result"]["compressed_bytes"] for i in range(6))
     # the corpus total is the sum of the items' integers
     ppl = [r["result"] for r in recs.values() if r["task"] == "perplexity" and r["error"] is None]
     assert summary["perplexity"]["nll_q"] == sum(r["nll_q"] for r in ppl)
@@ -179,7 +198,7 @@ def test_bad_items_are_per_item_errors(serial):
     assert "do not fit the context length 256 (give ctx" in errs['"u7"']
     assert errs['"u8"'] == "continuation: empty"
     assert errs[f"line {base + 12}"] == f'line {base + 12}: id "g0" is also the id of line 1'
-    assert errs['"u9"'].startswith("task compress: not available in this build")
+    assert errs['"u9"'] == "ctx: 999 is more than the context length 256"
     assert all("\n" not in e and "Traceback" not in e for e in errs.values())
 
 
@@ -314,7 +333,9 @@ def test_cli_task_option_and_summary(model_dir, tmp_path):
     assert s["perplexity"]["nll_q"] == sum(x["result"]["nll_q"] for x in recs)
     assert s["perplexity"]["nll"] == s["perplexity"]["nll_q"] / 2**24 / s["perplexity"]["tokens"]
     r = _cli(str(inp), "-o", str(tmp_path / "c.jsonl"), "-m", model_dir, "--task", "compress", "--workers", "0")
-    assert r.returncode == 0 and json.loads(r.stdout)["errors"] == 2
+    assert r.returncode == 0, r.stderr
+    s = json.loads(r.stdout)
+    assert s["errors"] == 0 and s["compress"]["bytes"] == 27 and s["compress"]["compressed_bytes"] > 0
 
 
 def test_missing_extra_is_a_one_line_error(model_dir, items_file, tmp_path):

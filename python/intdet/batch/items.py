@@ -15,7 +15,10 @@ naming the field):
   or ``ids``; ``ctx`` (optional): cut into non-overlapping windows of
   ``ctx`` tokens (perplexity.windows_of: a shorter last window is dropped);
   without it the whole text is one window and must fit the context.
-* ``compress``: ``text`` (refused in this build: see tasks.py).
+* ``compress``: ``text`` (its UTF-8 bytes, compressed by intdet.compress
+  into one container), ``ctx`` (tokens per chunk, default the smaller of
+  the codec's 2048 and the context length), ``return_data`` (bool: include
+  the container, base64).
 
 Parsing here is structural only (JSON, types, field names); what needs the
 model (vocabulary, context length) is checked by the worker, per item.
@@ -33,7 +36,7 @@ FIELDS = {
     "generate": ("prompt", "messages", "ids") + SAMPLING_FIELDS,
     "score": ("context", "continuation", "top"),
     "perplexity": ("text", "ids", "ctx"),
-    "compress": ("text",),
+    "compress": ("text", "ctx", "return_data"),
 }
 MAX_LINE_BYTES = 16 << 20  # one item; larger lines are refused before json.loads
 
@@ -172,4 +175,9 @@ def _check_fields(task: str, d: dict) -> str:
         return ""
     if "text" not in d or not isinstance(d["text"], str):
         return "text: must be a string"
+    ctx = d.get("ctx")
+    if ctx is not None and (not isinstance(ctx, int) or isinstance(ctx, bool) or ctx < 1):
+        return f"ctx: {ctx!r} must be an integer >= 1"
+    if not isinstance(d.get("return_data", False), bool):
+        return "return_data: must be true or false"
     return ""

@@ -89,11 +89,13 @@ class Reorder:
 def summarize(path: str) -> dict:
     """Totals over every record of the output file ``path``: items, errors,
     per task counts; generate: generated tokens; score: the sum of
-    logprob_q; perplexity: nll_q, tokens, bytes (integers) and, from them
+    logprob_q; compress: bytes and compressed_bytes (bits_per_byte from
+    them); perplexity: nll_q, tokens, bytes (integers) and, from them
     once, nll (nats/token), perplexity = exp(nll) and bits_per_byte (floats
     of the integer totals, so the same whatever the split)."""
     tot = {"items": 0, "errors": 0, "tasks": {}}
     ppl = {"nll_q": 0, "tokens": 0, "bytes": 0}
+    cz = {"bytes": 0, "compressed_bytes": 0}
     gen_tokens, score_q = 0, 0
     with open(path, "rb") as f:
         for line in f:
@@ -112,6 +114,9 @@ def summarize(path: str) -> dict:
             elif task == "perplexity":
                 for k in ppl:
                     ppl[k] += r[k]
+            elif task == "compress":
+                for k in cz:
+                    cz[k] += r[k]
     tot["generate"] = {"tokens": gen_tokens}
     tot["score"] = {"logprob_q": score_q}
     if ppl["tokens"]:
@@ -119,4 +124,7 @@ def summarize(path: str) -> dict:
         ppl.update(nll=nll, perplexity=math.exp(nll),
                    bits_per_byte=ppl["nll_q"] / Q24 / math.log(2) / max(ppl["bytes"], 1))
     tot["perplexity"] = ppl
+    if cz["bytes"]:
+        cz["bits_per_byte"] = 8 * cz["compressed_bytes"] / cz["bytes"]
+    tot["compress"] = cz
     return tot

@@ -15,6 +15,9 @@ Results:
   logprob, top: [[id, q]]}]) when the item asks for them.
 * score: tokens (continuation ids), logprob_q, logprob, is_greedy, hash,
   token_logprobs_q; top ([[[id, q]]] per token) when top > 0.
+* compress: bytes (UTF-8 bytes of the text), compressed_bytes (the
+  intdet.compress container), tokens, chunks, stored_chunks, sha256 (of the
+  container); data (base64) when asked.
 * perplexity: nll_q (sum over the scored tokens of -log p, Q24 nats, an
   int), tokens (scored tokens: each window of T tokens scores T - 1), bytes
   (UTF-8 bytes of the scored tokens' text, as ``intdet perplexity``),
@@ -35,7 +38,17 @@ from ..errors import IntdetError
 from ..logprobs import to_float
 from .items import Item
 
-COMPRESS_UNAVAILABLE = "task compress: not available in this build (intdet.compress has no text compression API yet)"
+COMPRESS_UNAVAILABLE = "task compress: not available in this build (no intdet.compress codec)"
+
+
+def _codec():
+    """intdet.compress.codec, or None in a build without it."""
+    try:
+        from .. import _core
+        from ..compress import codec
+    except ImportError:
+        return None
+    return codec if hasattr(_core, "compress") and hasattr(codec, "compress_stream") else None
 
 
 def record_line(rec: dict) -> str:
@@ -149,6 +162,29 @@ class TaskRunner:
             self._check_score(w[:1], w[1:])
         return wins
 
+    def _compress(self, it: Item) -> dict:
+        """One text through intdet.compress (compress_stream: chunks coded
+        one after another; the container is the same bytes anywhere)."""
+        codec = _codec()
+        if codec is None:
+            raise IntdetError(COMPRESS_UNAVAILABLE)
+        import base64
+        import hashlib
+        import io
+
+        data = it.fields["text"].encode("utf-8")
+        ctx = it.fields.get("ctx", min(codec.DEFAULT_CTX, self.llm.context_length))
+        if ctx > self.llm.context_length:
+            raise IntdetError(f"ctx: {ctx} is more than the context length {self.llm.context_length}")
+        out = io.BytesIO()
+        st = codec.compress_stream(self.llm.engine, io.BytesIO(data).read, out, ctx=ctx)
+        blob = out.getvalue()
+        r = {"bytes": st.in_bytes, "compressed_bytes": st.out_bytes, "tokens": st.tokens, "chunks": st.chunks,
+             "stored_chunks": st.stored_chunks, "sha256": hashlib.sha256(blob).hexdigest()}
+        if it.fields.get("return_data"):
+            r["data"] = base64.b64encode(blob).decode("ascii")
+        return r
+
     def _n_bytes(self, ids) -> int:
         return len(self.llm.tokenizer.decode(ids).encode("utf-8"))
 
@@ -171,7 +207,7 @@ class TaskRunner:
                 elif it.task == "perplexity":
                     ppl.append((k, self._perplexity_windows(it)))
                 else:
-                    out[k] = error_record(it, COMPRESS_UNAVAILABLE)
+                    out[k] = ok_record(it, self._compress(it))
             except Exception as e:  # noqa: BLE001 (one bad item never fails the batch)
                 out[k] = error_record(it, _one_line(e))
         self._run_group(items, out, gen, self._run_generate)
