@@ -252,6 +252,19 @@ def test_dask_same_bytes(serial, model_dir, items_file, tmp_path):
     assert by_id(open(out, "rb").read()) == by_id(serial[1]) and summary == serial[2]
 
 
+def test_dask_existing_cluster_by_address(serial, model_dir, tmp_path):
+    from distributed import LocalCluster
+
+    inp = tmp_path / "i.jsonl"
+    inp.write_text("\n".join(mixed_items()[:30]) + "\n")
+    out = str(tmp_path / "o.jsonl")
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None,
+                      host="127.0.0.1") as cluster:
+        run_job(str(inp), out, model=model_dir, engine="dask", workers=1, address=cluster.scheduler_address,
+                batch_size=4)
+    assert open(out, "rb").read().splitlines() == serial[1].splitlines()[:30]
+
+
 # ---------------------------------------------------------------- resume
 
 
@@ -350,3 +363,15 @@ def test_missing_extra_is_a_one_line_error(model_dir, items_file, tmp_path):
         assert r.returncode == 1 and r.stderr.strip() == (
             f"intdet: error: --engine {engine} needs the {extra} extra: pip install 'intdet[{extra}]'"), r.stderr
         assert not out.exists()
+
+
+def test_ctrl_c_stops_with_one_line_and_resumes(serial, model_dir, items_file, tmp_path):
+    out = str(tmp_path / "out.jsonl")
+    env = dict(os.environ, INTDET_TEST_SIGNAL_AT="batch-record-20:SIGINT")
+    args = (items_file, "-o", out, "-m", model_dir, "--workers", "2", "--threads", "1", "--batch-size", "4")
+    r = _cli(*args, env=env)
+    assert r.returncode == 130 and r.stderr.strip() == "intdet: interrupted", r.stderr
+    first = open(out, "rb").read()
+    assert first.count(b"\n") == 20 and serial[1].startswith(first)
+    r = _cli(*args)
+    assert r.returncode == 0 and open(out, "rb").read() == serial[1]

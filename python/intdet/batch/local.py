@@ -12,28 +12,35 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 
+from ..errors import IntdetError
 from .items import Item
 from .tasks import TaskRunner
 
 
 @dataclass
 class WorkerConfig:
-    """What every worker needs to load the model: a converted model
-    directory (resolved once by the driver), the device, CPU threads per
-    worker (0 = all cores) and the scheduler's batch limit."""
+    """What every worker needs to load the model: the model (on this
+    machine, the converted directory the driver resolved once; on a cluster
+    the source as given, resolved on each node), the device, CPU threads per
+    worker (0 = all cores), the scheduler's batch limit, and revision and
+    weights for a model that needs converting."""
 
-    model: str
+    model: object
     device: str = "cpu"
     threads: int = 0
     max_batch: int = 16
+    revision: object = None
+    weights: object = None
 
     def runner(self) -> TaskRunner:
-        return TaskRunner(self.model, self.device, self.threads, self.max_batch)
+        return TaskRunner(self.model, self.device, self.threads, self.max_batch, self.revision, self.weights)
 
 
 def run_serial(cfg: WorkerConfig, batches):
@@ -56,6 +63,7 @@ def _exit_with_parent(parent: int) -> None:
 
 def _init(cfg: WorkerConfig, parent: int) -> None:
     global _runner
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's: it stops the job
     threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True).start()
     _runner = cfg.runner()
 
@@ -73,21 +81,28 @@ def run_pool(cfg: WorkerConfig, batches, workers: int):
         yield from run_serial(cfg, batches)
         return
     ctx = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init, initargs=(cfg, os.getpid())) as ex:
-        todo = iter(batches)
-        running = set()
-        try:
-            while True:
-                while len(running) < 2 * workers:
-                    b = next(todo, None)
-                    if b is None:
-                        break
-                    running.add(ex.submit(_run, [(pos, it.to_json()) for pos, it in b]))
-                if not running:
-                    return
-                finished, running = wait(running, return_when=FIRST_COMPLETED)
-                for fut in finished:
-                    yield fut.result()
-        finally:
-            for fut in running:
-                fut.cancel()
+    ex = ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init, initargs=(cfg, os.getpid()))
+    todo = iter(batches)
+    running = set()
+    done = False
+    try:
+        while True:
+            while len(running) < 2 * workers:
+                b = next(todo, None)
+                if b is None:
+                    break
+                running.add(ex.submit(_run, [(pos, it.to_json()) for pos, it in b]))
+            if not running:
+                done = True
+                return
+            finished, running = wait(running, return_when=FIRST_COMPLETED)
+            for fut in finished:
+                try:
+                    res = fut.result()
+                except BrokenProcessPool:
+                    raise IntdetError("a worker process died (out of memory, or killed); "
+                                      "rerun the same command to resume") from None
+                yield res
+    finally:
+        # stopped early (Ctrl-C, an error): do not wait for batches nobody will write
+        ex.shutdown(wait=done, cancel_futures=not done)

@@ -89,8 +89,11 @@ def run_job(input_path: str, output_path: str, model=None, task: str = "generate
         if cur:
             batches.append(cur)
         if batches:
-            cfg = WorkerConfig(resolve_model(model, revision, progress=progress, weights=weights), device,
-                               threads, max_batch=batch_size)
+            if address:  # the nodes of a cluster resolve (and convert) the model themselves
+                cfg = WorkerConfig(model, device, threads, batch_size, revision, weights)
+            else:  # converted once here; every worker loads the converted directory
+                cfg = WorkerConfig(resolve_model(model, revision, progress=progress, weights=weights), device,
+                                   threads, batch_size)
             if engine == "local":
                 results = run_pool(cfg, batches, workers)
             elif engine == "ray":

@@ -76,14 +76,17 @@ def _one_line(e: BaseException) -> str:
 class TaskRunner:
     """One model, loaded once; ``run(items) -> [record]`` in item order.
 
-    Args: model (a converted model directory; resolve it once in the driver),
-    device, threads (None/0 = all cores), max_batch (sequences the scheduler
-    runs together). Raises IntdetError when the model cannot be loaded."""
+    Args: model (any source ``intdet generate -m`` takes; a converted
+    directory loads without converting), device, threads (None/0 = all
+    cores), max_batch (sequences the scheduler runs together), revision and
+    weights (when the model needs converting). Raises IntdetError when the
+    model cannot be loaded."""
 
-    def __init__(self, model: str, device: str = "cpu", threads=None, max_batch: int = 16):
+    def __init__(self, model, device: str = "cpu", threads=None, max_batch: int = 16, revision=None, weights=None):
         from ..api import LLM
 
-        self.llm = LLM(model, device=device, threads=threads or None, max_batch=max(1, max_batch))
+        self.llm = LLM(model, device=device, threads=threads or None, max_batch=max(1, max_batch), revision=revision,
+                       weights=weights)
 
     # ------------------------------------------------------------ per task
 
