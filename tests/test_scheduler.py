@@ -114,7 +114,7 @@ def reference(engine):
     (16, 512, 10**6, 0),  # everything at once, prompts whole
     (4, 5, 10**6, 1),     # few slots, prompts cut into chunks of <= 5 rows mixed with decode rows
     (16, 33, 400, 2),     # KV memory for ~2-4 sequences: the rest wait in the queue
-    (1, 64, 10**6, 3),    # one at a time
+    (2, 64, 10**6, 3),    # two slots
 ])
 def test_concurrent_mixed_requests_equal_alone(engine, reference, max_batch, step_tokens, kv_positions, order_seed):
     ss, stops, want = reference
@@ -212,3 +212,29 @@ def test_shutdown_cancels_running_and_waiting(engine):
     assert a.finish_reason == "cancelled" and b.finish_reason == "cancelled" and b.tokens == []
     with pytest.raises(IntdetError, match="shutting down"):
         sch.submit(Request([5], 1))
+
+
+def test_an_engine_failure_fails_its_requests_and_the_loop_goes_on(engine, monkeypatch):
+    real = engine.forward_batch
+    calls = []
+
+    def flaky(seqs, toks, all_logits=False):
+        calls.append(len(seqs))
+        if len(calls) == 1:
+            raise RuntimeError("device lost")
+        return real(seqs, toks, all_logits=all_logits)
+
+    monkeypatch.setattr(engine, "forward_batch", flaky)
+    sch = Scheduler(engine, max_batch=4)
+    sch.start()
+    events = []
+    a = sch.submit(Request([5, 6, 7], 4, on_event=events.append))
+    a.wait(60)
+    b = sch.submit(Request([5, 6, 7], 4))
+    b.wait(60)
+    sch.shutdown(cancel=False, timeout=30)
+    assert a.finish_reason == "error" and "device lost" in a.error and events[-1].kind == "error"
+    monkeypatch.setattr(engine, "forward_batch", real)
+    g = generate(engine, [5, 6, 7], 4, Sampler(), eos_ids=engine.lm.tok_meta["eos_token_ids"])
+    assert b.finish_reason == g.stop and b.tokens == g.tokens and b.hash == g.hash
+    assert sch.kv_used == 0

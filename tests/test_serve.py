@@ -407,3 +407,45 @@ def test_bad_serve_options(model_dir):
                            text=True, timeout=120)
         assert r.returncode == 1 and r.stderr.startswith("intdet: error: ") and msg in r.stderr, r.stderr
         assert "Traceback" not in r.stderr
+
+
+def test_connection_limit_answers_503(model_dir):
+    proc, port = start_server(model_dir, "--max-connections", "2", "--max-batch", "1", key=None)
+    try:
+        body = json.dumps({"prompt": ["x", "y"], "n": 4, "max_tokens": 240, "temperature": 0, "stream": True}).encode()
+        held = []
+        for _ in range(2):
+            s = socket.create_connection(("127.0.0.1", port))
+            s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+            assert s.recv(100).startswith(b"HTTP/1.1 200")
+            held.append(s)
+        status, _ = request(port, "GET", "/v1/models", key=None)
+        assert status == 503
+        for s in held:
+            s.close()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if request(port, "GET", "/health", key=None)[0] == 200:
+                    break
+            except OSError:
+                pass
+            time.sleep(0.1)
+        assert request(port, "GET", "/health", key=None)[0] == 200
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+
+
+def test_streamed_logprobs_and_offsets(server, llm):
+    body = {"prompt": "with logprobs", "max_tokens": 12, "temperature": 0.5, "seed": 3, "logprobs": 2, "stream": True}
+    chunks = sse(server, "/v1/completions", body)
+    want = llm.generate(body["prompt"], params(body))
+    lps = [c["choices"][0]["logprobs"] for c in chunks if c["choices"] and c["choices"][0]["logprobs"]]
+    assert [x["token_logprobs"][0] for x in lps] == [t.logprob for t in want.logprobs]
+    texts = [c["choices"][0]["text"] for c in chunks if c["choices"]]
+    assert "".join(texts) == want.text
+    offsets = [x["text_offset"][0] for x in lps]
+    assert offsets == sorted(offsets) and offsets[0] == 0
+    assert all(len(x["top_logprobs"][0]) >= 2 for x in lps)

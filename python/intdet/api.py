@@ -215,7 +215,7 @@ class LLM:
         self.scheduler = Scheduler(self.engine, max_batch=max_batch, step_tokens=step_tokens, kv_bytes=kv_bytes)
         self.tokenizer, self.meta = self.lm.tokenizer, self.lm.tok_meta
         self.eos_ids = tuple(self.meta.get("eos_token_ids") or ())
-        self._run_lock = threading.Lock()
+        self._run_lock = threading.RLock()  # one thread steps at a time; re-entrant for generate inside stream
 
     # ---------------------------------------------------------------- facts
 

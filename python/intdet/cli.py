@@ -785,8 +785,8 @@ def bench(model, prompt_tokens, gen_tokens, threads, batch, revision, as_json, w
     click.echo(json.dumps({"model": lm.path, "rows": rows}) if as_json else format_table(rows))
 
 
-main.add_command(__import__("intdet.cli_serve", fromlist=["serve"]).serve)  # intdet serve (cli_serve.py)
-main.add_command(__import__("intdet.cli_batch", fromlist=["batch"]).batch)  # intdet batch (cli_batch.py)
+main.add_command(__import__("intdet.cli_serve", fromlist=["command"]).command(model_options, user_errors))  # serve
+main.add_command(__import__("intdet.cli_batch", fromlist=["command"]).command(model_options, user_errors))  # batch
 from . import cli_compress  # noqa: E402  (its commands use the helpers above)
 main.add_command(cli_compress.compress)
 main.add_command(cli_compress.decompress)

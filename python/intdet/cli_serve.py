@@ -18,30 +18,42 @@ import sys
 
 import click
 
-from .cli import model_options, user_errors
 from .errors import IntdetError
 
 
-@click.command("serve")
-@model_options
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (loopback by default).")
-@click.option("--port", default=8000, show_default=True, type=int, help="TCP port (0: any free port).")
-@click.option("--max-batch", default=16, show_default=True, type=int, help="Sequences decoded together at most.")
-@click.option("--step-tokens", default=512, show_default=True, type=int,
-              help="Rows per forward call (decode rows + prefill chunks): the token budget of a step.")
-@click.option("--kv-cache-mib", default=2048, show_default=True, type=int,
-              help="KV cache memory for running sequences; requests beyond it wait in the queue.")
-@click.option("--api-key", default=None, metavar="KEY",
-              help="Require 'Authorization: Bearer KEY' (default: $INTDET_API_KEY; none = open).")
-@click.option("--served-model-name", default=None, metavar="NAME", help="Model id in the API (default: the file name).")
-@click.option("--max-connections", default=64, show_default=True, type=int,
-              help="Concurrent connections; more get HTTP 503.")
-@click.option("--max-body-mib", default=8, show_default=True, type=int, help="Largest request body.")
-@click.option("--max-n", default=16, show_default=True, type=int, help="Largest n (choices per prompt).")
-@click.option("--drain-timeout", default=10, show_default=True, type=int,
-              help="Seconds SIGTERM waits for running requests before cancelling them.")
-@click.option("-v", "--verbose", is_flag=True, help="Log each HTTP request.")
-@user_errors
+_OPTIONS = [
+    click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (loopback by default)."),
+    click.option("--port", default=8000, show_default=True, type=int, help="TCP port (0: any free port)."),
+    click.option("--max-batch", default=16, show_default=True, type=int, help="Sequences decoded together at most."),
+    click.option("--step-tokens", default=512, show_default=True, type=int,
+                 help="Rows per forward call (decode rows + prefill chunks): the token budget of a step."),
+    click.option("--kv-cache-mib", default=2048, show_default=True, type=int,
+                 help="KV cache memory for running sequences; requests beyond it wait in the queue."),
+    click.option("--api-key", default=None, metavar="KEY",
+                 help="Require 'Authorization: Bearer KEY' (default: $INTDET_API_KEY; none = open)."),
+    click.option("--served-model-name", default=None, metavar="NAME",
+                 help="Model id in the API (default: the file name)."),
+    click.option("--max-connections", default=64, show_default=True, type=int,
+                 help="Concurrent connections; more get HTTP 503."),
+    click.option("--max-body-mib", default=8, show_default=True, type=int, help="Largest request body."),
+    click.option("--max-n", default=16, show_default=True, type=int, help="Largest n (choices per prompt)."),
+    click.option("--drain-timeout", default=10, show_default=True, type=int,
+                 help="Seconds SIGTERM waits for running requests before cancelling them."),
+    click.option("-v", "--verbose", is_flag=True, help="Log each HTTP request."),
+]
+
+
+def command(model_options, user_errors) -> click.Command:
+    """The ``serve`` command, built with cli.py's shared model options and
+    error handling, passed in so that this module never imports cli.py
+    (which registers it; ``python -m intdet.cli`` runs cli.py as __main__,
+    and importing ``intdet.cli`` from here would load it a second time)."""
+    fn = user_errors(serve)
+    for dec in reversed(_OPTIONS):
+        fn = dec(fn)
+    return click.command("serve")(model_options(fn))
+
+
 def serve(model, revision, weights, device, threads, host, port, max_batch, step_tokens, kv_cache_mib, api_key,
           served_model_name, max_connections, max_body_mib, max_n, drain_timeout, verbose):
     """Serve the model over an OpenAI-compatible HTTP API (deterministic continuous batching)."""
@@ -75,7 +87,8 @@ def serve(model, revision, weights, device, threads, host, port, max_batch, step
               step_tokens=step_tokens, kv_bytes=kv_cache_mib << 20, progress=sys.stderr.isatty())
     app = create_app(llm, name, api_key, Limits(max_body_bytes=max_body_mib << 20, max_n=max_n))
     config = uvicorn.Config(app, log_level="info" if verbose else "warning", access_log=verbose,
-                            limit_concurrency=max_connections, timeout_graceful_shutdown=drain_timeout,
+                            # uvicorn counts the connection being checked: N + 1 lets N in
+                            limit_concurrency=max_connections + 1, timeout_graceful_shutdown=drain_timeout,
                             lifespan="on", server_header=False)
     server = uvicorn.Server(config)
     h, p = sock.getsockname()[:2]

@@ -448,7 +448,12 @@ class Scheduler:
                 for r in stuck:
                     try:
                         self._retire(r, "error", f"engine loop: {type(e).__name__}: {e}")
-                    except Exception:  # noqa: BLE001
+                    except Exception:  # noqa: BLE001  (drop it by hand: it must not come back every step)
+                        with self._lock:
+                            if r in self.running:
+                                self.running.remove(r)
+                                self.kv_used -= self._positions(r) * self.kv_per_pos
+                        r.finish_reason, r._seq = "error", None
                         r.done.set()
 
     def shutdown(self, cancel: bool = True, timeout: float | None = None) -> None:

@@ -78,7 +78,9 @@ class Server:
     async def body(self, request: Request, model):
         """The request body parsed into ``model`` (BadRequest otherwise)."""
         n = request.headers.get("content-length")
-        if n is not None and (not n.isdigit() or int(n) > self.limits.max_body_bytes):
+        if n is not None and not n.isdigit():
+            raise BadRequest(f"Content-Length: {n[:40]!r} is not a byte count")
+        if n is not None and int(n) > self.limits.max_body_bytes:
             raise BadRequest(f"request body larger than {self.limits.max_body_bytes} bytes", status=413)
         chunks, size = [], 0
         async for c in request.stream():
@@ -307,10 +309,15 @@ class Server:
         n_prompt = sum(len(ids) for ids, _ in prompts)
         if r.stream:
             include_usage = bool(r.stream_options and r.stream_options.include_usage)
-            return self.sse(request, runs, lambda i, ev: {
-                "id": cid, "object": "text_completion", "created": created, "model": self.model_name,
-                "system_fingerprint": self.llm.system_fingerprint,
-                "choices": [self.completion_delta(i, ev, r.logprobs)]}, n_prompt, include_usage,
+            offsets = [0] * len(runs)  # text_offset of each choice's next chunk
+
+            def chunk(i, ev):
+                d = self.completion_delta(i, ev, r.logprobs, offsets[i])
+                offsets[i] += len(ev.text)
+                return {"id": cid, "object": "text_completion", "created": created, "model": self.model_name,
+                        "system_fingerprint": self.llm.system_fingerprint, "choices": [d]}
+
+            return self.sse(request, runs, chunk, n_prompt, include_usage,
                 lambda usage: {"id": cid, "object": "text_completion", "created": created, "model": self.model_name,
                                "system_fingerprint": self.llm.system_fingerprint, "choices": [], "usage": usage},
                 echo_texts=[self.echo_text(runs[i][0], meta[i][1]) if r.echo else "" for i in range(len(runs))])
@@ -338,13 +345,13 @@ class Server:
             self.counts["errors"] += 1
             raise BadRequest(f"engine error: {req.error}", status=500)
 
-    def completion_delta(self, i, ev, k):
+    def completion_delta(self, i, ev, k, offset: int):
         req = ev.request
         d = {"index": i, "text": ev.text, "logprobs": None, "finish_reason": None}
         if ev.kind == "token" and k is not None and ev.logprob is not None:
             s = self.llm.token_text(ev.token)
             d["logprobs"] = {"tokens": [s], "token_logprobs": [to_float(ev.logprob.logprob_q)],
-                             "top_logprobs": [self.top_dict(ev.logprob, k)], "text_offset": [len(req.text) - len(ev.text)]}
+                             "top_logprobs": [self.top_dict(ev.logprob, k)], "text_offset": [offset]}
         if ev.kind == "done":
             d.update(finish_reason=FINISH[req.finish_reason], hash=req.hash, seed=req.sampler.seed)
         return d
