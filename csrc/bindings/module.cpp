@@ -16,6 +16,7 @@
 #include "intdet/model.h"
 #include "intdet/ops.h"
 #include "intdet/trace.h"
+#include "compress_bindings.h"
 #include "model_bindings.h"
 #include "op_args.h"
 
@@ -310,4 +311,5 @@ PYBIND11_MODULE(_core, mod) {
           py::arg("total"), py::arg("self"), "Auto's rule on one load sample (csrc/cpu/threads.cpp), for tests.");
   mod.def("thread_setting", &thread_setting, "What set_num_threads was given (0 = auto).");
   mod.def("last_forward_threads", &last_forward_threads, "The thread count the latest forward used.");
+  pybind::bind_compress(mod);
 }

@@ -808,6 +808,10 @@ def bench(model, prompt_tokens, gen_tokens, threads, batch, revision, as_json, w
 
 
 main.add_command(__import__("intdet.cli_serve", fromlist=["command"]).command(model_options, user_errors))  # serve
+main.add_command(__import__("intdet.cli_batch", fromlist=["command"]).command(model_options, user_errors))  # batch
+from . import cli_compress  # noqa: E402  (its commands use the helpers above)
+main.add_command(cli_compress.compress)
+main.add_command(cli_compress.decompress)
 
 if __name__ == "__main__":
     main()

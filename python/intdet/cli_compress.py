@@ -1,0 +1,183 @@
+"""``intdet compress`` / ``intdet decompress`` (docs/compress.md).
+
+Every output goes to a temporary file beside it (stdout: in $TMPDIR) and is
+renamed into place, or copied to stdout, only once complete and, for
+decompress, checked against the header's sha256; an error or Ctrl-C removes
+it. An existing output is replaced only with --force.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import os
+import shutil
+import sys
+import tempfile
+
+import click
+
+from .errors import IntdetError
+
+# cli.py imports this module at its end, so cli's helpers are looked up when
+# a command runs (this also works under `python -m intdet.cli`).
+WEIGHTS = click.Choice(["int8", "int4"])
+
+
+def user_errors(fn):
+    @functools.wraps(fn)
+    def wrapper(*a, **kw):
+        from .cli import user_errors as ue
+
+        return ue(fn)(*a, **kw)
+
+    return wrapper
+
+
+def _load(model, weights):
+    from .cli import _load as load
+
+    return load(model, None, weights, False)
+
+
+def _open_input(path: str):
+    if path == "-":
+        return contextlib.nullcontext(sys.stdin.buffer), "stdin", None
+    if os.path.isdir(path):
+        raise IntdetError(f"{path}: is a directory")
+    try:
+        f = open(path, "rb")
+    except OSError as e:
+        raise IntdetError(f"{path}: cannot read ({e.strerror})") from None
+    size = os.fstat(f.fileno()).st_size
+    return f, path, size
+
+
+@contextlib.contextmanager
+def _output(path: str, force: bool):
+    """Yield a seekable binary temp file; on success it becomes ``path``
+    (``-``: is copied to stdout); on any error it is removed."""
+    if path != "-":
+        if os.path.isdir(path):
+            raise IntdetError(f"-o {path}: is a directory")
+        if os.path.lexists(path) and not force:
+            raise IntdetError(f"-o {path}: exists (use --force to replace it)")
+        d = os.path.dirname(os.path.abspath(path))
+        if not os.path.isdir(d):
+            raise IntdetError(f"-o {path}: directory {d} does not exist")
+    tmp = tempfile.NamedTemporaryFile(
+        "w+b", dir=None if path == "-" else os.path.dirname(os.path.abspath(path)),
+        prefix="." + (os.path.basename(path) if path != "-" else "intdet") + ".", suffix=".tmp", delete=False)
+    try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp.name, 0o666 & ~umask)  # as open() would create it, not mkstemp's 0600
+        yield tmp
+        tmp.flush()
+        if path == "-":
+            tmp.seek(0)
+            shutil.copyfileobj(tmp, sys.stdout.buffer)
+            sys.stdout.buffer.flush()
+            tmp.close()
+            os.unlink(tmp.name)
+        else:
+            os.fsync(tmp.fileno())
+            tmp.close()
+            os.replace(tmp.name, path)
+    except BaseException:
+        tmp.close()
+        with contextlib.suppress(OSError):
+            os.unlink(tmp.name)
+        raise
+
+
+def _bar(total, as_json: bool, desc: str):
+    if as_json or not sys.stderr.isatty():
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=desc, file=sys.stderr)
+
+
+def _engine(lm, device, threads):
+    from .model import Engine
+
+    return Engine(lm, device, threads or None)
+
+
+def _report(st, as_json, inp, out, verb):
+    d = dict(st.as_dict(), input=inp, output=out)
+    if as_json:
+        click.echo(json.dumps(d), err=out == "-")
+        return
+    click.echo(f"intdet {verb}: {d['in_bytes']} -> {d['out_bytes']} bytes, {d['bits_per_byte']:.4f} bits/byte, "
+               f"{d['tokens']} tokens in {d['chunks']} chunks ({d['stored_chunks']} stored), "
+               f"{d['seconds']:.1f} s, {d['bytes_per_second'] / 1024:.2f} KiB/s", err=True)
+
+
+@click.command()
+@click.argument("inp", metavar="IN")
+@click.option("-o", "--output", required=True, metavar="OUT", help="Compressed file ('-' = stdout).")
+@click.option("-m", "--model", default=None, metavar="MODEL", help="Model (default: SmolLM2-135M-Instruct).")
+@click.option("--weights", type=WEIGHTS, default=None, help="Linear weights when -m needs converting: int8 or int4.")
+@click.option("--ctx", default=2048, show_default=True, type=int,
+              help="Most tokens per chunk: the model's context (chunks are coded independently).")
+@click.option("--device", type=click.Choice(["cpu", "cuda", "ref"]), default="cpu", show_default=True,
+              help="Backend (the bytes are the same on each).")
+@click.option("--threads", default=0, type=int, help="CPU threads (default 0: all cores).")
+@click.option("--force", is_flag=True, help="Replace OUT if it exists.")
+@click.option("--json", "as_json", is_flag=True, help="Print sizes, bits per byte, tokens and times as JSON.")
+@user_errors
+def compress(inp, output, model, weights, ctx, device, threads, force, as_json):
+    """Compress IN ('-' = stdin) with the integer model's probabilities: any bytes, decodable on any machine."""
+    from .compress.codec import compress_stream
+
+    fin, name, size = _open_input(inp)
+    with fin as f, _output(output, force) as out:
+        lm = _load(model, weights)
+        eng = _engine(lm, device, threads)
+        bar = _bar(size, as_json, "compress")
+        try:
+            st = compress_stream(eng, f.read, out, ctx=ctx, model_name=model or "", weights=weights or "",
+                                 progress=bar.update if bar else None)
+        finally:
+            if bar:
+                bar.close()
+    _report(st, as_json, name, output, "compress")
+
+
+@click.command()
+@click.argument("inp", metavar="IN")
+@click.option("-o", "--output", required=True, metavar="OUT", help="Decompressed file ('-' = stdout).")
+@click.option("-m", "--model", default=None, metavar="MODEL",
+              help="Model to decode with (default: the one named in IN's header; its sha256 must match).")
+@click.option("--batch", default=32, show_default=True, type=int,
+              help="Chunks decoded together, one batch row each (memory: one KV cache per row).")
+@click.option("--device", type=click.Choice(["cpu", "cuda", "ref"]), default="cpu", show_default=True,
+              help="Backend (the bytes are the same on each).")
+@click.option("--threads", default=0, type=int, help="CPU threads (default 0: all cores).")
+@click.option("--force", is_flag=True, help="Replace OUT if it exists.")
+@click.option("--json", "as_json", is_flag=True, help="Print sizes, bits per byte, tokens and times as JSON.")
+@user_errors
+def decompress(inp, output, model, batch, device, threads, force, as_json):
+    """Decompress IN ('-' = stdin), made by intdet compress; checks the model and the output's sha256."""
+    from .compress.codec import decompress_stream
+    from .compress.container import read_header
+
+    if batch < 1:
+        raise IntdetError(f"--batch: {batch} must be >= 1")
+    fin, name, _ = _open_input(inp)
+    with fin as f:
+        h = read_header(f, name)
+        with _output(output, force) as out:
+            lm = _load(model or h.model_name or None, None if model else (h.weights or None))
+            eng = _engine(lm, device, threads)
+            bar = _bar(h.orig_len, as_json, "decompress")
+            try:
+                st = decompress_stream(eng, f, out, name, batch=batch, header=h,
+                                       progress=bar.update if bar else None)
+            finally:
+                if bar:
+                    bar.close()
+    _report(st, as_json, name, output, "decompress")

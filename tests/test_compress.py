@@ -1,0 +1,239 @@
+"""intdet compress / decompress on tiny random models: round trips of every
+kind of input, identical bytes across batch sizes, thread counts and kernel
+sets, and the container's checks (corrupt, truncated, wrong model)."""
+
+import io
+import json
+import os
+import subprocess
+import sys
+
+import models
+import numpy as np
+import pytest
+from conftest import ISAS, using_isa
+
+from intdet.compress import codec
+from intdet.compress.chunking import TokenBytes, chunks
+from intdet.compress.container import read_header
+from intdet.convert import convert
+from intdet.errors import IntdetError
+from intdet.model import Engine, load_model
+
+TEXT = ("The quick brown fox jumps over the lazy dog. Integer arithmetic is exact; "
+        "floating point is not.\n") * 6
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_llama_hf, tmp_path_factory):
+    return convert(tiny_llama_hf, str(tmp_path_factory.mktemp("cz") / "m"), progress=False)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """One thread: on this shared 2-core machine OpenMP barriers at 2 threads
+    cost more than the tiny model's work (the thread count cannot change a
+    byte; test_identical_bytes_any_batch_threads_isa runs 2 as well)."""
+    from intdet import _core
+
+    n0 = _core.num_threads()
+    _core.set_num_threads(1)
+    yield
+    _core.set_num_threads(n0)
+
+
+@pytest.fixture(scope="module")
+def eng(tiny):
+    return Engine(load_model(tiny))
+
+
+def comp(eng, data: bytes, ctx=64, store=False) -> tuple[bytes, codec.Stats]:
+    """The random tiny models do not beat raw bytes, so by default every
+    chunk that can be is kept range-coded (store=False)."""
+    out = io.BytesIO()
+    st = codec.compress_stream(eng, io.BytesIO(data).read, out, ctx=ctx, store_larger=store)
+    return out.getvalue(), st
+
+
+def decomp(eng, blob: bytes, batch=8) -> bytes:
+    out = io.BytesIO()
+    codec.decompress_stream(eng, io.BytesIO(blob), out, "x.idz", batch=batch)
+    return out.getvalue()
+
+
+def noise(n, seed=0):
+    return np.random.default_rng(seed).integers(0, 256, n, dtype=np.uint8).tobytes()
+
+
+CASES = {
+    "empty": b"",
+    "one byte": b"a",
+    "one high byte": b"\xff",
+    "repeated char": b"e" * 1500,
+    "binary noise": noise(1000),
+    "latin-1 text": "Ça a été très déjà vu, naïve façade. ".encode("latin-1") * 20,
+    "utf-8 mixed": ("héllo wörld ✓ 漢字 🙂\r\n\t" * 30).encode(),
+    "text then noise": TEXT.encode() + noise(500, 1) + TEXT.encode(),
+    "cut utf-8 at the end": "ab✓".encode()[:-1],
+    "nul bytes": b"\0" * 100 + b"x" + b"\0" * 100,
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_round_trip(eng, name):
+    data = CASES[name]
+    blob, st = comp(eng, data)
+    assert decomp(eng, blob) == data
+    assert st.in_bytes == len(data) and st.out_bytes == len(blob)
+    h = read_header(io.BytesIO(blob), "x")
+    assert h.orig_len == len(data) and h.n_chunks == st.chunks
+    assert st.stored_chunks == 0 or name == "empty"
+
+
+def test_stored_when_not_smaller(eng):
+    """With the default rule a chunk the model cannot shrink is kept as
+    bytes (binary noise; the tiny random model on anything)."""
+    data = noise(1500)
+    blob, st = comp(eng, data, store=True)
+    assert st.stored_chunks == st.chunks > 1 and len(blob) < len(data) + 21 * st.chunks + 200
+    assert decomp(eng, blob) == data
+    blob2, st2 = comp(eng, data, store=False)
+    assert st2.stored_chunks == 0 and len(blob2) > len(blob) and decomp(eng, blob2) == data
+
+
+def test_decoder_checks_the_decoded_bytes(eng):
+    """A payload changed with its record CRC recomputed gets past the
+    container checks; the decoder or the chunk checksum still catch it."""
+    from intdet.compress.container import Chunk, read_chunk
+
+    blob, _ = comp(eng, TEXT[:200].encode(), ctx=256)
+    f = io.BytesIO(blob)
+    h = read_header(f, "x")
+    start = f.tell()
+    c = read_chunk(f, h, 0, "x")
+    for k in (0, len(c.payload) // 2, len(c.payload) - 1):
+        p = bytearray(c.payload)
+        p[k] ^= 0x10
+        bad = blob[:start] + Chunk(c.mode, c.orig_len, c.n_tokens, c.orig_crc32, bytes(p)).pack()
+        with pytest.raises(IntdetError, match=r"x.idz: chunk 0 is corrupt \((impossible|decoded bytes)"):
+            decomp(eng, bad)
+
+
+def test_identical_bytes_any_batch_threads_isa(eng, tiny):
+    data = TEXT.encode() + noise(100, 2)
+    blobs = set()
+    for isa in ISAS:
+        for threads in (1, 2):
+            with using_isa(isa, threads):
+                e = Engine(load_model(tiny))
+                blob, st = comp(e, data, ctx=48)
+                blobs.add(blob)
+                assert st.chunks > 5
+                for batch in ((1, 3, 64) if threads == 1 else (4,)):
+                    assert decomp(e, blob, batch) == data
+    assert len(blobs) == 1
+
+
+def test_tokenizer_that_does_not_rebuild(tiny, tmp_path):
+    """A tokenizer with an NFKC normalizer changes "ﬁ" into "fi": that run
+    goes to byte tokens and the bytes still come back."""
+    import shutil
+
+    d = tmp_path / "nfkc"
+    shutil.copytree(tiny, d)
+    tj = json.loads((d / "tokenizer.json").read_text())
+    tj["normalizer"] = {"type": "NFKC"}
+    (d / "tokenizer.json").write_text(json.dumps(tj))
+    e = Engine(load_model(str(d)))
+    data = "ﬁne ﬁsh. plain text here\n".encode() * 10
+    blob, st = comp(e, data)
+    assert st.byte_fallback_chunks >= 1
+    assert decomp(e, blob) == data
+
+
+def test_bytes_without_a_token_are_stored(eng, monkeypatch):
+    """SmolLM2's vocabulary lacks 21 byte values: a chunk holding one is stored."""
+    orig = TokenBytes.__init__
+
+    def patched(self, *a, **kw):
+        orig(self, *a, **kw)
+        self.byte_ids[0xFF] = None
+
+    monkeypatch.setattr(TokenBytes, "__init__", patched)
+    data = TEXT.encode() + b"\xff" + TEXT.encode()
+    blob, st = comp(eng, data, ctx=64)
+    assert st.stored_chunks >= 1 and st.stored_chunks < st.chunks
+    assert decomp(eng, blob) == data
+
+
+def test_chunks_bounded(eng):
+    tb = TokenBytes(eng.lm.tokenizer, eng.lm.tok_meta, eng.vocab_size)
+    data = (TEXT * 20).encode() + "✓✓✓".encode() * 200
+    got = list(chunks(io.BytesIO(data).read, 40, tb, block=1000))
+    assert b"".join(c for c, _, _ in got) == data
+    assert all(1 <= len(ids) <= 40 and tb.bytes_of(ids) == c for c, ids, _ in got)
+    # never inside a UTF-8 character
+    assert all(c.decode("utf-8") for c, _, _ in got)
+
+
+def test_corruption_truncation_wrong_model(eng, tiny_llama_hf, tmp_path):
+    data = TEXT.encode()
+    blob, _ = comp(eng, data, ctx=40)
+    rng = np.random.default_rng(3)
+    for pos in sorted(set(rng.integers(0, len(blob), 25).tolist())):
+        bad = bytearray(blob)
+        bad[pos] ^= 1 << int(rng.integers(8))
+        with pytest.raises(IntdetError, match="x.idz: ") as e:
+            decomp(eng, bytes(bad))
+        assert "\n" not in str(e.value)
+    for n in (0, 5, 30, len(blob) // 2, len(blob) - 1):
+        with pytest.raises(IntdetError, match="x.idz: (truncated|not an intdet)"):
+            decomp(eng, blob[:n])
+    with pytest.raises(IntdetError, match="data after the last chunk"):
+        decomp(eng, blob + b"\0")
+    other = Engine(load_model(convert(models.write_hf_model(str(tmp_path / "o"), "llama", seed=7),
+                                      str(tmp_path / "om"), progress=False)))
+    with pytest.raises(IntdetError, match=r"model of sha256 [0-9a-f]{16}\.\.\., but .* has sha256 [0-9a-f]{16}"):
+        decomp(other, blob)
+
+
+def run_cli(*args, input=None, env=None):
+    return subprocess.run([sys.executable, "-m", "intdet", *args], input=input, capture_output=True, env=env)
+
+
+def test_cli(tiny, tmp_path):
+    env = dict(os.environ, INTDET_CACHE=str(tmp_path / "cache"))
+    src = tmp_path / "a.txt"
+    src.write_bytes(TEXT.encode() + b"\xc3")
+    z, back = tmp_path / "a.idz", tmp_path / "b.txt"
+    r = run_cli("compress", str(src), "-o", str(z), "-m", tiny, "--ctx", "64", "--json", env=env)
+    assert r.returncode == 0, r.stderr
+    info = json.loads(r.stdout)
+    assert info["in_bytes"] == src.stat().st_size and info["out_bytes"] == z.stat().st_size
+    assert info["bits_per_byte"] == 8 * info["out_bytes"] / info["in_bytes"] and info["tokens"] > 0
+    # the header names the model: decompress needs no -m
+    r = run_cli("decompress", str(z), "-o", str(back), env=env)
+    assert r.returncode == 0, r.stderr
+    assert back.read_bytes() == src.read_bytes()
+    # existing output, no --force: refused, untouched
+    r = run_cli("decompress", str(z), "-o", str(back), env=env)
+    assert r.returncode == 1 and b"exists (use --force" in r.stderr and back.read_bytes() == src.read_bytes()
+    # stdin / stdout
+    r = run_cli("compress", "-", "-o", "-", "-m", tiny, "--ctx", "64", input=src.read_bytes(), env=env)
+    assert r.returncode == 0 and r.stdout == z.read_bytes()
+    r = run_cli("decompress", "-", "-o", "-", input=r.stdout, env=env)
+    assert r.returncode == 0 and r.stdout == src.read_bytes()
+    # a corrupt file: one line, exit 1, nothing left behind
+    bad = bytearray(z.read_bytes())
+    bad[-3] ^= 0x40
+    (tmp_path / "bad.idz").write_bytes(bytes(bad))
+    before = set(os.listdir(tmp_path))
+    r = run_cli("decompress", str(tmp_path / "bad.idz"), "-o", str(tmp_path / "c.txt"), env=env)
+    assert r.returncode == 1 and r.stderr.count(b"\n") == 1 and b"corrupt" in r.stderr
+    assert set(os.listdir(tmp_path)) == before
+    r = run_cli("decompress", str(src), "-o", str(tmp_path / "d.txt"), env=env)
+    assert r.returncode == 1 and b"not an intdet compressed file" in r.stderr
+    r = run_cli("compress", str(tmp_path / "missing"), "-o", str(tmp_path / "e"), "-m", tiny, env=env)
+    assert r.returncode == 1 and b"missing: cannot read" in r.stderr
+    r = run_cli("compress", str(src), "-o", str(tmp_path / "f"), "-m", tiny, "--ctx", "100000", env=env)
+    assert r.returncode == 1 and b"--ctx: 100000 must be in" in r.stderr and not (tmp_path / "f").exists()
