@@ -218,3 +218,19 @@ def test_gguf_27b_shape_refused(tmp_path):
     with pytest.raises(IntdetError, match="27B"):
         read_source(path)
     assert os.path.exists(path)
+
+
+def test_hash_check_float_matrix_on_gemma3(tiny_gemma3_hf, tmp_path):
+    """hash-check --float on Gemma 3: every integer run agrees; the float
+    runs are the numpy ones (torch_model implements Llama-style blocks only)."""
+    import subprocess
+    import sys
+
+    env = dict(os.environ, INTDET_CACHE=str(tmp_path))
+    r = subprocess.run([sys.executable, "-m", "intdet.cli", "hash-check", "-m", tiny_gemma3_hf, "--prompt", "hello world",
+                        "--steps", "6", "--float", "--json"], capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["all_equal"]
+    floats = [x["config"] for x in out["runs"] if x["group"] == "float"]
+    assert floats and all(c.startswith("numpy float32") for c in floats)

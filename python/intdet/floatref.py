@@ -116,6 +116,12 @@ class FloatModel:
         return logits
 
 
+def torch_supported(hp) -> bool:
+    """Whether torch_model implements every block (Llama-style ones only)."""
+    return all(b["norms"] == ["attn_norm", "ffn_norm"] and b["activation"] == "silu" and not b["attention_window"]
+               and b["rope"] == "rope" for b in hp["layers"]) and "embed_scale" not in hp and "attn_scale" not in hp
+
+
 def torch_model(fm):
     """The same float reference in torch float32 (CPU), to show that another
     float library and thread count change the bits. Returns an object with
@@ -123,8 +129,7 @@ def torch_model(fm):
     import torch
 
     hp = fm.hp
-    if any(b["norms"] != ["attn_norm", "ffn_norm"] or b["activation"] != "silu" or b["attention_window"]
-           or b["rope"] != "rope" for b in hp["layers"]):
+    if not torch_supported(hp):
         raise ValueError("torch_model implements Llama-style blocks only (use FloatModel)")
     W = {k: torch.from_numpy(np.asarray(v, dtype=np.float32)) for k, v in fm.weights.items() if v is not None}
     nh, nkv, D = hp["num_heads"], hp["num_kv_heads"], hp["head_dim"]
