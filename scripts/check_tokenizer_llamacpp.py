@@ -24,6 +24,14 @@ Text sets:
           special-token text, the empty string; with and without BOS
   fuzz    --fuzz random strings (fixed seed) drawn from those character classes
 
+Then the same for the toy vocabulary of tests/test_tokenizer_spm.py (written to a
+temporary GGUF): the hidden cases and --fuzz random strings of its pieces, and
+the tests' reference algorithm against llama.cpp, so the reference the CI tests
+trust is itself checked against llama.cpp. The toy holds the chains of pieces
+that spell a control token ("<b"+"os>") and a byte token ("<0x4"+"1>"), where
+intdet keeps plain text plain on purpose (intdet/tokenizer_spm.py): differences
+there are expected and listed.
+
 For each case it compares the ids; with ``special=False`` it also checks that
 intdet's decode gives the text back and that it equals llama.cpp's
 detokenization of llama.cpp's ids. Prints up to --show mismatches per kind
@@ -44,6 +52,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_TEXT = os.path.join(HERE, "..", "..", "shared", "data", "wikitext-2-raw-test.txt")
@@ -57,23 +66,25 @@ def worker(request_path: str, result_path: str) -> None:
     import llama_cpp
 
     with open(request_path, encoding="utf-8") as f:
-        req = json.load(f)
-    llm = llama_cpp.Llama(model_path=req["gguf"], vocab_only=True, verbose=False)
-    out = {"version": llama_cpp.__version__, "ids": [], "detok": [], "seconds": 0.0}
-    t0 = time.perf_counter()
-    for text, add_bos, special in req["cases"]:
-        ids = llm.tokenize(text.encode("utf-8"), add_bos=add_bos, special=special)
-        out["ids"].append(ids)
-    out["seconds"] = time.perf_counter() - t0
-    for (text, add_bos, special), ids in zip(req["cases"], out["ids"]):
-        if special:
-            out["detok"].append(None)
-            continue
-        body = ids[1:] if add_bos and ids and ids[0] == llm.token_bos() else ids
-        # Bytes as latin-1 text, so JSON carries any byte sequence unchanged.
-        out["detok"].append(llm.detokenize(body, special=False).decode("latin-1"))
+        jobs = json.load(f)
+    results = []
+    for job in jobs:
+        llm = llama_cpp.Llama(model_path=job["gguf"], vocab_only=True, verbose=False)
+        out = {"version": llama_cpp.__version__, "ids": [], "detok": [], "seconds": 0.0}
+        t0 = time.perf_counter()
+        for text, add_bos, special in job["cases"]:
+            out["ids"].append(llm.tokenize(text.encode("utf-8"), add_bos=add_bos, special=special))
+        out["seconds"] = time.perf_counter() - t0
+        for (text, add_bos, special), ids in zip(job["cases"], out["ids"]):
+            if special:
+                out["detok"].append(None)
+                continue
+            body = ids[1:] if add_bos and ids and ids[0] == llm.token_bos() else ids
+            # Bytes as latin-1 text, so JSON carries any byte sequence unchanged.
+            out["detok"].append(llm.detokenize(body, special=False).decode("latin-1"))
+        results.append(out)
     with open(result_path, "w", encoding="utf-8") as f:
-        json.dump(out, f)
+        json.dump(results, f)
 
 
 # ------------------------------------------------------------------ cases
@@ -192,7 +203,9 @@ def main(argv=None) -> int:
         ap.error("--block-lines must be >= 1 and --fuzz >= 0")
 
     sys.path.insert(0, HERE)
+    sys.path.insert(0, os.path.join(HERE, "..", "tests"))
     import bench_cpu  # the venv helpers, shared with the benchmark
+    import test_tokenizer_spm as toy  # the toy vocabulary and the reference algorithm of the tests
 
     from intdet.resolve import cache_dir
     from intdet.tokenizer import encode, load_tokenizer, save_tokenizer, tokenizer_from_gguf
@@ -203,13 +216,18 @@ def main(argv=None) -> int:
              for kind, items in sets.items() for label, text in items
              for add_bos, special in ((True, False), (True, True))]
     cases += [("hidden", label + " (no BOS)", text, False, False) for label, text in sets["hidden"]]
+    toy_cases = [(kind, label, text, False, special)
+                 for kind, items in (("hidden", sets["hidden"]), ("fuzz", toy_fuzz_cases(toy.TOY_PIECES, args.fuzz)))
+                 for label, text in items for special in (False, True)]
 
     venv = os.path.expanduser(args.venv or os.path.join(cache_dir(), "bench-venv"))
     py = bench_cpu.ensure_venv(venv, args.llama_cpp, reinstall=False)
     with tempfile.TemporaryDirectory() as tmp:
+        toy_path = toy.write_spm_gguf(Path(tmp) / "toy.gguf", toy.TOY_PIECES)
         req, res = os.path.join(tmp, "request.json"), os.path.join(tmp, "result.json")
         with open(req, "w", encoding="utf-8") as f:
-            json.dump({"gguf": os.path.abspath(gguf_path), "cases": [c[2:] for c in cases]}, f)
+            json.dump([{"gguf": os.path.abspath(gguf_path), "cases": [c[2:] for c in cases]},
+                       {"gguf": str(toy_path), "cases": [c[2:] for c in toy_cases]}], f)
         worker_run = subprocess.Popen([py, os.path.abspath(__file__), "--worker", req, res])
 
         t0 = time.perf_counter()
@@ -222,53 +240,32 @@ def main(argv=None) -> int:
         t_ours = time.perf_counter() - t0
         stored_vs_built = sum(encode(built, meta, text, add_bos=b, special=s) != ids
                               for (kind, _, text, b, s), ids in zip(cases, ours) if kind == "hidden")
+        toy_tok, toy_meta = tokenizer_from_gguf(str(toy_path))
+        toy_ours = [encode(toy_tok, toy_meta, text, add_bos=False, special=special)
+                    for _, _, text, _, special in toy_cases]
+        toy_ref = [toy.reference_spm(toy.TOY_PIECES, text, special, add_space_prefix=False)
+                   for _, _, text, _, special in toy_cases]
 
         if worker_run.wait() != 0:
             raise SystemExit(f"llama.cpp worker failed (exit {worker_run.returncode})")
         with open(res, encoding="utf-8") as f:
-            result = json.load(f)
+            result, toy_result = json.load(f)
 
     print(f"GGUF {gguf_path}; llama-cpp-python {result['version']}; text {args.text}")
     print(f"intdet tokenizer built from the GGUF in {t_build:.1f} s; {len(cases)} cases; "
           f"tokenizing all: intdet {t_ours:.1f} s, llama.cpp {result['seconds']:.1f} s "
           f"(ratio intdet/llama.cpp {t_ours / max(result['seconds'], 1e-9):.2f})")
-    print(f"stored tokenizer.json vs the one built in memory: {stored_vs_built} differing hidden cases")
+    print(f"stored tokenizer.json vs the one built in memory: {stored_vs_built} differing hidden cases\n")
+    total_bad = compare(tok, cases, ours, result, args.show)
 
-    counts: dict[tuple[str, str], list[int]] = {}
-    shown: dict[str, int] = {}
-    for (kind, label, text, add_bos, special), mine, theirs, detok in zip(
-            cases, ours, result["ids"], result["detok"]):
-        key = (kind, f"special={special}")
-        row = counts.setdefault(key, [0, 0, 0, 0, 0])  # cases, id mismatches, tokens, round-trip, detok
-        row[0] += 1
-        row[2] += len(theirs)
-        problems = []
-        if mine != theirs:
-            row[1] += 1
-            problems.append(("ids", describe(tok, label + f" [bos={add_bos} special={special}]", text, mine, theirs)))
-        if not special:
-            body = mine[1:] if add_bos else mine
-            decoded = tok.decode(body)
-            if decoded != text:
-                row[3] += 1
-                problems.append(("round-trip", f"  {label}: text {text[:80]!r} decodes to {decoded[:80]!r}"))
-            if decoded.encode("utf-8") != detok.encode("latin-1"):
-                row[4] += 1
-                problems.append(("detokenize", f"  {label}: intdet {decoded[:80]!r} "
-                                 f"llama.cpp {detok.encode('latin-1')[:80]!r}"))
-        for what, msg in problems:
-            shown[what] = shown.get(what, 0) + 1
-            if shown[what] <= args.show:
-                print(f"{what} mismatch:\n{msg}")
-
-    print(f"\n{'set':8} {'mode':14} {'cases':>7} {'tokens':>9} {'id mismatches':>14} "
-          f"{'round-trip fails':>17} {'detok diffs':>12}")
-    total_bad = 0
-    for (kind, mode), (n, bad, ntok, rt, dt) in counts.items():
-        total_bad += bad
-        rt_s, dt_s = ("-", "-") if mode == "special=True" else (str(rt), str(dt))
-        print(f"{kind:8} {mode:14} {n:7d} {ntok:9d} {bad:14d} {rt_s:>17} {dt_s:>12}")
-    print(f"total id mismatches: {total_bad} of {len(cases)} cases")
+    print(f"\ntoy vocabulary of tests/test_tokenizer_spm.py ({len(toy.TOY_PIECES)} pieces), "
+          "llama.cpp against intdet and against the tests' reference algorithm:")
+    compare(toy_tok, toy_cases, toy_ours, toy_result, args.show)
+    ref_bad = [(c, r, t) for c, r, t in zip(toy_cases, toy_ref, toy_result["ids"]) if r != t]
+    print(f"reference algorithm vs llama.cpp on the toy: {len(ref_bad)} of {len(toy_cases)} cases differ")
+    for (kind, label, text, _, special), r, t in ref_bad[:args.show]:
+        print(f"  {label} special={special} {text[:60]!r}: reference {toy_tok.decode(r, skip_special_tokens=False)!r}"
+              f" {[toy_tok.id_to_token(i) for i in r][:8]} llama.cpp {[toy_tok.id_to_token(i) for i in t][:8]}")
 
     if args.dump_json:
         dump = [{"label": label, "text": text, "add_bos": b, "special": s, "ids": theirs}
@@ -278,6 +275,51 @@ def main(argv=None) -> int:
                       f, ensure_ascii=True, indent=1)
         print(f"wrote {args.dump_json}")
     return 1 if total_bad else 0
+
+
+def compare(tok, cases: list[tuple], ours: list[list[int]], result: dict, show: int) -> int:
+    """Print the mismatches (up to ``show`` per kind) and a table; return the id mismatch count."""
+    counts: dict[tuple[str, str], list[int]] = {}
+    shown: dict[str, int] = {}
+    for (kind, label, text, add_bos, special), mine, theirs, detok in zip(
+            cases, ours, result["ids"], result["detok"]):
+        row = counts.setdefault((kind, f"special={special}"), [0, 0, 0, 0, 0])
+        row[0] += 1  # cases, id mismatches, tokens, round-trip fails, detokenize diffs
+        row[2] += len(theirs)
+        problems = []
+        if mine != theirs:
+            row[1] += 1
+            problems.append(("ids", describe(tok, label + f" [bos={add_bos} special={special}]", text, mine, theirs)))
+        if not special:
+            decoded = tok.decode(mine[1:] if add_bos else mine)
+            if decoded != text:
+                row[3] += 1
+                problems.append(("round-trip", f"  {label}: text {text[:80]!r} decodes to {decoded[:80]!r}"))
+            if decoded.encode("utf-8") != detok.encode("latin-1"):
+                row[4] += 1
+                problems.append(("detokenize", f"  {label}: intdet {decoded[:80]!r} "
+                                 f"llama.cpp {detok.encode('latin-1')[:80]!r}"))
+        for what, msg in problems:
+            shown[what] = shown.get(what, 0) + 1
+            if shown[what] <= show:
+                print(f"{what} mismatch:\n{msg}")
+
+    print(f"{'set':8} {'mode':14} {'cases':>7} {'tokens':>9} {'id mismatches':>14} "
+          f"{'round-trip fails':>17} {'detok diffs':>12}")
+    total_bad = 0
+    for (kind, mode), (n, bad, ntok, rt, dt) in counts.items():
+        total_bad += bad
+        rt_s, dt_s = ("-", "-") if mode == "special=True" else (str(rt), str(dt))
+        print(f"{kind:8} {mode:14} {n:7d} {ntok:9d} {bad:14d} {rt_s:>17} {dt_s:>12}")
+    print(f"total id mismatches: {total_bad} of {len(cases)} cases")
+    return total_bad
+
+
+def toy_fuzz_cases(pieces: list[tuple[str, int, float]], n: int, seed: int = 1) -> list[tuple[str, str]]:
+    """Random strings of the toy's pieces and a few other characters."""
+    rng = random.Random(seed)
+    pool = [p[0] for p in pieces if p[1] != 6] + [" ", "  ", "\r", "\u00fc", "\U0001f600", "\u0301"]
+    return [(f"toy-fuzz-{i}", "".join(rng.choice(pool) for _ in range(rng.randrange(1, 16)))) for i in range(n)]
 
 
 def default_gemma3_gguf() -> str:

@@ -121,19 +121,9 @@ def spm_merges(tokens: list[str], types: list[int], scores: list[float],
     Returns:
         ``list[tuple[str, str]]`` of piece texts, for ``tokenizers.models.BPE(merges=...)``.
     """
-    mergeable = {text for text, i in vocab.items() if types[i] in MERGEABLE_TYPES}
-
-    def symbol(part: str) -> bool:
-        return part in mergeable or (len(part) == 1 and part in vocab)
-
-    ranked = []
-    for text in mergeable:
-        if len(text) < 2:
-            continue
-        piece = vocab[text]
-        for cut in range(1, len(text)):
-            left, right = text[:cut], text[cut:]
-            if symbol(left) and symbol(right):
-                ranked.append((-scores[piece], piece, cut))
+    mergeable = [(text, i) for text, i in vocab.items() if types[i] in MERGEABLE_TYPES and len(text) > 1]
+    symbols = {text for text, i in vocab.items() if types[i] in MERGEABLE_TYPES or len(text) == 1}
+    ranked = [(-scores[piece], piece, cut) for text, piece in mergeable for cut in range(1, len(text))
+              if text[:cut] in symbols and text[cut:] in symbols]
     ranked.sort()
     return [(tokens[piece][:cut], tokens[piece][cut:]) for _, piece, cut in ranked]
