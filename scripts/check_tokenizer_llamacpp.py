@@ -36,7 +36,8 @@ For each case it compares the ids; with ``special=False`` it also checks that
 intdet's decode gives the text back and that it equals llama.cpp's
 detokenization of llama.cpp's ids. Prints up to --show mismatches per kind
 with the first differing position and the pieces around it, then the counts;
-exit status 1 if any ids differ.
+exit status 1 if any ids differ on the GGUF, or on the toy anywhere but the
+expected control/byte-piece cases.
 
 Usage: python scripts/check_tokenizer_llamacpp.py [--gguf F] [--text F] [--venv DIR]
        [--dump-json OUT] (writes the hidden cases with llama.cpp's ids)
@@ -48,6 +49,7 @@ import argparse
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 import tempfile
@@ -55,6 +57,7 @@ import time
 from pathlib import Path
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+SPM_SPACE = "\u2581"
 DEFAULT_TEXT = os.path.join(HERE, "..", "..", "shared", "data", "wikitext-2-raw-test.txt")
 
 
@@ -122,6 +125,8 @@ def hidden_cases() -> list[tuple[str, str]]:
         ("unused-token", "<unused0> <unused6241>"), ("image-tokens", "<start_of_image><end_of_image>"),
         ("multimodal", "[multimodal]"), ("html-user-tokens", "<b>bold</b> <table><tr><td>x</td></tr></table>"),
         ("html-partial", "<b <tr x> </td"), ("bos-first", "<bos>hello"),
+        ("wikitext-head", " = Robert Boulter = \r\n \r\n Robert Boulter is an English film , television and "
+                          "theatre actor . He had a guest @-@ starring role on the television series The Bill in 2000 ."),
     ]
     for n in (2, 3, 30, 31, 32, 33, 62, 63, 64, 70):
         c.append((f"spaces-{n}", "x" + " " * n + "y"))
@@ -159,7 +164,7 @@ def fuzz_cases(n: int, seed: int = 0) -> list[tuple[str, str]]:
 def text_sets(path: str, block_lines: int, n_fuzz: int) -> dict[str, list[tuple[str, str]]]:
     with open(path, "rb") as f:
         raw = f.read().decode("utf-8")
-    lines = raw.splitlines(keepends=True)
+    lines = re.findall(r"[^\n]*\n|[^\n]+$", raw)  # at "\n" only (splitlines also cuts at \x0b, \u2028, ...)
     return {
         "lines": [(f"line-{i + 1}", s) for i, s in enumerate(lines)],
         "blocks": [(f"lines-{i + 1}..{min(i + block_lines, len(lines))}", "".join(lines[i:i + block_lines]))
@@ -253,19 +258,25 @@ def main(argv=None) -> int:
 
     print(f"GGUF {gguf_path}; llama-cpp-python {result['version']}; text {args.text}")
     print(f"intdet tokenizer built from the GGUF in {t_build:.1f} s; {len(cases)} cases; "
-          f"tokenizing all: intdet {t_ours:.1f} s, llama.cpp {result['seconds']:.1f} s "
-          f"(ratio intdet/llama.cpp {t_ours / max(result['seconds'], 1e-9):.2f})")
+          f"tokenizing all (concurrently, not a benchmark): intdet {t_ours:.1f} s, llama.cpp {result['seconds']:.1f} s")
     print(f"stored tokenizer.json vs the one built in memory: {stored_vs_built} differing hidden cases\n")
     total_bad = compare(tok, cases, ours, result, args.show)
 
     print(f"\ntoy vocabulary of tests/test_tokenizer_spm.py ({len(toy.TOY_PIECES)} pieces), "
           "llama.cpp against intdet and against the tests' reference algorithm:")
     compare(toy_tok, toy_cases, toy_ours, toy_result, args.show)
-    ref_bad = [(c, r, t) for c, r, t in zip(toy_cases, toy_ref, toy_result["ids"]) if r != t]
-    print(f"reference algorithm vs llama.cpp on the toy: {len(ref_bad)} of {len(toy_cases)} cases differ")
-    for (kind, label, text, _, special), r, t in ref_bad[:args.show]:
-        print(f"  {label} special={special} {text[:60]!r}: reference {toy_tok.decode(r, skip_special_tokens=False)!r}"
-              f" {[toy_tok.id_to_token(i) for i in r][:8]} llama.cpp {[toy_tok.id_to_token(i) for i in t][:8]}")
+    exact = [toy.reference_spm(toy.TOY_PIECES, text, special, add_space_prefix=False, llamacpp_exact=True)
+             for _, _, text, _, special in toy_cases]
+    theirs = toy_result["ids"]
+    n = len(toy_cases)
+    print(f"reference algorithm, llama.cpp's rule (any piece a merge result) vs llama.cpp: "
+          f"{sum(e != t for e, t in zip(exact, theirs))} of {n} cases differ")
+    print(f"reference algorithm, intdet's rule vs intdet: {sum(r != o for r, o in zip(toy_ref, toy_ours))} of {n}")
+    explained = sum(o != t and o == r and e == t for o, r, e, t in zip(toy_ours, toy_ref, exact, theirs))
+    toy_diff = sum(o != t for o, t in zip(toy_ours, theirs))
+    print(f"intdet vs llama.cpp: {toy_diff} of {n} cases differ, "
+          f"{explained} of them only where llama.cpp merges plain text into a control or byte piece")
+    unexplained = toy_diff - explained + sum(e != t for e, t in zip(exact, theirs))
 
     if args.dump_json:
         dump = [{"label": label, "text": text, "add_bos": b, "special": s, "ids": theirs}
@@ -274,7 +285,7 @@ def main(argv=None) -> int:
             json.dump({"llama_cpp_python": result["version"], "gguf": os.path.basename(gguf_path), "cases": dump},
                       f, ensure_ascii=True, indent=1)
         print(f"wrote {args.dump_json}")
-    return 1 if total_bad else 0
+    return 1 if total_bad or unexplained else 0
 
 
 def compare(tok, cases: list[tuple], ours: list[list[int]], result: dict, show: int) -> int:
@@ -292,7 +303,9 @@ def compare(tok, cases: list[tuple], ours: list[list[int]], result: dict, show: 
             problems.append(("ids", describe(tok, label + f" [bos={add_bos} special={special}]", text, mine, theirs)))
         if not special:
             decoded = tok.decode(mine[1:] if add_bos else mine)
-            if decoded != text:
+            # A literal U+2581 in the text decodes to a space: SentencePiece spells spaces with it
+            # (llama.cpp too), so both texts have the same ids. Anything else is a failure.
+            if decoded != text.replace(SPM_SPACE, " "):
                 row[3] += 1
                 problems.append(("round-trip", f"  {label}: text {text[:80]!r} decodes to {decoded[:80]!r}"))
             if decoded.encode("utf-8") != detok.encode("latin-1"):
