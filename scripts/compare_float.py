@@ -6,7 +6,10 @@ file (non-overlapping windows of --ctx tokens), and prints top-1 agreement
 and the mean KL(float || integer) of the next-token distributions, plus both
 perplexities over the same tokens. Analysis code: float is allowed here.
 
-Usage: python scripts/compare_float.py [-m MODEL] [--file F] [--positions 2000] [--ctx 512]
+Usage: python scripts/compare_float.py [-m MODEL] [--source SRC] [--file F] [--positions 2000] [--ctx 512]
+
+Gemma 3 270M: -m gemma-3-270m-q4_k_m.gguf (or -m its converted directory
+with --source the GGUF, to skip the conversion).
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ def log_softmax(x):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("-m", "--model", default=None, help="GGUF file or HF dir (default: SmolLM2-135M)")
+    ap.add_argument("--source", default=None,
+                    help="float weights' source (GGUF / HF dir) when -m is a converted directory (default: -m)")
     ap.add_argument("--file", default=DEFAULT_FILE)
     ap.add_argument("--positions", type=int, default=2000)
     ap.add_argument("--ctx", type=int, default=512)
@@ -42,7 +47,7 @@ def main():
     src = a.model or default_model_path()
     lm = load_model(resolve_model(src, progress=False))
     eng = Engine(lm, "cpu")
-    flt = FloatModel(read_source(src), np.float32, max_len=a.ctx)
+    flt = FloatModel(read_source(a.source or src), np.float32, max_len=a.ctx)
     with open(a.file, "rb") as f:
         text = f.read().decode("utf-8")
     ids = encode(lm.tokenizer, lm.tok_meta, text[: a.positions * 8])

@@ -8,7 +8,7 @@ the relative error ||int - float|| / ||float|| of each. The errors are
 cumulative (each side runs its own forward pass), so a regression shows as a
 jump at the op that caused it.
 
-Usage: python scripts/op_errors.py [-m MODEL] [--file TEXT] [--tokens 64] [--layers 0,1,15,29]
+Usage: python scripts/op_errors.py [-m MODEL] [--converted DIR] [--file TEXT] [--tokens 64] [--layers 0,1,15,29]
 """
 
 from __future__ import annotations
@@ -40,17 +40,20 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("-m", "--model", default=None, help="GGUF file or HF dir (default: SmolLM2-135M)")
     ap.add_argument("--file", default=None, help="UTF-8 text (default: a built-in English paragraph)")
+    ap.add_argument("--converted", default=None, help="the converted directory of -m (default: convert it into the cache)")
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--layers", default=None, help="comma-separated layer indices (default: all)")
     a = ap.parse_args()
     src = a.model or default_model_path()
-    lm = load_model(converted_path(src, progress=False))
+    lm = load_model(a.converted or converted_path(src, progress=False))
     fm = read_source(src)
     text = open(a.file, encoding="utf-8").read() if a.file else SAMPLE
     ids = encode(lm.tokenizer, lm.tok_meta, text, add_bos=False)[: a.tokens]
     cfg = dict(lm.cfg, context_length=len(ids))
     t = dict(lm.tensors)
-    t["rope.cos"], t["rope.sin"] = t["rope.cos"][: len(ids)], t["rope.sin"][: len(ids)]
+    for r in ("rope", "rope_local"):  # rope_local: Gemma's local layers
+        if r + ".cos" in t:
+            t[r + ".cos"], t[r + ".sin"] = t[r + ".cos"][: len(ids)], t[r + ".sin"][: len(ids)]
     # Exponent G of each gamma, from the stored int16 gammas and the float ones.
     cfg["norm_gamma_exponents"] = {
         k[:-2]: int(round(math.log2(np.abs(t[k]).max() / np.abs(fm.weights[k[:-2]]).max())))

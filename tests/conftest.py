@@ -71,3 +71,10 @@ def tiny_llama_gguf(tmp_path_factory):
     """Path of an F32 llama GGUF made from models.hf_twin_of_gguf("F32")
     (the same weights as tiny_llama_hf)."""
     return models.write_gguf_model(str(tmp_path_factory.mktemp("tiny_llama_gguf") / "tiny-llama-f32.gguf"), "F32")
+
+
+@pytest.fixture(scope="session")
+def tiny_gemma3_hf(tmp_path_factory):
+    """Path of a tiny Gemma3ForCausalLM checkpoint dir (random_model.GEMMA3_TINY:
+    local/global/local layers, window 5, post-norms, GeGLU, tied)."""
+    return models.write_hf_model(str(tmp_path_factory.mktemp("tiny_gemma3_hf")), "gemma3")

@@ -225,3 +225,81 @@ def write_gguf_model(path: str, qtype: str = "F32", seed: int = 0) -> str:
     w.write_tensors_to_file()
     w.close()
     return str(path)
+
+
+# ------------------------------------------------------------------ Gemma 3 GGUF
+
+# Row lengths multiples of 32 (Q5_0 / Q8_0 blocks); the rest as GEMMA3_TINY.
+GEMMA3_GGUF_SHAPE = dict(hidden_size=96, intermediate_size=160, head_dim=32)
+
+
+def write_gemma3_gguf(path: str, qtype: str = "Q5_0", seed: int = 0, **overrides) -> tuple[str, dict]:
+    """A gemma3 GGUF as llama.cpp's convert_hf_to_gguf.py Gemma3Model would
+    make from write_hf_model(d, "gemma3", seed, **GEMMA3_GGUF_SHAPE): norm
+    weights stored as 1 + w, Q/K rows not permuted, no output.weight (tied),
+    no GGUF key for the layer pattern, local RoPE base or attention scalar;
+    2-D tensors in `qtype` (F32, Q8_0 or Q5_0), 1-D F32, the gpt2 test
+    tokenizer. The HF config must use llama.cpp's implied values
+    (every 6th layer global, local base 10000, scalar = head_dim).
+    Returns (path, the HF config dict of the same weights)."""
+    import gguf
+
+    cfg = hf_config("gemma3", **{**GEMMA3_GGUF_SHAPE, "query_pre_attn_scalar": GEMMA3_GGUF_SHAPE["head_dim"],
+                                 **overrides})
+    L = cfg["num_hidden_layers"]
+    cfg["layer_types"] = ["sliding_attention" if (i + 1) % 6 else "full_attention" for i in range(L)]
+    hw = hf_weights(cfg, seed)
+    H, nh, nkv, D, V = (cfg[k] for k in ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size"))
+    w = gguf.GGUFWriter(path, "gemma3")
+    w.add_name("intdet-tiny-gemma3")
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(H)
+    w.add_block_count(L)
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(nh)
+    w.add_head_count_kv(nkv)
+    w.add_rope_freq_base(cfg["rope_theta"])
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    w.add_key_length(D)
+    w.add_value_length(D)
+    w.add_sliding_window(cfg["sliding_window"])
+    w.add_file_type(gguf.LlamaFileType.ALL_F32 if qtype == "F32" else gguf.LlamaFileType.MOSTLY_Q8_0)
+    toks = vocab_list()
+    types = [gguf.TokenType.CONTROL if t in SPECIAL_TOKENS else gguf.TokenType.NORMAL for t in toks]
+    toks += [f"[PAD{i}]" for i in range(len(toks), V)]
+    types += [gguf.TokenType.UNUSED] * (V - len(types))
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("gpt2")
+    w.add_token_list(toks)
+    w.add_token_types(types)
+    w.add_token_merges([f"{a} {b}" for a, b in MERGES])
+    w.add_bos_token_id(BOS_ID)
+    w.add_eos_token_id(EOS_ID)
+    w.add_add_bos_token(False)
+
+    def mat(name, arr):
+        data, raw = quantize_matrix(arr, qtype) if qtype != "F32" else (arr, None)
+        w.add_tensor(name, data, raw_dtype=raw)
+
+    def norm(name, arr):  # llama.cpp's norm_shift: Gemma3RMSNorm's (1 + w)
+        w.add_tensor(name, (arr + np.float32(1.0)).astype(np.float32))
+
+    mat("token_embd.weight", hw["model.embed_tokens.weight"])
+    names = {"input_layernorm": "attn_norm", "post_attention_layernorm": "post_attention_norm",
+             "pre_feedforward_layernorm": "ffn_norm", "post_feedforward_layernorm": "post_ffw_norm",
+             "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm"}
+    mats = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+            "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+            "mlp.down_proj": "ffn_down"}
+    for i in range(L):
+        p, b = f"model.layers.{i}.", f"blk.{i}."
+        for hn, gn in names.items():
+            norm(b + gn + ".weight", hw[p + hn + ".weight"])
+        for hn, gn in mats.items():
+            mat(b + gn + ".weight", hw[p + hn + ".weight"])
+    norm("output_norm.weight", hw["model.norm.weight"])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return str(path), cfg

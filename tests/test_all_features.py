@@ -27,6 +27,8 @@ CASES = {
     "qwen3-all": ("qwen3", dict(attention_bias=True, tie_word_embeddings=False), "int8"),
     "qwen3-all-int4": ("qwen3", dict(attention_bias=True, tie_word_embeddings=False, **models.INT4_SHAPE), "int4"),
     "llama-attention-bias": ("llama", dict(attention_bias=True), "int8"),
+    # Gemma 3's features together: post-norms, GeGLU, window 5, two RoPE tables, biases, untied
+    "gemma3-all": ("gemma3", dict(attention_bias=True, tie_word_embeddings=False), "int8"),
 }
 
 
@@ -102,7 +104,7 @@ def _tool(tmp_path_factory, xa):
     return _TOOL["bin"]
 
 
-@pytest.mark.parametrize("name", ["qwen3-all", "llama-attention-bias"])
+@pytest.mark.parametrize("name", ["qwen3-all", "llama-attention-bias", "gemma3-all"])
 def test_integer_logits_follow_float(built, name):
     """Every bias is applied: the integer model's next-token choice agrees
     with the float reference's (which matches transformers, below) at every
@@ -116,7 +118,7 @@ def test_integer_logits_follow_float(built, name):
     assert agree >= len(PROMPT) - 1
 
 
-@pytest.mark.parametrize("name", ["qwen3-all", "llama-attention-bias"])
+@pytest.mark.parametrize("name", ["qwen3-all", "llama-attention-bias", "gemma3-all"])
 def test_float_reference_matches_transformers(built, name):
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")

@@ -73,10 +73,11 @@ def _run_tool(runner: list, model_dir: str, ids, n: int, *extra) -> dict:
 
 
 @pytest.fixture(scope="module")
-def models_and_expected(tmp_path_factory, tiny_qwen3_hf, tiny_llama_hf, tiny_qwen2_hf):
+def models_and_expected(tmp_path_factory, tiny_qwen3_hf, tiny_llama_hf, tiny_qwen2_hf, tiny_gemma3_hf):
     """Converted tiny models (qwen3: tied + q/k norm; llama: untied lm_head;
     qwen2: q/k/v bias; qwen3_int4: int4 linear weights, --weights int4;
-    qwen3_all: every optional feature, q/k/v/o biases + q/k norm + untied)
+    qwen3_all: every optional feature, q/k/v/o biases + q/k norm + untied;
+    gemma3: post-norms, GeGLU, sliding window, two RoPE tables, Q10 residual)
     and the Python driver's (hash, tokens, stop) per case."""
     root = tmp_path_factory.mktemp("cross_models")
     int4_src = models.write_hf_model(str(root / "hf_qwen3_int4"), "qwen3", **models.INT4_SHAPE)
@@ -84,7 +85,7 @@ def models_and_expected(tmp_path_factory, tiny_qwen3_hf, tiny_llama_hf, tiny_qwe
     out = {}
     for name, src, weights in (("qwen3", tiny_qwen3_hf, "int8"), ("llama", tiny_llama_hf, "int8"),
                                ("qwen2", tiny_qwen2_hf, "int8"), ("qwen3_int4", int4_src, "int4"),
-                               ("qwen3_all", all_src, "int8")):
+                               ("qwen3_all", all_src, "int8"), ("gemma3", tiny_gemma3_hf, "int8")):
         d = str(root / name)
         convert(src, d, progress=False, weights=weights)
         lm = load_model(d)

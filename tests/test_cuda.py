@@ -387,6 +387,14 @@ def test_swiglu(backend):
     assert np.array_equal(backend.ops.swiglu(g, u), C.ops.swiglu(g.astype(np.int64), u.astype(np.int64)))
 
 
+def test_geglu(backend):
+    rng = np.random.default_rng(5)
+    g = np.concatenate([rng.integers(-2**31 + 1, 2**31, 3000), rng.integers(-2**21, 2**21, 3000),
+                        [0, 1, -1, 2**20, -(2**20), 2**20 + 1, 2**31 - 1, -(2**31 - 1)]]).astype(np.int32)
+    u = rng.integers(-2**31 + 1, 2**31, size=g.size).astype(np.int32)
+    assert np.array_equal(backend.ops.geglu(g, u), C.ops.geglu(g.astype(np.int64), u.astype(np.int64)))
+
+
 def test_emulator_reverse_thread_order():
     """The emulator normally runs a block's threads first to last between
     barriers; last to first finds races the other order hides."""
@@ -430,7 +438,7 @@ print("ok")
 
 
 @pytest.fixture(scope="module")
-def converted(tmp_path_factory, tiny_llama_hf, tiny_qwen2_hf, tiny_qwen3_hf):
+def converted(tmp_path_factory, tiny_llama_hf, tiny_qwen2_hf, tiny_qwen3_hf, tiny_gemma3_hf):
     """Converted tiny models: llama (untied, K=72 scalar paths), qwen2 (bias,
     tied), qwen3 (q/k norm) and a wider qwen3 whose sizes take the 16-byte
     vector paths (hidden 256, ffn 512, head_dim 64, 2 kv heads, 4 heads)."""
@@ -439,7 +447,8 @@ def converted(tmp_path_factory, tiny_llama_hf, tiny_qwen2_hf, tiny_qwen3_hf):
                                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
                                  max_position_embeddings=1280)
     out = {}
-    for name, src in (("llama", tiny_llama_hf), ("qwen2", tiny_qwen2_hf), ("qwen3", tiny_qwen3_hf), ("wide", wide)):
+    for name, src in (("llama", tiny_llama_hf), ("qwen2", tiny_qwen2_hf), ("qwen3", tiny_qwen3_hf), ("wide", wide),
+                      ("gemma3", tiny_gemma3_hf)):
         out[name] = load_model(convert(src, str(d / name), progress=False))
     return out
 
@@ -489,7 +498,7 @@ def _compare_model(mod, lm, graphs, prompt, steps, batch_co=3, ctx=96):
         assert all(np.array_equal(a, b) for a, b in zip(outs, want)), f"batch decode {i}"
 
 
-EMU_CASES = [("llama", False), ("qwen2", True), ("qwen3", False), ("wide", True)]
+EMU_CASES = [("llama", False), ("qwen2", True), ("qwen3", False), ("wide", True), ("gemma3", True), ("gemma3", False)]
 
 
 @pytest.mark.parametrize("name,graphs", EMU_CASES)
@@ -527,7 +536,7 @@ def test_engine_generate_hash_equal(monkeypatch, converted):
 
 
 @needs_gpu
-@pytest.mark.parametrize("name", ["llama", "qwen2", "qwen3", "wide"])
+@pytest.mark.parametrize("name", ["llama", "qwen2", "qwen3", "wide", "gemma3"])
 def test_gpu_generate_hash_equal(converted, name):
     from intdet.generate import generate
 
@@ -601,10 +610,11 @@ TRACE_IDS = [5, 17, 99, 230, 41, 7, 300, 12]
 
 
 def _traced_models(converted, converted_int4):
-    return {"qwen3": converted["qwen3"], "qwen2": converted["qwen2"], "int4": converted_int4}
+    return {"qwen3": converted["qwen3"], "qwen2": converted["qwen2"], "int4": converted_int4,
+            "gemma3": converted["gemma3"]}
 
 
-@pytest.mark.parametrize("name,graphs", [("qwen3", False), ("qwen2", True), ("int4", False)])
+@pytest.mark.parametrize("name,graphs", [("qwen3", False), ("qwen2", True), ("int4", False), ("gemma3", False)])
 def test_trace_is_the_cpu_trace(monkeypatch, backend, converted, converted_int4, name, graphs):
     """_cuda.forward_trace has the C++ core's names, order, shapes and every
     bit (graphs on: a traced call bypasses them); its logits are forward's."""

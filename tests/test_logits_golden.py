@@ -37,6 +37,8 @@ SOURCES = {
     "qwen3-hf": lambda d: models.write_hf_model(d, "qwen3"),
     "llama-gguf-f32": lambda d: models.write_gguf_model(d + "/m.gguf", "F32"),
     "llama-gguf-q4_1": lambda d: models.write_gguf_model(d + "/m.gguf", "Q4_1"),
+    "gemma3-hf": lambda d: models.write_hf_model(d, "gemma3"),
+    "gemma3-gguf-q5_0": lambda d: models.write_gemma3_gguf(d + "/m.gguf", "Q5_0")[0],
 }
 GOLDEN = {  # recorded on format_version 1 (commit a670461) and kept since
     "llama-hf/int8": "566024421616c7f0",
@@ -46,6 +48,8 @@ GOLDEN = {  # recorded on format_version 1 (commit a670461) and kept since
     "llama-gguf-q4_1/int8": "4e71a43a1c2496bb",
     "llama-gguf-q4_1/int4": "359caa680aa51879",
     "smollm2/int8": "4e19465c358942a1",
+    "gemma3-hf/int8": "a6c978707e10880e",  # recorded when Gemma 3 was added (the spec gives the same)
+    "gemma3-gguf-q5_0/int8": "a019b0d028db35d5",
 }
 
 

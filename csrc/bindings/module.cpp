@@ -190,6 +190,12 @@ PYBIND11_MODULE(_core, mod) {
     kernels().swiglu(g.data(), u.data(), g.size(), out.mutable_data());  // active ISA
     return out;
   });
+  ops.def("geglu", [](const I64Arr& g, const I64Arr& u) {
+    oa::same_shape("geglu", g, "g", u, "u");
+    I64Arr out = new_like(g);
+    kernels().geglu(g.data(), u.data(), g.size(), out.mutable_data());  // active ISA
+    return out;
+  });
   ops.def("rope", [](const I64Arr& x, py::array_t<int16_t, py::array::c_style> cos,
                      py::array_t<int16_t, py::array::c_style> sin) {
     // x [T, nh, D], cos/sin [T, D/2]

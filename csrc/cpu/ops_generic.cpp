@@ -150,6 +150,22 @@ void swiglu_row(const int64_t* g, const int64_t* u, int64_t n, int64_t* a) {
   swiglu_row_with(g, u, n, a, exp2_neg_q30_row);
 }
 
+void geglu_row_with(const int64_t* g, const int64_t* u, int64_t n, int64_t* a, ExpRowFn exp_row) {
+  thread_local std::vector<int64_t> d;
+  d.resize((size_t)n);
+  for (int64_t i = 0; i < n; ++i) d[i] = gelu_exp2_arg(g[i]);  // |y| * log2(e), Q16
+  exp_row(d.data(), n, d.data());                               // exp(-|y|), Q30
+  for (int64_t i = 0; i < n; ++i) {  // sigmoid(y), sign(y) = sign(g): as in swiglu
+    const int64_t den = ((int64_t)1 << 30) + d[i];
+    const int64_t sig = g[i] >= 0 ? round_div((int64_t)1 << 60, den) : round_div(d[i] << 30, den);
+    a[i] = round_shift(g[i] * sig, 30) * u[i];
+  }
+}
+
+void geglu_row(const int64_t* g, const int64_t* u, int64_t n, int64_t* a) {
+  geglu_row_with(g, u, n, a, exp2_neg_q30_row);
+}
+
 void attend_head(const int16_t* q, int e_q, const int8_t* kc, const int32_t* ka, const int8_t* vc,
                  const int32_t* va, int64_t n, int64_t stride, int64_t D, int64_t score_mant,
                  int64_t score_shift, int64_t* z, int64_t* p, int16_t* w16, int64_t* out) {
@@ -194,6 +210,7 @@ constinit const Kernels kScalarKernels{
     .exp2_row = exp2_neg_q30_row,
     .quant16 = quant16_row,
     .swiglu = swiglu_row,
+    .geglu = geglu_row,
 };
 
 }  // namespace intdet

@@ -83,8 +83,16 @@ struct DevLayer {
   const int16_t* q_norm = nullptr;
   const int16_t* k_norm = nullptr;
   int64_t score_mant = 0, score_shift = 0;
+  const int16_t* post_attn_norm = nullptr;  // Gemma's post-norms, else null
+  int32_t post_attn_shift = 0;
   const int16_t* ffn_norm = nullptr;
   DevLinear gate, up, down;
+  const int16_t* post_ffn_norm = nullptr;
+  int32_t post_ffn_shift = 0;
+  bool geglu = false;
+  int64_t window = 0;
+  const int16_t* rope_cos = nullptr;  // the block's RoPE table
+  const int16_t* rope_sin = nullptr;
 };
 
 // Attention scratch (int32 per (row, head, position)) is bounded by this many
@@ -103,6 +111,7 @@ struct Workspace {
   Buf<DevKV> kvs;
   HostBuf<DevKV> h_kvs;
   Buf<int32_t> x, qb, kb, vb, gate, up, logits, act_e, scratch;
+  Buf<int32_t> branch;  // [rows, H]: o / down output in front of a post-norm (Gemma)
   Buf<int16_t> act;
   Buf<int64_t> o, a;
   Buf<int32_t> traced;  // [rows, H]: a normed row or a projection before its residual add (trace only)
@@ -260,13 +269,14 @@ void enqueue_body(DeviceModel& m, int64_t T, int64_t sstride, int64_t rows_per, 
   const int H = (int)c.hidden, nh = (int)c.n_heads, nkv = (int)c.n_kv, D = (int)c.head_dim;
   const int64_t F = c.ffn;
   int32_t* normed = tr ? w.traced.p : nullptr;  // the norms also store their int32 rows when tracing
+  const int R = (int)c.residual_frac;  // residual Q R
   launch_embed(w.tokens(), m.tok_embd, m.embd_mant, m.embd_shift, (int)T, H, w.x.p, st);
   if (tr) tr->rec("tok_embd", w.x.p, {T, H});
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const DevLayer& L = m.layers[(size_t)l];
     const std::string blk = tr ? "blk." + std::to_string(l) + "." : "";
     // --- attention block ---
-    launch_norm_quant16(w.x.p, nullptr, L.attn_norm, (int)T, H, c.eps_hidden, w.act.p, w.act_e.p, st, normed);
+    launch_norm_quant16(w.x.p, nullptr, L.attn_norm, (int)T, H, c.eps_hidden, R, w.act.p, w.act_e.p, st, normed);
     if (tr) tr->rec(blk + "attn_norm", normed, {T, H});
     lin(m, L.q, T, w.qb.p, false);  // [T, nh*D] Q16
     lin(m, L.k, T, w.kb.p, false);  // [T, nkv*D]
@@ -277,34 +287,51 @@ void enqueue_body(DeviceModel& m, int64_t T, int64_t sstride, int64_t rows_per, 
       tr->rec(blk + "attn_v", w.vb.p, {T, nkv, D});
     }
     // q_norm / k_norm are null unless the block has per-head q/k RMSNorm.
-    launch_norm_rope(w.qb.p, (int)T, nh, D, L.q_norm, c.eps_head, w.pos(), m.rope_cos, m.rope_sin, st);
-    launch_norm_rope(w.kb.p, (int)T, nkv, D, L.k_norm, c.eps_head, w.pos(), m.rope_cos, m.rope_sin, st);
+    launch_norm_rope(w.qb.p, (int)T, nh, D, L.q_norm, c.eps_head, w.pos(), L.rope_cos, L.rope_sin, st);
+    launch_norm_rope(w.kb.p, (int)T, nkv, D, L.k_norm, c.eps_head, w.pos(), L.rope_cos, L.rope_sin, st);
     launch_kv_append(w.kb.p, w.vb.p, (int)T, nkv, D, (int)l, w.seq(), w.pos(), w.kvs.p, st);
     for (int64_t r0 = 0; r0 < T; r0 += rows_per)
       launch_attention(w.qb.p, (int)r0, (int)std::min(rows_per, T - r0), nh, nkv, D, (int)l, w.seq(), w.pos(),
-                       w.kvs.p, L.score_mant, L.score_shift, w.scratch.p, sstride, w.o.p, st);
+                       w.kvs.p, L.score_mant, L.score_shift, w.scratch.p, sstride, w.o.p, st, L.window);
     launch_quant16_i64(w.o.p, (int)T, nh * D, w.act.p, w.act_e.p, st);
-    if (tr) {  // the projection alone: the same kernel once more, storing instead of adding
-      tr->rec(blk + "attn_out", w.o.p, {T, nh * D});
-      lin(m, L.o, T, w.traced.p, false);
-      tr->rec(blk + "attn_output", w.traced.p, {T, H});
+    if (tr) tr->rec(blk + "attn_out", w.o.p, {T, nh * D});
+    if (L.post_attn_norm) {  // o-proj (Q16), its RMSNorm, then into the residual
+      lin(m, L.o, T, w.branch.p, false);
+      if (tr) tr->rec(blk + "attn_output", w.branch.p, {T, H});
+      launch_post_norm_add(w.branch.p, L.post_attn_norm, (int)T, H, c.eps_hidden, L.post_attn_shift, w.x.p, st);
+    } else {
+      if (tr) {  // the projection alone: the same kernel once more, storing instead of adding
+        lin(m, L.o, T, w.traced.p, false);
+        tr->rec(blk + "attn_output", w.traced.p, {T, H});
+      }
+      lin(m, L.o, T, w.x.p, true);  // x = sat32(x + o-proj)
     }
-    lin(m, L.o, T, w.x.p, true);  // x = sat32(x + o-proj)
     // --- feed-forward block ---
-    launch_norm_quant16(w.x.p, nullptr, L.ffn_norm, (int)T, H, c.eps_hidden, w.act.p, w.act_e.p, st, normed);
+    launch_norm_quant16(w.x.p, nullptr, L.ffn_norm, (int)T, H, c.eps_hidden, R, w.act.p, w.act_e.p, st, normed);
     if (tr) tr->rec(blk + "ffn_norm", normed, {T, H});
     lin(m, L.gate, T, w.gate.p, false);  // [T, F] Q16
     lin(m, L.up, T, w.up.p, false);
-    launch_swiglu(w.gate.p, w.up.p, T * F, w.a.p, st);  // Q32 int64
+    if (L.geglu)
+      launch_geglu(w.gate.p, w.up.p, T * F, w.a.p, st);  // Q32 int64
+    else
+      launch_swiglu(w.gate.p, w.up.p, T * F, w.a.p, st);
     launch_quant16_i64(w.a.p, (int)T, (int)F, w.act.p, w.act_e.p, st);
     if (tr) {
       tr->rec(blk + "ffn_gate", w.gate.p, {T, F});
       tr->rec(blk + "ffn_up", w.up.p, {T, F});
       tr->rec(blk + "ffn_swiglu", w.a.p, {T, F});
-      lin(m, L.down, T, w.traced.p, false);
-      tr->rec(blk + "ffn_down", w.traced.p, {T, H});
     }
-    lin(m, L.down, T, w.x.p, true);
+    if (L.post_ffn_norm) {
+      lin(m, L.down, T, w.branch.p, false);
+      if (tr) tr->rec(blk + "ffn_down", w.branch.p, {T, H});
+      launch_post_norm_add(w.branch.p, L.post_ffn_norm, (int)T, H, c.eps_hidden, L.post_ffn_shift, w.x.p, st);
+    } else {
+      if (tr) {
+        lin(m, L.down, T, w.traced.p, false);
+        tr->rec(blk + "ffn_down", w.traced.p, {T, H});
+      }
+      lin(m, L.down, T, w.x.p, true);
+    }
     if (tr) tr->rec(blk + "residual", w.x.p, {T, H});
   }
 }
@@ -312,8 +339,8 @@ void enqueue_body(DeviceModel& m, int64_t T, int64_t sstride, int64_t rows_per, 
 // Final norm and lm_head for selected rows r0..r0+nr-1 (w.sel) into w.logits.
 void enqueue_head(DeviceModel& m, int64_t r0, int64_t nr) {
   Workspace& w = m.ws;
-  launch_norm_quant16(w.x.p, w.sel() + r0, m.out_norm, (int)nr, (int)m.cfg.hidden, m.cfg.eps_hidden, w.act.p,
-                      w.act_e.p, m.stream);
+  launch_norm_quant16(w.x.p, w.sel() + r0, m.out_norm, (int)nr, (int)m.cfg.hidden, m.cfg.eps_hidden,
+                      (int)m.cfg.residual_frac, w.act.p, w.act_e.p, m.stream);
   lin(m, m.output, nr, w.logits.p, false);  // [nr, V] Q16
 }
 
@@ -345,6 +372,7 @@ void forward_chunk(DeviceModel& m, DeviceState* const* states, int64_t n_states,
   moved |= w.kvs.grow((size_t)std::max<int64_t>(n_states, 1));
   w.h_kvs.grow((size_t)std::max<int64_t>(n_states, 1));
   moved |= w.x.grow((size_t)(cap * H));
+  moved |= w.branch.grow((size_t)(cap * H));
   moved |= w.act.grow((size_t)(cap * kmax));
   moved |= w.act_e.grow((size_t)cap);
   moved |= w.qb.grow((size_t)(cap * nh * D));
@@ -434,6 +462,8 @@ ModelPtr upload_model(const Model& h) {
   m->embd_shift = upload(*m, seen, h.embd_shift, c.vocab);
   m->rope_cos = upload(*m, seen, h.rope_cos, c.ctx * half);
   m->rope_sin = upload(*m, seen, h.rope_sin, c.ctx * half);
+  upload(*m, seen, h.rope_local_cos, c.ctx * half);  // null unless a block uses the local table
+  upload(*m, seen, h.rope_local_sin, c.ctx * half);
   for (const Layer& L : h.layers) {
     DevLayer d;
     d.attn_norm = upload(*m, seen, L.attn_norm, H);
@@ -449,6 +479,14 @@ ModelPtr upload_model(const Model& h) {
     d.gate = upload_linear(*m, seen, L.gate);
     d.up = upload_linear(*m, seen, L.up);
     d.down = upload_linear(*m, seen, L.down);
+    d.post_attn_norm = upload(*m, seen, L.post_attn_norm, H);
+    d.post_attn_shift = L.post_attn_shift;
+    d.post_ffn_norm = upload(*m, seen, L.post_ffn_norm, H);
+    d.post_ffn_shift = L.post_ffn_shift;
+    d.geglu = L.geglu;
+    d.window = L.window;
+    d.rope_cos = upload(*m, seen, L.rope_cos, c.ctx * half);  // the tables above: already on the device
+    d.rope_sin = upload(*m, seen, L.rope_sin, c.ctx * half);
     m->layers.push_back(d);
   }
   m->out_norm = upload(*m, seen, h.out_norm, H);
@@ -596,7 +634,7 @@ void norm_quant16(const int32_t* x, const int16_t* g, int64_t R, int64_t n, int6
   Keep k;
   int16_t* dq = to_dev<int16_t>(k.p, nullptr, R * n);
   int32_t* de = to_dev<int32_t>(k.p, nullptr, R);
-  launch_norm_quant16(to_dev(k.p, x, R * n), nullptr, to_dev(k.p, g, n), (int)R, (int)n, eps_q60, dq, de, 0);
+  launch_norm_quant16(to_dev(k.p, x, R * n), nullptr, to_dev(k.p, g, n), (int)R, (int)n, eps_q60, 16, dq, de, 0);
   from_dev(q, dq, R * n);
   from_dev(e, de, R);
 }
@@ -605,6 +643,13 @@ void swiglu(const int32_t* g, const int32_t* u, int64_t count, int64_t* a) {
   Keep k;
   int64_t* da = to_dev<int64_t>(k.p, nullptr, count);
   launch_swiglu(to_dev(k.p, g, count), to_dev(k.p, u, count), count, da, 0);
+  from_dev(a, da, count);
+}
+
+void geglu(const int32_t* g, const int32_t* u, int64_t count, int64_t* a) {
+  Keep k;
+  int64_t* da = to_dev<int64_t>(k.p, nullptr, count);
+  launch_geglu(to_dev(k.p, g, count), to_dev(k.p, u, count), count, da, 0);
   from_dev(a, da, count);
 }
 

@@ -71,6 +71,7 @@ void attend(const int32_t* q, int64_t D, const int8_t* kc, const int32_t* ka, co
 // RMSNorm then quant16 of rows x [R, n] int32: q [R, n], e [R].
 void norm_quant16(const int32_t* x, const int16_t* g, int64_t R, int64_t n, int64_t eps_q60, int16_t* q, int32_t* e);
 void swiglu(const int32_t* g, const int32_t* u, int64_t count, int64_t* a);
+void geglu(const int32_t* g, const int32_t* u, int64_t count, int64_t* a);
 void round_div(const int64_t* a, const int64_t* b, int64_t count, int64_t* out);
 }  // namespace test
 

@@ -144,17 +144,29 @@ constexpr int kNormThreads = 256;
 // also stored to normed [R, n] when that is not null (the trace only).
 __global__ void __launch_bounds__(kNormThreads)
     norm_quant16_kernel(const int32_t* __restrict__ x, const int32_t* __restrict__ idx, const int16_t* __restrict__ g,
-                        int n, int64_t eps_q60, int16_t* __restrict__ q, int32_t* __restrict__ e,
+                        int n, int64_t eps_q60, int in_frac, int16_t* __restrict__ q, int32_t* __restrict__ e,
                         int32_t* __restrict__ normed) {
   INTDET_DYN_SMEM(int32_t, y_s);
   __shared__ int64_t red[33];
   const int64_t r = blockIdx.x;
   const int64_t src = idx ? idx[r] : r;
-  norm_row(x + src * n, g, n, eps_q60, 16, y_s, red);
+  norm_row(x + src * n, g, n, eps_q60, in_frac, y_s, red);
   if (normed)  // grid-uniform
     for (int i = threadIdx.x; i < n; i += blockDim.x) normed[r * n + i] = y_s[i];
   const int ex = quant16_block(y_s, n, q + r * n, red);
   if (threadIdx.x == 0) e[r] = ex;
+}
+
+// One block per row: the post-norm of y's row straight into the residual x.
+__global__ void __launch_bounds__(kNormThreads)
+    post_norm_add_kernel(const int32_t* __restrict__ y, const int16_t* __restrict__ g, int n, int64_t eps_q60,
+                         int32_t shift, int32_t* __restrict__ x) {
+  INTDET_DYN_SMEM(int32_t, y_s);
+  __shared__ int64_t red[33];
+  const int64_t r = blockIdx.x;
+  norm_row(y + r * n, g, n, eps_q60, 16, y_s, red);
+  for (int i = threadIdx.x; i < n; i += blockDim.x)
+    x[r * n + i] = (int32_t)sat32((int64_t)x[r * n + i] + shift_round_sat32(y_s[i], shift));
 }
 
 __global__ void __launch_bounds__(kNormThreads)
@@ -239,7 +251,7 @@ __global__ void __launch_bounds__(kAttnThreads)
     attention_kernel(const int32_t* __restrict__ qbuf, int row0, int nh, int nkv, int D, int layer,
                      const int32_t* __restrict__ seq, const int32_t* __restrict__ pos, const DevKV* __restrict__ kvs,
                      int64_t score_mant, int64_t score_shift, int32_t* __restrict__ scratch, int64_t sstride,
-                     int64_t* __restrict__ out) {
+                     int64_t* __restrict__ out, int64_t window) {
   __shared__ int32_t qq[kMaxHeadDim];
   __shared__ int64_t red[33];
   __shared__ int64_t pv[kAttnWarps][kMaxHeadDim];
@@ -248,10 +260,12 @@ __global__ void __launch_bounds__(kAttnThreads)
   const int h = kvh * gridDim.x + blockIdx.x;  // heads kvh*grp .. kvh*grp+grp-1 share kv head kvh
   const int64_t tl = blockIdx.z, t = row0 + tl;
   const DevKV kv = kvs[seq[t]];
-  const int64_t n = (int64_t)pos[t] + 1;  // causal: positions 0..pos
+  // Causal: positions lo..pos; lo > 0 only in a sliding window (the last `window` positions).
+  const int64_t lo = window && (int64_t)pos[t] + 1 > window ? (int64_t)pos[t] + 1 - window : 0;
+  const int64_t n = (int64_t)pos[t] + 1 - lo;
   const int32_t* qr = qbuf + (t * nh + h) * D;
   int32_t* sc = scratch + (tl * nh + h) * sstride;
-  const int64_t lay = (int64_t)layer * kv.max_len * nkv + kvh;  // (layer, position 0, kvh) in [L, P, nkv]
+  const int64_t lay = ((int64_t)layer * kv.max_len + lo) * nkv + kvh;  // (layer, position lo, kvh) in [L, P, nkv]
   const int8_t* kb = kv.k + lay * D;
   const int8_t* vb = kv.v + lay * D;
   const int32_t* kab = kv.ka + lay;
@@ -346,6 +360,18 @@ __global__ void swiglu_kernel(const int32_t* __restrict__ gate, const int32_t* _
     const int64_t g = gate[i];
     const int64_t w = round_shift(iabs(g) * kLog2eQ30, 30);  // |g| * log2(e), Q16
     const int64_t d = exp2_neg_q30(w);                      // exp(-|g|), Q30
+    const int64_t den = ((int64_t)1 << 30) + d;
+    const int64_t sig = g >= 0 ? round_div((int64_t)1 << 60, den) : round_div(d << 30, den);
+    a[i] = round_shift(g * sig, 30) * (int64_t)up[i];
+  }
+}
+
+// GeGLU: geglu_row's steps per element (gelu_exp2_arg in ops.h, shared with the CPU).
+__global__ void geglu_kernel(const int32_t* __restrict__ gate, const int32_t* __restrict__ up, int64_t count,
+                             int64_t* __restrict__ a) {
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < count; i += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t g = gate[i];
+    const int64_t d = exp2_neg_q30(gelu_exp2_arg(g));  // exp(-|y|), Q30
     const int64_t den = ((int64_t)1 << 30) + d;
     const int64_t sig = g >= 0 ? round_div((int64_t)1 << 60, den) : round_div(d << 30, den);
     a[i] = round_shift(g * sig, 30) * (int64_t)up[i];
@@ -708,11 +734,18 @@ void launch_embed(const int32_t* tokens, const int8_t* emb, const int32_t* mant,
 }
 
 void launch_norm_quant16(const int32_t* x, const int32_t* idx, const int16_t* g, int R, int n, int64_t eps_q60,
-                         int16_t* q, int32_t* e, cudaStream_t st, int32_t* normed) {
+                         int in_frac, int16_t* q, int32_t* e, cudaStream_t st, int32_t* normed) {
   if (R <= 0) return;
-  INTDET_LAUNCH(norm_quant16_kernel, R, kNormThreads, (size_t)n * sizeof(int32_t), st, x, idx, g, n, eps_q60, q, e,
-                normed);
+  INTDET_LAUNCH(norm_quant16_kernel, R, kNormThreads, (size_t)n * sizeof(int32_t), st, x, idx, g, n, eps_q60, in_frac,
+                q, e, normed);
   check_launch("norm_quant16");
+}
+
+void launch_post_norm_add(const int32_t* y, const int16_t* g, int R, int n, int64_t eps_q60, int32_t shift, int32_t* x,
+                          cudaStream_t st) {
+  if (R <= 0) return;
+  INTDET_LAUNCH(post_norm_add_kernel, R, kNormThreads, (size_t)n * sizeof(int32_t), st, y, g, n, eps_q60, shift, x);
+  check_launch("post_norm_add");
 }
 
 void launch_quant16_i64(const int64_t* x, int R, int n, int16_t* q, int32_t* e, cudaStream_t st) {
@@ -797,12 +830,12 @@ void launch_kv_append(const int32_t* k, const int32_t* v, int T, int nkv, int D,
 
 void launch_attention(const int32_t* q, int row0, int nrows, int nh, int nkv, int D, int layer, const int32_t* seq,
                       const int32_t* pos, const DevKV* kvs, int64_t score_mant, int64_t score_shift,
-                      int32_t* scratch, int64_t sstride, int64_t* out, cudaStream_t st) {
+                      int32_t* scratch, int64_t sstride, int64_t* out, cudaStream_t st, int64_t window) {
   if (nrows <= 0) return;
   if (D > kMaxHeadDim || nrows > 65535 || nkv > 65535) throw std::invalid_argument("attention: shape out of range");
   const int grp = nh / nkv;  // host-side division
   INTDET_LAUNCH(attention_kernel, dim3(grp, nkv, nrows), kAttnThreads, 0, st, q, row0, nh, nkv, D, layer, seq, pos, kvs,
-                                                                   score_mant, score_shift, scratch, sstride, out);
+                                                                   score_mant, score_shift, scratch, sstride, out, window);
   check_launch("attention");
 }
 
@@ -810,6 +843,12 @@ void launch_swiglu(const int32_t* g, const int32_t* u, int64_t count, int64_t* a
   if (count <= 0) return;
   INTDET_LAUNCH(swiglu_kernel, grid_1d(count, 256), 256, 0, st, g, u, count, a);
   check_launch("swiglu");
+}
+
+void launch_geglu(const int32_t* g, const int32_t* u, int64_t count, int64_t* a, cudaStream_t st) {
+  if (count <= 0) return;
+  INTDET_LAUNCH(geglu_kernel, grid_1d(count, 256), 256, 0, st, g, u, count, a);
+  check_launch("geglu");
 }
 
 void launch_round_div(const int64_t* a, const int64_t* b, int64_t count, int64_t* out, cudaStream_t st) {

@@ -33,15 +33,21 @@ struct DevKV {
 enum LinearPath { kLinearAuto = 0, kLinearGemv = 1, kLinearGemm = 2 };
 constexpr int kGemvMaxRows = 32;
 
-// x [T, H] int32 Q16 = embedding rows of tokens [T] times their dyadic scale.
+// x [T, H] int32 Q R (the residual) = embedding rows of tokens [T] times their dyadic scale.
 void launch_embed(const int32_t* tokens, const int8_t* emb, const int32_t* mant, const int32_t* shift, int T, int H,
                   int32_t* x, cudaStream_t st);
 
 // For each output row r (source row idx ? idx[r] : r of x [*, n] int32):
 // y = rms_norm_row(x) (norm units), then (q [R, n] int16, e [R]) = quant16(y);
 // y itself also goes to normed [R, n] int32 when not null (the trace).
+// in_frac: x's fixed point (the residual's Q R).
 void launch_norm_quant16(const int32_t* x, const int32_t* idx, const int16_t* g, int R, int n, int64_t eps_q60,
-                         int16_t* q, int32_t* e, cudaStream_t st, int32_t* normed = nullptr);
+                         int in_frac, int16_t* q, int32_t* e, cudaStream_t st, int32_t* normed = nullptr);
+
+// Gemma's post-norm, per row r of y [R, n] int32 Q16 (a branch output):
+// x[r] = sat32(x[r] + shift_round_sat32(rms_norm_row(y[r], g), shift)) (x: the residual, Q R).
+void launch_post_norm_add(const int32_t* y, const int16_t* g, int R, int n, int64_t eps_q60, int32_t shift, int32_t* x,
+                          cudaStream_t st);
 
 // (q [R, n] int16, e [R]) = quant16 of each row of x [R, n] int64.
 void launch_quant16_i64(const int64_t* x, int R, int n, int16_t* q, int32_t* e, cudaStream_t st);
@@ -69,14 +75,17 @@ void launch_kv_append(const int32_t* k, const int32_t* v, int T, int nkv, int D,
                       const int32_t* pos, const DevKV* kvs, cudaStream_t st);
 
 // Attention of rows row0..row0+nrows-1 (queries q [T, nh, D] int32 after
-// RoPE) over their sequence's cache positions 0..pos[t]; out [T, nh, D]
-// int64. scratch: int32 [nrows * nh, sstride] with sstride >= pos[t] + 1.
+// RoPE) over their sequence's cache positions 0..pos[t] (window > 0: only
+// the last `window` of them); out [T, nh, D] int64. scratch: int32
+// [nrows * nh, sstride] with sstride >= pos[t] + 1.
 void launch_attention(const int32_t* q, int row0, int nrows, int nh, int nkv, int D, int layer, const int32_t* seq,
                       const int32_t* pos, const DevKV* kvs, int64_t score_mant, int64_t score_shift,
-                      int32_t* scratch, int64_t sstride, int64_t* out, cudaStream_t st);
+                      int32_t* scratch, int64_t sstride, int64_t* out, cudaStream_t st, int64_t window = 0);
 
 // a[i] = swiglu(g[i], u[i]) (Q32 int64) for count elements of int32 Q16 inputs.
 void launch_swiglu(const int32_t* g, const int32_t* u, int64_t count, int64_t* a, cudaStream_t st);
+// a[i] = geglu(g[i], u[i]) (Q32 int64): tanh-GELU gate (geglu_row).
+void launch_geglu(const int32_t* g, const int32_t* u, int64_t count, int64_t* a, cudaStream_t st);
 
 // out[i] = round_div(a[i], b[i]) on the device (tests of the integer division).
 void launch_round_div(const int64_t* a, const int64_t* b, int64_t count, int64_t* out, cudaStream_t st);

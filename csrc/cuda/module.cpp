@@ -211,6 +211,12 @@ PYBIND11_MODULE(INTDET_CUDA_MODULE_NAME, mod) {
     cuda::test::swiglu(g.data(), u.data(), g.size(), a.mutable_data());
     return a;
   });
+  ops.def("geglu", [](Arr<int32_t> g, Arr<int32_t> u) {
+    if (g.size() != u.size()) throw std::invalid_argument("geglu: shape mismatch");
+    py::array_t<int64_t> a(g.size());
+    cuda::test::geglu(g.data(), u.data(), g.size(), a.mutable_data());
+    return a;
+  });
   ops.def("round_div", [](Arr<int64_t> a, Arr<int64_t> b) {
     if (a.size() != b.size()) throw std::invalid_argument("round_div: shape mismatch");
     py::array_t<int64_t> out(a.size());

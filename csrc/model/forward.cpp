@@ -1,4 +1,4 @@
-// The decoder forward pass (Llama / Qwen2 / Qwen3), integer only.
+// The decoder forward pass (Llama / Qwen2 / Qwen3 / Gemma 3), integer only.
 // Mirrors python/intdet/ref/model.py line for line; formats in comments.
 #include <stdexcept>
 #include <string>
@@ -92,14 +92,15 @@ void run_linear(const Kernels& k, const Linear& L, const Act16& a, int64_t T, in
 
 // Row-wise ops run rows in parallel: each row's result depends on that row
 // alone, so the split cannot change a bit.
-void norm_rows(const int64_t* x, const int16_t* g, int64_t T, int64_t n, int64_t eps, std::vector<int64_t>& y) {
+void norm_rows(const int64_t* x, const int16_t* g, int64_t T, int64_t n, int64_t eps, int in_frac,
+               std::vector<int64_t>& y) {
   y.resize((size_t)(T * n));
 #pragma omp parallel if (T > 1)
   {
     std::vector<int32_t> row((size_t)n);
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < T; ++t) {
-      rms_norm_row(x + t * n, g, n, eps, 16, row.data());
+      rms_norm_row(x + t * n, g, n, eps, in_frac, row.data());
       for (int64_t i = 0; i < n; ++i) y[t * n + i] = row[i];
     }
   }
@@ -108,6 +109,15 @@ void norm_rows(const int64_t* x, const int16_t* g, int64_t T, int64_t n, int64_t
 void add_residual(std::vector<int64_t>& x, const std::vector<int64_t>& d, int64_t n) {
 #pragma omp parallel for schedule(static) if (n > 4096)
   for (int64_t i = 0; i < n; ++i) x[i] = sat32(x[i] + d[i]);
+}
+
+// Gemma's post-norm: RMSNorm of a branch output d (Q16) into norm units h,
+// then x += shift_round_sat32(h, shift) (to the residual's Q R), saturating.
+void add_post_norm(std::vector<int64_t>& x, const std::vector<int64_t>& d, const int16_t* g, int32_t shift, int64_t T,
+                   int64_t H, int64_t eps, std::vector<int64_t>& h) {
+  norm_rows(d.data(), g, T, H, eps, 16, h);
+#pragma omp parallel for schedule(static) if (T * H > 4096)
+  for (int64_t i = 0; i < T * H; ++i) x[i] = sat32(x[i] + shift_round_sat32(h[i], shift));
 }
 
 // The forward pass on kernel set ks; tr, when not null, receives the named
@@ -125,6 +135,7 @@ void forward_impl(const Model& m, KVCache* const* caches, const Row* rows, int64
   const Config& c = m.cfg;
   const int64_t H = c.hidden, F = c.ffn, nh = c.n_heads, nkv = c.n_kv, D = c.head_dim;
   const int64_t grp = nh / nkv, half = D / 2;
+  const int R = (int)c.residual_frac;  // residual stream Q R
   std::vector<int64_t> x((size_t)(T * H));  // residual [T, H] int32 values, Q16
   std::vector<int64_t> h, q((size_t)(T * nh * D)), k((size_t)(T * nkv * D)), v((size_t)(T * nkv * D));
   std::vector<int64_t> o((size_t)(T * nh * D)), tmp((size_t)(T * H));
@@ -132,7 +143,7 @@ void forward_impl(const Model& m, KVCache* const* caches, const Row* rows, int64
   std::vector<int64_t> qn;
   Act16 act;
 
-  // Embedding: int8 row times its dyadic scale -> residual Q16.
+  // Embedding: int8 row times its dyadic scale -> residual Q R.
   for (int64_t t = 0; t < T; ++t) {
     const int64_t tok = rows[t].token;
     for (int64_t i = 0; i < H; ++i)
@@ -143,7 +154,7 @@ void forward_impl(const Model& m, KVCache* const* caches, const Row* rows, int64
     const Layer& L = m.layers[l];
     const std::string blk = tr ? "blk." + std::to_string(l) + "." : "";
     // --- attention block ---
-    norm_rows(x.data(), L.attn_norm, T, H, c.eps_hidden, h);  // [T, H] norm units
+    norm_rows(x.data(), L.attn_norm, T, H, c.eps_hidden, R, h);  // [T, H] norm units
     act.from_rows(ks, h.data(), T, H);                        // int16 + exponent per token
     run_linear(ks, L.q, act, T, q.data());                    // [T, nh*D] Q16
     run_linear(ks, L.k, act, T, k.data());                    // [T, nkv*D] Q16
@@ -154,18 +165,18 @@ void forward_impl(const Model& m, KVCache* const* caches, const Row* rows, int64
       rec(blk + "attn_k", k, {T, nkv, D});
       rec(blk + "attn_v", v, {T, nkv, D});
     }
-    if (L.q_norm) {  // the block has per-head q/k RMSNorm (Qwen3)
-      norm_rows(q.data(), L.q_norm, T * nh, D, c.eps_head, qn);
+    if (L.q_norm) {  // the block has per-head q/k RMSNorm (Qwen3, Gemma 3)
+      norm_rows(q.data(), L.q_norm, T * nh, D, c.eps_head, 16, qn);
       q.swap(qn);
-      norm_rows(k.data(), L.k_norm, T * nkv, D, c.eps_head, qn);
+      norm_rows(k.data(), L.k_norm, T * nkv, D, c.eps_head, 16, qn);
       k.swap(qn);
     }
 #pragma omp parallel for schedule(static) if (T > 1)
     for (int64_t t = 0; t < T; ++t) {  // RoPE, then append K, V to the row's int8 cache (own position)
       const int64_t pos = rows[t].pos;
       KVCache& kv = *caches[rows[t].seq];
-      rope_row(q.data() + t * nh * D, nh, D, m.rope_cos + pos * half, m.rope_sin + pos * half);
-      rope_row(k.data() + t * nkv * D, nkv, D, m.rope_cos + pos * half, m.rope_sin + pos * half);
+      rope_row(q.data() + t * nh * D, nh, D, L.rope_cos + pos * half, L.rope_sin + pos * half);
+      rope_row(k.data() + t * nkv * D, nkv, D, L.rope_cos + pos * half, L.rope_sin + pos * half);
       const int64_t base = (l * kv.max_len + pos) * nkv;  // [L, P, nkv] index of (l, pos, 0)
       for (int64_t g = 0; g < nkv; ++g) {
         kv.ka[base + g] = quant8_row(k.data() + (t * nkv + g) * D, D, kv.k.data() + (base + g) * D);
@@ -179,8 +190,10 @@ void forward_impl(const Model& m, KVCache* const* caches, const Row* rows, int64
     for (int64_t th = 0; th < T * nh; ++th) {
       const int64_t t = th / nh, hd = th % nh, g = hd / grp;
       const KVCache& kv = *caches[rows[t].seq];
-      const int64_t n = rows[t].pos + 1;  // causal: positions 0..pos of this row's sequence
-      const int64_t lay = l * kv.max_len * nkv;
+      // Causal: positions lo..pos of this row's sequence; lo > 0 only in a sliding window.
+      const int64_t lo = L.window && rows[t].pos + 1 > L.window ? rows[t].pos + 1 - L.window : 0;
+      const int64_t n = rows[t].pos + 1 - lo;
+      const int64_t lay = (l * kv.max_len + lo) * nkv;
       std::vector<int64_t> z((size_t)n), p((size_t)n);
       std::vector<int16_t> qq((size_t)D), w16((size_t)n);
       const int e_q = quant(q.data() + (t * nh + hd) * D, D, qq.data());
@@ -194,9 +207,12 @@ void forward_impl(const Model& m, KVCache* const* caches, const Row* rows, int64
       rec(blk + "attn_out", o, {T, nh * D});
       rec(blk + "attn_output", tmp, {T, H});
     }
-    add_residual(x, tmp, T * H);
+    if (L.post_attn_norm)
+      add_post_norm(x, tmp, L.post_attn_norm, L.post_attn_shift, T, H, c.eps_hidden, h);
+    else
+      add_residual(x, tmp, T * H);
     // --- feed-forward block ---
-    norm_rows(x.data(), L.ffn_norm, T, H, c.eps_hidden, h);
+    norm_rows(x.data(), L.ffn_norm, T, H, c.eps_hidden, R, h);
     act.from_rows(ks, h.data(), T, H);
     run_linear(ks, L.gate, act, T, gate.data());  // [T, F] Q16
     run_linear(ks, L.up, act, T, up.data());      // [T, F] Q16
@@ -205,12 +221,15 @@ void forward_impl(const Model& m, KVCache* const* caches, const Row* rows, int64
       rec(blk + "ffn_gate", gate, {T, F});  // before SwiGLU overwrites it
       rec(blk + "ffn_up", up, {T, F});
     }
-    const auto swiglu = ks.swiglu;
+    const auto glu = L.geglu ? ks.geglu : ks.swiglu;
 #pragma omp parallel for schedule(static) if (T > 1)
-    for (int64_t t = 0; t < T; ++t) swiglu(gate.data() + t * F, up.data() + t * F, F, gate.data() + t * F);
-    act.from_rows(ks, gate.data(), T, F);  // SwiGLU output was Q32
+    for (int64_t t = 0; t < T; ++t) glu(gate.data() + t * F, up.data() + t * F, F, gate.data() + t * F);
+    act.from_rows(ks, gate.data(), T, F);  // SwiGLU / GeGLU output was Q32
     run_linear(ks, L.down, act, T, tmp.data());
-    add_residual(x, tmp, T * H);
+    if (L.post_ffn_norm)
+      add_post_norm(x, tmp, L.post_ffn_norm, L.post_ffn_shift, T, H, c.eps_hidden, h);
+    else
+      add_residual(x, tmp, T * H);
     if (tr) {
       rec(blk + "ffn_swiglu", gate, {T, F});
       rec(blk + "ffn_down", tmp, {T, H});
@@ -226,7 +245,7 @@ void forward_impl(const Model& m, KVCache* const* caches, const Row* rows, int64
   std::vector<int64_t> xs((size_t)(Tout * H));
   for (int64_t r = 0; r < Tout; ++r)
     for (int64_t i = 0; i < H; ++i) xs[r * H + i] = x[sel[r] * H + i];
-  norm_rows(xs.data(), m.out_norm, Tout, H, c.eps_hidden, h);
+  norm_rows(xs.data(), m.out_norm, Tout, H, c.eps_hidden, R, h);
   act.from_rows(ks, h.data(), Tout, H);
   std::vector<int64_t> lg((size_t)(Tout * c.vocab));
   run_linear(ks, m.output, act, Tout, lg.data());  // [Tout, V] Q16

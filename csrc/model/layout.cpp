@@ -23,6 +23,7 @@ const char* param_kind_name(ParamKind k) {
     case ParamKind::Embedding: return "embedding";
     case ParamKind::Rope: return "rope";
     case ParamKind::Norm: return "norm";
+    case ParamKind::PostNorm: return "post_norm";
     case ParamKind::Linear: return "linear";
     case ParamKind::AttnScore: return "attn_score";
     case ParamKind::LmHead: return "lm_head";
@@ -54,8 +55,18 @@ std::vector<Param> model_params(const ModelDesc& d) {
   auto norm = [&](const std::string& name, int64_t n, int64_t l, const int16_t* Layer::*slot) {
     add(name, ParamKind::Norm, n, 0, l).norm = slot;
   };
+  auto post_norm = [&](const std::string& name, int64_t l, const int16_t* Layer::*slot, int32_t Layer::*shift) {
+    Param& p = add(name, ParamKind::PostNorm, H, 0, l);
+    p.norm = slot;
+    p.norm_shift = shift;
+  };
   add("tok_embd", ParamKind::Embedding, c.vocab, H, -1);
   add("rope", ParamKind::Rope, c.ctx, D / 2, -1);
+  for (const BlockDesc& b : d.blocks)
+    if (b.rope == "rope_local") {  // the second table, once, when a block uses it
+      add("rope_local", ParamKind::Rope, c.ctx, D / 2, -1);
+      break;
+    }
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const BlockDesc& b = d.blocks[(size_t)l];
     const std::string p = "blk." + std::to_string(l) + ".";
@@ -70,11 +81,13 @@ std::vector<Param> model_params(const ModelDesc& d) {
     }
     add(p + "attn_score", ParamKind::AttnScore, 1, 0, l);
     linear(p + "attn_output", H, qd, l, &Layer::o, p + "attn_out", b.bias_o);
-    // --- feed-forward block: RMSNorm, gate/up, SwiGLU, down
+    if (b.post_norms) post_norm(p + "post_attention_norm", l, &Layer::post_attn_norm, &Layer::post_attn_shift);
+    // --- feed-forward block: RMSNorm, gate/up, SwiGLU or GeGLU, down
     norm(p + "ffn_norm", H, l, &Layer::ffn_norm);
     linear(p + "ffn_gate", F, H, l, &Layer::gate, p + "ffn_norm", false);
     linear(p + "ffn_up", F, H, l, &Layer::up, p + "ffn_norm", false);
     linear(p + "ffn_down", H, F, l, &Layer::down, p + "ffn_act", false);
+    if (b.post_norms) post_norm(p + "post_ffw_norm", l, &Layer::post_ffn_norm, &Layer::post_ffn_shift);
   }
   add("output_norm", ParamKind::Norm, H, 0, -1);
   add("output", ParamKind::LmHead, c.vocab, H, -1).input = "output_norm";
@@ -99,6 +112,10 @@ std::vector<TensorSpec> param_tensors(const Param& p, const ModelDesc& d) {
       break;
     case ParamKind::Norm:
       t.push_back({p.name + ".g", DType::I16, {N}});
+      break;
+    case ParamKind::PostNorm:
+      t.push_back({p.name + ".g", DType::I16, {N}});
+      t.push_back({p.name + ".shift", DType::I32, {1}});
       break;
     case ParamKind::AttnScore:
       t.push_back({p.name + ".mant", DType::I32, {1}});

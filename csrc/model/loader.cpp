@@ -64,7 +64,12 @@ BlockDesc parse_block(const json& b, const std::string& where, int64_t l) {
     if (!n.is_string()) fail(where, at + "norms holds " + show(n) + ", not a name");
     ns.push_back(n.get<std::string>());
   }
-  if (ns != d.norms) fail(where, at + "norms " + show(*norms) + ": this engine implements [\"attn_norm\", \"ffn_norm\"]");
+  static const std::vector<std::string> post = {"attn_norm", "post_attention_norm", "ffn_norm", "post_ffw_norm"};
+  if (ns != d.norms && ns != post)
+    fail(where, at + "norms " + show(*norms) + ": this engine implements [\"attn_norm\", \"ffn_norm\"] and "
+                                              "[\"attn_norm\", \"post_attention_norm\", \"ffn_norm\", \"post_ffw_norm\"]");
+  d.post_norms = ns == post;
+  d.norms = ns;
   d.qk_norm = get_bool(b, "qk_norm", where, at);
   auto bias = b.find("bias");
   if (bias == b.end() || !bias->is_array()) fail(where, at + "bias is missing or not a list");
@@ -77,12 +82,13 @@ BlockDesc parse_block(const json& b, const std::string& where, int64_t l) {
     *flag = true;
   }
   d.activation = get_str(b, "activation", where, at);
-  if (d.activation != "silu") fail(where, at + "activation '" + d.activation + "': this engine implements silu (SwiGLU)");
+  if (d.activation != "silu" && d.activation != "gelu_tanh")
+    fail(where, at + "activation '" + d.activation + "': this engine implements silu (SwiGLU) and gelu_tanh (GeGLU)");
+  // 0: full causal attention; W >= 1: the last W positions (sliding window)
   d.attention_window = get_int(b, "attention_window", where, 0, INT32_MAX, at);
-  if (d.attention_window != 0)
-    fail(where, at + "attention_window " + std::to_string(d.attention_window) + ": this engine implements 0 (full attention)");
   d.rope = get_str(b, "rope", where, at);
-  if (d.rope != "rope") fail(where, at + "rope '" + d.rope + "': this engine implements the one table 'rope'");
+  if (d.rope != "rope" && d.rope != "rope_local")
+    fail(where, at + "rope '" + d.rope + "': this engine implements the tables 'rope' and 'rope_local'");
   return d;
 }
 
@@ -169,6 +175,8 @@ ModelDesc parse_config(const std::string& text, const std::string& where) {
   if (eps == j.end() || !eps->is_object()) fail(where, "rms_eps_q60 is missing or not an object");
   c.eps_hidden = get_int(*eps, "hidden", where, 0, INT64_MAX, "rms_eps_q60.");
   c.eps_head = get_int(*eps, "head", where, 0, INT64_MAX, "rms_eps_q60.");
+  // Residual stream format (absent: Q16); 8..16 keeps the RMSNorm eps term in range (docs/format.md).
+  c.residual_frac = j.contains("residual_frac_bits") ? get_int(j, "residual_frac_bits", where, 8, 16) : 16;
   d.tied_embeddings = get_bool(j, "tied_embeddings", where);
   const std::string wf = j.contains("weight_format") ? get_str(j, "weight_format", where) : "int8";
   if (wf != "int8" && wf != "int4") fail(where, "weight_format '" + wf + "' is not int8 or int4");
@@ -255,11 +263,15 @@ Model build_model(const ModelDesc& d, const TensorMap& tensors, const std::strin
         m.embd_shift = I32(p.name + ".shift");
         break;
       case ParamKind::Rope:
-        m.rope_cos = I16(p.name + ".cos");
-        m.rope_sin = I16(p.name + ".sin");
+        (p.name == "rope_local" ? m.rope_local_cos : m.rope_cos) = I16(p.name + ".cos");
+        (p.name == "rope_local" ? m.rope_local_sin : m.rope_sin) = I16(p.name + ".sin");
         break;
       case ParamKind::Norm:
         (L ? L->*p.norm : m.out_norm) = I16(p.name + ".g");
+        break;
+      case ParamKind::PostNorm:
+        L->*p.norm = I16(p.name + ".g");
+        L->*p.norm_shift = I32(p.name + ".shift")[0];
         break;
       case ParamKind::Linear:
         L->*p.linear = linear(p.name, p.rows, p.cols);
@@ -272,6 +284,15 @@ Model build_model(const ModelDesc& d, const TensorMap& tensors, const std::strin
         m.output = linear(p.name, p.rows, p.cols, d.tied_embeddings ? "tok_embd.q" : p.name + ".q");
         break;
     }
+  }
+  for (int64_t l = 0; l < d.cfg.n_layers; ++l) {  // the block features that are not tensors
+    const BlockDesc& b = d.blocks[(size_t)l];
+    Layer& L = m.layers[(size_t)l];
+    L.geglu = b.activation == "gelu_tanh";
+    L.window = b.attention_window;
+    const bool local = b.rope == "rope_local";
+    L.rope_cos = local ? m.rope_local_cos : m.rope_cos;
+    L.rope_sin = local ? m.rope_local_sin : m.rope_sin;
   }
   return m;
 }

@@ -1,8 +1,10 @@
 """Float reference of the same architectures (analysis only, never on the
 integer path): numpy, float32 or float64, on the dequantized source weights.
 
-It follows Hugging Face's Llama/Qwen2/Qwen3 modelling code: RMSNorm in the
-compute dtype, split-half RoPE, GQA, SiLU-gated MLP. Used by tests and by
+It follows Hugging Face's Llama/Qwen2/Qwen3/Gemma3 modelling code: RMSNorm
+in the compute dtype, split-half RoPE, GQA, SiLU- or tanh-GELU-gated MLP,
+and what the block description adds (post-norms, sliding windows, a second
+RoPE base; Gemma's embedding and attention scales from ``hp``). Used by tests and by
 scripts/compare_float.py to measure what integer arithmetic costs.
 """
 
@@ -21,10 +23,14 @@ class FloatModel:
         self.w = {k: np.asarray(v, dtype=self.dt) for k, v in fm.weights.items() if v is not None}
         hp = self.hp
         D = hp["head_dim"]
-        inv = 1.0 / (hp["rope_theta"] ** (np.arange(0, D, 2, dtype=np.float64) / D))
         n = max_len or hp["context_length"]
-        ang = np.arange(n, dtype=np.float64)[:, None] * inv[None, :]
-        self.cos, self.sin = np.cos(ang).astype(self.dt), np.sin(ang).astype(self.dt)
+        self.tables = {}  # block "rope" name -> (cos, sin) [n, D/2]
+        for name, theta in (("rope", hp["rope_theta"]), ("rope_local", hp.get("rope_local_theta"))):
+            if theta is None:
+                continue
+            inv = 1.0 / (theta ** (np.arange(0, D, 2, dtype=np.float64) / D))
+            ang = np.arange(n, dtype=np.float64)[:, None] * inv[None, :]
+            self.tables[name] = (np.cos(ang).astype(self.dt), np.sin(ang).astype(self.dt))
         self.max_len = n
         self.reset()
 
@@ -38,9 +44,10 @@ class FloatModel:
         ms = np.mean(x * x, axis=-1, keepdims=True)
         return x / np.sqrt(ms + self.dt.type(self.hp["rms_eps"])) * g
 
-    def _rope(self, x, pos):
+    def _rope(self, x, pos, table="rope"):
         h = x.shape[-1] // 2
-        c, s = self.cos[pos][:, None, :], self.sin[pos][:, None, :]
+        cos, sin = self.tables[table]
+        c, s = cos[pos][:, None, :], sin[pos][:, None, :]
         x1, x2 = x[..., :h], x[..., h:]
         return np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)
 
@@ -53,8 +60,9 @@ class FloatModel:
         T = len(tokens)
         nh, nkv, D = hp["num_heads"], hp["num_kv_heads"], hp["head_dim"]
         pos = np.arange(start, start + T)
-        x = w["tok_embd"][tokens]
+        x = w["tok_embd"][tokens] * self.dt.type(hp.get("embed_scale", 1.0))
         rec("tok_embd", x)
+        scale = self.dt.type(hp.get("attn_scale", 1.0 / np.sqrt(D)))
         for i in range(hp["num_layers"]):
             p, blk = f"blk.{i}.", hp["layers"][i]  # the block description (models/block.py)
             h = self._norm(x, w[p + "attn_norm"])
@@ -66,13 +74,15 @@ class FloatModel:
             q, k, v = q.reshape(T, nh, D), k.reshape(T, nkv, D), v.reshape(T, nkv, D)
             if blk["qk_norm"]:
                 q, k = self._norm(q, w[p + "attn_q_norm"]), self._norm(k, w[p + "attn_k_norm"])
-            q, k = self._rope(q, pos), self._rope(k, pos)
+            q, k = self._rope(q, pos, blk["rope"]), self._rope(k, pos, blk["rope"])
             self.kc[i, pos], self.vc[i, pos] = k, v
             n = start + T
             K = np.repeat(self.kc[i, :n], nh // nkv, axis=1)  # [n, nh, D]
             V = np.repeat(self.vc[i, :n], nh // nkv, axis=1)
-            sc = np.einsum("thd,nhd->htn", q, K) / self.dt.type(np.sqrt(D))
+            sc = np.einsum("thd,nhd->htn", q, K) * scale
             mask = np.arange(n)[None, :] > pos[:, None]
+            if blk["attention_window"]:  # sliding window: positions pos - W + 1 .. pos
+                mask |= np.arange(n)[None, :] <= pos[:, None] - blk["attention_window"]
             sc = np.where(mask[None], -np.inf, sc)
             sc = np.exp(sc - sc.max(-1, keepdims=True))
             sc = sc / sc.sum(-1, keepdims=True)
@@ -82,23 +92,34 @@ class FloatModel:
             if "attn_output" in blk["bias"]:
                 o = o + w[p + "attn_output.bias"]
             rec(p + "attn_output", o)
-            x = x + o
+            post = "post_attention_norm" in blk["norms"]  # Gemma: RMSNorm of each branch before its residual add
+            x = x + (self._norm(o, w[p + "post_attention_norm"]) if post else o)
             h = self._norm(x, w[p + "ffn_norm"])
             g, u = h @ w[p + "ffn_gate"].T, h @ w[p + "ffn_up"].T
-            a = (g / (1 + np.exp(-g))) * u
+            if blk["activation"] == "gelu_tanh":
+                c = self.dt.type(np.sqrt(2.0 / np.pi))
+                a = self.dt.type(0.5) * g * (1 + np.tanh(c * (g + self.dt.type(0.044715) * g * g * g))) * u
+            else:
+                a = (g / (1 + np.exp(-g))) * u
             rec(p + "ffn_norm", h)
             rec(p + "ffn_gate", g)
             rec(p + "ffn_up", u)
             rec(p + "ffn_swiglu", a)
             dn = a @ w[p + "ffn_down"].T
             rec(p + "ffn_down", dn)
-            x = x + dn
+            x = x + (self._norm(dn, w[p + "post_ffw_norm"]) if "post_ffw_norm" in blk["norms"] else dn)
             rec(p + "residual", x)
         h = self._norm(x, w["output_norm"])
         out = w["output"] if "output" in w else w["tok_embd"]
         logits = h @ out.T
         rec("output", logits)
         return logits
+
+
+def torch_supported(hp) -> bool:
+    """Whether torch_model implements every block (Llama-style ones only)."""
+    return all(b["norms"] == ["attn_norm", "ffn_norm"] and b["activation"] == "silu" and not b["attention_window"]
+               and b["rope"] == "rope" for b in hp["layers"]) and "embed_scale" not in hp and "attn_scale" not in hp
 
 
 def torch_model(fm):
@@ -108,6 +129,8 @@ def torch_model(fm):
     import torch
 
     hp = fm.hp
+    if not torch_supported(hp):
+        raise ValueError("torch_model implements Llama-style blocks only (use FloatModel)")
     W = {k: torch.from_numpy(np.asarray(v, dtype=np.float32)) for k, v in fm.weights.items() if v is not None}
     nh, nkv, D = hp["num_heads"], hp["num_kv_heads"], hp["head_dim"]
     inv = 1.0 / (hp["rope_theta"] ** (torch.arange(0, D, 2, dtype=torch.float64) / D))

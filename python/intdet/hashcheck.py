@@ -188,7 +188,9 @@ def float_check(src: str, prompt, steps: int, progress=None) -> list[Run]:
         import torch
     except ImportError:
         torch = None
-    if torch is not None:
+    from .floatref import torch_supported
+
+    if torch is not None and torch_supported(fm.hp):  # Gemma 3: the numpy float runs only
         from .floatref import torch_model
 
         tm = torch_model(fm)

@@ -9,7 +9,8 @@ The tokenizer is a 302-token byte-level BPE (3 specials, 256 bytes, 43
 merges) with a ChatML template: enough to encode any text.
 
 Shapes (``write_random_model``):
-  tiny-llama, tiny-qwen3 (``TINY``): hidden 72 (not a multiple of 16),
+  tiny-llama, tiny-qwen3, tiny-gemma3 (``TINY``; Gemma 3 adds
+      ``GEMMA3_TINY``: local/global/local layers, window 5): hidden 72 (not a multiple of 16),
       intermediate 136, 3 layers, 3 heads, 1 kv head (GQA), head_dim 48,
       vocab 320, float32.
   qwen3-0.6b (``QWEN3_0_6B``): Qwen3-0.6B's exact shape (hidden 1024,
@@ -157,7 +158,14 @@ def make_tokenizer():
 
 # ---------------------------------------------------------------- configs
 
-ARCH_CLASS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+ARCH_CLASS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+              "gemma3": "Gemma3ForCausalLM"}
+# Gemma 3's extras on the TINY shape: a local, a global and a local layer, a
+# sliding window (5) shorter than the test prompts, and an attention scalar
+# (40) that is not head_dim (48), so each Gemma feature changes the logits.
+GEMMA3_TINY = dict(layer_types=["sliding_attention", "full_attention", "sliding_attention"], sliding_window=5,
+                   query_pre_attn_scalar=40, rope_local_base_freq=10000.0, hidden_activation="gelu_pytorch_tanh",
+                   final_logit_softcapping=None, attn_logit_softcapping=None)
 
 TINY = dict(hidden_size=72, intermediate_size=136, num_hidden_layers=3, num_attention_heads=3,
             num_key_value_heads=1, head_dim=48, vocab_size=320, max_position_embeddings=256)
@@ -171,12 +179,15 @@ def hf_config(arch: str, **overrides) -> dict:
     """config.json contents for a tiny model of `arch`; overrides win."""
     if arch not in ARCH_CLASS:
         raise ValueError(f"arch must be one of {sorted(ARCH_CLASS)}, not {arch!r}")
-    cfg = dict(architectures=[ARCH_CLASS[arch]], model_type=arch, **TINY,
-               rope_theta=1000000.0 if arch == "qwen3" else 10000.0, rms_norm_eps=1e-6,
+    cfg = dict(architectures=[ARCH_CLASS[arch]], model_type="gemma3_text" if arch == "gemma3" else arch, **TINY,
+               rope_theta=1000000.0 if arch in ("qwen3", "gemma3") else 10000.0, rms_norm_eps=1e-6,
                tie_word_embeddings=arch != "llama", hidden_act="silu", torch_dtype="float32",
                bos_token_id=BOS_ID, eos_token_id=EOS_ID, attention_dropout=0.0,
                initializer_range=0.02, use_cache=True)
-    if arch == "llama":
+    if arch == "gemma3":
+        del cfg["hidden_act"]
+        cfg.update(GEMMA3_TINY, attention_bias=False)
+    elif arch == "llama":
         cfg.update(attention_bias=False, mlp_bias=False, pretraining_tp=1)
     else:
         cfg.update(use_sliding_window=False, sliding_window=None, max_window_layers=TINY["num_hidden_layers"])
@@ -196,7 +207,9 @@ def tensor_specs(cfg: dict) -> list:
     std 1/sqrt(fan_in) so each layer's output stays O(1); embeddings (and
     lm_head) 2/sqrt(hidden) so tied or not the logits have std ~2: varied
     but far from one-hot. Norm gammas 1 +- 0.1."""
-    arch = cfg["model_type"]
+    arch = "gemma3" if cfg["model_type"] == "gemma3_text" else cfg["model_type"]
+    gemma = arch == "gemma3"
+    norm_mean = 0.0 if gemma else 1.0  # Gemma3RMSNorm multiplies by (1 + w)
     H, I, L, V = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"], cfg["vocab_size"]
     nh = cfg["num_attention_heads"]
     nkv = cfg.get("num_key_value_heads") or nh
@@ -211,7 +224,7 @@ def tensor_specs(cfg: dict) -> list:
     specs = [("model.embed_tokens.weight", (V, H), emb, 0.0)]
     for i in range(L):
         p = f"model.layers.{i}."
-        specs.append((p + "input_layernorm.weight", (H,), 0.1, 1.0))
+        specs.append((p + "input_layernorm.weight", (H,), 0.1, norm_mean))
         for proj, rows in (("q", nh * D), ("k", nkv * D), ("v", nkv * D)):
             specs.append((p + f"self_attn.{proj}_proj.weight", (rows, H), lin(H), 0.0))
             if qkv_bias:
@@ -219,14 +232,17 @@ def tensor_specs(cfg: dict) -> list:
         specs.append((p + "self_attn.o_proj.weight", (H, nh * D), lin(nh * D), 0.0))
         if o_bias:
             specs.append((p + "self_attn.o_proj.bias", (H,), 0.1, 0.0))
-        if arch == "qwen3":
-            specs.append((p + "self_attn.q_norm.weight", (D,), 0.1, 1.0))
-            specs.append((p + "self_attn.k_norm.weight", (D,), 0.1, 1.0))
-        specs.append((p + "post_attention_layernorm.weight", (H,), 0.1, 1.0))
+        if arch in ("qwen3", "gemma3"):
+            specs.append((p + "self_attn.q_norm.weight", (D,), 0.1, norm_mean))
+            specs.append((p + "self_attn.k_norm.weight", (D,), 0.1, norm_mean))
+        specs.append((p + "post_attention_layernorm.weight", (H,), 0.1, norm_mean))
+        if gemma:
+            specs.append((p + "pre_feedforward_layernorm.weight", (H,), 0.1, 0.0))
+            specs.append((p + "post_feedforward_layernorm.weight", (H,), 0.1, 0.0))
         specs.append((p + "mlp.gate_proj.weight", (I, H), lin(H), 0.0))
         specs.append((p + "mlp.up_proj.weight", (I, H), lin(H), 0.0))
         specs.append((p + "mlp.down_proj.weight", (H, I), lin(I), 0.0))
-    specs.append(("model.norm.weight", (H,), 0.1, 1.0))
+    specs.append(("model.norm.weight", (H,), 0.1, norm_mean))
     if not cfg.get("tie_word_embeddings"):
         specs.append(("lm_head.weight", (V, H), emb, 0.0))
     return specs
@@ -307,7 +323,7 @@ def write_hf_model(out_dir: str, arch: str, seed: int = 0, log=None, **overrides
 
 # ------------------------------------------------------------ entry point
 
-SHAPES = ("qwen3-0.6b", "tiny-llama", "tiny-qwen3")
+SHAPES = ("qwen3-0.6b", "tiny-llama", "tiny-qwen3", "tiny-gemma3")
 
 
 def write_random_model(out_dir: str, shape: str = "qwen3-0.6b", seed: int = 0, log=None) -> str:

@@ -32,9 +32,10 @@ from tokenizers import (
     Tokenizer,
     decoders,
     models,
-    normalizers,
     pre_tokenizers,
 )
+
+from .tokenizer_spm import sentencepiece_bpe
 
 __all__ = [
     "StreamDecoder", "encode", "load_tokenizer", "meta_from_hf_dir", "render_chat",
@@ -76,9 +77,6 @@ _PRE_REGEXES: dict[str, tuple[str, ...]] = {
 # and their models want a BOS by default.
 _LLAMA3_FAMILY = frozenset(("llama3", "llama-v3", "llama-bpe", "falcon3"))
 
-_SPM_SPACE = "\u2581"  # SentencePiece's visible space
-
-
 # --------------------------------------------------------------------------- GGUF
 
 
@@ -97,12 +95,13 @@ def tokenizer_from_gguf(reader: gguf.GGUFReader | str | os.PathLike) -> tuple[To
 
     Supported ``tokenizer.ggml.model`` values: ``"gpt2"`` (byte-level BPE with merges;
     the pre-tokenizer follows ``tokenizer.ggml.pre``) and ``"llama"`` (SentencePiece
-    BPE from scores, with byte fallback).
+    BPE from scores, with byte fallback, as llama.cpp tokenizes it: see
+    :mod:`intdet.tokenizer_spm`; Llama 2, Gemma 3).
 
     Raises:
         ValueError: unsupported tokenizer model or pre-tokenizer, missing or inconsistent
-            vocab arrays (token/type/score lengths), malformed merges, or special-token
-            ids outside the vocab.
+            vocab arrays (token/type/score lengths, non-finite scores), malformed merges, or
+            special-token ids outside the vocab.
     """
     if not isinstance(reader, gguf.GGUFReader):
         reader = gguf.GGUFReader(os.fspath(reader))
@@ -192,42 +191,10 @@ def _byte_level_bpe(tokens: list[str], merges: list[str], pre: str) -> Tokenizer
 
 def _sentencepiece_bpe(reader: gguf.GGUFReader, tokens: list[str], types: list[int]) -> Tokenizer:
     scores = _kv(reader, "tokenizer.ggml.scores")
-    if scores is None or len(scores) != len(tokens):
+    if scores is None:
         raise ValueError(f"GGUF 'llama' tokenizer needs tokenizer.ggml.scores with {len(tokens)} entries")
-    vocab = _first_ids(tokens)
-    unk_id = _kv(reader, "tokenizer.ggml.unknown_token_id", 0)
-    unk = tokens[unk_id] if 0 <= unk_id < len(tokens) and types[unk_id] == TOKEN_UNKNOWN else None
-    model = models.BPE(vocab=vocab, merges=_spm_merges(tokens, types, scores, vocab),
-                       unk_token=unk, fuse_unk=True, byte_fallback=True)
-    tok = Tokenizer(model)
-    prefix = _kv(reader, "tokenizer.ggml.add_space_prefix", True)
-    # llama.cpp prefixes a space to every text run that starts the prompt or follows a
-    # special token, even one that already starts with a space; the normalizer runs once
-    # per segment between added tokens, so Prepend does the same. (Metaspace's prepend
-    # skips text that already starts with a space.)
-    steps = [normalizers.Prepend(_SPM_SPACE)] if prefix else []
-    tok.normalizer = normalizers.Sequence(steps + [normalizers.Replace(" ", _SPM_SPACE)])
-    steps = [decoders.Replace(_SPM_SPACE, " "), decoders.ByteFallback(), decoders.Fuse()]
-    if prefix:  # undo the prefixed space
-        steps.append(decoders.Strip(content=" ", left=1, right=0))
-    tok.decoder = decoders.Sequence(steps)
-    return tok
-
-
-def _spm_merges(tokens: list[str], types: list[int], scores: list[float],
-                vocab: dict[str, int]) -> list[tuple[str, str]]:
-    """SentencePiece BPE merges the adjacent pair whose concatenation scores highest; as a
-    ranked merge list that is every (left, right) split of each normal piece, best score
-    first (ties by piece id, then part ids), as transformers' SentencePieceExtractor does."""
-    normal = {text for text, i in vocab.items() if types[i] == TOKEN_NORMAL}
-    ranked = []
-    for text in normal:
-        for cut in range(1, len(text)):
-            left, right = text[:cut], text[cut:]
-            if left in normal and right in normal:
-                ranked.append((-scores[vocab[text]], vocab[text], vocab[left], vocab[right], left, right))
-    ranked.sort()
-    return [(left, right) for *_, left, right in ranked]
+    return sentencepiece_bpe(tokens, types, scores, unk_id=_kv(reader, "tokenizer.ggml.unknown_token_id", 0),
+                             add_space_prefix=bool(_kv(reader, "tokenizer.ggml.add_space_prefix", True)))
 
 
 def _add_special_tokens(tok: Tokenizer, tokens: list[str], types: list[int]) -> None:

@@ -127,6 +127,7 @@ constinit const Kernels kNeonKernels{
     .exp2_row = exp2_neg_q30_row,
     .quant16 = quant16_row,
     .swiglu = swiglu_row,
+    .geglu = geglu_row,
 };
 
 }  // namespace intdet

@@ -136,6 +136,11 @@ void swiglu_row_avx2(const int64_t* g, const int64_t* u, int64_t n, int64_t* a) 
   swiglu_row_with(g, u, n, a, exp2_neg_q30_row_avx2);
 }
 
+// geglu_row with its exp(-|y|) on the exp2 lanes (same bits).
+void geglu_row_avx2(const int64_t* g, const int64_t* u, int64_t n, int64_t* a) {
+  geglu_row_with(g, u, n, a, exp2_neg_q30_row_avx2);
+}
+
 // Attention for one query head (same bits as attend_head in ops_generic.cpp).
 // q . k: int8 keys widened to int16, vpmaddwd; P . V: pv_pass.
 void attend_head_avx2(const int16_t* q, int e_q, const int8_t* kc, const int32_t* ka, const int8_t* vc,
@@ -216,6 +221,7 @@ constinit const Kernels kAvx2Kernels{
     .exp2_row = exp2_neg_q30_row_avx2,
     .quant16 = quant16_row_avx2,
     .swiglu = swiglu_row_avx2,
+    .geglu = geglu_row_avx2,
 };
 
 }  // namespace intdet

@@ -23,18 +23,21 @@ enum class WeightFormat { Int8, Int4 };
 // Only what some engine computes is accepted; the loader refuses other
 // values by name, so a converter cannot write a feature an engine ignores.
 struct BlockDesc {
-  std::vector<std::string> norms{"attn_norm", "ffn_norm"};  // the block's RMSNorms, in order
-  bool qk_norm = false;                                      // per-head RMSNorm of q and k (Qwen3)
+  // The block's RMSNorms, in order: {"attn_norm", "ffn_norm"} (pre-norm), or
+  // with Gemma's post-norms {"attn_norm", "post_attention_norm", "ffn_norm", "post_ffw_norm"}.
+  std::vector<std::string> norms{"attn_norm", "ffn_norm"};
+  bool post_norms = false;                                   // the second form: branch RMSNorm before each residual add
+  bool qk_norm = false;                                      // per-head RMSNorm of q and k (Qwen3, Gemma 3)
   bool bias_q = false, bias_k = false, bias_v = false, bias_o = false;  // linear biases (Qwen2: q, k, v)
-  std::string activation = "silu";                           // gated FFN: SwiGLU
-  int64_t attention_window = 0;                              // 0: full causal attention
-  std::string rope = "rope";                                 // RoPE table: tensors <rope>.cos / <rope>.sin
+  std::string activation = "silu";                           // gated FFN: "silu" SwiGLU, "gelu_tanh" GeGLU
+  int64_t attention_window = 0;                              // 0: full causal attention; W: the last W positions
+  std::string rope = "rope";                                 // RoPE table: "rope" or "rope_local" (<rope>.cos / .sin)
 };
 
 // config.json of a converted model, checked (parse_config in loader.h).
 struct ModelDesc {
   int64_t format_version = 0;
-  Config cfg;  // sizes and eps
+  Config cfg;  // sizes, eps, residual format
   WeightFormat weights = WeightFormat::Int8;
   bool tied_embeddings = false;
   std::vector<BlockDesc> blocks;  // one per layer
@@ -46,6 +49,7 @@ enum class ParamKind {
   Embedding,  // tok_embd: int8 rows + per-row dyadic scale
   Rope,       // rope: int16 Q14 cos/sin tables [ctx, D/2]
   Norm,       // RMSNorm gamma int16
+  PostNorm,   // RMSNorm of a branch output straight to the residual: gamma int16 + shift to Q R (Gemma)
   Linear,     // decoder linear: int8 or int4 weights, per-channel dyadic scale, optional bias
   AttnScore,  // attention score scale (dyadic, one per layer)
   LmHead,     // output: int8 (or tok_embd's when tied) + per-row dyadic scale
@@ -64,6 +68,7 @@ struct Param {
   // list of names exists): a Linear's or a Norm's member.
   Linear Layer::*linear = nullptr;
   const int16_t* Layer::*norm = nullptr;
+  int32_t Layer::*norm_shift = nullptr;  // PostNorm: its shift to the residual
 };
 
 struct TensorSpec {

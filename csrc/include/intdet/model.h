@@ -34,13 +34,24 @@ struct Layer {
   const int16_t* q_norm = nullptr;  // [D] when the block has per-head q/k RMSNorm (Qwen3), else null
   const int16_t* k_norm = nullptr;
   int64_t score_mant = 0, score_shift = 0;
+  // Post-norms (Gemma), else null: RMSNorm of the o / down output (Q16), then
+  // shift_round_sat32 by the shift into the residual's Q R.
+  const int16_t* post_attn_norm = nullptr;
+  int32_t post_attn_shift = 0;
   const int16_t* ffn_norm = nullptr;
   Linear gate, up, down;
+  const int16_t* post_ffn_norm = nullptr;
+  int32_t post_ffn_shift = 0;
+  bool geglu = false;                 // gated FFN activation: GeGLU (tanh GELU), else SwiGLU
+  int64_t window = 0;                 // attention window: 0 full causal, W the last W positions
+  const int16_t* rope_cos = nullptr;  // the block's RoPE table [ctx, D/2] Q14 (Model::rope_* or rope_local_*)
+  const int16_t* rope_sin = nullptr;
 };
 
 struct Config {
   int64_t hidden = 0, ffn = 0, n_layers = 0, n_heads = 0, n_kv = 0, head_dim = 0, vocab = 0, ctx = 0;
   int64_t eps_hidden = 0, eps_head = 0;  // round(n * eps * 2^60)
+  int64_t residual_frac = 16;            // residual stream int32 in Q residual_frac (config residual_frac_bits)
 };
 
 struct Model {
@@ -50,6 +61,8 @@ struct Model {
   const int32_t* embd_shift = nullptr;
   const int16_t* rope_cos = nullptr;  // [ctx, D/2] Q14
   const int16_t* rope_sin = nullptr;
+  const int16_t* rope_local_cos = nullptr;  // the local layers' table (Gemma), else null
+  const int16_t* rope_local_sin = nullptr;
   std::vector<Layer> layers;
   const int16_t* out_norm = nullptr;
   Linear output;  // lm_head (may share w with tok_embd)

@@ -43,6 +43,19 @@ void softmax_q16_row_with(const int64_t* z, int64_t n, int64_t* p, ExpRowFn exp_
 // a[i] = silu(g[i]) * u[i] in Q32 (g, u Q16).
 void swiglu_row(const int64_t* g, const int64_t* u, int64_t n, int64_t* a);  // a may alias g
 void swiglu_row_with(const int64_t* g, const int64_t* u, int64_t n, int64_t* a, ExpRowFn exp_row);
+// a[i] = gelu_tanh(g[i]) * u[i] in Q32 (g, u Q16): GeGLU, gelu_tanh(x) = x sigmoid(y),
+// y = 2 sqrt(2/pi) (x + 0.044715 x^3); constants and error bound: ref/ops.py geglu.
+constexpr int64_t kGeluC1Q30 = 2471977230;  // round(2 sqrt(2/pi) log2(e) 2^30)
+constexpr int64_t kGeluC3Q30 = 110534462;   // round(2 sqrt(2/pi) 0.044715 log2(e) 2^30)
+constexpr int64_t kGeluClampQ16 = (int64_t)1 << 20;  // |x| >= 16: exp(-|y|) is 0 in Q30
+void geglu_row(const int64_t* g, const int64_t* u, int64_t n, int64_t* a);  // a may alias g
+void geglu_row_with(const int64_t* g, const int64_t* u, int64_t n, int64_t* a, ExpRowFn exp_row);
+// |y| log2(e) in Q16 for g in Q16 (the exp2 input of geglu), shared with CUDA.
+INTDET_HD int64_t gelu_exp2_arg(int64_t g) {
+  const int64_t a = imin(iabs(g), kGeluClampQ16);
+  const int64_t a3 = round_shift(round_shift(a * a, 16) * a, 16);
+  return round_shift(a * kGeluC1Q30 + a3 * kGeluC3Q30, 30);
+}
 // One query head over n cached positions: out [D] int64. z, p: scratch [n]
 // int64; w16: scratch [n] int16.
 constexpr int64_t kPvBlock = 512;

@@ -126,6 +126,9 @@ def model_config(arch: str, hp: dict, weights: str = "int8") -> dict:
         **{k: hp[k] for k in (
             "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
             "vocab_size", "context_length", "rope_theta", "rms_eps", "tied_embeddings")},
+        **({"rope_local_theta": hp["rope_local_theta"]} if "rope_local_theta" in hp else {}),
+        # Only when not 16, so the files of the other families keep their bytes.
+        **({"residual_frac_bits": hp["residual_frac"]} if hp.get("residual_frac", 16) != 16 else {}),
         "rms_eps_q60": {
             "hidden": int(np.rint(H * hp["rms_eps"] * 2.0**60)),
             "head": int(np.rint(D * hp["rms_eps"] * 2.0**60)),
@@ -154,7 +157,7 @@ def source_tensors(hp: dict, where: str) -> dict:
     from (rope and attention score scales are derived, not read)."""
     want = {}
     for p in model_params(model_config("", hp), where):
-        if p["kind"] in ("embedding", "norm", "linear") or (p["kind"] == "lm_head" and not hp["tied_embeddings"]):
+        if p["kind"] in ("embedding", "norm", "post_norm", "linear") or (p["kind"] == "lm_head" and not hp["tied_embeddings"]):
             want[p["name"]] = tuple(p["shape"])
         if p["bias"]:
             want[p["name"] + ".bias"] = (p["shape"][0],)
@@ -173,10 +176,17 @@ def quantize_model(fm, progress: bool = False, weights: str = "int8") -> tuple[d
     value of one unit of the int16 activation at exponent 0):
     - after RMSNorm over n elements: sqrt(n) * 2^-(14 + G);
     - attention output: 1 / (127 * 2^(16 + PROJ_FRAC));
-    - SwiGLU output: 2^-(2 * PROJ_FRAC).
+    - SwiGLU / GeGLU output: 2^-(2 * PROJ_FRAC).
+
+    The residual stream is int32 in Q R, R = hp["residual_frac"] (default
+    16; Gemma 3: 10). Folded into existing integers (docs/format.md): the
+    embedding scale hp["embed_scale"] into tok_embd's dyadic scale, the
+    attention scale hp["attn_scale"] (default 1/sqrt(D)) into attn_score,
+    and a post-norm's sqrt(H) into its gamma (post_norm kind).
     """
     hp, W = fm.hp, fm.weights
     D = hp["head_dim"]
+    R = hp.get("residual_frac", RESIDUAL_FRAC)
     if weights not in WEIGHT_FORMATS:
         raise IntdetError(f"--weights {weights!r}: choose int8 or int4")
     _check_bounds(hp, weights)
@@ -203,9 +213,15 @@ def quantize_model(fm, progress: bool = False, weights: str = "int8") -> tuple[d
         pre = f"blk.{layer}."
         if kind == "embedding":  # int8 rows, dyadic per-row scale straight to the residual
             T[name + ".q"], s = quant_rows_int8(W[name])
-            T[name + ".mant"], T[name + ".shift"] = dyadic_vec(s * 2.0**RESIDUAL_FRAC)
-        elif kind == "rope":
-            T[name + ".cos"], T[name + ".sin"] = rope_tables(hp["rope_theta"], D, hp["context_length"])
+            T[name + ".mant"], T[name + ".shift"] = dyadic_vec(s * hp.get("embed_scale", 1.0) * 2.0**R)
+        elif kind == "rope":  # "rope" (rope_theta) or "rope_local" (rope_local_theta: Gemma's local layers)
+            theta = hp["rope_local_theta"] if name == "rope_local" else hp["rope_theta"]
+            T[name + ".cos"], T[name + ".sin"] = rope_tables(theta, D, hp["context_length"])
+        elif kind == "post_norm":  # RMSNorm of a branch straight to the residual (Gemma)
+            gi, G = quant_gamma(np.asarray(W[name], np.float64) * math.sqrt(p["shape"][0]))
+            T[name + ".g"] = gi
+            T[name + ".shift"] = np.array([NORM_OUT_FRAC + G - R], np.int32)
+            norm_exp[name] = G
         elif kind == "norm":
             gi, G = quant_gamma(W[name])
             T[name + ".g"] = gi
@@ -214,7 +230,9 @@ def quantize_model(fm, progress: bool = False, weights: str = "int8") -> tuple[d
         elif kind == "linear":
             c_of[pre + "attn_out"] = 1.0 / (127.0 * 2.0 ** (PROB_FRAC + PROJ_FRAC))
             c_of[pre + "ffn_act"] = 2.0 ** -(2 * PROJ_FRAC)
-            f_out = RESIDUAL_FRAC if p["input"] in (pre + "attn_out", pre + "ffn_act") else PROJ_FRAC
+            # o and down write the residual (Q R), or with post-norms their Q16 input.
+            post = "post_attention_norm" in hp["layers"][layer]["norms"]
+            f_out = R if p["input"] in (pre + "attn_out", pre + "ffn_act") and not post else PROJ_FRAC
             put_linear(name, W[name], c_of[p["input"]], f_out, W.get(name + ".bias") if p["bias"] else None)
             if name.endswith("ffn_down"):
                 bar.update(1)
@@ -223,7 +241,10 @@ def quantize_model(fm, progress: bool = False, weights: str = "int8") -> tuple[d
             # q and k leave their projection in Q16, or a per-head RMSNorm.
             c_q = c_of.get(pre + "attn_q_norm", 2.0**-PROJ_FRAC)
             c_k = c_of.get(pre + "attn_k_norm", 2.0**-PROJ_FRAC)
-            sm, ss = dyadic(c_q * c_k * LOG2E * 2.0**16 / (127.0 * math.sqrt(D)))
+            if "attn_scale" in hp:  # Gemma: query_pre_attn_scalar^-0.5
+                sm, ss = dyadic(c_q * c_k * LOG2E * 2.0**16 * hp["attn_scale"] / 127.0)
+            else:  # 1/sqrt(D), written as before so existing files keep their bits
+                sm, ss = dyadic(c_q * c_k * LOG2E * 2.0**16 / (127.0 * math.sqrt(D)))
             T[name + ".mant"] = np.array([sm], np.int32)
             T[name + ".shift"] = np.array([ss], np.int32)
         elif kind == "lm_head":
@@ -236,7 +257,7 @@ def quantize_model(fm, progress: bool = False, weights: str = "int8") -> tuple[d
             raise IntdetError(f"internal: no quantizer for parameter kind {kind!r}")
     bar.close()
     cfg["fixed_point"] = {
-        "residual_frac_bits": RESIDUAL_FRAC,
+        "residual_frac_bits": R,
         "proj_frac_bits": PROJ_FRAC,
         "logit_frac_bits": LOGIT_FRAC,
         "norm_out_frac_bits": NORM_OUT_FRAC,

@@ -67,15 +67,16 @@ def _check_hparams(hp, where, n_tensors):
     if hp["num_layers"] > n_tensors:
         raise IntdetError(f"{where}: {hp['num_layers']} layers cannot fit in {n_tensors} tensors")
     theta, eps = hp["rope_theta"], hp["rms_eps"]
-    if not (math.isfinite(theta) and theta >= 1.0):
-        raise IntdetError(f"{where}: rope theta {theta!r} must be a finite number >= 1")
+    for th in (theta, hp.get("rope_local_theta", theta)):
+        if not (math.isfinite(th) and th >= 1.0):
+            raise IntdetError(f"{where}: rope theta {th!r} must be a finite number >= 1")
     if not (math.isfinite(eps) and 0.0 <= eps and max(hp["hidden_size"], hp["head_dim"]) * eps < 8.0):
         raise IntdetError(f"{where}: RMSNorm epsilon {eps!r} is out of range")
 
 
 # ---------------------------------------------------------------- GGUF
 
-GGUF_TYPES_OK = {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K"}
+GGUF_TYPES_OK = {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q4_K", "Q5_K", "Q6_K"}
 
 
 def _gguf_field(reader, key, default=None):
@@ -191,7 +192,7 @@ def check_complete(weights, hp, where):
 def read_hf_dir(path: str) -> FloatModel:
     """Read a Hugging Face checkpoint directory (config.json, *.safetensors,
     tokenizer.json) of an architecture in models/ (LlamaForCausalLM,
-    Qwen2ForCausalLM, Qwen3ForCausalLM). Raises IntdetError naming the file
+    Qwen2ForCausalLM, Qwen3ForCausalLM, Gemma3ForCausalLM). Raises IntdetError naming the file
     for anything missing or unsupported."""
     from .. import models
     from ..safetensors_io import SafetensorsFile
@@ -241,6 +242,8 @@ def read_hf_dir(path: str) -> FloatModel:
         raise IntdetError(f"{path}: tie_word_embeddings is false but lm_head.weight is missing")
     hp["layers"] = arch.blocks(hp)
     check_complete(weights, hp, path)
+    if hasattr(arch, "hf_transform"):
+        arch.hf_transform(weights, hp)
     tok_path = os.path.join(path, "tokenizer.json")
     if not os.path.isfile(tok_path):
         raise IntdetError(f"{path}: no tokenizer.json")

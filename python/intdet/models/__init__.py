@@ -10,7 +10,8 @@ model (csrc/include/intdet/layout.h):
 - ``hf_tensor_name(name)``: Hugging Face -> GGUF-style canonical name (None:
   not a weight, e.g. rotary inv_freq);
 - ``gguf_transform(weights, hp)``: weight fix-ups of GGUF files (Q/K
-  un-permute);
+  un-permute); optional ``hf_transform(weights, hp)`` for Hugging Face ones
+  (Gemma's 1 + w norm weights);
 - ``blocks(hp)``: the per-layer block description written to config.json
   "layers" (block() below), which the engines read instead of a name.
 
@@ -20,9 +21,9 @@ any op its blocks need that no engine has yet (docs/architecture.md).
 
 from __future__ import annotations
 
-from . import llama, qwen2, qwen3
+from . import gemma3, llama, qwen2, qwen3
 
-ARCHITECTURES = {m.NAME: m for m in (llama, qwen2, qwen3)}
+ARCHITECTURES = {m.NAME: m for m in (llama, qwen2, qwen3, gemma3)}
 
 
 def by_hf_class(cls):

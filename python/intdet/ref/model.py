@@ -54,6 +54,15 @@ class RefModel:
             w = t[name + ".q"]
         return ops.linear(q, e, w, t[name + ".mant"], t[name + ".shift"], t.get(name + ".bias"))
 
+    def _post_norm(self, name, y):
+        """RMSNorm of a branch output y (int32 Q16, [T, H]) straight to the
+        residual: gamma holds (1 + w) sqrt(H) 2^G, so the norm units are
+        x/rms * (1 + w) * 2^(14 + G) and ``.shift`` = 14 + G - R brings them
+        to the residual's Q R (saturating)."""
+        t = self.t
+        h = ops.rms_norm(y, t[name + ".g"], self.eps_h, 16)
+        return ops.shift_round_sat32(h, int(t[name + ".shift"][0]))
+
     def forward(self, tokens, start: int, trace: dict | None = None):
         """trace, if given, receives name -> (int array, factor) for every
         named intermediate (GGUF-style names, e.g. ``blk.3.ffn_down``); the
@@ -67,15 +76,20 @@ class RefModel:
         T = len(tokens)
         nh, nkv, D = self.nh, self.nkv, self.D
         pos = np.arange(start, start + T, dtype=I64)
-        cos, sin = t["rope.cos"][pos], t["rope.sin"][pos]  # [T, D/2] Q14
-        # Embedding: int8 row * per-row dyadic scale -> residual, int32 Q16.
+        # Residual stream int32 in Q R: R = 16 unless config.json says otherwise (Gemma 3: 10).
+        R = self.cfg.get("residual_frac_bits", 16)
+        QR = 2.0**-R
+        # Embedding: int8 row * per-row dyadic scale -> residual, int32 Q R.
         emb = t["tok_embd.q"][tokens].astype(I64)  # [T, H]
         x = ops.shift_round_sat32(emb * t["tok_embd.mant"][tokens, None].astype(I64), t["tok_embd.shift"][tokens, None])
-        rec("tok_embd", x, Q16)
+        rec("tok_embd", x, QR)
         for i in range(self.n_layers):
             p = f"blk.{i}."
+            blk = self.cfg["layers"][i]
+            post = "post_attention_norm" in blk["norms"]  # Gemma: each branch RMSNorm-ed before its residual add
+            cos, sin = t[blk["rope"] + ".cos"][pos], t[blk["rope"] + ".sin"][pos]  # [T, D/2] Q14
             # --- attention block ---
-            h = ops.rms_norm(x, t[p + "attn_norm.g"], self.eps_h, 16)  # [T, H] norm units
+            h = ops.rms_norm(x, t[p + "attn_norm.g"], self.eps_h, R)  # [T, H] norm units
             rec(p + "attn_norm", h, H**0.5 * 2.0 ** -(14 + G.get(p + "attn_norm", 0)))
             hq, he = quant16(h)  # [T, H] int16, [T] exponents
             q = self._lin(p + "attn_q", hq, he).reshape(T, nh, D)  # Q16
@@ -97,29 +111,30 @@ class RefModel:
             n = start + T
             o = ops.attention(
                 qq, qe, self.kc[i, :n], self.ka[i, :n], self.vc[i, :n], self.va[i, :n], pos,
-                int(t[p + "attn_score.mant"][0]), int(t[p + "attn_score.shift"][0]),
+                int(t[p + "attn_score.mant"][0]), int(t[p + "attn_score.shift"][0]), blk["attention_window"],
             )  # [T, nh, D], V units / (127 * 2^16)
             rec(p + "attn_out", o.reshape(T, nh * D), 1.0 / (127 * 2.0**32))
             oq, oe = quant16(o.reshape(T, nh * D))
             ao = self._lin(p + "attn_output", oq, oe)
-            rec(p + "attn_output", ao, Q16)
-            x = sat32(x + ao)  # residual Q16
+            rec(p + "attn_output", ao, Q16 if post else QR)
+            x = sat32(x + (self._post_norm(p + "post_attention_norm", ao) if post else ao))  # residual Q R
             # --- feed-forward block ---
-            h = ops.rms_norm(x, t[p + "ffn_norm.g"], self.eps_h, 16)
+            h = ops.rms_norm(x, t[p + "ffn_norm.g"], self.eps_h, R)
             hq, he = quant16(h)
             gate = self._lin(p + "ffn_gate", hq, he)  # [T, F] Q16
             up = self._lin(p + "ffn_up", hq, he)  # [T, F] Q16
-            a = ops.swiglu(gate, up)  # [T, F] Q32 int64
+            act = ops.geglu if blk["activation"] == "gelu_tanh" else ops.swiglu
+            a = act(gate, up)  # [T, F] Q32 int64
             rec(p + "ffn_norm", h, H**0.5 * 2.0 ** -(14 + G.get(p + "ffn_norm", 0)))
             rec(p + "ffn_gate", gate, Q16)
             rec(p + "ffn_up", up, Q16)
             rec(p + "ffn_swiglu", a, 2.0**-32)
             aq, ae = quant16(a)
             dn = self._lin(p + "ffn_down", aq, ae)
-            rec(p + "ffn_down", dn, Q16)
-            x = sat32(x + dn)
-            rec(p + "residual", x, Q16)
-        h = ops.rms_norm(x, t["output_norm.g"], self.eps_h, 16)
+            rec(p + "ffn_down", dn, Q16 if post else QR)
+            x = sat32(x + (self._post_norm(p + "post_ffw_norm", dn) if post else dn))
+            rec(p + "residual", x, QR)
+        h = ops.rms_norm(x, t["output_norm.g"], self.eps_h, R)
         hq, he = quant16(h)
         w = t["output.q"] if "output.q" in t else t["tok_embd.q"]
         logits = ops.linear(hq, he, w, t["output.mant"], t["output.shift"])  # [T, V] Q16
