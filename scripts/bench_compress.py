@@ -109,9 +109,11 @@ def main():
         res = {p: run_peer(p, data) for p in PEERS}
         print(f"# {name}: {n} bytes", file=sys.stderr, flush=True)
         res[f"intdet ctx {args.default_ctx}"] = run_intdet(engine, data, args.default_ctx, args.batch)
+        print(f"#   {res[f'intdet ctx {args.default_ctx}']}", file=sys.stderr, flush=True)
         if not rows:
             for c in args.ctx:
                 res[f"intdet ctx {c} (compress only)"] = run_intdet(engine, data, c, args.batch, decompress=False)
+                print(f"#   ctx {c}: {res[f'intdet ctx {c} (compress only)']}", file=sys.stderr, flush=True)
         xz = res["xz -9e"]["size"] if res.get("xz -9e") else None
         for tool, r in res.items():
             if r is None:

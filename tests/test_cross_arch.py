@@ -63,6 +63,32 @@ def _build(build_dir: str, arch: str | None = None) -> str:
     return os.path.join(build_dir, "intdet_run")
 
 
+_CROSS_TOOLS: dict = {}
+
+
+def _cross_tool(arch: str, tmp_path_factory) -> str:
+    """intdet_run for `arch`, built once per session (the hash and the
+    compress tests share it)."""
+    if arch not in _CROSS_TOOLS:
+        _CROSS_TOOLS[arch] = _build(str(tmp_path_factory.mktemp(f"intdet_run_{arch}")), arch)
+    return _CROSS_TOOLS[arch]
+
+
+def _cross_runner(arch: str, tmp_path_factory) -> list:
+    """[qemu, -L, sysroot, tool] for `arch`, or pytest.skip with the reason."""
+    if os.uname().machine == arch:
+        pytest.skip(f"host is {arch}: covered by the native test")
+    why = _missing_build_tools()
+    if why:
+        pytest.skip(f"cannot build: {why}")
+    if not shutil.which(f"{arch}-linux-gnu-g++"):
+        pytest.skip(f"no {arch}-linux-gnu-g++ (install: {APT_LINE})")
+    qemu = shutil.which(f"qemu-{arch}-static") or shutil.which(f"qemu-{arch}")
+    if not qemu:
+        pytest.skip(f"no qemu-{arch}-static / qemu-{arch} (install: {APT_LINE})")
+    return [qemu, "-L", f"/usr/{arch}-linux-gnu", _cross_tool(arch, tmp_path_factory)]
+
+
 def _run_tool(runner: list, model_dir: str, ids, n: int, *extra) -> dict:
     cmd = runner + [model_dir, "--ids", ",".join(map(str, ids)), "-n", str(n), *extra]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
@@ -157,7 +183,7 @@ def test_cross_arch_matches_python(arch, models_and_expected, tmp_path_factory):
     qemu = shutil.which(f"qemu-{arch}-static") or shutil.which(f"qemu-{arch}")
     if not qemu:
         pytest.skip(f"no qemu-{arch}-static / qemu-{arch} (install: {APT_LINE})")
-    tool = _build(str(tmp_path_factory.mktemp(f"intdet_run_{arch}")), arch)
+    tool = _cross_tool(arch, tmp_path_factory)
     seen = _check_all([qemu, "-L", f"/usr/{arch}-linux-gnu", tool], models_and_expected)
     endian = "big-endian" if arch == "s390x" else "little-endian"
     assert all(endian in s for s in seen), seen[0]
@@ -217,3 +243,66 @@ def test_native_tool_int4_load_errors(native_tool, models_and_expected, tmp_path
     # Without weight_format the model is int8, and its .q tensors are missing.
     r = with_cfg("fmt_absent", weight_format=None)
     assert r.returncode == 1 and "int4" in r.stderr and "weight_format" in r.stderr, r.stderr
+
+
+# ------------------------------------------------------------------ intdet compress
+
+
+@pytest.fixture(scope="module")
+def compressed_chunks(models_and_expected, tmp_path_factory):
+    """(model dir, [(payload file, start id, token ids)]) for chunks of a
+    text compressed by intdet compress on this host (qwen3 and llama)."""
+    import io
+
+    from intdet.compress import codec
+    from intdet.compress.chunking import TokenBytes
+    from intdet.compress.container import read_chunk, read_header
+
+    tmp_path = tmp_path_factory.mktemp("compressed_chunks")
+    text = ("Integer logits decode on every machine: x86, ARM, s390x. " * 5).encode() + bytes(range(256))
+    out = {}
+    for name in ("qwen3", "llama"):
+        d, _ = models_and_expected[name]
+        eng = Engine(load_model(d))
+        buf = io.BytesIO()
+        codec.compress_stream(eng, io.BytesIO(text).read, buf, ctx=120, store_larger=False)
+        f = io.BytesIO(buf.getvalue())
+        h = read_header(f, "x")
+        tb = TokenBytes(eng.lm.tokenizer, eng.lm.tok_meta, eng.vocab_size)
+        chunks, at = [], 0
+        for i in range(h.n_chunks):
+            c = read_chunk(f, h, i, "x")
+            p = tmp_path / f"{name}-{i}.bin"
+            p.write_bytes(c.payload)
+            ids, _ = tb.ids_of(text[at:at + c.orig_len])
+            assert len(ids) == c.n_tokens
+            chunks.append((str(p), h.start_id, ids))
+            at += c.orig_len
+        assert len(chunks) >= 2
+        out[name] = (d, chunks)
+    return out
+
+
+def _check_chunks(runner, compressed_chunks, *extra):
+    seen = []
+    for name, (d, chunks) in compressed_chunks.items():
+        for path, start, ids in chunks:
+            cmd = runner + [d, "--decode-chunk", path, "--start", str(start), "-n", str(len(ids)), *extra]
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+            assert r.returncode == 0, f"{' '.join(cmd)}: {r.stderr}"
+            got = [int(t) for t in r.stdout.split(" ", 1)[1].split(",")]
+            assert got == ids, (name, path)
+            seen.append(r.stderr)
+    return seen
+
+
+def test_native_tool_decodes_compressed_chunks(native_tool, compressed_chunks):
+    _check_chunks([native_tool], compressed_chunks)
+    _check_chunks([native_tool], compressed_chunks, "--isa", "scalar", "--threads", "1")
+
+
+@pytest.mark.parametrize("arch", CROSS_ARCHS)
+def test_cross_arch_decodes_compressed_chunks(arch, compressed_chunks, tmp_path_factory):
+    """A file compressed on this host decodes on aarch64 and big-endian s390x."""
+    seen = _check_chunks(_cross_runner(arch, tmp_path_factory), compressed_chunks)
+    assert all(("big-endian" if arch == "s390x" else "little-endian") in s for s in seen), seen[0]

@@ -16,6 +16,7 @@ namespace intdet::compress {
 constexpr int64_t kDiffCap = (int64_t)1 << 26;
 constexpr int64_t kZeroWeightU = (int64_t)31 << kExpFrac;  // exp2_neg_q30(u) == 0 from here on
 constexpr int kMinPrecision = 24, kMaxPrecision = 30;
+constexpr int kPrecision = 28;  // the tables of container format version 1 (table.py PRECISION)
 constexpr int64_t kMaxVocab = (int64_t)1 << 22;
 
 // exp2_neg_q30 of the fraction bits: exp2_neg_q30(u) == round_shift(kExp2Frac[u & 0xFFFF], u >> 16)

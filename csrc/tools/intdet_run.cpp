@@ -5,6 +5,12 @@
 //
 //   intdet_run MODEL_DIR --ids 5,17,99 [-n 16] [--model-sha256 HEX]
 //              [--threads N] [--isa NAME] [--no-eos]
+//   intdet_run MODEL_DIR --decode-chunk FILE --start ID -n TOKENS [--threads N] [--isa NAME]
+//
+// --decode-chunk: range-decode one chunk's payload of an `intdet compress`
+// file (docs/compress.md) with the model, feeding ID first, and print
+// "tokens <id,...>": the compressed format's table and coder
+// (csrc/compress/) and the forward pass on this architecture.
 //
 // Prints on stdout:
 //   hash <12 hex>            the chain hash (as `intdet generate` prints it)
@@ -45,6 +51,7 @@
 
 #include "intdet/kernels.h"
 #include "intdet/loader.h"
+#include "../compress/coder.h"
 #include "intdet/model.h"
 
 namespace {
@@ -349,8 +356,42 @@ void usage() {
                "[--no-eos]\n");
 }
 
+// The decoder of python/intdet/compress/codec.py for one chunk, one row.
+int decode_chunk(const std::string& dir, const std::string& chunk_path, int64_t start, int64_t n, int64_t threads,
+                 const std::string& isa) {
+  if (threads >= 0) set_num_threads((int)threads);
+  if (!isa.empty()) set_isa(isa);
+  const std::string st_path = dir + "/model.safetensors";
+  std::unique_ptr<LoadedModel> lm = load_model(dir, read_file(st_path), st_path);
+  const Model& m = lm->m;
+  const int64_t V = m.cfg.vocab;
+  if (n < 1 || n > m.cfg.ctx) fail("-n: " + std::to_string(n) + " tokens must be in [1, the context length]");
+  if (start < 0 || start >= V) fail("--start: token id " + std::to_string(start) + " is outside the vocabulary");
+  const std::vector<unsigned char> payload = read_file(chunk_path);
+  intdet::compress::RangeDecoder dec(payload.data(), payload.size());
+  KVCache kv;
+  kv.init(m.cfg, n);
+  std::vector<int32_t> logits((size_t)V), out;
+  int32_t tok = (int32_t)start;
+  intdet::compress::RangeDecoder* decs[1] = {&dec};
+  for (int64_t t = 0; t < n; ++t) {
+    forward(m, kv, &tok, 1, t, false, logits.data());
+    const int32_t* rows[1] = {logits.data()};
+    intdet::compress::decode_rows(decs, rows, 1, V, intdet::compress::kPrecision, &tok);
+    if (tok < 0) fail(chunk_path + ": corrupt range-coded data at token " + std::to_string(t));
+    out.push_back(tok);
+  }
+  std::printf("tokens ");
+  for (size_t k = 0; k < out.size(); ++k) std::printf("%s%d", k ? "," : "", out[k]);
+  std::printf("\n");
+  std::fprintf(stderr, "intdet_run: isa %s, threads %d, %s-endian host\n", kernels().name, num_threads(),
+               std::endian::native == std::endian::big ? "big" : "little");
+  return 0;
+}
+
 int run(int argc, char** argv) {
-  std::string dir, ids_text, sha;
+  std::string dir, ids_text, sha, chunk_path;
+  int64_t start_id = -1;
   int64_t n_new = 16, threads = -1;
   bool use_eos = true, have_ids = false;
   std::string isa;
@@ -371,6 +412,10 @@ int run(int argc, char** argv) {
       threads = parse_int(next(), arg);
     } else if (arg == "--isa") {
       isa = next();
+    } else if (arg == "--decode-chunk") {
+      chunk_path = next();
+    } else if (arg == "--start") {
+      start_id = parse_int(next(), arg);
     } else if (arg == "--no-eos") {
       use_eos = false;
     } else if (arg == "-h" || arg == "--help") {
@@ -384,6 +429,7 @@ int run(int argc, char** argv) {
       fail("unexpected argument " + arg);
     }
   }
+  if (!dir.empty() && !chunk_path.empty()) return decode_chunk(dir, chunk_path, start_id, n_new, threads, isa);
   if (dir.empty() || !have_ids) {
     usage();
     return 2;
