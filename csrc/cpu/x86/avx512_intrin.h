@@ -9,6 +9,7 @@
 // "may be used uninitialized" wherever they are inlined (a false positive).
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
 
 #if defined(INTDET_AVX512_SIMDE)
