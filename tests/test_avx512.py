@@ -8,6 +8,7 @@ models against the pinned digests and the scalar chain hash, and the
 one-line error where the CPU lacks the set."""
 
 import contextlib
+import json
 import os
 import subprocess
 import sys
@@ -276,3 +277,57 @@ def test_native_set_is_the_default():
     r = subprocess.run([sys.executable, "-c", "from intdet import _core\nprint(_core.isa())"],
                        env={k: v for k, v in os.environ.items() if k != "INTDET_ISA"}, capture_output=True, text=True)
     assert r.returncode == 0 and r.stdout.strip() == "avx512", r.stderr
+
+
+# ---------------------------------------------------------------- scripts/bench_cpu.py --isa
+
+BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts", "bench_cpu.py")
+
+
+def _bench_cpu():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_cpu", BENCH)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_bench_cpu_table_for_two_kernel_sets():
+    """--isa avx2 --isa avx512: a column per set, each against llama.cpp, and avx512 against avx2."""
+    def eng(p, d, mib):
+        return {"prefill_tok_s": p, "decode_tok_s": d, "peak_rss_bytes": mib * 2**20}
+
+    res = {"model": "M", "note": "intdet: int8; llama.cpp: Q8_0", "prompt_tokens": 512, "gen_tokens": 128,
+           "repeats": 3, "intdet_isa": "avx2", "llama_cpp_version": "0.3.16",
+           "rows": [{"threads": 2, "intdet": eng(800.0, 40.0, 300), "llama": eng(400.0, 50.0, 250),
+                     "intdet_by_isa": {"avx2": eng(800.0, 40.0, 300), "avx512": eng(1400.0, 60.0, 310)},
+                     "greedy_tokens_agree": 17}]}
+    assert _bench_cpu().format_result(res) == """\
+M: intdet: int8; llama.cpp: Q8_0
+prompt 512 tok, decode 128 tok (batch 1, greedy), median of 3; intdet kernel sets avx2, avx512, llama-cpp-python 0.3.16
+threads  metric        intdet avx2  intdet avx512  llama.cpp  avx2/llama.cpp  avx512/llama.cpp  avx512/avx2
+      2  pp512 tok/s         800.0         1400.0      400.0            2.00              3.50         1.75
+      2  tg128 tok/s          40.0           60.0       50.0            0.80              1.20         1.50
+      2  peak RSS MiB          300            310        250            1.20              1.24         1.03
+greedy decode tokens equal between the engines from the start: threads 2: 17/128"""
+
+
+def test_bench_cpu_worker_runs_the_named_set(tmp_path, tiny_llama_hf):
+    model = convert(tiny_llama_hf, str(tmp_path / "m"), progress=False)
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"model": model, "ids": [5, 6, 7, 8, 9, 10, 11, 12, 13], "gen": 2, "threads": 1,
+                                "isa": "scalar"}))
+    r = subprocess.run([sys.executable, BENCH, "--worker", "intdet", str(spec)], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    (line,) = [ln for ln in r.stdout.splitlines() if ln.startswith("BENCH_RESULT ")]
+    assert json.loads(line[len("BENCH_RESULT "):])["isa"] == "scalar"
+
+
+@lacks
+def test_bench_cpu_refuses_a_set_the_cpu_lacks():
+    r = subprocess.run([sys.executable, BENCH, "--isa", "avx512"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines()[-1] == (
+        f"bench_cpu.py: error: --isa avx512: not a kernel set this build and CPU run (choose {', '.join(ISAS)})")
