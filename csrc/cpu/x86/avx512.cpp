@@ -1,8 +1,8 @@
 // The AVX-512 kernel set's attention and row kernels (same bits as the
 // scalar ones; dots are exact in any order) and its entry (AVX512F/BW/VL +
 // VNNI). Its CPU check is in
-// avx512_cpu.cpp (baseline code, no ISA flags), the linear layers in
-// avx512_gemm.cpp and avx512_w4.cpp, the g16 packing in avx512_pack.cpp.
+// avx512_cpu.cpp (baseline code, no ISA flags), the linear layers (on the
+// AVX2 set's g8 packing) in avx512_gemm.cpp and avx512_w4.cpp.
 // Compiled with -mavx512f -mavx512bw -mavx512vl
 // -mavx512vnni only, or against SIMDe in the test build (INTDET_AVX512_SIMDE,
 // where the set is emulated on an AVX2 CPU). docs/kernel-sets.md.
@@ -197,7 +197,7 @@ extern const Kernels kAvx512Kernels;
 constinit const Kernels kAvx512Kernels{
     .name = "avx512",
     .cpu_runs = cpu_has_avx512_vnni,
-    .packing = &kPackG16,
+    .packing = &kPackG8,  // the AVX2 set's layout: one packed copy for both
     .linear = nullptr,
     .linear_packed = linear_avx512_packed,
     .linear_w4 = nullptr,

@@ -1,8 +1,10 @@
-// AVX-512 VNNI linear layer on g16-packed int8 weights (compiled with
-// -mavx512f -mavx512bw -mavx512vl -mavx512vnni only, or against SIMDe).
+// AVX-512 VNNI linear layer on the AVX2 set's g8-packed int8 weights
+// (compiled with -mavx512f -mavx512bw -mavx512vl -mavx512vnni only, or
+// against SIMDe). Sharing the layout keeps one packed copy in memory.
 //
-// Layout (pack_w8x2_g16): output channels in groups of 16, K in pairs; 32
-// bytes hold w[16g + c][2p + i] at byte 2c + i. Widened to int16 (32 lanes),
+// Layout (pack_w8x2, kernels.h): output channels in groups of 8, K in pairs;
+// 16 bytes hold w[8g + c][2p + i] at byte 2c + i. Two groups' 16 bytes for
+// pair p, side by side and widened to int16 (32 lanes),
 // one vpdpwssd with the broadcast activation pair (a[2p], a[2p+1]) adds 2
 // products to each of 16 channels' int32 lanes: lanes are output channels,
 // no horizontal sum. vpdpwssd is the VNNI form of the AVX2 kernel's
@@ -35,8 +37,12 @@ inline __m512i bcast_pair(const int16_t* a) {
   return _mm512_set1_epi32(v);
 }
 
-inline __m512i wvec(const int8_t* g, int64_t p) {
-  return _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i*)(g + 32 * p)));
+// The 16 channels' weights of pair p as 32 int16 lanes (lane 2c + i =
+// w[c][2p + i]): 16 bytes from each of two g8 groups.
+inline __m512i wvec(const int8_t* ga, const int8_t* gb, int64_t p) {
+  const __m256i w = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i*)(ga + 16 * p))),
+                                            _mm_loadu_si128((const __m128i*)(gb + 16 * p)), 1);
+  return _mm512_cvtepi8_epi16(w);
 }
 
 // acc16 [16] int64 += the 16 int32 lanes of v.
@@ -48,12 +54,19 @@ inline void add_lanes(__m512i v, int64_t* acc16) {
 }
 
 // acc [MR][16*NV] int64 = exact dots of MR activation rows (stride lda,
-// K inputs) with NV packed 16-channel groups (each Kp*32 bytes apart). KS
+// K inputs) with channels [j, j + 16*NV) of wp (g8 groups of Kp*16 bytes;
+// a group past channel N is never read: its lanes are not stored). KS
 // interleaved accumulator sets (1 or 2) give decode's few tiles more
 // independent vpdpwssd chains.
 template <int MR, int NV, int KS>
-inline void tile(const int16_t* a, int64_t lda, int64_t K, const int8_t* wg, int64_t Kp, int64_t* acc) {
+inline void tile(const int16_t* a, int64_t lda, int64_t K, const int8_t* wp, int64_t Kp, int64_t j, int64_t N,
+                 int64_t* acc) {
   for (int i = 0; i < MR * 16 * NV; ++i) acc[i] = 0;
+  const int8_t *ga[NV], *gb[NV];
+  for (int v = 0; v < NV; ++v) {
+    ga[v] = wp + (j / 8 + 2 * v) * Kp * 16;
+    gb[v] = j + 16 * v + 8 < N ? ga[v] + Kp * 16 : ga[v];
+  }
   const int64_t Kf = K / 2;  // whole pairs; an odd K's last pair is (a[K-1], 0)
   for (int64_t p0 = 0; p0 < Kp; p0 += kPairBlock) {
     const int64_t p1 = p0 + kPairBlock < Kp ? p0 + kPairBlock : Kp;
@@ -66,7 +79,7 @@ inline void tile(const int16_t* a, int64_t lda, int64_t K, const int8_t* wg, int
     for (; p + KS <= pf; p += KS)
       for (int k = 0; k < KS; ++k) {  // constant trip counts: unrolled, s stays in registers
         __m512i w[NV];
-        for (int v = 0; v < NV; ++v) w[v] = wvec(wg + v * Kp * 32, p + k);
+        for (int v = 0; v < NV; ++v) w[v] = wvec(ga[v], gb[v], p + k);
         for (int r = 0; r < MR; ++r) {
           const __m512i x = bcast_pair(a + r * lda + 2 * (p + k));
           for (int v = 0; v < NV; ++v) s[k][r][v] = _mm512_dpwssd_epi32(s[k][r][v], x, w[v]);
@@ -74,7 +87,7 @@ inline void tile(const int16_t* a, int64_t lda, int64_t K, const int8_t* wg, int
       }
     for (; p < p1; ++p) {  // the block's last pair when KS does not divide it, and an odd K's (a[K-1], 0)
       __m512i w[NV];
-      for (int v = 0; v < NV; ++v) w[v] = wvec(wg + v * Kp * 32, p);
+      for (int v = 0; v < NV; ++v) w[v] = wvec(ga[v], gb[v], p);
       for (int r = 0; r < MR; ++r) {
         const __m512i x = p < pf ? bcast_pair(a + r * lda + 2 * p) : _mm512_set1_epi32((int32_t)(uint16_t)a[r * lda + K - 1]);
         for (int v = 0; v < NV; ++v) s[0][r][v] = _mm512_dpwssd_epi32(s[0][r][v], x, w[v]);
@@ -96,7 +109,7 @@ inline void tokens(const int16_t* q, const int32_t* e, int64_t t0, int64_t t1, i
                    int64_t* out, int64_t ldo) {
   token_tiles<MR>(t0, t1, [&](auto R, int64_t t) {
     alignas(64) int64_t acc[R * 16 * NV];
-    tile<R, NV, KS>(q + t * K, K, K, wp + (j / 16) * Kp * 32, Kp, acc);
+    tile<R, NV, KS>(q + t * K, K, K, wp, Kp, j, N, acc);
     store_tile<R, 16 * NV>(acc, e, t, mant, shift, bias, j, N, out, ldo);
   });
 }

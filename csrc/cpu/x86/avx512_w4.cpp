@@ -1,10 +1,12 @@
-// AVX-512 VNNI int4 linear layer on g16-packed weights (compiled with
-// -mavx512f -mavx512bw -mavx512vl -mavx512vnni only, or against SIMDe).
+// AVX-512 VNNI int4 linear layer on the AVX2 set's g8-packed weights
+// (compiled with -mavx512f -mavx512bw -mavx512vl -mavx512vnni only, or
+// against SIMDe). Sharing the layout keeps one packed copy in memory.
 //
-// Layout (pack_w4_g16): per 16 output channels and group of 32 inputs, a
-// 320-byte block: the 16 steps gd, the 16 offsets gm (int16), then 8 rows of
-// 32 bytes whose byte 2c + i holds the codes of inputs 4r + i (low nibble)
-// and 4r + 2 + i (high nibble) of channel c. One row widened to int16 gives
+// Layout (pack_w4, kernels.h): per 8 output channels and group of 32 inputs,
+// a 160-byte block: the 8 steps gd, the 8 offsets gm (int16), then 8 rows of
+// 16 bytes whose byte 2c + i holds the codes of inputs 4r + i (low nibble)
+// and 4r + 2 + i (high nibble) of channel c. The same field of two blocks
+// side by side covers 16 channels: one row pair widened to int16 gives
 // two vectors of codes u, each laid out like the int8 kernel's weights
 // (lane 2c + i), so one vpdpwssd with a broadcast activation pair adds 2
 // products to each channel's int32 lane.
@@ -41,20 +43,37 @@ inline __m512i bcast_pair(const int16_t* a) {
   return _mm512_set1_epi32(v);
 }
 
-// 16 int16 scales -> 32 lanes, each scale twice (the lanes of inputs 2p, 2p+1).
-inline __m512i dup_scales(const uint8_t* p) {
-  const __m512i x = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p));
+// 16 bytes at pa, then 16 at pb: the same field of two g8 blocks (8 + 8 channels).
+inline __m256i load2(const uint8_t* pa, const uint8_t* pb) {
+  return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i*)pa)),
+                                 _mm_loadu_si128((const __m128i*)pb), 1);
+}
+
+// 16 int16 scales (8 at pa, 8 at pb) -> 32 lanes, each scale twice (the lanes of inputs 2p, 2p+1).
+inline __m512i dup_scales(const uint8_t* pa, const uint8_t* pb) {
+  const __m512i x = _mm512_cvtepu16_epi32(load2(pa, pb));
   return _mm512_or_si512(x, _mm512_slli_epi32(x, 16));
+}
+
+// The g8 groups of channels [j + 16v, j + 16v + 8) and [j + 16v + 8, j + 16v + 16)
+// for v < NV; a group past channel N is never read (its lanes are not stored).
+template <int NV>
+inline void group_pairs(const uint8_t* w4p, int64_t G, int64_t j, int64_t N, const uint8_t** ga, const uint8_t** gb) {
+  for (int v = 0; v < NV; ++v) {
+    ga[v] = w4p + (j / 8 + 2 * v) * G * kW4Block;
+    gb[v] = j + 16 * v + 8 < N ? ga[v] + G * kW4Block : ga[v];
+  }
 }
 
 // Decode tile, factorised: per group S = sum a * u over the raw codes
 // (int16 0..15, so no weight rebuild), then gd * S + gm * Q in int64 with
 // Q = the group's activation sum (qs [MR][G]). acc [MR][16*NV] int64 for NV
-// packed 16-channel groups (G blocks each, consecutive in memory). Two
+// 16-channel pairs of g8 groups (ga, gb: G blocks each). Two
 // accumulators per (token, group) (low and high nibbles) make 2*MR*NV
 // independent vpdpwssd chains.
 template <int MR, int NV>
-inline void tile(const int16_t* a, int64_t lda, const int32_t* qs, int64_t G, const uint8_t* wg, int64_t* acc) {
+inline void tile(const int16_t* a, int64_t lda, const int32_t* qs, int64_t G, const uint8_t* const* ga,
+                 const uint8_t* const* gb, int64_t* acc) {
   __m512i ev[MR][NV], od[MR][NV];  // int64 sums of channels 0, 2, .., 14 and 1, 3, .., 15
   for (int r = 0; r < MR; ++r)
     for (int v = 0; v < NV; ++v) ev[r][v] = od[r][v] = _mm512_setzero_si512();
@@ -64,11 +83,12 @@ inline void tile(const int16_t* a, int64_t lda, const int32_t* qs, int64_t G, co
     for (int r = 0; r < MR; ++r)
       for (int v = 0; v < NV; ++v) s0[r][v] = s1[r][v] = _mm512_setzero_si512();
     const int16_t* aj = a + 32 * j;
+#pragma GCC unroll 8  // rolled, GCC 12 copies every accumulator each row
     for (int row = 0; row < 8; ++row) {
       __m512i u0[NV], u1[NV];
       for (int v = 0; v < NV; ++v) {
-        const uint8_t* b = wg + (v * G + j) * kW4Block16;
-        const __m512i c = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)(b + 64 + 32 * row)));
+        const int64_t o = j * kW4Block + 32 + 16 * row;
+        const __m512i c = _mm512_cvtepu8_epi16(load2(ga[v] + o, gb[v] + o));
         u0[v] = _mm512_and_si512(c, nib);
         u1[v] = _mm512_srli_epi16(c, 4);
       }
@@ -84,9 +104,9 @@ inline void tile(const int16_t* a, int64_t lda, const int32_t* qs, int64_t G, co
     // vpmuldq multiplies the low (signed) 32 bits of each 64-bit lane: even
     // channels as they lie, odd ones after a 32-bit shift.
     for (int v = 0; v < NV; ++v) {
-      const uint8_t* b = wg + (v * G + j) * kW4Block16;
-      const __m512i d = _mm512_cvtepi16_epi32(_mm256_loadu_si256((const __m256i*)b));
-      const __m512i m = _mm512_cvtepi16_epi32(_mm256_loadu_si256((const __m256i*)(b + 32)));
+      const uint8_t *ba = ga[v] + j * kW4Block, *bb = gb[v] + j * kW4Block;
+      const __m512i d = _mm512_cvtepi16_epi32(load2(ba, bb));
+      const __m512i m = _mm512_cvtepi16_epi32(load2(ba + 16, bb + 16));
       const __m512i d1 = _mm512_srli_epi64(d, 32), m1 = _mm512_srli_epi64(m, 32);
       for (int r = 0; r < MR; ++r) {
         const __m512i s = _mm512_add_epi32(s0[r][v], s1[r][v]);  // the group's S: < 2^24
@@ -112,13 +132,13 @@ inline void tile(const int16_t* a, int64_t lda, const int32_t* qs, int64_t G, co
 
 // One 16-channel group's weights as int16, 32 lanes per input pair p
 // (lane 2c + i = w[c][2p + i]): ws [K/2][32].
-inline void expand(const uint8_t* wg, int64_t G, int16_t* ws) {
+inline void expand(const uint8_t* ga, const uint8_t* gb, int64_t G, int16_t* ws) {
   const __m512i nib = _mm512_set1_epi16(15);
   for (int64_t j = 0; j < G; ++j) {
-    const uint8_t* b = wg + j * kW4Block16;
-    const __m512i d = dup_scales(b), m = dup_scales(b + 32);
+    const uint8_t *ba = ga + j * kW4Block, *bb = gb + j * kW4Block;
+    const __m512i d = dup_scales(ba, bb), m = dup_scales(ba + 16, bb + 16);
     for (int row = 0; row < 8; ++row) {
-      const __m512i v = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)(b + 64 + 32 * row)));
+      const __m512i v = _mm512_cvtepu8_epi16(load2(ba + 32 + 16 * row, bb + 32 + 16 * row));
       int16_t* o = ws + (16 * j + 2 * row) * 32;
       _mm512_storeu_si512((void*)o, _mm512_add_epi16(_mm512_mullo_epi16(_mm512_and_si512(v, nib), d), m));
       _mm512_storeu_si512((void*)(o + 32), _mm512_add_epi16(_mm512_mullo_epi16(_mm512_srli_epi16(v, 4), d), m));
@@ -180,9 +200,11 @@ inline void tokens_d(const int16_t* q, const int32_t* e, int64_t T, int64_t K, c
                      const int32_t* mant, const int32_t* shift, const int32_t* bias, int64_t j, int64_t N,
                      int64_t* out, int64_t ldo) {
   const int64_t G = K / kW4Group;
+  const uint8_t *ga[NV], *gb[NV];
+  group_pairs<NV>(w4p, G, j, N, ga, gb);
   token_tiles<MR>(0, T, [&](auto R, int64_t t) {
     alignas(64) int64_t acc[R * 16 * NV];
-    tile<R, NV>(q + t * K, K, qs + t * G, G, w4p + (j / 16) * G * kW4Block16, acc);
+    tile<R, NV>(q + t * K, K, qs + t * G, G, ga, gb, acc);
     store_tile<R, 16 * NV>(acc, e, t, mant, shift, bias, j, N, out, ldo);
   });
 }
@@ -202,7 +224,10 @@ void linear_w4_avx512_packed(const int16_t* q, const int32_t* e, int64_t T, int6
       const int64_t t1 = t0 + kTokChunk < T ? t0 + kTokChunk : T;
       for (int64_t j = 0; j < N; j += 64) {
         const int64_t nv = (N - j) >= 64 ? 4 : (N - j + 15) / 16;
-        for (int64_t v = 0; v < nv; ++v) expand(w4p + (j / 16 + v) * G * kW4Block16, G, ws.data() + v * K * 16);
+        for (int64_t v = 0; v < nv; ++v) {  // as group_pairs
+          const uint8_t* ga = w4p + (j / 8 + 2 * v) * G * kW4Block;
+          expand(ga, j + 16 * v + 8 < N ? ga + G * kW4Block : ga, G, ws.data() + v * K * 16);
+        }
         switch (nv) {
           case 4: tokens_x<4, 4>(q, e, t0, t1, K, ws.data(), mant, shift, bias, j, N, out, ldo); break;
           case 3: tokens_x<5, 3>(q, e, t0, t1, K, ws.data(), mant, shift, bias, j, N, out, ldo); break;
