@@ -3,6 +3,7 @@
 
     python scripts/bench_cpu.py [--threads 1 --threads 2] [--repeats 3] [--prompt-tokens 512]
                                 [--gen-tokens 128] [--qwen3] [--int4] [--skip-smollm2] [--json OUT]
+                                [--isa avx512 --isa avx2]
 
 What it does:
 
@@ -33,6 +34,10 @@ What it does:
    steps at batch 1 continuing it (each step = forward of one token + argmax;
    the token picked from the prompt's logits is not counted). Medians are shown,
    with intdet / llama.cpp (> 1: intdet faster for tok/s, bigger for RSS).
+   ``--isa NAME`` (repeatable) runs intdet on those kernel sets (default: the
+   best this CPU runs), each in the same interleaved rounds, with a column and
+   a ratio against llama.cpp per set and, for two or more, each set against
+   the first (e.g. ``--isa avx2 --isa avx512``: avx512/avx2).
 
 llama.cpp side: ``llama_cpp.Llama(path, n_ctx=max(1024, prompt+gen), n_threads=T,
 n_threads_batch=T, n_batch=512)``, ``llm.eval(ids)`` for the prompt and
@@ -84,6 +89,10 @@ def worker_intdet(spec: dict) -> dict:
     from intdet.bench import run_bench
     from intdet.model import load_model
 
+    if spec.get("isa"):  # this kernel set for the whole run (bench_cpu.py --isa)
+        from intdet import _core
+
+        _core.set_isa(spec["isa"])
     lm = load_model(spec["model"])
     (row,) = run_bench(lm, gen_tokens=spec["gen"], threads=[spec["threads"]], prompt_ids=spec["ids"], keep_tokens=True)
     return {"prefill_tok_s": row["prefill_tok_s"], "decode_tok_s": row["decode_tok_s"], "threads": row["threads"],
@@ -341,7 +350,10 @@ def leading_agreement(a: list, b: list) -> int:
     return n
 
 
-def bench_model(py: str, m: dict, threads: list, repeats: int, prompt_tokens: int, gen_tokens: int) -> dict:
+def bench_model(py: str, m: dict, threads: list, repeats: int, prompt_tokens: int, gen_tokens: int,
+                isas: list | None = None) -> dict:
+    """isas: intdet's kernel sets to run (None: the default set only, one
+    "intdet" column); with two or more, rows also hold "intdet_by_isa"."""
     import intdet.rss
     from intdet.bench import bench_prompt_ids
     from intdet.model import load_model
@@ -353,34 +365,46 @@ def bench_model(py: str, m: dict, threads: list, repeats: int, prompt_tokens: in
     ids = bench_prompt_ids(lm, prompt_tokens)
     del lm
     runs = {}
+    sets = list(isas or [None])
+    engines = [("intdet", isa, sys.executable) for isa in sets] + [("llama", None, py)]
     for T in threads:
         for r in range(repeats):
-            for eng, pyexe in (("intdet", sys.executable), ("llama", py)):
+            for eng, isa, pyexe in engines:
                 res = run_worker(pyexe, eng, {"model": m[eng], "ids": ids, "gen": gen_tokens, "threads": T,
-                                              "rss_py": intdet.rss.__file__})
-                runs.setdefault((T, eng), []).append(res)
-                log(f"  {m['name']} threads {T} repeat {r + 1}/{repeats} {eng:6}: pp {res['prefill_tok_s']:.1f} tok/s, "
-                    f"tg {res['decode_tok_s']:.1f} tok/s, peak RSS {res['peak_rss_bytes'] / 2**20:.0f} MiB")
+                                              "rss_py": intdet.rss.__file__, "isa": isa})
+                runs.setdefault((T, eng, isa), []).append(res)
+                label = f"{eng} {isa}" if isa else eng
+                log(f"  {m['name']} threads {T} repeat {r + 1}/{repeats} {label:6}: pp {res['prefill_tok_s']:.1f} "
+                    f"tok/s, tg {res['decode_tok_s']:.1f} tok/s, peak RSS {res['peak_rss_bytes'] / 2**20:.0f} MiB")
+
+    def medians(rs):
+        keys = ("prefill_tok_s", "decode_tok_s", "peak_rss_bytes")
+        return {**{k: statistics.median(x[k] for x in rs) for k in keys}, "all": [{k: x[k] for k in keys} for x in rs]}
+
     rows = []
     for T in threads:
-        row = {"threads": T}
-        for eng in ("intdet", "llama"):
-            rs = runs[(T, eng)]
-            row[eng] = {k: statistics.median(x[k] for x in rs) for k in ("prefill_tok_s", "decode_tok_s", "peak_rss_bytes")}
-            row[eng]["all"] = [{k: x[k] for k in ("prefill_tok_s", "decode_tok_s", "peak_rss_bytes")} for x in rs]
+        row = {"threads": T, "intdet": medians(runs[(T, "intdet", sets[0])]), "llama": medians(runs[(T, "llama", None)])}
+        if len(sets) > 1:
+            row["intdet_by_isa"] = {isa: medians(runs[(T, "intdet", isa)]) for isa in sets}
+        runs[(T, "intdet")] = runs[(T, "intdet", sets[0])]
+        runs[(T, "llama")] = runs[(T, "llama", None)]
         row["greedy_tokens_agree"] = leading_agreement(runs[(T, "intdet")][0]["tokens"], runs[(T, "llama")][0]["tokens"])
-        row["intdet_tokens_same_every_run"] = len({tuple(x["tokens"]) for x in runs[(T, "intdet")]}) == 1
+        # every run of every kernel set: the same bits, so the same greedy tokens
+        row["intdet_tokens_same_every_run"] = len({tuple(x["tokens"]) for i in sets for x in runs[(T, "intdet", i)]}) == 1
         rows.append(row)
     first = runs[(threads[0], "llama")][0]
     return {"model": m["name"], "note": m["note"], "intdet_model": m["intdet"], "llama_model": m["llama"],
             "prompt_tokens": prompt_tokens, "gen_tokens": gen_tokens, "repeats": repeats,
             "intdet_isa": runs[(threads[0], "intdet")][0]["isa"], "llama_cpp_version": first["version"],
+            "intdet_isas": [runs[(threads[0], "intdet", isa)][0]["isa"] for isa in sets],
             "llama_cpp_system_info": first["system_info"], "rows": rows}
 
 
 def format_result(res: dict) -> str:
     from intdet.bench import text_table
 
+    if "intdet_by_isa" in res["rows"][0]:
+        return format_result_isas(res)
     P, G = res["prompt_tokens"], res["gen_tokens"]
     out = [f"{res['model']}: {res['note']}",
            f"prompt {P} tok, decode {G} tok (batch 1, greedy), median of {res['repeats']}; "
@@ -393,6 +417,36 @@ def format_result(res: dict) -> str:
                                        ("peak_rss_bytes", "peak RSS MiB", 2**20, "{:.0f}")):
             a, b = row["intdet"][key] / scale, row["llama"][key] / scale
             lines.append([str(row["threads"]), label, fmt.format(a), fmt.format(b), f"{a / b:.2f}" if b else "-"])
+    out.append(text_table(head, lines, left=(1,)))
+    agree = ", ".join(f"threads {r['threads']}: {r['greedy_tokens_agree']}/{G}" for r in res["rows"])
+    out.append(f"greedy decode tokens equal between the engines from the start: {agree}")
+    return "\n".join(out)
+
+
+METRICS = (("prefill_tok_s", "pp{P} tok/s", 1, "{:.1f}"), ("decode_tok_s", "tg{G} tok/s", 1, "{:.1f}"),
+           ("peak_rss_bytes", "peak RSS MiB", 2**20, "{:.0f}"))
+
+
+def format_result_isas(res: dict) -> str:
+    """The table for several intdet kernel sets (--isa twice or more): a
+    column per set, each against llama.cpp, and each later set against the first."""
+    from intdet.bench import text_table
+
+    P, G = res["prompt_tokens"], res["gen_tokens"]
+    isas = list(res["rows"][0]["intdet_by_isa"])
+    out = [f"{res['model']}: {res['note']}",
+           f"prompt {P} tok, decode {G} tok (batch 1, greedy), median of {res['repeats']}; "
+           f"intdet kernel sets {', '.join(isas)}, llama-cpp-python {res['llama_cpp_version']}"]
+    head = (["threads", "metric"] + [f"intdet {i}" for i in isas] + ["llama.cpp"] + [f"{i}/llama.cpp" for i in isas]
+            + [f"{i}/{isas[0]}" for i in isas[1:]])
+    lines = []
+    for row in res["rows"]:
+        for key, label, scale, fmt in METRICS:
+            v = {i: row["intdet_by_isa"][i][key] / scale for i in isas}
+            b = row["llama"][key] / scale
+            ratio = lambda x, y: f"{x / y:.2f}" if y else "-"  # noqa: E731
+            lines.append([str(row["threads"]), label.format(P=P, G=G)] + [fmt.format(v[i]) for i in isas]
+                         + [fmt.format(b)] + [ratio(v[i], b) for i in isas] + [ratio(v[i], v[isas[0]]) for i in isas[1:]])
     out.append(text_table(head, lines, left=(1,)))
     agree = ", ".join(f"threads {r['threads']}: {r['greedy_tokens_agree']}/{G}" for r in res["rows"])
     out.append(f"greedy decode tokens equal between the engines from the start: {agree}")
@@ -424,7 +478,17 @@ def main(argv=None) -> int:
     ap.add_argument("--reinstall", action="store_true", help="reinstall llama-cpp-python into the venv")
     ap.add_argument("--work-dir", default=os.path.join(cache_dir(), "bench"), help="GGUFs and the random model")
     ap.add_argument("--json", dest="json_out", default=None, help="also write every figure to this JSON file")
+    ap.add_argument("--isa", action="append", default=None,
+                    help="intdet kernel set (repeatable, side by side; default: the best this CPU runs)")
     args = ap.parse_args(argv)
+    if args.isa:
+        from intdet import _core
+
+        have = _core.available_isas()
+        for name in args.isa:
+            if name.lower() not in have:
+                ap.error(f"--isa {name}: not a kernel set this build and CPU run (choose {', '.join(have)})")
+        args.isa = list(dict.fromkeys(n.lower() for n in args.isa))
     threads = args.threads or [1, 2]
     if args.repeats < 1 or args.prompt_tokens < 1 or args.gen_tokens < 1 or min(threads) < 1:
         ap.error("--repeats, --prompt-tokens, --gen-tokens and --threads must be >= 1")
@@ -444,7 +508,7 @@ def main(argv=None) -> int:
     results = []
     for m in models:
         log(f"benchmarking {m['name']}")
-        results.append(bench_model(py, m, threads, args.repeats, args.prompt_tokens, args.gen_tokens))
+        results.append(bench_model(py, m, threads, args.repeats, args.prompt_tokens, args.gen_tokens, args.isa))
     for res in results:
         print()
         print(format_result(res))

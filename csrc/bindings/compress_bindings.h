@@ -59,7 +59,8 @@ inline void bind_compress(pybind11::module_& parent) {
       },
       py::arg("logits"), py::arg("precision"),
       "Frequencies uint32 [rows, vocab] of int32 logits [rows, vocab] (Q16), each row summing to 2^precision.");
-  py::class_<compress::RangeEncoder>(m, "RangeEncoder")
+  // module_local: _core and the test module _core_simde both bind these types.
+  py::class_<compress::RangeEncoder>(m, "RangeEncoder", py::module_local())
       .def(py::init<>())
       .def(
           "encode",
@@ -88,7 +89,7 @@ inline void bind_compress(pybind11::module_& parent) {
         std::vector<uint8_t> b = e.finish();
         return py::bytes((const char*)b.data(), b.size());
       });
-  py::class_<PyDecoder>(m, "RangeDecoder")
+  py::class_<PyDecoder>(m, "RangeDecoder", py::module_local())
       .def(py::init([](const py::bytes& b) { return new PyDecoder(std::string(b)); }), py::arg("data"))
       .def(
           "target", [](PyDecoder& d, int precision) { return d.dec.target(precision); }, py::arg("precision"),

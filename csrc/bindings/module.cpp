@@ -68,7 +68,12 @@ I64Arr rows(const I64Arr& x, F f) {
 
 }  // namespace
 
-PYBIND11_MODULE(_core, mod) {
+// The test-only SIMDe build (CMakeLists.txt) compiles this file again as _core_simde.
+#ifndef INTDET_CORE_MODULE_NAME
+#define INTDET_CORE_MODULE_NAME _core
+#endif
+
+PYBIND11_MODULE(INTDET_CORE_MODULE_NAME, mod) {
   mod.doc() = "intdet integer engine (portable scalar C++ backend)";
   py::class_<PyModel>(mod, "Model")
       .def(py::init([](const py::object& cfg, const py::dict& t, bool mapped, const std::string& cfg_path,

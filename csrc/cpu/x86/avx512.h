@@ -1,0 +1,29 @@
+// The AVX-512 kernel set (AVX512F/BW/VL + VNNI): its functions, defined in
+// avx512.cpp, avx512_gemm.cpp and avx512_w4.cpp (each compiled with
+// -mavx512f -mavx512bw -mavx512vl -mavx512vnni only, or against SIMDe in the
+// test build), and its CPU check (avx512_cpu.cpp, portable code).
+// avx512.cpp holds the entry; docs/kernel-sets.md.
+#pragma once
+
+#include <cstdint>
+
+#include "intdet/kernels.h"
+
+namespace intdet {
+
+// The linear kernels read the AVX2 set's g8 layout (kPackG8, kernels.h), two
+// 8-channel groups per 512-bit vector: one packed copy serves both sets.
+
+// CPUID and XCR0 say the CPU has AVX512F/BW/VL/VNNI (and AVX2) and the OS
+// saves the ZMM state (avx512_cpu.cpp, baseline code).
+bool cpu_has_avx512_vnni();
+
+// ---- the kernels (same bits as the scalar set) ----
+void linear_avx512_packed(const int16_t* q, const int32_t* e, int64_t T, int64_t K, const int8_t* wp,
+                          const int32_t* mant, const int32_t* shift, const int32_t* bias, int64_t N, int64_t* out,
+                          int64_t ldo);
+void linear_w4_avx512_packed(const int16_t* q, const int32_t* e, int64_t T, int64_t K, const uint8_t* w4p,
+                             const int16_t* gd, const int16_t* gm, const int32_t* mant, const int32_t* shift,
+                             const int32_t* bias, int64_t N, int64_t* out, int64_t ldo);
+
+}  // namespace intdet

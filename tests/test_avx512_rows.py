@@ -1,0 +1,135 @@
+"""The AVX-512 set's attention and row kernels (exp2, softmax, quant16,
+SwiGLU, attention scores and P.V) against the scalar set, bit for bit,
+through intdet._core_simde everywhere and natively where the CPU runs it
+(the `avx512` fixture of tests/test_avx512.py): 8-lane bodies and their
+tails, the exp2 cut-off at 2^-31, values that round to +-2^15, head sizes
+on and off the 32/64-dim passes, and P.V blocks of 512 positions."""
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from conftest import using_isa
+from intdet import _core
+from test_avx512 import avx512  # noqa: F401  (the fixture)
+
+I64 = np.int64
+FIXTURE = [HealthCheck.function_scoped_fixture]
+
+
+def scalar(op, *args):
+    with using_isa("scalar"):
+        return getattr(_core.ops, op)(*args)
+
+
+def same(got, want):
+    if isinstance(want, tuple):
+        return all(same(g, w) for g, w in zip(got, want))
+    return got.dtype == want.dtype and np.array_equal(got, want)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=FIXTURE)
+@given(n=st.integers(1, 70), seed=st.integers(0, 2**32 - 1), top=st.integers(0, 45))
+def test_exp2_matches_scalar(avx512, n, seed, top):
+    """u from 0 past 31 << 16 (where 2^-u/65536 drops below 2^-31 and the result is 0)."""
+    rng = np.random.default_rng(seed)
+    u = rng.integers(0, (top + 1) << 16, size=n, dtype=I64)
+    u[::4] = rng.choice(np.array([0, 1, 65535, 65536, 30 << 16, (31 << 16) - 1, 31 << 16, 2**62], I64),
+                        size=len(u[::4]))
+    assert same(avx512.ops.exp2_neg_q30(u), scalar("exp2_neg_q30", u))
+
+
+@pytest.mark.parametrize("case", ["every_fraction", "every_exponent", "int32_extremes", "short_rows"])
+def test_softmax_matches_scalar(avx512, case):
+    rng = np.random.default_rng(11)
+    if case == "every_fraction":
+        z = (2**20 - np.arange(2**16 + 3, dtype=I64)).reshape(1, -1)
+    elif case == "every_exponent":
+        u = (np.arange(0, 40, dtype=I64)[:, None] << 16) + rng.integers(0, 2**16, size=(40, 37))
+        z = np.concatenate([np.zeros((40, 1), I64), -u], axis=1)
+    elif case == "int32_extremes":
+        z = rng.choice(np.array([2**31 - 1, -(2**31) + 1, 0, 2**31 - 2, 2**31 - 65536 * 31], I64), size=(5, 101))
+    else:
+        z = rng.integers(-(2**22), 2**22, size=(64, 7), dtype=I64)
+    for n in sorted({1, 2, 7, 8, 9, 15, 16, 17, z.shape[1]}):
+        zz = np.ascontiguousarray(z[:, :n])
+        assert same(avx512.ops.softmax_q16(zz), scalar("softmax_q16", zz)), n
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=FIXTURE)
+@given(n=st.integers(1, 70), seed=st.integers(0, 2**32 - 1), bits=st.integers(0, 62),
+       kind=st.sampled_from(["random", "rounds_to_limit", "negative_limit", "zeros"]))
+def test_quant16_matches_scalar(avx512, n, seed, bits, kind):
+    """Including maxima with `bits` bits, which round to +-2^15 and saturate to +-32767."""
+    rng = np.random.default_rng(seed)
+    x = rng.integers(-(2**bits), 2**bits + 1, size=(2, n), dtype=I64)
+    if kind == "rounds_to_limit" and bits >= 16:
+        x[:, ::3] = 2**bits - 1
+    elif kind == "negative_limit" and bits >= 16:
+        x[:, 1::2] = -(2**bits - 1)
+    elif kind == "zeros":
+        x[0] = 0
+    assert same(avx512.ops.quant16(x), scalar("quant16", x))
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=FIXTURE)
+@given(n=st.integers(1, 70), seed=st.integers(0, 2**32 - 1), bits=st.integers(0, 31))
+def test_swiglu_matches_scalar(avx512, n, seed, bits):
+    """Gates from 0 to +-(2^31 - 1): exp(-|g|) from 1 down past the 2^-31 cut-off."""
+    rng = np.random.default_rng(seed)
+    g = rng.integers(-(2**bits) + 1, 2**bits, size=n, dtype=I64)
+    g[::5] = rng.choice(np.array([0, 1, -1, 2**31 - 1, -(2**31 - 1), 65536 * 22, -65536 * 22], I64),
+                        size=len(g[::5]))
+    u = rng.integers(-(2**31) + 1, 2**31, size=n, dtype=I64)
+    assert same(avx512.ops.swiglu(g, u), scalar("swiglu", g, u))
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=FIXTURE)
+@given(n=st.integers(1, 70), seed=st.integers(0, 2**32 - 1), bits=st.integers(0, 31))
+def test_geglu_matches_scalar(avx512, n, seed, bits):
+    """Gemma's tanh-GELU gate on the set's exp2 lanes, gates from 0 to +-(2^31 - 1)."""
+    rng = np.random.default_rng(seed)
+    g = rng.integers(-(2**bits) + 1, 2**bits, size=n, dtype=I64)
+    g[::5] = rng.choice(np.array([0, 1, -1, 2**31 - 1, -(2**31 - 1), 65536 * 6, -65536 * 6], I64),
+                        size=len(g[::5]))
+    u = rng.integers(-(2**31) + 1, 2**31, size=n, dtype=I64)
+    assert same(avx512.ops.geglu(g, u), scalar("geglu", g, u))
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 7, 8, 9, 65, 511, 512, 513, 1030])
+@pytest.mark.parametrize("D", [16, 32, 48, 64, 96, 128, 256])
+def test_attention_matches_scalar(avx512, n, D):
+    """Head sizes: 16 and 48 take the AVX2 kernel, 32 and 96 one-chunk passes,
+    64, 128 and 256 two-chunk passes; n across the 8-position score groups,
+    the 4-position P.V steps and the 512-position int32 blocks. Keys and
+    values at +-127/-128, the query at +-32767."""
+    rng = np.random.default_rng(n * 1000 + D)
+    q = rng.integers(-32767, 32768, size=D).astype(np.int16)
+    kc = rng.integers(-128, 128, size=(n, D)).astype(np.int8)
+    vc = rng.integers(-128, 128, size=(n, D)).astype(np.int8)
+    ka = rng.integers(0, 2**31, size=n).astype(np.int32)
+    va = rng.integers(0, 2**31, size=n).astype(np.int32)
+    q[::3] = 32767
+    q[1::3] = -32767
+    if n > 2:
+        kc[1], vc[2], ka[0], va[1] = 127, -128, 2**31 - 1, 0
+    e_q, sm, ss = int(rng.integers(0, 16)), int(rng.integers(1 << 14, 1 << 15)), int(rng.integers(20, 60))
+    args = (q, e_q, kc, ka, vc, va, sm, ss)
+    assert same(avx512.ops.attend(*args), scalar("attend", *args))
+
+
+@pytest.mark.parametrize("D", [32, 64])
+def test_attention_largest_pv_block(avx512, D):
+    """Equal scores, so every P.V weight quantizes to 32767, and every value
+    -128: each lane of a 512-position int32 block reaches 512 * 32767 * 128
+    (< 2^31, the bound), and the query dots theirs, D * 32767 * 128."""
+    n = 1030
+    q = np.full(D, -32767, np.int16)
+    kc = np.full((n, D), -128, np.int8)
+    vc = np.full((n, D), -128, np.int8)
+    ka = np.full(n, 2**31 - 1, np.int32)
+    va = np.full(n, 2**31 - 1, np.int32)
+    for z_scale in (1 << 14, (1 << 15) - 1):
+        args = (q, 3, kc, ka, vc, va, z_scale, 40)
+        assert same(avx512.ops.attend(*args), scalar("attend", *args))
