@@ -219,7 +219,7 @@ def test_unordered_same_records(serial, model_dir, items_file, tmp_path):
 
 
 def test_ray_data_same_bytes(serial, model_dir, items_file, tmp_path):
-    from intdet.batch.ray_engine import _init_ray
+    from intdet.batch.ray_engine import _init_ray, shutdown_ray
 
     ray, started = _init_ray(None, 2)  # the engine's own local-mode settings, shared by both runs here
     assert started and ray.cluster_resources()["CPU"] == 2
@@ -243,7 +243,7 @@ def test_ray_data_same_bytes(serial, model_dir, items_file, tmp_path):
         for k, r in got.items():
             assert json.loads(r["record"]) == want[k] and r["error"] == ""
     finally:
-        ray.shutdown()
+        shutdown_ray(ray)
 
 
 def test_dask_same_bytes(serial, model_dir, items_file, tmp_path):

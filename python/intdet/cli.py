@@ -64,6 +64,11 @@ def _cap_threads(ctx, param, value):
     return tuple(one(n) for n in value) if isinstance(value, tuple) else one(value)
 
 
+# intdet.random_model.SHAPES, spelled out here so that --help needs no import
+# of numpy (tests/test_entry_points.py checks the two agree).
+RANDOM_MODEL_SHAPES = ("qwen3-0.6b", "tiny-llama", "tiny-qwen3", "tiny-gemma3")
+
+
 def _fail(msg: str, code: int = 1):
     _err(f"intdet: error: {msg}")
     sys.exit(code)
@@ -692,7 +697,7 @@ def _cuda_hash_runs(lm, cpu, ids, steps, seed, temperature, with_ref, progress):
 @main.command("random-model")
 @click.argument("out_dir")
 # the choices are random_model.SHAPES, spelled out so that importing the CLI does not import numpy
-@click.option("--shape", type=click.Choice(["qwen3-0.6b", "tiny-llama", "tiny-qwen3"]), default="qwen3-0.6b",
+@click.option("--shape", type=click.Choice(list(RANDOM_MODEL_SHAPES)), default="qwen3-0.6b",
               show_default=True, help="Architecture and size of the checkpoint.")
 @click.option("--seed", default=0, type=int, show_default=True, help="Seed of the random weights.")
 @user_errors

@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 
 from ..errors import IntdetError
 from .items import Item, id_key, parse_line
@@ -97,6 +98,9 @@ def require_ray():
     return ray
 
 
+_SAVED_HANDLERS: list = []  # (signal, handler) before the ray.init this module made
+
+
 def _init_ray(address, workers: int):
     ray = require_ray()
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -104,12 +108,26 @@ def _init_ray(address, workers: int):
     if ray.is_initialized():
         return ray, False
     quiet = dict(log_to_driver=False, logging_level=logging.WARNING)
+    _SAVED_HANDLERS[:] = [(sig, signal.getsignal(sig)) for sig in (signal.SIGINT, signal.SIGTERM)]
     if address:
         ray.init(address=address, **quiet)
     else:
         ray.init(num_cpus=max(1, workers), include_dashboard=False, object_store_memory=200 << 20, **quiet)
     logging.getLogger("ray.data").setLevel(logging.WARNING)
     return ray, True
+
+
+def shutdown_ray(ray) -> None:
+    """ray.shutdown() of a session _init_ray started, then the caller's
+    SIGINT/SIGTERM handlers back (ray.init installs its own in the driver)."""
+    ray.shutdown()
+    for sig, h in _SAVED_HANDLERS:
+        if h is not None:
+            try:
+                signal.signal(sig, h)
+            except ValueError:  # not the main thread: nothing to restore from here
+                break
+    _SAVED_HANDLERS.clear()
 
 
 def run_ray(cfg: WorkerConfig, batches, workers: int, address=None, batch_size: int = 16):
@@ -133,4 +151,4 @@ def run_ray(cfg: WorkerConfig, batches, workers: int, address=None, batch_size: 
             yield [(int(p), json.loads(r)) for p, r in zip(b[POS_COLUMN], b["record"])]
     finally:
         if started:
-            ray.shutdown()
+            shutdown_ray(ray)
