@@ -35,6 +35,16 @@ def user_errors(fn):
     return wrapper
 
 
+def _cap_threads(ctx, param, value):
+    """cli.py's --threads check and cap (at most the cores, with a warning)."""
+    from .cli import _cap_threads as cap
+
+    return cap(ctx, param, value)
+
+
+THREADS_HELP = "CPU threads (default 0: auto, fewer while other processes keep cores busy; at most the cores)."
+
+
 def _load(model, weights):
     from .cli import _load as load
 
@@ -125,7 +135,7 @@ def _report(st, as_json, inp, out, verb):
               help="Most tokens per chunk: the model's context (chunks are coded independently).")
 @click.option("--device", type=click.Choice(["cpu", "cuda", "ref"]), default="cpu", show_default=True,
               help="Backend (the bytes are the same on each).")
-@click.option("--threads", default=0, type=int, help="CPU threads (default 0: all cores).")
+@click.option("--threads", default=0, type=int, metavar="N", callback=_cap_threads, help=THREADS_HELP)
 @click.option("--force", is_flag=True, help="Replace OUT if it exists.")
 @click.option("--json", "as_json", is_flag=True, help="Print sizes, bits per byte, tokens and times as JSON.")
 @user_errors
@@ -156,7 +166,7 @@ def compress(inp, output, model, weights, ctx, device, threads, force, as_json):
               help="Chunks decoded together, one batch row each (memory: one KV cache per row).")
 @click.option("--device", type=click.Choice(["cpu", "cuda", "ref"]), default="cpu", show_default=True,
               help="Backend (the bytes are the same on each).")
-@click.option("--threads", default=0, type=int, help="CPU threads (default 0: all cores).")
+@click.option("--threads", default=0, type=int, metavar="N", callback=_cap_threads, help=THREADS_HELP)
 @click.option("--force", is_flag=True, help="Replace OUT if it exists.")
 @click.option("--json", "as_json", is_flag=True, help="Print sizes, bits per byte, tokens and times as JSON.")
 @user_errors
