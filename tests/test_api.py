@@ -36,7 +36,8 @@ def alone(llm, ids, n, sampler=None, stop=()):
 
 
 def test_public_names():
-    for name in ("LLM", "load", "SamplingParams", "Completion", "StreamChunk", "Score", "TokenLogprob", "derive_seed"):
+    for name in ("LLM", "load", "SamplingParams", "Completion", "StreamChunk", "Stream", "Score", "TokenLogprob",
+                 "derive_seed"):
         assert getattr(intdet, name) is getattr(intdet.api, name)
     with pytest.raises(AttributeError):
         intdet.nothing_here  # noqa: B018
@@ -97,6 +98,51 @@ def test_stream_adds_up_and_stops_early(llm):
         if i == 2:
             break
     assert llm.scheduler.idle and llm.scheduler.kv_used == 0
+
+
+def test_stream_close_keeps_what_was_made(llm):
+    """close() after k tokens: a "cancelled" Completion with exactly those
+    tokens, and the chain hash and text of the same request stopped by
+    max_tokens=k; on_prefill saw every prompt chunk (step_tokens=16)."""
+    ids = list(range(3, 3 + 40))
+    seen = []
+    sp = intdet.SamplingParams(max_tokens=100, temperature="0.7", seed=9)
+    s = llm.stream(ids, sp, on_prefill=lambda done, total: seen.append((done, total)))
+    got = []
+    for chunk in s:
+        got += [chunk.token] if chunk.token is not None else []
+        if len(got) == 6:
+            break
+    c = s.close()
+    assert seen == [(16, 40), (32, 40), (40, 40)]
+    assert c.finish_reason == "cancelled" and c.tokens == got and len(got) == 6
+    g, text = alone(llm, ids, 6, sp.sampler())
+    assert (c.tokens, c.hash, c.text) == (g.tokens, g.hash, text)
+    assert s.close() is c and list(s) == [] and llm.scheduler.idle and llm.scheduler.kv_used == 0
+    with llm.stream(ids, sp) as s2:  # the with block closes it too
+        next(s2)
+    assert s2.completion.finish_reason == "cancelled" and llm.scheduler.idle
+
+
+def test_cli_generate_runs_through_the_api(model_dir, monkeypatch):
+    """`intdet generate` drives the Python API's Stream (one code path for
+    both), and its result is the API's."""
+    from click.testing import CliRunner
+
+    from intdet import api, cli
+
+    made = []
+    real = api.LLM.stream
+
+    def spy(self, *a, **kw):
+        made.append(real(self, *a, **kw))
+        return made[-1]
+
+    monkeypatch.setattr(api.LLM, "stream", spy)
+    r = CliRunner().invoke(cli.main, ["generate", "-m", model_dir, "--ids", "4,5,6", "-n", "9", "--json", "-q"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.output)
+    assert len(made) == 1 and made[0].completion.tokens == out["tokens"] and made[0].completion.hash == out["hash"]
 
 
 def test_chat_equals_generate_of_template(llm):

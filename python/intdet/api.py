@@ -9,6 +9,7 @@ chain hash.
     outs = llm.generate(["a", "b", [1, 2, 3]], intdet.SamplingParams(temperature=0.8, seed=7))
     for chunk in llm.stream("Once upon a time"):
         print(chunk.text, end="")
+    s = llm.stream("Once upon a time")          # a Stream: close() it early, read s.completion
     s = llm.score("The capital of France is", " Paris")
     s.logprob, s.is_greedy, s.hash
 
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Iterator, Sequence, Union
 
@@ -193,24 +195,29 @@ class LLM:
     Args:
         model: any source ``intdet generate -m`` accepts (converted dir, GGUF
             file, Hugging Face dir or repo id; None = the default
-            SmolLM2-135M-Instruct), converted into the cache when needed.
+            SmolLM2-135M-Instruct), converted into the cache when needed; or
+            a ``model.LoadedModel`` already loaded (as the CLI passes).
         device: "cpu" (C++ core), "cuda" (GPU kernels, same bits) or "ref"
             (numpy integer spec).
-        threads: CPU threads (None or 0 = all cores).
+        threads: CPU threads (None: leave the setting as it is; 0 = auto:
+            the cores other processes leave free; N = exactly N).
         weights: "int8" or "int4" when the source needs converting.
         revision: Hub revision for a repo id.
         max_batch, step_tokens, kv_bytes: the scheduler's limits (scheduler.py).
     Raises IntdetError for a model or option that cannot be used.
     """
 
-    def __init__(self, model: Union[str, None] = None, device: str = "cpu", threads: Union[int, None] = None,
+    def __init__(self, model=None, device: str = "cpu", threads: Union[int, None] = None,
                  weights: Union[str, None] = None, revision: Union[str, None] = None,
                  max_batch: int = DEFAULT_MAX_BATCH, step_tokens: int = DEFAULT_STEP_TOKENS,
                  kv_bytes: int = DEFAULT_KV_BYTES, progress: bool = False):
-        from .model import Engine, load_model
+        from .model import Engine, LoadedModel, load_model
         from .resolve import resolve_model
 
-        self.lm = load_model(resolve_model(model, revision, progress=progress, weights=weights))
+        if isinstance(model, LoadedModel):
+            self.lm = model
+        else:
+            self.lm = load_model(resolve_model(model, revision, progress=progress, weights=weights))
         self.engine = Engine(self.lm, device, threads)
         self.scheduler = Scheduler(self.engine, max_batch=max_batch, step_tokens=step_tokens, kv_bytes=kv_bytes)
         self.tokenizer, self.meta = self.lm.tokenizer, self.lm.tok_meta
@@ -287,9 +294,11 @@ class LLM:
 
     # ---------------------------------------------------------------- requests
 
-    def request(self, prompt_ids: list, params: SamplingParams, on_event=None, score_from=None) -> Request:
+    def request(self, prompt_ids: list, params: SamplingParams, on_event=None, score_from=None,
+                on_prefill=None) -> Request:
         """The scheduler ``Request`` for ``prompt_ids`` under ``params``
-        (checked; truncated as ``params.truncate`` says)."""
+        (checked; truncated as ``params.truncate`` says); ``on_event`` and
+        ``on_prefill`` as ``scheduler.Request`` takes them."""
         from .generate import truncate_prompt
 
         params.check()
@@ -299,7 +308,7 @@ class LLM:
                                          self.meta.get("bos_token_id"))
         req = Request(prompt_ids, params.max_tokens, params.sampler(), eos_ids=self.eos_ids, stop=params.stop,
                       logprobs=params.logprobs, prompt_logprobs=params.prompt_logprobs, score_from=score_from,
-                      on_event=on_event, tokenizer=self.tokenizer)
+                      on_event=on_event, tokenizer=self.tokenizer, on_prefill=on_prefill)
         req.truncated = n_given - len(prompt_ids)
         self.scheduler.check(req)
         return req
@@ -318,7 +327,13 @@ class LLM:
         with self._run_lock:
             for r in reqs:
                 self.scheduler.submit(r)
-            self.scheduler.run_until_idle(until=lambda: all(r.done.is_set() for r in reqs))
+            try:
+                self.scheduler.run_until_idle(until=lambda: all(r.done.is_set() for r in reqs))
+            except BaseException:  # Ctrl-C mid-step: retire these requests, leave the scheduler clean
+                for r in reqs:
+                    r.cancel()
+                self.scheduler.run_until_idle(until=lambda: all(r.done.is_set() for r in reqs))
+                raise
 
     # ---------------------------------------------------------------- generate
 
@@ -348,32 +363,19 @@ class LLM:
         outs = self.generate([self.chat_ids(m) for m in convs], params)
         return outs[0] if single else outs
 
-    def stream(self, prompt: Prompt, params: Union[SamplingParams, None] = None) -> Iterator[StreamChunk]:
-        """Yield StreamChunks as tokens are generated (text with stop strings
-        held back); the last has finish_reason and the Completion. Leaving
-        the loop early cancels the generation."""
+    def stream(self, prompt: Prompt, params: Union[SamplingParams, None] = None, on_prefill=None) -> "Stream":
+        """A ``Stream`` of StreamChunks as tokens are generated (text with
+        stop strings held back); the last chunk has finish_reason and the
+        Completion. ``on_prefill(done, total)`` is called after each prefill
+        chunk. Leaving the loop early (or ``Stream.close()``) cancels the
+        generation; ``Stream.completion`` then holds what was made
+        (finish_reason "cancelled"). Raises IntdetError for a bad prompt or
+        parameter before anything runs."""
         params = params or SamplingParams()
-        events: list[Event] = []
-        req = self.request(self.prompt_ids(prompt), params, on_event=events.append)
-        with self._run_lock:
-            self.scheduler.submit(req)
-            try:
-                while True:
-                    if not events and not req.done.is_set():
-                        self.scheduler.step()
-                    while events:
-                        ev = events.pop(0)
-                        if ev.kind == "token":
-                            if ev.token is not None or ev.text:
-                                yield StreamChunk(ev.text, ev.token, ev.logprob)
-                        else:
-                            c = self.completion(req)
-                            yield StreamChunk("", None, None, c.finish_reason, c)
-                            return
-            finally:
-                if not req.done.is_set():
-                    req.cancel()
-                    self.scheduler.run_until_idle(until=req.done.is_set)
+        events: deque = deque()
+        req = self.request(self.prompt_ids(prompt), params, on_event=events.append, on_prefill=on_prefill)
+        self.scheduler.submit(req)
+        return Stream(self, req, events)
 
     # ---------------------------------------------------------------- score
 
@@ -408,6 +410,73 @@ class LLM:
             lps = [TokenLogprob(t.token, t.logprob_q, t.top[:top]) for t in lps]
             out.append(Score(c_ids, k_ids, lps, sum(t.logprob_q for t in lps), greedy, req.hash))
         return out if continuation is None else out[0]
+
+
+class Stream:
+    """Iterator over one request's StreamChunks (``LLM.stream``).
+
+    Iterating steps the LLM's scheduler (other requests in it advance too);
+    ``completion`` is None until the request ends, then its Completion.
+    ``close()`` cancels an unfinished request and waits until the scheduler
+    has retired it (``completion.finish_reason == "cancelled"``, with the
+    tokens, text and chain hash of what was made); it is also what ``with``
+    and dropping the Stream (leaving a for loop early) do."""
+
+    def __init__(self, llm: LLM, req: Request, events: deque):
+        self._llm, self.request, self._events = llm, req, events
+        self.completion: Union[Completion, None] = None
+
+    def __iter__(self) -> "Stream":
+        return self
+
+    def __next__(self) -> StreamChunk:
+        with self._llm._run_lock:
+            while True:
+                while self._events:
+                    ev = self._events.popleft()
+                    if ev.kind == "token":
+                        if ev.token is not None or ev.text:
+                            return StreamChunk(ev.text, ev.token, ev.logprob)
+                    elif self.completion is None:  # "done" or "error": the last chunk
+                        self.completion = self._llm.completion(self.request)
+                        return StreamChunk("", None, None, self.completion.finish_reason, self.completion)
+                if self.completion is not None:
+                    raise StopIteration
+                self._llm.scheduler.step()
+
+    def close(self) -> Completion:
+        """Cancel the request if it has not ended; returns its Completion."""
+        with self._llm._run_lock:
+            if not self.request.done.is_set():
+                self.request.cancel()
+                self._llm.scheduler.run_until_idle(until=self.request.done.is_set)
+            self._events.clear()
+            if self.completion is None:
+                self.completion = self._llm.completion(self.request)
+        return self.completion
+
+    def __enter__(self) -> "Stream":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        # Leaving a for loop early drops the Stream: retire the request now
+        # (freeing its slot and KV cache) unless another thread is stepping,
+        # in which case its next step retires it.
+        req = getattr(self, "request", None)
+        if req is None or req.done.is_set():
+            return
+        req.cancel()
+        lock = self._llm._run_lock
+        if lock.acquire(blocking=False):
+            try:
+                self._llm.scheduler.run_until_idle(until=req.done.is_set)
+            except Exception:  # noqa: BLE001  (nothing may escape a finalizer)
+                pass
+            finally:
+                lock.release()
 
 
 def load(model: Union[str, None] = None, device: str = "cpu", threads: Union[int, None] = None, **kw) -> LLM:

@@ -476,8 +476,11 @@ def generate(ctx, prompt, prompt_opt, file, ids, chat, system, truncate, model, 
              max_new_tokens, temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, stops, seed, as_json,
              quiet, verbose):
     """Generate text; stream it to stdout, stats and the chain hash to stderr."""
-    from .generate import TextStream, generate as run
-    from .model import Engine
+    import time
+
+    from .api import LLM, SamplingParams
+    from .generate import PREFILL_CHUNK, Generation, check_prompt
+    from .testhook import signal_at
     from .tokenizer import encode
 
     _need_stdout()
@@ -500,28 +503,60 @@ def generate(ctx, prompt, prompt_opt, file, ids, chat, system, truncate, model, 
             prompt_ids = conversation_ids(lm, msgs)
         else:
             prompt_ids = encode(tok, meta, text)
-    engine = Engine(lm, device, threads)
-    ts = TextStream(tok, stops)
+    n_given = len(prompt_ids)
+    prompt_ids = check_prompt(prompt_ids, lm.cfg["context_length"], lm.cfg["vocab_size"], max_new_tokens, truncate,
+                              meta.get("bos_token_id"))
+    # The Python API's scheduler runs the request (one sequence; prefill in
+    # PREFILL_CHUNK calls, Ctrl-C honoured between them); the whole KV cache
+    # is the request's, so no KV budget applies.
+    llm = LLM(lm, device, threads, max_batch=1, step_tokens=PREFILL_CHUNK, kv_bytes=1 << 62)
+    p = ctx.params
+    params = SamplingParams(max_tokens=max_new_tokens, temperature=p["temperature"], top_p=p["top_p"],
+                            top_k=p["top_k"], min_p=p["min_p"], repeat_penalty=p["repeat_penalty"],
+                            repeat_last_n=p["repeat_last_n"], seed=sampler.seed, stop=list(stops))
     out = sys.stdout
+    bar, show_prefill = _prefill_bar(len(prompt_ids), quiet or as_json)
+    chunks = [0]
 
-    def on_token(t):
-        piece, stopped = ts.push(t)
-        if piece and not as_json:
-            out.write(piece)
-            out.flush()
-        return stopped
+    def on_prefill(done, total):
+        chunks[0] += 1
+        if show_prefill:
+            show_prefill(done, total)
+        signal_at(f"prefill-{chunks[0]}")  # test hook (testhook.py), inert unless its variable is set
 
-    bar, on_prefill = _prefill_bar(len(prompt_ids), quiet or as_json)
+    printed, n_tok = [], 0
+    t0 = time.perf_counter()
+    t_first = t_last = None
+    stream = llm.stream(prompt_ids, params, on_prefill=on_prefill)
     try:
-        g = run(engine, prompt_ids, max_new_tokens, sampler, eos_ids=meta.get("eos_token_ids") or [],
-                on_token=on_token, on_prefill=on_prefill, truncate=truncate, bos_id=meta.get("bos_token_id"))
+        for chunk in stream:
+            if chunk.text and not as_json:
+                out.write(chunk.text)
+                out.flush()
+            printed.append(chunk.text)
+            if chunk.token is not None:
+                n_tok += 1
+                t_last = time.perf_counter()
+                t_first = t_first or t_last
+                signal_at(f"token-{n_tok}")  # test hook
+    except KeyboardInterrupt:
+        pass
     finally:
         if bar is not None:
             bar.close()
-    tail = ts.flush() if g.stop != "stop" else ""
+    c = stream.close()
+    if c.finish_reason == "error":
+        raise IntdetError(c.error)
+    g = Generation(prompt_ids=c.prompt_ids, tokens=c.tokens, hash=c.hash, hashes=c.hashes,
+                   prefill_s=(t_first or time.perf_counter()) - t0, decode_s=(t_last - t_first) if t_first else 0.0,
+                   stop="interrupted" if c.finish_reason == "cancelled" else c.finish_reason,
+                   truncated=n_given - len(prompt_ids))
+    if max_new_tokens == 0:
+        g.prefill_s = 0.0  # nothing ran (as before: no prefill for -n 0)
+    tail = c.text[len("".join(printed)):]  # held-back text flushed at the end
     if as_json:
         st = g.stats()
-        st["text"] = ts.text
+        st["text"] = c.text
         st["tokens"] = g.tokens
         st["seed"] = sampler.seed
         click.echo(json.dumps(st))

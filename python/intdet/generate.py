@@ -57,6 +57,28 @@ def truncate_prompt(prompt_ids: list, ctx: int, max_new_tokens: int, side: str, 
     return prompt_ids[len(prompt_ids) - keep:]
 
 
+def check_prompt(prompt_ids, ctx: int, vocab_size: int, max_new_tokens: int, truncate: str | None = None,
+                 bos_id=None) -> list:
+    """The prompt ids ``intdet generate`` runs: checked (IntdetError naming
+    the CLI's option for an empty prompt, a negative -n, an id outside the
+    vocabulary, a prompt that leaves no room in the context) and cut by
+    ``truncate`` "left"/"right" when too long (see :func:`truncate_prompt`)."""
+    prompt_ids = [int(t) for t in prompt_ids]
+    if not prompt_ids:
+        raise IntdetError("prompt: empty (give some text or --ids)")
+    if max_new_tokens < 0:
+        raise IntdetError(f"-n: {max_new_tokens} must be >= 0")
+    if truncate is not None and len(prompt_ids) >= ctx:
+        prompt_ids = truncate_prompt(prompt_ids, ctx, max_new_tokens, truncate, bos_id)
+    if len(prompt_ids) >= ctx:
+        raise IntdetError(f"prompt: {len(prompt_ids)} tokens do not fit the context length {ctx} "
+                          "(leave room for one generated token, or cut it with --truncate left|right)")
+    bad = [t for t in prompt_ids if not 0 <= t < vocab_size]
+    if bad:
+        raise IntdetError(f"--ids: token id {bad[0]} is outside the vocabulary [0, {vocab_size})")
+    return prompt_ids
+
+
 def generate(engine: Engine, prompt_ids, max_new_tokens: int, sampler: Sampler | None = None,
              eos_ids=(), on_token=None, prefill_chunk: int = PREFILL_CHUNK, on_prefill=None,
              truncate: str | None = None, bos_id=None) -> Generation:
@@ -74,21 +96,9 @@ def generate(engine: Engine, prompt_ids, max_new_tokens: int, sampler: Sampler |
     generation and returns what was made (``stop == "interrupted"``).
     """
     sampler = sampler or Sampler()
-    prompt_ids = [int(t) for t in prompt_ids]
-    ctx = engine.context_length
-    if not prompt_ids:
-        raise IntdetError("prompt: empty (give some text or --ids)")
-    if max_new_tokens < 0:
-        raise IntdetError(f"-n: {max_new_tokens} must be >= 0")
     n_given = len(prompt_ids)
-    if truncate is not None and len(prompt_ids) >= ctx:
-        prompt_ids = truncate_prompt(prompt_ids, ctx, max_new_tokens, truncate, bos_id)
-    if len(prompt_ids) >= ctx:
-        raise IntdetError(f"prompt: {len(prompt_ids)} tokens do not fit the context length {ctx} "
-                          "(leave room for one generated token, or cut it with --truncate left|right)")
-    bad = [t for t in prompt_ids if not 0 <= t < engine.vocab_size]
-    if bad:
-        raise IntdetError(f"--ids: token id {bad[0]} is outside the vocabulary [0, {engine.vocab_size})")
+    prompt_ids = check_prompt(prompt_ids, engine.context_length, engine.vocab_size, max_new_tokens, truncate, bos_id)
+    ctx = engine.context_length
     g = Generation(prompt_ids=prompt_ids, truncated=n_given - len(prompt_ids))
     chain = ChainHash(engine.lm.cfg["format_version"], engine.lm.model_sha256, prompt_ids)
     g.hash = chain.hex()

@@ -116,12 +116,16 @@ class Request:
             (as if generated), then goes on with the generated tokens.
             Default: len(prompt_ids) (the hash of ``intdet generate``).
         on_event: callable(Event) or None.
+        on_prefill: callable(done, total) or None, called in the stepping
+            thread after each prefill chunk (``done`` prompt positions of
+            ``total`` have run); an exception from it cancels the request,
+            except KeyboardInterrupt, which propagates (Ctrl-C in the CLI).
         tokenizer: for the text and stop strings (None: no text).
     """
 
     def __init__(self, prompt_ids, max_new_tokens: int, sampler: Sampler | None = None, eos_ids=(), stop=(),
                  logprobs: int | None = None, prompt_logprobs: int | None = None, score_from: int | None = None,
-                 on_event=None, tokenizer=None):
+                 on_event=None, tokenizer=None, on_prefill=None):
         self.id = next(_ids)
         self.prompt_ids = [int(t) for t in prompt_ids]
         self.max_new_tokens = int(max_new_tokens)
@@ -132,6 +136,7 @@ class Request:
         self.prompt_logprobs = prompt_logprobs
         self.score_from = len(self.prompt_ids) if score_from is None else int(score_from)
         self.on_event = on_event
+        self.on_prefill = on_prefill
         self.tokenizer = tokenizer
         # results
         self.tokens: list[int] = []
@@ -246,7 +251,9 @@ class Scheduler:
                 req._cancel = True
 
     def _retire(self, req: Request, reason: str, error: str = "") -> None:
-        if req._stream is not None and reason not in ("stop", "cancelled", "error"):
+        # held-back text (a stop string's possible start, an incomplete UTF-8
+        # character) belongs to the tokens made, also when the client cancels
+        if req._stream is not None and reason not in ("stop", "error"):
             tail = req._stream.flush()
             if tail:
                 req.text = req._stream.text
@@ -357,6 +364,11 @@ class Scheduler:
             r._prefilled += len(toks)
             if all_logits:
                 self._prompt_rows(r, start, out)
+            if r.on_prefill is not None:
+                try:
+                    r.on_prefill(r._prefilled, len(r.prompt_ids))
+                except Exception:  # a consumer's bug must not stop the engine loop
+                    r._cancel = True
             if r._prefilled < len(r.prompt_ids):
                 return  # more prompt chunks to come
             if r.max_new_tokens == 0:
