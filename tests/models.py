@@ -188,18 +188,32 @@ def write_gguf_model(path: str, qtype: str = "F32", seed: int = 0) -> str:
     if qtype not in ("F32", "F16", "BF16"):
         w.add_quantization_version(gguf.GGML_QUANT_VERSION)
     # tokenizer, padded to vocab_size like the converter's get_vocab_base
-    toks = vocab_list()
-    types = [gguf.TokenType.CONTROL if t in SPECIAL_TOKENS else gguf.TokenType.NORMAL for t in toks]
-    toks += [f"[PAD{i}]" for i in range(len(toks), V)]
-    types += [gguf.TokenType.UNUSED] * (V - len(types))
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("gpt2")
-    w.add_token_list(toks)
-    w.add_token_types(types)
-    w.add_token_merges([f"{a} {b}" for a, b in MERGES])
-    w.add_bos_token_id(BOS_ID)
-    w.add_eos_token_id(EOS_ID)
-    w.add_add_bos_token(False)
+    if spm:
+        assert len(SPM_TOY_PIECES) <= V
+        toks = [p[0] for p in SPM_TOY_PIECES] + [f"[PAD{i}]" for i in range(len(SPM_TOY_PIECES), V)]
+        types = [p[1] for p in SPM_TOY_PIECES] + [gguf.TokenType.UNUSED] * (V - len(SPM_TOY_PIECES))
+        w.add_tokenizer_model("llama")
+        w.add_token_list(toks)
+        w.add_token_types(types)
+        w.add_token_scores([p[2] for p in SPM_TOY_PIECES] + [-1e9] * (V - len(SPM_TOY_PIECES)))
+        w.add_bos_token_id(2)
+        w.add_eos_token_id(1)
+        w.add_unk_token_id(3)
+        w.add_add_bos_token(True)
+        w.add_add_space_prefix(add_space_prefix)
+    else:
+        toks = vocab_list()
+        types = [gguf.TokenType.CONTROL if t in SPECIAL_TOKENS else gguf.TokenType.NORMAL for t in toks]
+        toks += [f"[PAD{i}]" for i in range(len(toks), V)]
+        types += [gguf.TokenType.UNUSED] * (V - len(types))
+        w.add_tokenizer_model("gpt2")
+        w.add_tokenizer_pre("gpt2")
+        w.add_token_list(toks)
+        w.add_token_types(types)
+        w.add_token_merges([f"{a} {b}" for a, b in MERGES])
+        w.add_bos_token_id(BOS_ID)
+        w.add_eos_token_id(EOS_ID)
+        w.add_add_bos_token(False)
     w.add_chat_template(CHAT_TEMPLATE)
 
     def mat(name, arr):
@@ -227,19 +241,42 @@ def write_gguf_model(path: str, qtype: str = "F32", seed: int = 0) -> str:
     return str(path)
 
 
+# ------------------------------------------------------------------ SentencePiece toy vocabulary
+
+SPM_NORMAL, SPM_CONTROL, SPM_USER, SPM_BYTE = 1, 3, 4, 6  # GGUF token types
+# A Gemma-shaped toy: control tokens first, user-defined whitespace runs and an HTML tag,
+# the 256 byte tokens, then normal pieces with distinct scores (higher merges first).
+# Traps: "abc" where "bc" outscores "ab" (score order, not longest match); "<b" + "os>"
+# spells the control token <bos> and "<0x4" + "1>" the byte token <0x41> (llama.cpp could
+# merge into them; intdet keeps such text plain); "ü" is no piece (byte fallback).
+SPM_TOY_PIECES = (
+    [("<pad>", SPM_CONTROL, -1000.0), ("<eos>", SPM_CONTROL, -1000.0), ("<bos>", SPM_CONTROL, -1000.0),
+     ("<unk>", SPM_CONTROL, -1000.0), ("<start_of_turn>", SPM_CONTROL, -1000.0), ("<end_of_turn>", SPM_CONTROL, -1000.0),
+     ("\n", SPM_USER, -1000.0), ("\n\n", SPM_USER, -1000.0), ("  ", SPM_USER, -1000.0), ("   ", SPM_USER, -1000.0),
+     ("\t", SPM_USER, -1000.0), ("<b>", SPM_USER, -1000.0)]
+    + [(f"<0x{b:02X}>", SPM_BYTE, 0.0) for b in range(256)]
+    + [(text, SPM_NORMAL, -float(rank)) for rank, text in enumerate([
+        "\u2581", "a", "b", "c", "d", "e", "h", "l", "o", "r", "w", "s", "<", ">", "x", "0", "1", "4", "é", "日",
+        "bc", "he", "ll", "hell", "hello", "\u2581hello", "\u2581w", "or", "\u2581wor", "ld", "\u2581world",
+        "ab", "<b", "os", "os>", "0x", "<0x", "<0x4", "1>", "\u2581a", "\u2581ab", "\u2581x", "xx", "xxx", "日日"])]
+)
+
 # ------------------------------------------------------------------ Gemma 3 GGUF
 
 # Row lengths multiples of 32 (Q5_0 / Q8_0 blocks); the rest as GEMMA3_TINY.
 GEMMA3_GGUF_SHAPE = dict(hidden_size=96, intermediate_size=160, head_dim=32)
 
 
-def write_gemma3_gguf(path: str, qtype: str = "Q5_0", seed: int = 0, **overrides) -> tuple[str, dict]:
+def write_gemma3_gguf(path: str, qtype: str = "Q5_0", seed: int = 0, spm: bool = False, add_space_prefix: bool = False,
+                      **overrides) -> tuple[str, dict]:
     """A gemma3 GGUF as llama.cpp's convert_hf_to_gguf.py Gemma3Model would
     make from write_hf_model(d, "gemma3", seed, **GEMMA3_GGUF_SHAPE): norm
     weights stored as 1 + w, Q/K rows not permuted, no output.weight (tied),
     no GGUF key for the layer pattern, local RoPE base or attention scalar;
     2-D tensors in `qtype` (F32, Q8_0 or Q5_0), 1-D F32, the gpt2 test
-    tokenizer. The HF config must use llama.cpp's implied values
+    tokenizer (``spm``: the SentencePiece toy SPM_TOY_PIECES, as Gemma 3's
+    real GGUF has, padded with UNUSED pieces; ``add_space_prefix`` its
+    GGUF flag). The HF config must use llama.cpp's implied values
     (every 6th layer global, local base 10000, scalar = head_dim).
     Returns (path, the HF config dict of the same weights)."""
     import gguf
@@ -264,18 +301,32 @@ def write_gemma3_gguf(path: str, qtype: str = "Q5_0", seed: int = 0, **overrides
     w.add_value_length(D)
     w.add_sliding_window(cfg["sliding_window"])
     w.add_file_type(gguf.LlamaFileType.ALL_F32 if qtype == "F32" else gguf.LlamaFileType.MOSTLY_Q8_0)
-    toks = vocab_list()
-    types = [gguf.TokenType.CONTROL if t in SPECIAL_TOKENS else gguf.TokenType.NORMAL for t in toks]
-    toks += [f"[PAD{i}]" for i in range(len(toks), V)]
-    types += [gguf.TokenType.UNUSED] * (V - len(types))
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("gpt2")
-    w.add_token_list(toks)
-    w.add_token_types(types)
-    w.add_token_merges([f"{a} {b}" for a, b in MERGES])
-    w.add_bos_token_id(BOS_ID)
-    w.add_eos_token_id(EOS_ID)
-    w.add_add_bos_token(False)
+    if spm:
+        assert len(SPM_TOY_PIECES) <= V
+        toks = [p[0] for p in SPM_TOY_PIECES] + [f"[PAD{i}]" for i in range(len(SPM_TOY_PIECES), V)]
+        types = [p[1] for p in SPM_TOY_PIECES] + [gguf.TokenType.UNUSED] * (V - len(SPM_TOY_PIECES))
+        w.add_tokenizer_model("llama")
+        w.add_token_list(toks)
+        w.add_token_types(types)
+        w.add_token_scores([p[2] for p in SPM_TOY_PIECES] + [-1e9] * (V - len(SPM_TOY_PIECES)))
+        w.add_bos_token_id(2)
+        w.add_eos_token_id(1)
+        w.add_unk_token_id(3)
+        w.add_add_bos_token(True)
+        w.add_add_space_prefix(add_space_prefix)
+    else:
+        toks = vocab_list()
+        types = [gguf.TokenType.CONTROL if t in SPECIAL_TOKENS else gguf.TokenType.NORMAL for t in toks]
+        toks += [f"[PAD{i}]" for i in range(len(toks), V)]
+        types += [gguf.TokenType.UNUSED] * (V - len(types))
+        w.add_tokenizer_model("gpt2")
+        w.add_tokenizer_pre("gpt2")
+        w.add_token_list(toks)
+        w.add_token_types(types)
+        w.add_token_merges([f"{a} {b}" for a, b in MERGES])
+        w.add_bos_token_id(BOS_ID)
+        w.add_eos_token_id(EOS_ID)
+        w.add_add_bos_token(False)
 
     def mat(name, arr):
         data, raw = quantize_matrix(arr, qtype) if qtype != "F32" else (arr, None)

@@ -201,6 +201,28 @@ def run_cli(*args, input=None, env=None):
     return subprocess.run([sys.executable, "-m", "intdet", *args], input=input, capture_output=True, env=env)
 
 
+@pytest.mark.parametrize("prefix", [False, True], ids=["gemma-like", "space-prefix"])
+def test_sentencepiece_round_trip(tmp_path, prefix):
+    """A Gemma 3 GGUF with a SentencePiece (byte fallback) tokenizer: text
+    with pieces, byte-fallback characters, control-token spellings and bytes
+    that are not UTF-8 round-trips, through the tokenizer's ids (not the
+    byte-token fallback) where the text is valid; with add_space_prefix the
+    chunks are tokenized without the prefixed space, so they still rebuild."""
+    path, _ = models.write_gemma3_gguf(str(tmp_path / "g.gguf"), "Q8_0", spm=True, add_space_prefix=prefix)
+    out = convert(path, str(tmp_path / "m"), progress=False)
+    e = Engine(load_model(out))
+    tb = TokenBytes(e.lm.tokenizer, e.lm.tok_meta, e.vocab_size)
+    assert tb.kind == "SentencePiece" and tb.table[e.lm.tok_meta["bos_token_id"]] == b"<bos>"
+    assert tb.byte_ids[0x41] == models.SPM_TOY_PIECES.index(("<0x41>", models.SPM_BYTE, 0.0))
+    text = "hello world abc <bos> <0x41> \u00fc \u65e5\u65e5\n\n\tx  xxx".encode() + b"\xff\xfe hello\r\n"
+    ids, fb = tb.ids_of(text)
+    assert not fb and tb.bytes_of(ids) == text and len(ids) < len(text)
+    for data in (text * 5, b"", b"h", "\u00fc".encode() * 40):
+        blob, st = comp(e, data, ctx=32)
+        assert decomp(e, blob) == data
+    assert st.chunks > 1 and st.byte_fallback_chunks == 0
+
+
 def test_cli(tiny, tmp_path):
     env = dict(os.environ, INTDET_CACHE=str(tmp_path / "cache"))
     src = tmp_path / "a.txt"

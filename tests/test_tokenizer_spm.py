@@ -9,12 +9,13 @@ import math
 from pathlib import Path
 
 import gguf
+import models
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from intdet.tokenizer import StreamDecoder, encode, load_tokenizer, save_tokenizer, tokenizer_from_gguf
 
-NORMAL, CONTROL, USER, BYTE = 1, 3, 4, 6
+NORMAL, CONTROL, USER, BYTE = models.SPM_NORMAL, models.SPM_CONTROL, models.SPM_USER, models.SPM_BYTE
 
 
 # --------------------------------------------------------------------------- synthetic vocabularies
@@ -41,22 +42,7 @@ def write_spm_gguf(path: Path, pieces: list[tuple[str, int, float]], add_space_p
     return path
 
 
-# A Gemma-shaped toy: control tokens first, user-defined whitespace runs and an HTML tag,
-# the 256 byte tokens, then normal pieces with distinct scores (higher merges first).
-# Traps: "abc" where "bc" outscores "ab" (score order, not longest match); "<b" + "os>"
-# spells the control token <bos> and "<0x4" + "1>" the byte token <0x41> (llama.cpp could
-# merge into them; intdet keeps such text plain); "ü" is no piece (byte fallback).
-TOY_PIECES = (
-    [("<pad>", CONTROL, -1000.0), ("<eos>", CONTROL, -1000.0), ("<bos>", CONTROL, -1000.0),
-     ("<unk>", CONTROL, -1000.0), ("<start_of_turn>", CONTROL, -1000.0), ("<end_of_turn>", CONTROL, -1000.0),
-     ("\n", USER, -1000.0), ("\n\n", USER, -1000.0), ("  ", USER, -1000.0), ("   ", USER, -1000.0),
-     ("\t", USER, -1000.0), ("<b>", USER, -1000.0)]
-    + [(f"<0x{b:02X}>", BYTE, 0.0) for b in range(256)]
-    + [(text, NORMAL, -float(rank)) for rank, text in enumerate([
-        "\u2581", "a", "b", "c", "d", "e", "h", "l", "o", "r", "w", "s", "<", ">", "x", "0", "1", "4", "é", "日",
-        "bc", "he", "ll", "hell", "hello", "\u2581hello", "\u2581w", "or", "\u2581wor", "ld", "\u2581world",
-        "ab", "<b", "os", "os>", "0x", "<0x", "<0x4", "1>", "\u2581a", "\u2581ab", "\u2581x", "xx", "xxx", "日日"])]
-)
+TOY_PIECES = models.SPM_TOY_PIECES  # a Gemma-shaped toy vocabulary (its traps: see models.py)
 TOY = {text: i for i, (text, _, _) in enumerate(TOY_PIECES)}
 
 

@@ -1,8 +1,9 @@
 """Bytes <-> token ids for compression, and the cut of an input into chunks.
 
 ``TokenBytes`` gives every token id its exact byte string (byte-level BPE:
-the GPT-2 byte alphabet mapped back to bytes; added tokens: their UTF-8
-content), so the decoder rebuilds the bytes from ids alone, without the
+the GPT-2 byte alphabet mapped back to bytes; SentencePiece with byte
+fallback, as tokenizer_spm.py builds it: U+2581 back to a space and
+``<0xNN>`` to byte NN; added tokens: their UTF-8 content), so the decoder rebuilds the bytes from ids alone, without the
 tokenizer's text decoder. The encoder tokenizes a chunk's valid UTF-8 runs
 with the model's tokenizer and codes each byte of an invalid run as its byte
 token; when the ids do not rebuild the chunk byte for byte it falls back to
@@ -39,8 +40,31 @@ def _decoder_types(d) -> list:
     return [d.get("type")]
 
 
+_BYTE_PIECE = re.compile(r"<0x([0-9A-F]{2})>")
+SPM_SPACE = "\u2581"
+
+
+def _without_space_prefix(tok):
+    """A copy of a SentencePiece tokenizer without its normalizer's Prepend
+    step (llama.cpp's add_space_prefix), or ``tok`` itself when it has none.
+    The prefixed space is not in the input's bytes, so ids made with it
+    would not rebuild them; without it they do (the model sees each chunk
+    without the extra leading space, which costs only a little at its start)."""
+    from tokenizers import Tokenizer
+
+    j = json.loads(tok.to_str())
+    norm = j.get("normalizer") or {}
+    steps = norm.get("normalizers") if norm.get("type") == "Sequence" else [norm]
+    kept = [n for n in steps if n and n.get("type") != "Prepend"]
+    if len(kept) == len([n for n in steps if n]):
+        return tok
+    j["normalizer"] = {"type": "Sequence", "normalizers": kept}
+    return Tokenizer.from_str(json.dumps(j))
+
+
 class TokenBytes:
-    """The byte string of every token id of a byte-level BPE tokenizer.
+    """The byte string of every token id of a byte-level BPE or a
+    SentencePiece (byte fallback) tokenizer.
 
     Args:
         tok, meta: the model's ``tokenizers.Tokenizer`` and tokenizer meta.
@@ -49,30 +73,45 @@ class TokenBytes:
     Attributes: ``table`` (list of bytes or None, one per id), ``byte_ids``
     (the id of each single byte 0..255), ``sha256`` (hex, of the table).
 
-    Raises IntdetError when the tokenizer is not byte-level BPE or lacks a
-    token for some byte.
+    Raises IntdetError when the tokenizer is neither (its decoder's kinds
+    are named).
     """
 
     def __init__(self, tok, meta: dict, vocab_size: int, where: str = "model"):
-        self.tok, self.meta = tok, meta
+        self.meta = meta
         kinds = _decoder_types(json.loads(tok.to_str()).get("decoder"))
-        if "ByteLevel" not in kinds:
-            raise IntdetError(f"{where}: compress needs a byte-level BPE tokenizer (GPT-2 style); this one's decoder "
-                              f"is {'/'.join(map(str, kinds)) or 'none'}")
-        u2b = {c: b for b, c in enumerate(byte_symbols())}
+        if "ByteLevel" in kinds:
+            self.kind = "byte-level BPE"
+            u2b = {c: b for b, c in enumerate(byte_symbols())}
+            piece = lambda s: bytes(u2b[c] for c in s) if s and all(c in u2b for c in s) else None  # noqa: E731
+            sym = byte_symbols()
+            byte_piece = [sym[b] for b in range(256)]
+            self.tok = tok
+        elif "ByteFallback" in kinds:
+            self.kind = "SentencePiece"
+
+            def piece(s):
+                m = _BYTE_PIECE.fullmatch(s) if s else None
+                if m:
+                    return bytes([int(m.group(1), 16)])
+                return s.replace(SPM_SPACE, " ").encode("utf-8") if s else None
+
+            byte_piece = [f"<0x{b:02X}>" for b in range(256)]
+            self.tok = _without_space_prefix(tok)
+        else:
+            raise IntdetError(f"{where}: compress needs a byte-level BPE (GPT-2 style) or a SentencePiece tokenizer "
+                              f"with byte fallback; this one's decoder is {'/'.join(map(str, kinds)) or 'none'}")
         added = {i: t.content for i, t in tok.get_added_tokens_decoder().items()}
         table: list = []
         for i in range(vocab_size):
             if i in added:
                 table.append(added[i].encode("utf-8") or None)
                 continue
-            s = tok.id_to_token(i)
-            table.append(bytes(u2b[c] for c in s) if s and all(c in u2b for c in s) else None)
+            table.append(piece(tok.id_to_token(i)))
         self.table = table
         vocab = tok.get_vocab()
-        sym = byte_symbols()
         # SmolLM2's vocabulary lacks 21 byte values (0x04, 0xC0, 0xF5-0xFF, ...): None there.
-        self.byte_ids = [i if i is not None and i < vocab_size else None for i in (vocab.get(sym[b]) for b in range(256))]
+        self.byte_ids = [i if i is not None and i < vocab_size else None for i in (vocab.get(byte_piece[b]) for b in range(256))]
         h = hashlib.sha256(b"intdet token bytes v1\0")
         for t in table:
             h.update(b"\xff" if t is None else len(t).to_bytes(4, "little") + t)
