@@ -32,3 +32,19 @@ def test_batch_invariance(engine, batch):
         got.append(outs[list(order).index(0)])
     for g, w in zip(got, want):
         assert np.array_equal(g, w)
+
+
+def test_per_sequence_all_logits(engine):
+    """all_logits as one flag per sequence: each sequence gets every row or
+    only its last, the same bits as alone; the arrays are views of one
+    buffer that stay valid after the call; a wrong flag count is an error."""
+    prompts = [[5, 17, 99], [230, 41], [7, 300, 9, 33]]
+    flags = [True, False, True]
+    want = [engine.new_sequence(16).forward(p, all_logits=f) for p, f in zip(prompts, flags)]
+    seqs = [engine.new_sequence(16) for _ in prompts]
+    outs = engine.forward_batch(seqs, prompts, all_logits=flags)
+    assert [o.shape[0] for o in outs] == [3, 1, 4]
+    for g, w in zip(outs, want):
+        assert g.dtype == np.int32 and np.array_equal(g, w)
+    with pytest.raises(Exception, match="all_logits"):
+        engine.forward_batch([engine.new_sequence(16)] * 1, [[1]], all_logits=[True, False])

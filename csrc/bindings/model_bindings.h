@@ -141,10 +141,13 @@ void bind_forward(py::module_& mod) {
     std::vector<int64_t> nout;
     int64_t total = 0;
   };
+  // all_logits[i]: state i returns the logits of every row (else of its last).
   auto plan = [](const Config& c, const std::vector<PS*>& states, const std::vector<Arr<int32_t>>& toks,
-                 bool all_logits) {
+                 const std::vector<bool>& all_logits) {
     if (states.size() != toks.size() || states.empty())
       throw std::invalid_argument("forward_batch needs one token array per state");
+    if (all_logits.size() != states.size())
+      throw std::invalid_argument("forward_batch: all_logits needs one flag per state");
     Call call;
     for (size_t i = 0; i < states.size(); ++i) {
       for (size_t j = 0; j < i; ++j)
@@ -155,10 +158,10 @@ void bind_forward(py::module_& mod) {
       for (int64_t t = 0; t < T; ++t) {
         const int32_t tok = toks[i].data()[t];
         if (tok < 0 || tok >= c.vocab) throw std::invalid_argument("token id out of range");
-        call.rows.push_back(Row{(int64_t)i, states[i]->n_past + t, tok, all_logits || t == T - 1});
+        call.rows.push_back(Row{(int64_t)i, states[i]->n_past + t, tok, all_logits[i] || t == T - 1});
       }
-      call.nout.push_back(all_logits ? T : 1);
-      call.total += all_logits ? T : 1;
+      call.nout.push_back(all_logits[i] ? T : 1);
+      call.total += all_logits[i] ? T : 1;
     }
     return call;
   };
@@ -167,7 +170,7 @@ void bind_forward(py::module_& mod) {
       [plan](PM& pm, PS& s, Arr<int32_t> tokens, int64_t start, bool all_logits) {
         if (start != s.n_past) throw std::invalid_argument("start must equal the number of cached positions");
         std::vector<PS*> states{&s};
-        const Call call = plan(pm.cfg, states, {tokens}, all_logits);
+        const Call call = plan(pm.cfg, states, {tokens}, {all_logits});
         py::array_t<int32_t> out({call.total, pm.cfg.vocab});
         int32_t* o = out.mutable_data();
         {
@@ -181,28 +184,36 @@ void bind_forward(py::module_& mod) {
       "Prefill or decode tokens (int32 [T]) at positions start..start+T-1; returns int32 logits [T or 1, V] (Q16).");
   mod.def(
       "forward_batch",
-      [plan](PM& pm, std::vector<PS*> states, std::vector<Arr<int32_t>> toks, bool all_logits) {
-        const Call call = plan(pm.cfg, states, toks, all_logits);
+      [plan](PM& pm, std::vector<PS*> states, std::vector<Arr<int32_t>> toks, py::object all_logits) {
+        std::vector<bool> flags;
+        if (py::isinstance<py::bool_>(all_logits))
+          flags.assign(states.size(), all_logits.cast<bool>());
+        else
+          flags = all_logits.cast<std::vector<bool>>();
+        const Call call = plan(pm.cfg, states, toks, flags);
         const int64_t V = pm.cfg.vocab;
-        std::vector<int32_t> out((size_t)(call.total * V));
+        // One array for the whole call; each sequence gets a view of its rows
+        // (no copy: the logits of a decode step are V int32 per row).
+        py::array_t<int32_t> out({call.total, V});
+        int32_t* o = out.mutable_data();
         {
           py::gil_scoped_release nogil;
-          B::run(pm, states, call.rows.data(), (int64_t)call.rows.size(), out.data());
+          B::run(pm, states, call.rows.data(), (int64_t)call.rows.size(), o);
         }
         py::list res;
         int64_t off = 0;
         for (size_t i = 0; i < states.size(); ++i) {
-          py::array_t<int32_t> a({call.nout[i], V});
-          std::copy(out.begin() + off * V, out.begin() + (off + call.nout[i]) * V, a.mutable_data());
+          res.append(py::array_t<int32_t>({call.nout[i], V}, {V * (int64_t)sizeof(int32_t), (int64_t)sizeof(int32_t)},
+                                          o + off * V, out));
           off += call.nout[i];
           states[i]->n_past += toks[i].size();
-          res.append(a);
         }
         return res;
       },
       py::arg("model"), py::arg("states"), py::arg("tokens"), py::arg("all_logits") = false,
-      "Advance several sequences in one call (batched decode / mixed prefill); returns one int32 logits array per "
-      "sequence ([T_i or 1, V]), each identical to running that sequence alone.");
+      "Advance several sequences in one call (batched decode / mixed prefill); all_logits: a bool for every "
+      "sequence or one per sequence. Returns one int32 logits array per sequence ([T_i or 1, V], views of one "
+      "buffer), each identical to running that sequence alone.");
 }
 
 }  // namespace pybind

@@ -164,18 +164,22 @@ class Engine:
             except RuntimeError as e:  # out of device memory, a driver error
                 raise IntdetError(f"--device cuda: {e}") from None
 
-    def forward_batch(self, seqs, tokens, all_logits: bool = False):
+    def forward_batch(self, seqs, tokens, all_logits=False):
         """Advance several sequences in one call (their rows share every linear
         layer); returns one int32 logits array per sequence, bit-identical to
-        ``seq.forward(tokens_i)`` run alone. cpu and cuda backends (ref runs
-        the sequences one by one)."""
+        ``seq.forward(tokens_i, all_logits_i)`` run alone. ``all_logits``: one
+        bool for all sequences or a list of one per sequence. cpu and cuda
+        backends (ref runs the sequences one by one)."""
+        flags = [bool(all_logits)] * len(seqs) if isinstance(all_logits, bool) else [bool(f) for f in all_logits]
+        if len(flags) != len(seqs):
+            raise IntdetError(f"forward_batch: {len(flags)} all_logits flags for {len(seqs)} sequences")
         if self.device not in NATIVE:
-            return [s.forward(t, all_logits) for s, t in zip(seqs, tokens)]
+            return [s.forward(t, f) for s, t, f in zip(seqs, tokens, flags)]
         for s, t in zip(seqs, tokens):
             if s.n_past + len(t) > s.max_len:
                 raise IntdetError(f"sequence of {s.n_past + len(t)} tokens exceeds the context ({s.max_len})")
         outs = self._core.forward_batch(self._model, [s._state for s in seqs],
-                                        [np.ascontiguousarray(t, dtype=np.int32) for t in tokens], all_logits)
+                                        [np.ascontiguousarray(t, dtype=np.int32) for t in tokens], flags)
         for s, t in zip(seqs, tokens):
             s.n_past += len(t)
         return outs

@@ -22,8 +22,8 @@ A step (``Scheduler.step``):
      overtaken, so no request starves;
   3. every decoding sequence contributes one row; prefilling sequences, in
      admission order, take the rest of ``step_tokens`` (the token budget)
-     in chunks; one forward_batch call runs them all (two when some rows
-     need the logits of every prompt position: prompt log-probabilities);
+     in chunks; one forward_batch call runs them all (rows whose prompt
+     log-probabilities are asked return the logits of every position);
   4. each sequence whose prompt is done picks its token, extends its chain
      hash and log-probabilities, and emits an ``Event``.
 
@@ -338,19 +338,19 @@ class Scheduler:
                 n = min(budget, len(r.prompt_ids) - r._prefilled)
                 plan.append((r, r.prompt_ids[r._prefilled:r._prefilled + n]))
                 budget -= n
-        groups = [[p for p in plan if not (p[0].needs_all_logits and p[0]._prefilled < len(p[0].prompt_ids))],
-                  [p for p in plan if p[0].needs_all_logits and p[0]._prefilled < len(p[0].prompt_ids)]]
-        for all_logits, group in ((False, groups[0]), (True, groups[1])):
-            if not group:
-                continue
-            try:
-                outs = self.engine.forward_batch([r._seq for r, _ in group], [t for _, t in group],
-                                                 all_logits=all_logits)
-            except Exception as e:  # noqa: BLE001  (inputs were checked; keep serving the others)
-                for r, _ in group:
-                    self._retire(r, "error", f"engine: {e}")
-                continue
-            for (r, toks), out in zip(group, outs):
+        # rows of prompts whose every position's logits are needed (prompt
+        # log-probabilities, scoring) return all their logits; the rest only the last
+        flags = [r.needs_all_logits and r._prefilled < len(r.prompt_ids) for r, _ in plan]
+        if not plan:
+            return False
+        try:
+            outs = self.engine.forward_batch([r._seq for r, _ in plan], [t for _, t in plan], all_logits=flags)
+        except Exception as e:  # noqa: BLE001  (inputs were checked; keep serving the others)
+            for r, _ in plan:
+                self._retire(r, "error", f"engine: {e}")
+            outs = None
+        if outs is not None:
+            for (r, toks), out, all_logits in zip(plan, outs, flags):
                 self._after_forward(r, toks, out, all_logits)
         self.steps += 1
         for r, _ in plan:
