@@ -187,33 +187,7 @@ def write_gguf_model(path: str, qtype: str = "F32", seed: int = 0) -> str:
     w.add_file_type(gguf.LlamaFileType[FILE_TYPE[qtype]])
     if qtype not in ("F32", "F16", "BF16"):
         w.add_quantization_version(gguf.GGML_QUANT_VERSION)
-    # tokenizer, padded to vocab_size like the converter's get_vocab_base
-    if spm:
-        assert len(SPM_TOY_PIECES) <= V
-        toks = [p[0] for p in SPM_TOY_PIECES] + [f"[PAD{i}]" for i in range(len(SPM_TOY_PIECES), V)]
-        types = [p[1] for p in SPM_TOY_PIECES] + [gguf.TokenType.UNUSED] * (V - len(SPM_TOY_PIECES))
-        w.add_tokenizer_model("llama")
-        w.add_token_list(toks)
-        w.add_token_types(types)
-        w.add_token_scores([p[2] for p in SPM_TOY_PIECES] + [-1e9] * (V - len(SPM_TOY_PIECES)))
-        w.add_bos_token_id(2)
-        w.add_eos_token_id(1)
-        w.add_unk_token_id(3)
-        w.add_add_bos_token(True)
-        w.add_add_space_prefix(add_space_prefix)
-    else:
-        toks = vocab_list()
-        types = [gguf.TokenType.CONTROL if t in SPECIAL_TOKENS else gguf.TokenType.NORMAL for t in toks]
-        toks += [f"[PAD{i}]" for i in range(len(toks), V)]
-        types += [gguf.TokenType.UNUSED] * (V - len(types))
-        w.add_tokenizer_model("gpt2")
-        w.add_tokenizer_pre("gpt2")
-        w.add_token_list(toks)
-        w.add_token_types(types)
-        w.add_token_merges([f"{a} {b}" for a, b in MERGES])
-        w.add_bos_token_id(BOS_ID)
-        w.add_eos_token_id(EOS_ID)
-        w.add_add_bos_token(False)
+    write_gpt2_tokenizer(w, V)
     w.add_chat_template(CHAT_TEMPLATE)
 
     def mat(name, arr):
@@ -261,6 +235,43 @@ SPM_TOY_PIECES = (
         "ab", "<b", "os", "os>", "0x", "<0x", "<0x4", "1>", "\u2581a", "\u2581ab", "\u2581x", "xx", "xxx", "日日"])]
 )
 
+def write_gpt2_tokenizer(w, V: int) -> None:
+    """The byte-level BPE test tokenizer into GGUF writer ``w``, padded to
+    vocab_size ``V`` like the converter's get_vocab_base."""
+    import gguf
+
+    toks = vocab_list()
+    types = [gguf.TokenType.CONTROL if t in SPECIAL_TOKENS else gguf.TokenType.NORMAL for t in toks]
+    toks += [f"[PAD{i}]" for i in range(len(toks), V)]
+    types += [gguf.TokenType.UNUSED] * (V - len(types))
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("gpt2")
+    w.add_token_list(toks)
+    w.add_token_types(types)
+    w.add_token_merges([f"{a} {b}" for a, b in MERGES])
+    w.add_bos_token_id(BOS_ID)
+    w.add_eos_token_id(EOS_ID)
+    w.add_add_bos_token(False)
+
+
+def write_spm_tokenizer(w, V: int, add_space_prefix: bool = False) -> None:
+    """The SentencePiece toy SPM_TOY_PIECES (Gemma 3's kind: scores, byte
+    fallback, BOS added) into GGUF writer ``w``, padded with UNUSED pieces."""
+    import gguf
+
+    n = len(SPM_TOY_PIECES)
+    assert n <= V
+    w.add_tokenizer_model("llama")
+    w.add_token_list([p[0] for p in SPM_TOY_PIECES] + [f"[PAD{i}]" for i in range(n, V)])
+    w.add_token_types([p[1] for p in SPM_TOY_PIECES] + [gguf.TokenType.UNUSED] * (V - n))
+    w.add_token_scores([p[2] for p in SPM_TOY_PIECES] + [-1e9] * (V - n))
+    w.add_bos_token_id(2)
+    w.add_eos_token_id(1)
+    w.add_unk_token_id(3)
+    w.add_add_bos_token(True)
+    w.add_add_space_prefix(add_space_prefix)
+
+
 # ------------------------------------------------------------------ Gemma 3 GGUF
 
 # Row lengths multiples of 32 (Q5_0 / Q8_0 blocks); the rest as GEMMA3_TINY.
@@ -302,31 +313,9 @@ def write_gemma3_gguf(path: str, qtype: str = "Q5_0", seed: int = 0, spm: bool =
     w.add_sliding_window(cfg["sliding_window"])
     w.add_file_type(gguf.LlamaFileType.ALL_F32 if qtype == "F32" else gguf.LlamaFileType.MOSTLY_Q8_0)
     if spm:
-        assert len(SPM_TOY_PIECES) <= V
-        toks = [p[0] for p in SPM_TOY_PIECES] + [f"[PAD{i}]" for i in range(len(SPM_TOY_PIECES), V)]
-        types = [p[1] for p in SPM_TOY_PIECES] + [gguf.TokenType.UNUSED] * (V - len(SPM_TOY_PIECES))
-        w.add_tokenizer_model("llama")
-        w.add_token_list(toks)
-        w.add_token_types(types)
-        w.add_token_scores([p[2] for p in SPM_TOY_PIECES] + [-1e9] * (V - len(SPM_TOY_PIECES)))
-        w.add_bos_token_id(2)
-        w.add_eos_token_id(1)
-        w.add_unk_token_id(3)
-        w.add_add_bos_token(True)
-        w.add_add_space_prefix(add_space_prefix)
+        write_spm_tokenizer(w, V, add_space_prefix)
     else:
-        toks = vocab_list()
-        types = [gguf.TokenType.CONTROL if t in SPECIAL_TOKENS else gguf.TokenType.NORMAL for t in toks]
-        toks += [f"[PAD{i}]" for i in range(len(toks), V)]
-        types += [gguf.TokenType.UNUSED] * (V - len(types))
-        w.add_tokenizer_model("gpt2")
-        w.add_tokenizer_pre("gpt2")
-        w.add_token_list(toks)
-        w.add_token_types(types)
-        w.add_token_merges([f"{a} {b}" for a, b in MERGES])
-        w.add_bos_token_id(BOS_ID)
-        w.add_eos_token_id(EOS_ID)
-        w.add_add_bos_token(False)
+        write_gpt2_tokenizer(w, V)
 
     def mat(name, arr):
         data, raw = quantize_matrix(arr, qtype) if qtype != "F32" else (arr, None)
