@@ -173,23 +173,13 @@ def test_native_tool_sha256_option_and_errors(native_tool, models_and_expected, 
 
 @pytest.mark.parametrize("arch", CROSS_ARCHS)
 def test_cross_arch_matches_python(arch, models_and_expected, tmp_path_factory):
-    if os.uname().machine == arch:
-        pytest.skip(f"host is {arch}: covered by the native test")
-    why = _missing_build_tools()
-    if why:
-        pytest.skip(f"cannot build: {why}")
-    if not shutil.which(f"{arch}-linux-gnu-g++"):
-        pytest.skip(f"no {arch}-linux-gnu-g++ (install: {APT_LINE})")
-    qemu = shutil.which(f"qemu-{arch}-static") or shutil.which(f"qemu-{arch}")
-    if not qemu:
-        pytest.skip(f"no qemu-{arch}-static / qemu-{arch} (install: {APT_LINE})")
-    tool = _cross_tool(arch, tmp_path_factory)
-    seen = _check_all([qemu, "-L", f"/usr/{arch}-linux-gnu", tool], models_and_expected)
+    runner = _cross_runner(arch, tmp_path_factory)
+    seen = _check_all(runner, models_and_expected)
     endian = "big-endian" if arch == "s390x" else "little-endian"
     assert all(endian in s for s in seen), seen[0]
     if arch == "aarch64":  # the NEON kernels are the default there; check scalar too
         assert all("isa neon" in s for s in seen), seen[0]
-        _check_all([qemu, "-L", f"/usr/{arch}-linux-gnu", tool], models_and_expected, "--isa", "scalar")
+        _check_all(runner, models_and_expected, "--isa", "scalar")
 
 
 def _patch_tensor(st_path: str, name: str, index: int, fmt: str, value: int):
