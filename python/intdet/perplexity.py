@@ -8,8 +8,8 @@ a window scores ctx - 1 tokens. A model whose tokenizer adds a BOS
 window is BOS + ctx - 1 text tokens and scores those ctx - 1 tokens (the
 first one predicted from BOS alone). llama.cpp's perplexity also starts every
 chunk with BOS for such models (it overwrites the chunk's first token);
-without it Gemma 3 270M's first WikiText-2 window scores 35.7 instead of 14.5. Log-probabilities of the integer model come
-from its int32 logits (Q16) as log_softmax(logits / 2^16) in float64.
+without it Gemma 3 270M's first WikiText-2 window scores 35.7 instead of
+14.8. Log-probabilities of the integer model come from its int32 logits (Q16) as log_softmax(logits / 2^16) in float64.
 Perplexity = exp(mean NLL); bits per byte = sum NLL / ln 2 / UTF-8 bytes of
 the scored windows' text.
 """
