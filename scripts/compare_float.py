@@ -2,9 +2,13 @@
 
 Runs the integer engine (C++ core) and the numpy float32 reference of the
 same architecture on the same dequantized weights, over N positions of a text
-file (non-overlapping windows of --ctx tokens), and prints top-1 agreement
-and the mean KL(float || integer) of the next-token distributions, plus both
-perplexities over the same tokens. Analysis code: float is allowed here.
+file, and prints top-1 agreement and the mean KL(float || integer) of the
+next-token distributions, plus both perplexities over the same tokens.
+The windows are `intdet perplexity`'s (intdet.perplexity.windows_of: --ctx
+tokens each, from an empty KV cache, BOS first in each when the tokenizer
+adds one, as Gemma 3's does); a position is one prediction (a window gives
+ctx - 1), so the perplexities are those of `intdet perplexity --max-windows`.
+Analysis code: float is allowed here.
 
 Usage: python scripts/compare_float.py [-m MODEL] [--source SRC] [--file F] [--positions 2000] [--ctx 512]
 
@@ -24,6 +28,7 @@ import numpy as np
 from intdet.convert.sources import read_source
 from intdet.floatref import FloatModel
 from intdet.model import Engine, load_model
+from intdet.perplexity import window_bos, windows_of
 from intdet.resolve import default_model_path, resolve_model
 from intdet.tokenizer import encode
 
@@ -50,13 +55,13 @@ def main():
     flt = FloatModel(read_source(a.source or src), np.float32, max_len=a.ctx)
     with open(a.file, "rb") as f:
         text = f.read().decode("utf-8")
-    ids = encode(lm.tokenizer, lm.tok_meta, text[: a.positions * 8])
+    ids = encode(lm.tokenizer, lm.tok_meta, text, add_bos=False)
+    wins = windows_of(ids, a.ctx, bos=window_bos(lm.tok_meta))
     agree = kl = nll_i = nll_f = 0.0
-    n = scored = 0
+    n = 0
     t_int = t_flt = 0.0
-    for w0 in range(0, len(ids), a.ctx):
-        win = ids[w0:w0 + a.ctx]
-        if n >= a.positions or len(win) < 2:
+    for win in wins:
+        if n >= a.positions:
             break
         t = time.perf_counter()
         li = eng.new_sequence(len(win)).forward(win, all_logits=True).astype(np.float64) / 65536.0
@@ -65,18 +70,22 @@ def main():
         flt.reset()
         lf = flt.forward(np.array(win), 0).astype(np.float64)
         t_flt += time.perf_counter() - t
-        k = min(len(win), a.positions - n)
+        k = min(len(win) - 1, a.positions - n)  # predictions: position j predicts win[j + 1]
         pi, pf = log_softmax(li[:k]), log_softmax(lf[:k])
         agree += float((li[:k].argmax(-1) == lf[:k].argmax(-1)).sum())
         kl += float((np.exp(pf) * (pf - pi)).sum())
         tgt = np.array(win[1:k + 1])
-        m = len(tgt)
-        nll_i -= float(pi[np.arange(m), tgt].sum())
-        nll_f -= float(pf[np.arange(m), tgt].sum())
+        wi = -float(pi[np.arange(k), tgt].sum())
+        wf = -float(pf[np.arange(k), tgt].sum())
+        nll_i += wi
+        nll_f += wf
         n += k
-        scored += m
-        print(f"  {n} positions: top-1 agreement {agree / n:.2%}", file=sys.stderr)
-    print(f"model: {os.path.basename(src)}  text: {os.path.basename(a.file)}  positions: {n} (windows of {a.ctx})")
+        print(f"  {n} positions: top-1 agreement {agree / n:.2%}; this window: perplexity integer "
+              f"{np.exp(wi / k):.3f}, float32 {np.exp(wf / k):.3f}", file=sys.stderr)
+    scored = n
+    bos = "BOS + " if window_bos(lm.tok_meta) is not None else ""
+    print(f"model: {os.path.basename(src)}  text: {os.path.basename(a.file)}  positions: {n} "
+          f"(windows of {bos}{a.ctx - bool(bos)} text tokens)")
     print(f"top-1 agreement (integer vs float32): {agree / n:.2%}")
     print(f"mean KL(float || integer): {kl / n:.5f} nats")
     print(f"perplexity over the same tokens: integer {np.exp(nll_i / max(scored, 1)):.3f}, float32 {np.exp(nll_f / max(scored, 1)):.3f}")

@@ -8,7 +8,13 @@ the relative error ||int - float|| / ||float|| of each. The errors are
 cumulative (each side runs its own forward pass), so a regression shows as a
 jump at the op that caused it.
 
+The tokens start with BOS when the tokenizer adds one (Gemma 3), as
+`intdet perplexity`'s windows do; --no-bos leaves it out (Gemma 3 without BOS
+is off its training distribution: its first token becomes the attention sink,
+and the errors grow several-fold).
+
 Usage: python scripts/op_errors.py [-m MODEL] [--converted DIR] [--file TEXT] [--tokens 64] [--layers 0,1,15,29]
+           [--no-bos]
 """
 
 from __future__ import annotations
@@ -43,12 +49,19 @@ def main():
     ap.add_argument("--converted", default=None, help="the converted directory of -m (default: convert it into the cache)")
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--layers", default=None, help="comma-separated layer indices (default: all)")
+    ap.add_argument("--no-bos", action="store_true", help="no BOS first, even when the tokenizer adds one")
+    ap.add_argument("--per-position", action="store_true",
+                    help="also the logits' relative error at each position, with its token")
     a = ap.parse_args()
     src = a.model or default_model_path()
     lm = load_model(a.converted or converted_path(src, progress=False))
     fm = read_source(src)
-    text = open(a.file, encoding="utf-8").read() if a.file else SAMPLE
-    ids = encode(lm.tokenizer, lm.tok_meta, text, add_bos=False)[: a.tokens]
+    if a.file:  # bytes: a CRLF file keeps its CRs, as `intdet perplexity` reads it
+        with open(a.file, "rb") as f:
+            text = f.read().decode("utf-8")
+    else:
+        text = SAMPLE
+    ids = encode(lm.tokenizer, lm.tok_meta, text, add_bos=False if a.no_bos else None)[: a.tokens]
     cfg = dict(lm.cfg, context_length=len(ids))
     t = dict(lm.tensors)
     for r in ("rope", "rope_local"):  # rope_local: Gemma's local layers
@@ -69,12 +82,19 @@ def main():
         return float(np.linalg.norm(x - y) / max(np.linalg.norm(y), 1e-30))
 
     layers = [int(v) for v in a.layers.split(",")] if a.layers else range(lm.cfg["num_layers"])
-    print(f"model: {os.path.basename(src)}  tokens: {len(ids)}  relative error ||int - float|| / ||float|| (cumulative)")
+    print(f"model: {os.path.basename(src)}  tokens: {len(ids)} (first {ids[0]})  relative error ||int - float|| / ||float|| (cumulative)")
     print(f"tok_embd: {rel('tok_embd'):.2e}")
     print("layer " + " ".join(f"{o:>11}" for o in OPS))
     for i in layers:
         print(f"{i:5d} " + " ".join(f"{rel(f'blk.{i}.{o}'):11.2e}" for o in OPS))
     print(f"output (logits): {rel('output'):.2e}")
+    if a.per_position:
+        ia, f = ti["output"]
+        x, y = ia.astype(np.float64) * f, tf["output"].astype(np.float64).reshape(ia.shape)
+        err = np.linalg.norm(x - y, axis=-1) / np.maximum(np.linalg.norm(y, axis=-1), 1e-30)
+        print("position token logits-error")
+        for j, (t, e) in enumerate(zip(ids, err)):
+            print(f"{j:8d} {lm.tokenizer.id_to_token(int(t))!r:>16} {e:.2e}")
 
 
 if __name__ == "__main__":

@@ -654,7 +654,7 @@ def cache_clean(names, everything):
 def perplexity(model, file, ctx, max_windows, use_float, second_half, device, threads, revision, as_json, weights):
     """Perplexity of a text file: non-overlapping windows of --ctx tokens."""
     from .model import Engine, load_model
-    from .perplexity import float_logits_fn, integer_logits_fn, perplexity as run, windows_of
+    from .perplexity import float_logits_fn, integer_logits_fn, perplexity as run, window_bos, windows_of
     from .resolve import check_weights, converted_path, resolve_source
     from .tokenizer import encode
 
@@ -670,7 +670,7 @@ def perplexity(model, file, ctx, max_windows, use_float, second_half, device, th
     if ctx > lm.cfg["context_length"]:
         raise IntdetError(f"--ctx: {ctx} exceeds the model's context length {lm.cfg['context_length']}")
     ids = encode(lm.tokenizer, lm.tok_meta, text, add_bos=False)
-    wins = windows_of(ids, ctx, max_windows)
+    wins = windows_of(ids, ctx, max_windows, bos=window_bos(lm.tok_meta))
     if use_float:
         import numpy as np
 

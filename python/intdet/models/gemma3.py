@@ -36,9 +36,11 @@ Values a GGUF file does not hold, and where they come from:
 
 from __future__ import annotations
 
+import functools
 import math
 
 from ..errors import IntdetError
+from . import llama
 from .block import block
 
 NAME = "gemma3"
@@ -54,27 +56,14 @@ NORMS = ("attn_norm", "post_attention_norm", "ffn_norm", "post_ffw_norm")
 # Branch outputs (o, down) stay Q16 in front of their post-norms.
 RESIDUAL_FRAC = 10
 
-HF_TOP = {"model.embed_tokens.weight": "tok_embd", "model.norm.weight": "output_norm", "lm_head.weight": "output"}
+# Llama's Hugging Face names, with Gemma's four norms in place of Llama's two
+# (post_attention_layernorm is Llama's pre-FFN norm but Gemma's post-attention one).
 HF_LAYER = {
-    "input_layernorm.weight": "attn_norm", "post_attention_layernorm.weight": "post_attention_norm",
+    **llama.HF_LAYER,
+    "post_attention_layernorm.weight": "post_attention_norm",
     "pre_feedforward_layernorm.weight": "ffn_norm", "post_feedforward_layernorm.weight": "post_ffw_norm",
-    "self_attn.q_proj.weight": "attn_q", "self_attn.k_proj.weight": "attn_k",
-    "self_attn.v_proj.weight": "attn_v", "self_attn.o_proj.weight": "attn_output",
-    "self_attn.q_proj.bias": "attn_q.bias", "self_attn.k_proj.bias": "attn_k.bias",
-    "self_attn.v_proj.bias": "attn_v.bias", "self_attn.o_proj.bias": "attn_output.bias",
-    "self_attn.q_norm.weight": "attn_q_norm", "self_attn.k_norm.weight": "attn_k_norm",
-    "mlp.gate_proj.weight": "ffn_gate", "mlp.up_proj.weight": "ffn_up", "mlp.down_proj.weight": "ffn_down",
 }
-
-
-def hf_tensor_name(n: str):
-    """Hugging Face tensor name -> canonical name (False: unknown)."""
-    if n in HF_TOP:
-        return HF_TOP[n]
-    parts = n.split(".", 3)
-    if len(parts) == 4 and parts[0] == "model" and parts[1] == "layers" and parts[2].isdigit() and parts[3] in HF_LAYER:
-        return f"blk.{int(parts[2])}.{HF_LAYER[parts[3]]}"
-    return False
+hf_tensor_name = functools.partial(llama.hf_tensor_name, layer=HF_LAYER)
 
 
 def _rope_theta(cfg: dict, kind: str, legacy: str, default: float, where: str) -> float:

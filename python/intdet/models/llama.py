@@ -27,14 +27,16 @@ HF_LAYER = {
 }
 
 
-def hf_tensor_name(n: str):
+def hf_tensor_name(n: str, layer: dict = HF_LAYER):
     """Hugging Face tensor name -> canonical name; None for non-weights;
-    IntdetError-free: returns False for a name this family does not know."""
+    IntdetError-free: returns False for a name this family does not know.
+    ``layer``: the per-layer name map (a family with other norms, Gemma 3,
+    passes its own)."""
     if n in HF_TOP:
         return HF_TOP[n]
     parts = n.split(".", 3)
-    if len(parts) == 4 and parts[0] == "model" and parts[1] == "layers" and parts[2].isdigit() and parts[3] in HF_LAYER:
-        return f"blk.{int(parts[2])}.{HF_LAYER[parts[3]]}"
+    if len(parts) == 4 and parts[0] == "model" and parts[1] == "layers" and parts[2].isdigit() and parts[3] in layer:
+        return f"blk.{int(parts[2])}.{layer[parts[3]]}"
     if n.endswith("rotary_emb.inv_freq"):
         return None
     return False
