@@ -65,3 +65,30 @@ def test_cli_puts_bos_first(tiny_llama_hf, tmp_path):
     assert got["tokens"] == 189 and got["windows"] == 3
     assert got["perplexity"] == pytest.approx(math.exp(nll[True] / 189), rel=1e-9)
     assert abs(nll[True] - nll[False]) > 1e-6  # the BOS windows are not the plain ones
+
+
+def test_batch_perplexity_puts_bos_first(tiny_llama_hf, tmp_path):
+    """intdet batch's perplexity task: a text item gets the same BOS windows
+    as intdet perplexity (its exact NLL equals the windows scored directly);
+    an ids item runs as given."""
+    from intdet.batch.items import Item
+    from intdet.batch.tasks import TaskRunner
+
+    out = convert(tiny_llama_hf, str(tmp_path / "m"), progress=False)
+    cfg_path = os.path.join(out, "tokenizer_config.json")
+    with open(cfg_path) as f:
+        cfg = json.load(f)
+    cfg["add_bos_token"] = True
+    with open(cfg_path, "w") as f:
+        json.dump(cfg, f)
+    runner = TaskRunner(out, threads=1)
+    llm = runner.llm
+    bos = llm.meta["bos_token_id"]
+    ids = llm.encode(TEXT, add_bos=False)
+    wins = runner._perplexity_windows(Item(0, "t", "t", "perplexity", {"text": TEXT, "ctx": 64}))
+    assert wins == windows_of(ids, 64, bos=bos) and all(w[0] == bos for w in wins)
+    short = "a few words"
+    assert runner._perplexity_windows(Item(1, "s", "s", "perplexity", {"text": short})) == [
+        [bos] + llm.encode(short, add_bos=False)]
+    given = list(range(5, 45))
+    assert runner._perplexity_windows(Item(2, "i", "i", "perplexity", {"ids": given, "ctx": 16})) == windows_of(given, 16)

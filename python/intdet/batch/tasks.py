@@ -21,8 +21,11 @@ Results:
 * perplexity: nll_q (sum over the scored tokens of -log p, Q24 nats, an
   int), tokens (scored tokens: each window of T tokens scores T - 1), bytes
   (UTF-8 bytes of the scored tokens' text, as ``intdet perplexity``),
-  windows, nll (nll_q / 2^24, exact). Corpus totals add these integers
-  (output.summarize), so they are the same whatever the split.
+  windows, nll (nll_q / 2^24, exact). A text item of a model whose
+  tokenizer adds a BOS (Gemma 3) starts every window with it, as ``intdet
+  perplexity`` does (perplexity.window_bos); ids items are run as given.
+  Corpus totals add these integers (output.summarize), so they are the same
+  whatever the split.
 
 Items of one task in a batch run together through the scheduler (continuous
 batching over forward_batch), which gives every item the same bits as alone;
@@ -141,13 +144,16 @@ class TaskRunner:
         return r
 
     def _perplexity_windows(self, it: Item):
-        from ..perplexity import windows_of
+        from ..perplexity import window_bos, windows_of
 
         f = it.fields
         ids = self.llm.encode(f["text"], add_bos=False) if "text" in f else list(f["ids"])
+        bos = window_bos(self.llm.meta) if "text" in f else None
         ctx = f.get("ctx")
         n = self.llm.context_length
         if ctx is None:
+            if bos is not None:
+                ids = [bos] + ids
             if len(ids) < 2:
                 raise IntdetError(f"text: {len(ids)} token(s); perplexity needs at least 2")
             if len(ids) > n:
@@ -158,7 +164,7 @@ class TaskRunner:
             if ctx > n:
                 raise IntdetError(f"ctx: {ctx} is more than the context length {n}")
             try:
-                wins = windows_of(ids, ctx)
+                wins = windows_of(ids, ctx, bos=bos)
             except IntdetError as e:
                 raise IntdetError(str(e).replace("--ctx", "ctx")) from None
         for w in wins:
