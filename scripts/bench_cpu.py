@@ -520,6 +520,8 @@ def bench_model(py: str | None, m: dict, threads: list, repeats: int, prompt_tok
     for k in peers:
         first = runs[(threads[0], k, None)][0]
         out[f"{k}_version"], out[f"{k}_system_info"] = first["version"], first["system_info"]
+    if py:
+        out["llama_cpp_version"] = out["llama_version"]  # the names format_result_python_peer reads
     return out
 
 
@@ -531,11 +533,65 @@ def _ratio(x: float, y: float) -> str:
     return f"{x / y:.2f}" if y else "-"
 
 
+def format_result_python_peer(res: dict) -> str:
+    """The table against llama-cpp-python alone (--no-llama-bench), as before llama-bench joined."""
+    from intdet.bench import text_table
+
+    if "intdet_by_isa" in res["rows"][0]:
+        return format_result_isas(res)
+    P, G = res["prompt_tokens"], res["gen_tokens"]
+    out = [f"{res['model']}: {res['note']}",
+           f"prompt {P} tok, decode {G} tok (batch 1, greedy), median of {res['repeats']}; "
+           f"intdet isa {res['intdet_isa']}, llama-cpp-python {res['llama_cpp_version']}"]
+    head = ["threads", "metric", "intdet", "llama.cpp", "intdet/llama.cpp"]
+    lines = []
+    for row in res["rows"]:
+        for key, label, scale, fmt in (("prefill_tok_s", f"pp{P} tok/s", 1, "{:.1f}"),
+                                       ("decode_tok_s", f"tg{G} tok/s", 1, "{:.1f}"),
+                                       ("peak_rss_bytes", "peak RSS MiB", 2**20, "{:.0f}")):
+            a, b = row["intdet"][key] / scale, row["llama"][key] / scale
+            lines.append([str(row["threads"]), label, fmt.format(a), fmt.format(b), f"{a / b:.2f}" if b else "-"])
+    out.append(text_table(head, lines, left=(1,)))
+    agree = ", ".join(f"threads {r['threads']}: {r['greedy_tokens_agree']}/{G}" for r in res["rows"])
+    out.append(f"greedy decode tokens equal between the engines from the start: {agree}")
+    return "\n".join(out)
+
+
+def format_result_isas(res: dict) -> str:
+    """The table for several intdet kernel sets (--isa twice or more): a
+    column per set, each against llama.cpp, and each later set against the first."""
+    from intdet.bench import text_table
+
+    P, G = res["prompt_tokens"], res["gen_tokens"]
+    isas = list(res["rows"][0]["intdet_by_isa"])
+    out = [f"{res['model']}: {res['note']}",
+           f"prompt {P} tok, decode {G} tok (batch 1, greedy), median of {res['repeats']}; "
+           f"intdet kernel sets {', '.join(isas)}, llama-cpp-python {res['llama_cpp_version']}"]
+    head = (["threads", "metric"] + [f"intdet {i}" for i in isas] + ["llama.cpp"] + [f"{i}/llama.cpp" for i in isas]
+            + [f"{i}/{isas[0]}" for i in isas[1:]])
+    lines = []
+    for row in res["rows"]:
+        for key, label, scale, fmt in METRICS:
+            v = {i: row["intdet_by_isa"][i][key] / scale for i in isas}
+            b = row["llama"][key] / scale
+            ratio = lambda x, y: f"{x / y:.2f}" if y else "-"  # noqa: E731
+            lines.append([str(row["threads"]), label.format(P=P, G=G)] + [fmt.format(v[i]) for i in isas]
+                         + [fmt.format(b)] + [ratio(v[i], b) for i in isas] + [ratio(v[i], v[isas[0]]) for i in isas[1:]])
+    out.append(text_table(head, lines, left=(1,)))
+    agree = ", ".join(f"threads {r['threads']}: {r['greedy_tokens_agree']}/{G}" for r in res["rows"])
+    out.append(f"greedy decode tokens equal between the engines from the start: {agree}")
+    return "\n".join(out)
+
+
 def format_result(res: dict) -> str:
     """Columns: each intdet kernel set, each peer (llama-bench, then
     llama-cpp-python), each set against each peer and, for two or more sets,
-    each later set against the first; then the thread scaling of every engine."""
+    each later set against the first; then the thread scaling of every engine.
+    Without llama-bench: format_result_python_peer's table."""
     from intdet.bench import text_table
+
+    if "llama_bench" not in res.get("peers", ["llama"]):
+        return format_result_python_peer(res)
 
     P, G = res["prompt_tokens"], res["gen_tokens"]
     rows = res["rows"]
