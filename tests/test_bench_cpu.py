@@ -81,3 +81,31 @@ def test_intdet_worker(tmp_path, tiny_llama_hf):
     assert res["threads"] == 1 and res["peak_rss_bytes"] > 1 << 20
     (row,) = run_bench(load_model(model), gen_tokens=4, threads=[1], prompt_ids=ids, keep_tokens=True)
     assert res["tokens"] == row["decode_tokens"] and res["isa"] == row["isa"]
+
+
+def test_format_result_with_llama_bench(bench_cpu):
+    """llama-bench and llama-cpp-python side by side: ratios against each, then every engine's thread scaling."""
+    def eng(p, d, mib):
+        return {"prefill_tok_s": p, "decode_tok_s": d, "peak_rss_bytes": mib * 2**20}
+
+    res = {"model": "M", "note": "n", "prompt_tokens": 512, "gen_tokens": 128, "repeats": 3, "intdet_isa": "avx2",
+           "peers": ["llama_bench", "llama"], "llama_bench_version": "abc (build 1)", "llama_version": "0.3.36",
+           "rows": [{"threads": 1, "intdet": eng(200.0, 50.0, 230), "llama_bench": eng(250.0, 40.0, 200),
+                     "llama": eng(100.0, 25.0, 240), "greedy_tokens_agree": 128, "intdet_tokens_same_every_run": True},
+                    {"threads": 2, "intdet": eng(380.0, 90.0, 230), "llama_bench": eng(500.0, 80.0, 200),
+                     "llama": eng(150.0, 40.0, 240), "greedy_tokens_agree": 128, "intdet_tokens_same_every_run": True}]}
+    assert bench_cpu.format_result(res) == """\
+M: n
+prompt 512 tok, decode 128 tok (batch 1, greedy), median of 3; intdet kernel sets avx2; llama-bench abc (build 1), \
+llama-cpp-python 0.3.36
+threads  metric        intdet  llama-bench  llama-cpp-python  intdet/llama-bench  intdet/llama-cpp-python
+      1  pp512 tok/s    200.0        250.0             100.0                0.80                     2.00
+      1  tg128 tok/s     50.0         40.0              25.0                1.25                     2.00
+      1  peak RSS MiB     230          200               240                1.15                     0.96
+      2  pp512 tok/s    380.0        500.0             150.0                0.76                     2.53
+      2  tg128 tok/s     90.0         80.0              40.0                1.12                     2.25
+      2  peak RSS MiB     230          200               240                1.15                     0.96
+scaling: pp512 1->2 threads: 1.90x intdet, 2.00x llama-bench, 1.50x llama-cpp-python; \
+tg128 1->2 threads: 1.80x intdet, 2.00x llama-bench, 1.60x llama-cpp-python
+greedy decode tokens equal between intdet and llama-cpp-python from the start: threads 1: 128/128, threads 2: 128/128
+intdet greedy tokens identical in every run and kernel set: yes"""

@@ -310,6 +310,17 @@ PYBIND11_MODULE(INTDET_CORE_MODULE_NAME, mod) {
       "forward(..., all_logits=True) on kernel set `isa` (default: the active one) that also returns the "
       "named intermediates: (logits int32 [T, V], dict name -> int64 array in forward order, the kernel "
       "set's name). Names and values as the ref spec's trace (python/intdet/ref/model.py).");
+  mod.def("set_op_profile", &set_op_profile, py::arg("on"),
+          "Per-op wall time of every forward (scripts/profile_cpu.py): True clears the sums and starts, False stops.");
+  mod.def(
+      "op_profile",
+      []() {
+        py::list out;
+        for (const OpTime& t : op_profile()) out.append(py::make_tuple(t.op, t.layer, t.calls, t.ns));
+        return out;
+      },
+      "The sums since set_op_profile(True): list of (op, layer (-1: outside the layers), calls, ns), "
+      "in forward order; ('forward', -1, ...) is the whole forward.");
   mod.def("available_isas", &available_isas, "Kernel sets this build has and this CPU runs (best last).");
   mod.def("set_isa", &set_isa, py::arg("name"), "Force a kernel set (scalar, avx2, ...).");
   mod.def("isa", []() { return std::string(kernels().name); }, "The active kernel set.");

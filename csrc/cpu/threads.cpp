@@ -1,10 +1,14 @@
-// How many OpenMP threads a forward uses. A fixed count (set_num_threads(n),
-// n > 0) is used as given. The default, auto (n = 0), takes every core this
-// process may run on, minus the cores that other processes keep busy: OpenMP
-// workers wait at a barrier after every op, and when another process holds a
-// core, a worker preempted there stalls the whole team for a time slice
-// (measured on 2 cores with one competing process: 2 threads 37 tok/s decode,
-// 1 thread 69; scripts/bench_threads.py). The bits never depend on the count.
+// How many threads a forward uses (its pool, intdet/pool.h; OpenMP's count
+// for the rest). A fixed count (set_num_threads(n), n > 0) is used as given.
+// The default, auto (n = 0), takes every core this process may run on, minus
+// the cores that other processes keep busy. With OpenMP's team barrier after
+// every op, a worker preempted by another process stalled the whole team for
+// a time slice (2 cores, one competing process: 2 threads 37 tok/s decode,
+// 1 thread 69; scripts/bench_threads.py); the pool's caller waits only for
+// tasks in flight, so that stall is now at most one block, but a core shared
+// with another process still gives a worker a fraction of its time and adds
+// wake-ups, so auto still leaves busy cores alone. The bits never depend on
+// the count.
 //
 // "Busy" is measured, not guessed: every kLoadSampleMs at most, the busy time
 // of this process's CPUs in /proc/stat (steal included: a vCPU the host takes

@@ -1,5 +1,8 @@
 // The decoder forward pass (Llama / Qwen2 / Qwen3 / Gemma 3), integer only.
 // Mirrors python/intdet/ref/model.py line for line; formats in comments.
+#include <algorithm>
+#include <array>
+#include <chrono>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -8,37 +11,45 @@
 #include "intdet/kernels.h"
 #include "intdet/model.h"
 #include "intdet/ops.h"
+#include "intdet/pool.h"
 #include "intdet/trace.h"
+
 
 namespace intdet {
 namespace {
+
+// Rows [0, T) in about 4 chunks per thread, f(t0, t1) per chunk, on the pool
+// (intdet/pool.h): for row-wise ops, whose rows do not depend on each other.
+template <class F>
+void over_rows(int nt, int64_t T, F&& f) {
+  const int64_t chunks = std::min<int64_t>(T, 4 * (int64_t)nt);
+  parallel_tasks(T > 1 ? nt : 1, chunks, [&](int64_t i) { f(T * i / chunks, T * (i + 1) / chunks); });
+}
 
 // int16 activations of T rows (one exponent per row) for the next linear layer.
 struct Act16 {
   std::vector<int16_t> q;
   std::vector<int32_t> e;
-  void from_rows(const Kernels& ks, const int64_t* x, int64_t T, int64_t n) {
+  void from_rows(int nt, const Kernels& ks, const int64_t* x, int64_t T, int64_t n) {
     q.resize((size_t)(T * n));
     e.resize((size_t)T);
     const auto quant = ks.quant16;
-#pragma omp parallel for schedule(static) if (T > 1)
-    for (int64_t t = 0; t < T; ++t) e[t] = quant(x + t * n, n, q.data() + t * n);
+    over_rows(nt, T, [&](int64_t t0, int64_t t1) {
+      for (int64_t t = t0; t < t1; ++t) e[t] = quant(x + t * n, n, q.data() + t * n);
+    });
   }
 };
 
-// Output channels are split into blocks across threads; each output is
-// computed by exactly one thread, so the thread count cannot change a bit.
-// Blocks of 64 rows, halved (down to 16) until every thread gets about 4:
-// small layers (GQA's K and V) would otherwise leave threads idle. Blocks
-// start at multiples of 16, as packed layouts require (kernels.h); each output is
-// computed whole by one call, so the split cannot change a bit.
-template <class F>
-void over_row_blocks(int64_t N, F&& f) {
+// Output channels are split into tasks of 16 to 64 channels (16-aligned:
+// packed layouts start channel groups there, kernels.h), about 8 or more per
+// thread, taken from the pool's shared counter: a thread the OS preempts on a
+// shared machine delays the op by at most the block it holds. Each output is
+// computed whole by one kernel call on one thread, so neither the split nor
+// the thread count can change a bit.
+inline int64_t block_rows(int64_t N, int nt) {
   int64_t rows = 64;
-  while (rows > 16 && (N + rows - 1) / rows < 4 * (int64_t)team_threads()) rows /= 2;
-  const int64_t nblk = (N + rows - 1) / rows;
-#pragma omp parallel for schedule(static)
-  for (int64_t b = 0; b < nblk; ++b) f(b * rows, b * rows + rows < N ? rows : N - b * rows);
+  while (rows > 16 && (N + rows - 1) / rows < 8 * (int64_t)nt) rows /= 2;
+  return rows;
 }
 
 // Whether k's linear kernel for L's weight format reads a packed copy.
@@ -59,73 +70,156 @@ void check_packed(const Model& m, const Kernels& k) {
   check(m.output);
 }
 
-// The kernel set's linear layer for L's weight format (int8 or int4), on its
-// packed layout when the set reads one.
-void run_linear(const Kernels& k, const Linear& L, const Act16& a, int64_t T, int64_t* out) {
+// Output channels [lo, hi) of the kernel set's linear layer for L's weight
+// format (int8 or int4), on its packed layout when the set reads one: one
+// kernel call, on the calling thread.
+void linear_range(const Kernels& k, const Linear& L, const Act16& a, int64_t T, int64_t* out, int64_t lo,
+                  int64_t hi) {
   const int16_t* q = a.q.data();
   const int32_t* e = a.e.data();
-  const int64_t K = L.K;
-  auto bias = [&](int64_t j0) { return L.bias ? L.bias + j0 : nullptr; };
+  const int64_t K = L.K, j0 = lo, n = hi - lo;
+  const int32_t* bias = L.bias ? L.bias + j0 : nullptr;
   const void* packed = reads_packed(k, L) ? L.packed[k.packing->id] : nullptr;
   if (L.w4 && packed) {
     const uint8_t* w = static_cast<const uint8_t*>(packed);
     const int64_t row = k.packing->w4.channel_bytes(K);
-    over_row_blocks(L.N, [&](int64_t j0, int64_t n) {
-      k.linear_w4_packed(q, e, T, K, w + j0 * row, nullptr, nullptr, L.mant + j0, L.shift + j0, bias(j0), n,
-                         out + j0, L.N);
-    });
+    k.linear_w4_packed(q, e, T, K, w + j0 * row, nullptr, nullptr, L.mant + j0, L.shift + j0, bias, n, out + j0, L.N);
   } else if (L.w4) {
     const int64_t G = K / kW4Group;
-    over_row_blocks(L.N, [&](int64_t j0, int64_t n) {
-      k.linear_w4(q, e, T, K, L.w4 + j0 * (K / 2), L.gd + j0 * G, L.gm + j0 * G, L.mant + j0, L.shift + j0,
-                  bias(j0), n, out + j0, L.N);
-    });
+    k.linear_w4(q, e, T, K, L.w4 + j0 * (K / 2), L.gd + j0 * G, L.gm + j0 * G, L.mant + j0, L.shift + j0, bias, n,
+                out + j0, L.N);
   } else {
     const LinearFn fn = packed ? k.linear_packed : k.linear;
     const int8_t* w = packed ? static_cast<const int8_t*>(packed) : L.w;
     const int64_t row = packed ? k.packing->w8.channel_bytes(K) : K;  // bytes per channel
-    over_row_blocks(L.N, [&](int64_t j0, int64_t n) {
-      fn(q, e, T, K, w + j0 * row, L.mant + j0, L.shift + j0, bias(j0), n, out + j0, L.N);
-    });
+    fn(q, e, T, K, w + j0 * row, L.mant + j0, L.shift + j0, bias, n, out + j0, L.N);
   }
+}
+
+// Linear layers of the same output size reading the same activations
+// (gate and up; or one layer) in one pool job: a block of channels of every
+// layer per task, then post(lo, hi) on that block by the same thread,
+// so a channel-wise op (SwiGLU, the residual add, the logits copy) needs no
+// pass or barrier of its own.
+template <size_t NL, class Post>
+void run_linears(int nt, const Kernels& k, const std::array<const Linear*, NL>& Ls, const Act16& a, int64_t T,
+                 const std::array<int64_t*, NL>& outs, Post&& post) {
+  const int64_t N = Ls[0]->N;
+  for (const Linear* L : Ls)
+    if (L->N != N) throw std::logic_error("run_linears: layers of different output sizes");
+  const int64_t rows = block_rows(N, nt), nblk = (N + rows - 1) / rows;
+  parallel_tasks(nt, nblk, [&](int64_t b) {
+    const int64_t lo = b * rows, hi = std::min(N, lo + rows);
+    for (size_t i = 0; i < NL; ++i) linear_range(k, *Ls[i], a, T, outs[i], lo, hi);
+    post(lo, hi);
+  });
+}
+
+// Q, K and V (GQA: K and V smaller) in one pool job: the blocks of all
+// three in one task list.
+void run_qkv(int nt, const Kernels& k, const Layer& L, const Act16& a, int64_t T, int64_t* q, int64_t* kk,
+             int64_t* v) {
+  const Linear* Ls[3] = {&L.q, &L.k, &L.v};
+  int64_t* outs[3] = {q, kk, v};
+  int64_t rows[3], first[4] = {0, 0, 0, 0};  // blocks of layer i are [first[i], first[i+1])
+  for (int i = 0; i < 3; ++i) {
+    rows[i] = block_rows(Ls[i]->N, nt);
+    first[i + 1] = first[i] + (Ls[i]->N + rows[i] - 1) / rows[i];
+  }
+  parallel_tasks(nt, first[3], [&](int64_t b) {
+    const int i = b < first[1] ? 0 : b < first[2] ? 1 : 2;
+    const int64_t lo = (b - first[i]) * rows[i], hi = std::min(Ls[i]->N, lo + rows[i]);
+    linear_range(k, *Ls[i], a, T, outs[i], lo, hi);
+  });
 }
 
 // Row-wise ops run rows in parallel: each row's result depends on that row
 // alone, so the split cannot change a bit.
-void norm_rows(const int64_t* x, const int16_t* g, int64_t T, int64_t n, int64_t eps, int in_frac,
+void norm_rows(int nt, const int64_t* x, const int16_t* g, int64_t T, int64_t n, int64_t eps, int in_frac,
                std::vector<int64_t>& y) {
   y.resize((size_t)(T * n));
-#pragma omp parallel if (T > 1)
-  {
+  over_rows(nt, T, [&](int64_t t0, int64_t t1) {
     std::vector<int32_t> row((size_t)n);
-#pragma omp for schedule(static)
-    for (int64_t t = 0; t < T; ++t) {
+    for (int64_t t = t0; t < t1; ++t) {
       rms_norm_row(x + t * n, g, n, eps, in_frac, row.data());
       for (int64_t i = 0; i < n; ++i) y[t * n + i] = row[i];
     }
-  }
+  });
 }
 
-void add_residual(std::vector<int64_t>& x, const std::vector<int64_t>& d, int64_t n) {
-#pragma omp parallel for schedule(static) if (n > 4096)
-  for (int64_t i = 0; i < n; ++i) x[i] = sat32(x[i] + d[i]);
+// RMSNorm of each row into y (norm units, kept for the trace), then its
+// int16 activations, in one pass per row: one pool job, not two.
+void norm_quant_rows(int nt, const Kernels& ks, const int64_t* x, const int16_t* g, int64_t T, int64_t n,
+                     int64_t eps, int in_frac, std::vector<int64_t>& y, Act16& a) {
+  y.resize((size_t)(T * n));
+  a.q.resize((size_t)(T * n));
+  a.e.resize((size_t)T);
+  const auto quant = ks.quant16;
+  over_rows(nt, T, [&](int64_t t0, int64_t t1) {
+    std::vector<int32_t> row((size_t)n);
+    for (int64_t t = t0; t < t1; ++t) {
+      rms_norm_row(x + t * n, g, n, eps, in_frac, row.data());
+      for (int64_t i = 0; i < n; ++i) y[t * n + i] = row[i];
+      a.e[t] = quant(y.data() + t * n, n, a.q.data() + t * n);
+    }
+  });
+}
+
+// x[t, lo:hi] = sat32(x + d) for every row: the residual add over one block
+// of channels (run_linears' post step).
+inline void add_residual_range(int64_t* x, const int64_t* d, int64_t T, int64_t n, int64_t lo, int64_t hi) {
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t i = lo; i < hi; ++i) x[t * n + i] = sat32(x[t * n + i] + d[t * n + i]);
 }
 
 // Gemma's post-norm: RMSNorm of a branch output d (Q16) into norm units h,
 // then x += shift_round_sat32(h, shift) (to the residual's Q R), saturating.
-void add_post_norm(std::vector<int64_t>& x, const std::vector<int64_t>& d, const int16_t* g, int32_t shift, int64_t T,
-                   int64_t H, int64_t eps, std::vector<int64_t>& h) {
-  norm_rows(d.data(), g, T, H, eps, 16, h);
-#pragma omp parallel for schedule(static) if (T * H > 4096)
-  for (int64_t i = 0; i < T * H; ++i) x[i] = sat32(x[i] + shift_round_sat32(h[i], shift));
+void add_post_norm(int nt, std::vector<int64_t>& x, const std::vector<int64_t>& d, const int16_t* g, int32_t shift,
+                   int64_t T, int64_t H, int64_t eps, std::vector<int64_t>& h) {
+  norm_rows(nt, d.data(), g, T, H, eps, 16, h);
+  over_rows(nt, T, [&](int64_t t0, int64_t t1) {
+    for (int64_t i = t0 * H; i < t1 * H; ++i) x[i] = sat32(x[i] + shift_round_sat32(h[i], shift));
+  });
 }
+
+// Op timer for set_op_profile (trace.h): mark(op, layer) charges the time
+// since the previous mark to (layer, op). Reads no clock while profiling is off.
+class OpClock {
+ public:
+  OpClock() : on_(op_profile_on()) {
+    if (on_) start_ = last_ = std::chrono::steady_clock::now();
+  }
+  void mark(const char* op, int64_t layer) {
+    if (!on_) return;
+    const auto now = std::chrono::steady_clock::now();
+    times_.push_back({op, layer, 1, std::chrono::duration_cast<std::chrono::nanoseconds>(now - last_).count()});
+    last_ = now;
+  }
+  ~OpClock() {
+    if (!on_) return;
+    times_.push_back({"forward", -1, 1,
+                      std::chrono::duration_cast<std::chrono::nanoseconds>(last_ - start_).count()});
+    op_profile_add(times_);
+  }
+
+ private:
+  bool on_;
+  std::chrono::steady_clock::time_point start_, last_;
+  std::vector<OpTime> times_;
+};
 
 // The forward pass on kernel set ks; tr, when not null, receives the named
 // intermediates (one test per site and layer when null, nothing per row).
+// Parallel structure (intdet/pool.h, not OpenMP): each linear op is one pool
+// job over blocks of output channels (run_linears), Q/K/V and gate/up share one, and SwiGLU, the
+// residual adds and the logits copy run inside them on each block; RMSNorm
+// and the int16 quantization of its output are one row-parallel pass. The
+// caller takes tasks and waits only for tasks in flight: no team barrier.
 void forward_impl(const Model& m, KVCache* const* caches, const Row* rows, int64_t T, int32_t* logits,
                   const Kernels& ks, Trace* tr) {
   check_packed(m, ks);
-  forward_threads();  // fixed, or auto: fewer when other processes hold cores
+  OpClock clk;
+  const int nt = forward_threads();  // fixed, or auto: fewer when other processes hold cores
   if (tr) tr->isa = ks.name;
   auto rec = [tr](std::string name, const std::vector<int64_t>& a, std::vector<int64_t> shape) {
     int64_t n = 1;
@@ -144,21 +238,23 @@ void forward_impl(const Model& m, KVCache* const* caches, const Row* rows, int64
   Act16 act;
 
   // Embedding: int8 row times its dyadic scale -> residual Q R.
-  for (int64_t t = 0; t < T; ++t) {
-    const int64_t tok = rows[t].token;
-    for (int64_t i = 0; i < H; ++i)
-      x[t * H + i] = shift_round_sat32((int64_t)m.tok_embd[tok * H + i] * m.embd_mant[tok], m.embd_shift[tok]);
-  }
+  over_rows(nt, T, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t tok = rows[t].token;
+      for (int64_t i = 0; i < H; ++i)
+        x[t * H + i] = shift_round_sat32((int64_t)m.tok_embd[tok * H + i] * m.embd_mant[tok], m.embd_shift[tok]);
+    }
+  });
   if (tr) rec("tok_embd", x, {T, H});
+  clk.mark("embed", -1);
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const Layer& L = m.layers[l];
     const std::string blk = tr ? "blk." + std::to_string(l) + "." : "";
     // --- attention block ---
-    norm_rows(x.data(), L.attn_norm, T, H, c.eps_hidden, R, h);  // [T, H] norm units
-    act.from_rows(ks, h.data(), T, H);                        // int16 + exponent per token
-    run_linear(ks, L.q, act, T, q.data());                    // [T, nh*D] Q16
-    run_linear(ks, L.k, act, T, k.data());                    // [T, nkv*D] Q16
-    run_linear(ks, L.v, act, T, v.data());                    // [T, nkv*D] Q16
+    norm_quant_rows(nt, ks, x.data(), L.attn_norm, T, H, c.eps_hidden, R, h, act);  // [T, H] norm units, int16
+    clk.mark("attn_norm", l);
+    run_qkv(nt, ks, L, act, T, q.data(), k.data(), v.data());  // Q16
+    clk.mark("attn_qkv", l);
     if (tr) {
       rec(blk + "attn_norm", h, {T, H});
       rec(blk + "attn_q", q, {T, nh, D});
@@ -166,13 +262,14 @@ void forward_impl(const Model& m, KVCache* const* caches, const Row* rows, int64
       rec(blk + "attn_v", v, {T, nkv, D});
     }
     if (L.q_norm) {  // the block has per-head q/k RMSNorm (Qwen3, Gemma 3)
-      norm_rows(q.data(), L.q_norm, T * nh, D, c.eps_head, 16, qn);
+      norm_rows(nt, q.data(), L.q_norm, T * nh, D, c.eps_head, 16, qn);
       q.swap(qn);
-      norm_rows(k.data(), L.k_norm, T * nkv, D, c.eps_head, 16, qn);
+      norm_rows(nt, k.data(), L.k_norm, T * nkv, D, c.eps_head, 16, qn);
       k.swap(qn);
+      clk.mark("qk_norm", l);
     }
-#pragma omp parallel for schedule(static) if (T > 1)
-    for (int64_t t = 0; t < T; ++t) {  // RoPE, then append K, V to the row's int8 cache (own position)
+    // RoPE, then append K, V to the row's int8 cache (own position)
+    parallel_tasks(T > 1 ? nt : 1, T, [&](int64_t t) {
       const int64_t pos = rows[t].pos;
       KVCache& kv = *caches[rows[t].seq];
       rope_row(q.data() + t * nh * D, nh, D, L.rope_cos + pos * half, L.rope_sin + pos * half);
@@ -182,12 +279,12 @@ void forward_impl(const Model& m, KVCache* const* caches, const Row* rows, int64
         kv.ka[base + g] = quant8_row(k.data() + (t * nkv + g) * D, D, kv.k.data() + (base + g) * D);
         kv.va[base + g] = quant8_row(v.data() + (t * nkv + g) * D, D, kv.v.data() + (base + g) * D);
       }
-    }
+    });
+    clk.mark("rope_kv", l);
     // One (row, head) pair per task; each writes only its own output.
     const AttendFn attend = ks.attend;
     const auto quant = ks.quant16;
-#pragma omp parallel for schedule(dynamic, 1)
-    for (int64_t th = 0; th < T * nh; ++th) {
+    parallel_tasks(nt, T * nh, [&](int64_t th) {
       const int64_t t = th / nh, hd = th % nh, g = hd / grp;
       const KVCache& kv = *caches[rows[t].seq];
       // Causal: positions lo..pos of this row's sequence; lo > 0 only in a sliding window.
@@ -200,41 +297,53 @@ void forward_impl(const Model& m, KVCache* const* caches, const Row* rows, int64
       attend(qq.data(), e_q, kv.k.data() + (lay + g) * D, kv.ka.data() + lay + g, kv.v.data() + (lay + g) * D,
              kv.va.data() + lay + g, n, nkv * D, D, L.score_mant, L.score_shift, z.data(), p.data(), w16.data(),
              o.data() + (t * nh + hd) * D);
-    }
-    act.from_rows(ks, o.data(), T, nh * D);
-    run_linear(ks, L.o, act, T, tmp.data());  // [T, H] Q16
-    if (tr) {
-      rec(blk + "attn_out", o, {T, nh * D});
-      rec(blk + "attn_output", tmp, {T, H});
-    }
+    });
+    clk.mark("attention", l);
+    act.from_rows(nt, ks, o.data(), T, nh * D);
+    if (tr) rec(blk + "attn_out", o, {T, nh * D});
+    // [T, H] Q16; without a post-norm the residual add runs on each block as it is made
+    const bool fuse_attn_add = !L.post_attn_norm && !tr;
+    run_linears<1>(nt, ks, {&L.o}, act, T, {tmp.data()}, [&](int64_t lo, int64_t hi) {
+      if (fuse_attn_add) add_residual_range(x.data(), tmp.data(), T, H, lo, hi);
+    });
+    if (tr) rec(blk + "attn_output", tmp, {T, H});
     if (L.post_attn_norm)
-      add_post_norm(x, tmp, L.post_attn_norm, L.post_attn_shift, T, H, c.eps_hidden, h);
-    else
-      add_residual(x, tmp, T * H);
+      add_post_norm(nt, x, tmp, L.post_attn_norm, L.post_attn_shift, T, H, c.eps_hidden, h);
+    else if (!fuse_attn_add)
+      add_residual_range(x.data(), tmp.data(), T, H, 0, H);
+    clk.mark("attn_output", l);
     // --- feed-forward block ---
-    norm_rows(x.data(), L.ffn_norm, T, H, c.eps_hidden, R, h);
-    act.from_rows(ks, h.data(), T, H);
-    run_linear(ks, L.gate, act, T, gate.data());  // [T, F] Q16
-    run_linear(ks, L.up, act, T, up.data());      // [T, F] Q16
+    norm_quant_rows(nt, ks, x.data(), L.ffn_norm, T, H, c.eps_hidden, R, h, act);
+    clk.mark("ffn_norm", l);
+    const auto glu = L.geglu ? ks.geglu : ks.swiglu;
+    // gate and up go in the same channel blocks, so the thread that made a
+    // block runs SwiGLU / GeGLU on it (elementwise: the split cannot change a bit);
+    // the trace needs gate before it is overwritten, so it runs GLU after.
+    run_linears<2>(nt, ks, {&L.gate, &L.up}, act, T, {gate.data(), up.data()}, [&](int64_t lo, int64_t hi) {
+      if (tr || hi <= lo) return;
+      for (int64_t t = 0; t < T; ++t) glu(gate.data() + t * F + lo, up.data() + t * F + lo, hi - lo, gate.data() + t * F + lo);
+    });
     if (tr) {
       rec(blk + "ffn_norm", h, {T, H});
       rec(blk + "ffn_gate", gate, {T, F});  // before SwiGLU overwrites it
       rec(blk + "ffn_up", up, {T, F});
+      over_rows(nt, T, [&](int64_t t0, int64_t t1) {
+        for (int64_t t = t0; t < t1; ++t) glu(gate.data() + t * F, up.data() + t * F, F, gate.data() + t * F);
+      });
     }
-    const auto glu = L.geglu ? ks.geglu : ks.swiglu;
-#pragma omp parallel for schedule(static) if (T > 1)
-    for (int64_t t = 0; t < T; ++t) glu(gate.data() + t * F, up.data() + t * F, F, gate.data() + t * F);
-    act.from_rows(ks, gate.data(), T, F);  // SwiGLU / GeGLU output was Q32
-    run_linear(ks, L.down, act, T, tmp.data());
-    if (L.post_ffn_norm)
-      add_post_norm(x, tmp, L.post_ffn_norm, L.post_ffn_shift, T, H, c.eps_hidden, h);
-    else
-      add_residual(x, tmp, T * H);
+    clk.mark("ffn_gate_up", l);
+    act.from_rows(nt, ks, gate.data(), T, F);  // SwiGLU / GeGLU output was Q32
+    const bool fuse_ffn_add = !L.post_ffn_norm;
+    run_linears<1>(nt, ks, {&L.down}, act, T, {tmp.data()}, [&](int64_t lo, int64_t hi) {
+      if (fuse_ffn_add) add_residual_range(x.data(), tmp.data(), T, H, lo, hi);
+    });
+    if (L.post_ffn_norm) add_post_norm(nt, x, tmp, L.post_ffn_norm, L.post_ffn_shift, T, H, c.eps_hidden, h);
     if (tr) {
       rec(blk + "ffn_swiglu", gate, {T, F});
       rec(blk + "ffn_down", tmp, {T, H});
       rec(blk + "residual", x, {T, H});
     }
+    clk.mark("ffn_down", l);
   }
   // Final norm and lm_head only for the rows that want logits.
   std::vector<int64_t> sel;
@@ -245,12 +354,16 @@ void forward_impl(const Model& m, KVCache* const* caches, const Row* rows, int64
   std::vector<int64_t> xs((size_t)(Tout * H));
   for (int64_t r = 0; r < Tout; ++r)
     for (int64_t i = 0; i < H; ++i) xs[r * H + i] = x[sel[r] * H + i];
-  norm_rows(xs.data(), m.out_norm, Tout, H, c.eps_hidden, R, h);
-  act.from_rows(ks, h.data(), Tout, H);
-  std::vector<int64_t> lg((size_t)(Tout * c.vocab));
-  run_linear(ks, m.output, act, Tout, lg.data());  // [Tout, V] Q16
-  if (tr) rec("output", lg, {Tout, c.vocab});
-  for (int64_t i = 0; i < Tout * c.vocab; ++i) logits[i] = (int32_t)lg[i];
+  norm_quant_rows(nt, ks, xs.data(), m.out_norm, Tout, H, c.eps_hidden, R, h, act);
+  const int64_t V = c.vocab;
+  std::vector<int64_t> lg((size_t)(Tout * V));
+  // [Tout, V] Q16; each block of logits copied out as int32 by the thread that made it
+  run_linears<1>(nt, ks, {&m.output}, act, Tout, {lg.data()}, [&](int64_t lo, int64_t hi) {
+    for (int64_t r = 0; r < Tout; ++r)
+      for (int64_t i = lo; i < hi; ++i) logits[r * V + i] = (int32_t)lg[r * V + i];
+  });
+  if (tr) rec("output", lg, {Tout, V});
+  clk.mark("output", -1);
 }
 
 }  // namespace

@@ -30,3 +30,28 @@ void forward_rows_traced(const Model& m, KVCache* const* caches, const Row* rows
                          const Kernels& ks, Trace& trace);
 
 }  // namespace intdet
+
+namespace intdet {
+
+// Wall time per op and layer of every forward while profiling is on
+// (scripts/profile_cpu.py). An op's time runs from the end of the previous op
+// to its own end, on the calling thread, so it includes the op's OpenMP fork,
+// its load imbalance and its closing barrier; the ops of one forward add up
+// to the forward's wall time ("forward", layer -1). Off (the default), a
+// forward reads no clock.
+struct OpTime {
+  std::string op;
+  int64_t layer;  // -1: outside the layers (embedding, output, the whole forward)
+  int64_t calls;
+  int64_t ns;     // summed over the calls
+};
+
+// on: clear the sums and start collecting; off: stop.
+void set_op_profile(bool on);
+bool op_profile_on();
+// The sums since set_op_profile(true), in first-seen order.
+std::vector<OpTime> op_profile();
+// Adds one forward's times (forward.cpp calls it once per forward).
+void op_profile_add(const std::vector<OpTime>& times);
+
+}  // namespace intdet
