@@ -363,6 +363,40 @@ def test_attend_flat_scores_max_values(backend):
     assert np.array_equal(backend.ops.attend(q, kc, ka, vc, va, 23456, 40), want)
 
 
+@pytest.mark.parametrize("n,nh,nkv,D,chunk", [(1, 2, 1, 64, 0), (100, 4, 2, 128, 32), (700, 6, 2, 48, 96),
+                                                (1030, 4, 4, 256, 512), (513, 8, 2, 30, 64), (77, 16, 1, 16, 0),
+                                                (2000, 2, 1, 128, 0)])
+def test_attend_gqa_split(backend, n, nh, nkv, D, chunk):
+    """Flash-decoding split over positions, one block per (chunk, kv head) for
+    all its query heads: every head's bits are the CPU's attend_head, whatever
+    the chunk (1 to 63 chunks here, scalar D = 30, 16-byte paths otherwise)."""
+    rng = np.random.default_rng(n * 7 + nh + D)
+    q = rng.integers(-2**30, 2**30, size=(nh, D)).astype(np.int32)
+    q[0, :] = 0  # an all-zero head: flat scores
+    kc = rng.integers(-127, 128, size=(n, nkv, D)).astype(np.int8)
+    vc = rng.integers(-127, 128, size=(n, nkv, D)).astype(np.int8)
+    ka = rng.integers(0, 2**31 - 1, size=(n, nkv)).astype(np.int32)
+    va = rng.integers(0, 2**31 - 1, size=(n, nkv)).astype(np.int32)
+    got = backend.ops.attend_gqa(q, kc, ka, vc, va, 23456, 40, chunk)
+    grp = nh // nkv
+    for h in range(nh):
+        kvh = h // grp
+        qq, qe = C.ops.quant16(q[h].astype(np.int64))
+        want = C.ops.attend(qq.astype(np.int16), int(qe[0]), np.ascontiguousarray(kc[:, kvh]),
+                            np.ascontiguousarray(ka[:, kvh]), np.ascontiguousarray(vc[:, kvh]),
+                            np.ascontiguousarray(va[:, kvh]), 23456, 40)
+        assert np.array_equal(got[h], want), h
+
+
+def test_attend_gqa_checks_its_arguments(backend):
+    z8 = np.zeros((4, 2, 16), np.int8)
+    z32 = np.zeros((4, 2), np.int32)
+    with pytest.raises(ValueError, match="chunk"):
+        backend.ops.attend_gqa(np.zeros((2, 16), np.int32), z8, z32, z8, z32, 1, 0, 513)
+    with pytest.raises(ValueError, match="shape"):
+        backend.ops.attend_gqa(np.zeros((3, 16), np.int32), z8, z32, z8, z32, 1, 0, 0)
+
+
 def test_norm_quant16(backend):
     rng = np.random.default_rng(3)
     for n in (72, 1024, 8192):

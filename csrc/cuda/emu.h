@@ -269,6 +269,21 @@ inline T __ldg(const T* p) {
   return *p;
 }
 
+// Atomics and fences: one OS thread runs every fiber and blocks run one after
+// another, so a plain read-modify-write is atomic and every write is visible;
+// the kernels' "last block to arrive" then is the grid's last block.
+inline int atomicAdd(int* p, int v) {
+  const int old = *p;
+  *p = old + v;
+  return old;
+}
+inline unsigned long long atomicAdd(unsigned long long* p, unsigned long long v) {
+  const unsigned long long old = *p;
+  *p = old + v;
+  return old;
+}
+inline void __threadfence() {}
+
 #define INTDET_LAUNCH(kernel, grid, block, smem, stream, ...) \
   ::emu::launch(dim3(grid), dim3(block), (size_t)(smem), [=] { kernel(__VA_ARGS__); })
 
@@ -331,6 +346,10 @@ inline cudaError_t cudaMemcpyAsync(void* d, const void* s, size_t n, cudaMemcpyK
 inline cudaError_t cudaMemset(void* d, int v, size_t n) {
   std::memset(d, v, n);
   return cudaSuccess;
+}
+inline cudaError_t cudaMemsetAsync(void* d, int v, size_t n, cudaStream_t) {
+  if (emu::g_capturing) return cudaErrorInvalidValue;  // engine.cpp zeroes buffers outside captures
+  return cudaMemset(d, v, n);
 }
 inline cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned) {
   static CUstream_emu one;

@@ -98,6 +98,8 @@ struct DevLayer {
 // Attention scratch (int32 per (row, head, position)) is bounded by this many
 // bytes; rows beyond it go to further attention launches.
 constexpr int64_t kScratchBudget = (int64_t)256 << 20;
+// Columns of the chunk maxima: nsplit for the smallest chunk (32 positions).
+int64_t attn_max_splits(int64_t sstride) { return (sstride + 31) / 32; }
 // Rows per pass through the layers (a longer call runs in chunks; causal
 // attention only reads earlier positions, so chunking cannot change a bit).
 constexpr int64_t kMaxChunkRows = 4096;
@@ -114,6 +116,13 @@ struct Workspace {
   Buf<int32_t> branch;  // [rows, H]: o / down output in front of a post-norm (Gemma)
   Buf<int16_t> act;
   Buf<int64_t> o, a;
+  // Attention work buffers (AttnScratch): chunk maxima, shifts, arrival
+  // counters and P.V sums; counters and oacc are zeroed when allocated and
+  // every attention launch leaves them zero.
+  Buf<int64_t> zpart;
+  Buf<int32_t> shifts;
+  Buf<int> counters;
+  Buf<unsigned long long> oacc;
   Buf<int32_t> traced;  // [rows, H]: a normed row or a projection before its residual add (trace only)
   int32_t* tokens() { return meta.p; }
   int32_t* seq() { return meta.p + rows; }
@@ -265,6 +274,8 @@ void lin(DeviceModel& m, const DevLinear& L, int64_t T, int32_t* out, bool resid
 void enqueue_body(DeviceModel& m, int64_t T, int64_t sstride, int64_t rows_per, Tracer* tr) {
   const Config& c = m.cfg;
   Workspace& w = m.ws;
+  const AttnScratch asc{w.scratch.p, sstride, w.zpart.p, w.shifts.p, w.counters.p, w.oacc.p, rows_per,
+                        attn_max_splits(sstride)};
   const cudaStream_t st = m.stream;
   const int H = (int)c.hidden, nh = (int)c.n_heads, nkv = (int)c.n_kv, D = (int)c.head_dim;
   const int64_t F = c.ffn;
@@ -292,8 +303,7 @@ void enqueue_body(DeviceModel& m, int64_t T, int64_t sstride, int64_t rows_per, 
     launch_kv_append(w.kb.p, w.vb.p, (int)T, nkv, D, (int)l, w.seq(), w.pos(), w.kvs.p, st);
     for (int64_t r0 = 0; r0 < T; r0 += rows_per)
       launch_attention(w.qb.p, (int)r0, (int)std::min(rows_per, T - r0), nh, nkv, D, (int)l, w.seq(), w.pos(),
-                       w.kvs.p, L.score_mant, L.score_shift, w.scratch.p, sstride, w.o.p, st, L.window);
-    launch_quant16_i64(w.o.p, (int)T, nh * D, w.act.p, w.act_e.p, st);
+                       w.kvs.p, L.score_mant, L.score_shift, asc, w.o.p, w.act.p, w.act_e.p, st, L.window);
     if (tr) tr->rec(blk + "attn_out", w.o.p, {T, nh * D});
     if (L.post_attn_norm) {  // o-proj (Q16), its RMSNorm, then into the residual
       lin(m, L.o, T, w.branch.p, false);
@@ -384,6 +394,16 @@ void forward_chunk(DeviceModel& m, DeviceState* const* states, int64_t n_states,
   moved |= w.a.grow((size_t)(cap * F));
   moved |= w.logits.grow((size_t)(std::max<int64_t>(group, 1) * V));
   moved |= w.scratch.grow((size_t)(rows_per * nh * sstride));
+  moved |= w.zpart.grow((size_t)(rows_per * nh * attn_max_splits(sstride)));
+  moved |= w.shifts.grow((size_t)(rows_per * nh));
+  if (w.counters.grow((size_t)(rows_per * (nkv + 1)))) {
+    moved = true;
+    ck(cudaMemsetAsync(w.counters.p, 0, w.counters.n * sizeof(int), m.stream), "cudaMemsetAsync");
+  }
+  if (w.oacc.grow((size_t)(rows_per * nh * D))) {
+    moved = true;
+    ck(cudaMemsetAsync(w.oacc.p, 0, w.oacc.n * sizeof(unsigned long long), m.stream), "cudaMemsetAsync");
+  }
   if (moved) m.drop_graphs();
   if (tr) w.traced.grow((size_t)(cap * H));  // no graph reads it
 
@@ -619,15 +639,32 @@ void linear_w4(const int16_t* q, const int32_t* e, int64_t T, int64_t K, const u
   from_dev(out, o, T * N);
 }
 
-void attend(const int32_t* q, int64_t D, const int8_t* kc, const int32_t* ka, const int8_t* vc, const int32_t* va,
-            int64_t n, int64_t score_mant, int64_t score_shift, int64_t* out) {
+void attend(const int32_t* q, int64_t nh, int64_t nkv, int64_t D, const int8_t* kc, const int32_t* ka,
+            const int8_t* vc, const int32_t* va, int64_t n, int64_t score_mant, int64_t score_shift, int chunk,
+            int64_t* out) {
   Keep k;
-  DevKV kv{to_dev(k.p, kc, n * D), to_dev(k.p, vc, n * D), to_dev(k.p, ka, n), to_dev(k.p, va, n), n};
+  DevKV kv{to_dev(k.p, kc, n * nkv * D), to_dev(k.p, vc, n * nkv * D), to_dev(k.p, ka, n * nkv),
+           to_dev(k.p, va, n * nkv), n};
   const int32_t zero = 0, last = (int32_t)(n - 1);
-  int64_t* o = to_dev<int64_t>(k.p, nullptr, D);
-  launch_attention(to_dev(k.p, q, D), 0, 1, 1, 1, (int)D, 0, to_dev(k.p, &zero, 1), to_dev(k.p, &last, 1),
-                   to_dev(k.p, &kv, 1), score_mant, score_shift, to_dev<int32_t>(k.p, nullptr, n), n, o, 0);
-  from_dev(out, o, D);
+  int64_t* o = to_dev<int64_t>(k.p, nullptr, nh * D);
+  AttnScratch sc{to_dev<int32_t>(k.p, nullptr, nh * n), n, to_dev<int64_t>(k.p, nullptr, nh * attn_max_splits(n)),
+                 to_dev<int32_t>(k.p, nullptr, nh), to_dev<int>(k.p, nullptr, nkv + 1),
+                 to_dev<unsigned long long>(k.p, nullptr, nh * D), 1, attn_max_splits(n)};
+  ck(cudaMemset(sc.counters, 0, (size_t)(nkv + 1) * sizeof(int)), "cudaMemset");
+  ck(cudaMemset(sc.oacc, 0, (size_t)(nh * D) * sizeof(unsigned long long)), "cudaMemset");
+  launch_attention(to_dev(k.p, q, nh * D), 0, 1, (int)nh, (int)nkv, (int)D, 0, to_dev(k.p, &zero, 1),
+                   to_dev(k.p, &last, 1), to_dev(k.p, &kv, 1), score_mant, score_shift, sc, o,
+                   to_dev<int16_t>(k.p, nullptr, nh * D), to_dev<int32_t>(k.p, nullptr, 1), 0, 0, chunk);
+  from_dev(out, o, nh * D);
+  // Every launch leaves the counters and P.V sums at zero (graph replays rely on it).
+  std::vector<int> c((size_t)(nkv + 1));
+  std::vector<unsigned long long> a((size_t)(nh * D));
+  from_dev(c.data(), sc.counters, nkv + 1);
+  from_dev(a.data(), sc.oacc, nh * D);
+  for (int v : c)
+    if (v) throw std::logic_error("attention left a counter non-zero");
+  for (unsigned long long v : a)
+    if (v) throw std::logic_error("attention left its P.V sums non-zero");
 }
 
 void norm_quant16(const int32_t* x, const int16_t* g, int64_t R, int64_t n, int64_t eps_q60, int16_t* q, int32_t* e) {

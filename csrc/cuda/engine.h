@@ -64,10 +64,12 @@ void linear(const int16_t* q, const int32_t* e, int64_t T, int64_t K, const int8
 void linear_w4(const int16_t* q, const int32_t* e, int64_t T, int64_t K, const uint8_t* w4, const int16_t* gd,
                const int16_t* gm, const int32_t* mant, const int32_t* shift, const int32_t* bias, int64_t N, int path,
                int32_t* out);
-// One query head (q [D] int32, quantized on the device like the forward pass)
-// over n positions of a one-head cache (kc, vc [n, D]; ka, va [n]); out [D].
-void attend(const int32_t* q, int64_t D, const int8_t* kc, const int32_t* ka, const int8_t* vc, const int32_t* va,
-            int64_t n, int64_t score_mant, int64_t score_shift, int64_t* out);
+// nh query heads (q [nh, D] int32, quantized on the device like the forward
+// pass) over n positions of an nkv-head cache (kc, vc [n, nkv, D]; ka, va
+// [n, nkv]); out [nh, D]. chunk: positions per block (0: the engine's choice).
+void attend(const int32_t* q, int64_t nh, int64_t nkv, int64_t D, const int8_t* kc, const int32_t* ka,
+            const int8_t* vc, const int32_t* va, int64_t n, int64_t score_mant, int64_t score_shift, int chunk,
+            int64_t* out);
 // RMSNorm then quant16 of rows x [R, n] int32: q [R, n], e [R].
 void norm_quant16(const int32_t* x, const int16_t* g, int64_t R, int64_t n, int64_t eps_q60, int16_t* q, int32_t* e);
 void swiglu(const int32_t* g, const int32_t* u, int64_t count, int64_t* a);

@@ -74,13 +74,32 @@ void launch_norm_rope(int32_t* x, int T, int nheads, int D, const int16_t* g, in
 void launch_kv_append(const int32_t* k, const int32_t* v, int T, int nkv, int D, int layer, const int32_t* seq,
                       const int32_t* pos, const DevKV* kvs, cudaStream_t st);
 
+// Per-launch work buffers of the attention (launch_attention). counters and
+// oacc must be zero before the first launch; every launch leaves them zero.
+struct AttnScratch {
+  int32_t* scores;  // [rows * nh, sstride]: score, exp2, p, then the int16 value weight
+  int64_t sstride;  // >= the longest row's positions (pos + 1)
+  int64_t* zpart;  // [rows * nh, max_splits]: each chunk's score max
+  int32_t* shifts;  // [rows * nh]: the value weights' quant16 shift s
+  int* counters;  // [rows * (nkv + 1)]: blocks arrived, per (row, kv head) then per row
+  unsigned long long* oacc;  // [rows * nh * D]: P.V sums (int64 two's complement)
+  int64_t rows;  // row capacity of the buffers
+  int64_t max_splits;  // zpart's columns; nsplit = ceil(sstride / chunk) must fit
+};
+
+// Chunk of positions per block that launch_attention picks (32..512).
+int attn_chunk(int64_t sstride, int nkv, int nrows);
+
 // Attention of rows row0..row0+nrows-1 (queries q [T, nh, D] int32 after
 // RoPE) over their sequence's cache positions 0..pos[t] (window > 0: only
-// the last `window` of them); out [T, nh, D] int64. scratch: int32
-// [nrows * nh, sstride] with sstride >= pos[t] + 1.
+// the last `window` of them): out [T, nh, D] int64 (attn_out), and its
+// quant16 per row into act [T, nh * D] int16, act_e [T]. Split over
+// positions in chunks (chunk 0: attn_chunk's choice); the bits never depend
+// on the split. nrows <= sc.rows.
 void launch_attention(const int32_t* q, int row0, int nrows, int nh, int nkv, int D, int layer, const int32_t* seq,
                       const int32_t* pos, const DevKV* kvs, int64_t score_mant, int64_t score_shift,
-                      int32_t* scratch, int64_t sstride, int64_t* out, cudaStream_t st, int64_t window = 0);
+                      const AttnScratch& sc, int64_t* out, int16_t* act, int32_t* act_e, cudaStream_t st,
+                      int64_t window = 0, int chunk = 0);
 
 // a[i] = swiglu(g[i], u[i]) (Q32 int64) for count elements of int32 Q16 inputs.
 void launch_swiglu(const int32_t* g, const int32_t* u, int64_t count, int64_t* a, cudaStream_t st);

@@ -192,11 +192,30 @@ PYBIND11_MODULE(INTDET_CUDA_MODULE_NAME, mod) {
             va.size() != n || D > 256 || n < 1)
           throw std::invalid_argument("attend: shape mismatch");
         py::array_t<int64_t> out(D);
-        cuda::test::attend(q.data(), D, kc.data(), ka.data(), vc.data(), va.data(), n, score_mant, score_shift,
-                           out.mutable_data());
+        cuda::test::attend(q.data(), 1, 1, D, kc.data(), ka.data(), vc.data(), va.data(), n, score_mant, score_shift,
+                           0, out.mutable_data());
         return out;
       },
       "One int32 query head (quantized to int16 on the device) over n cached positions; int64 [D].");
+  ops.def(
+      "attend_gqa",
+      [](Arr<int32_t> q, Arr<int8_t> kc, Arr<int32_t> ka, Arr<int8_t> vc, Arr<int32_t> va, int64_t score_mant,
+         int64_t score_shift, int chunk) {
+        if (q.ndim() != 2 || kc.ndim() != 3 || vc.ndim() != 3 || ka.ndim() != 2 || va.ndim() != 2)
+          throw std::invalid_argument("attend_gqa: q [nh, D], kc/vc [n, nkv, D], ka/va [n, nkv]");
+        const int64_t nh = q.shape(0), D = q.shape(1), n = kc.shape(0), nkv = kc.shape(1);
+        if (kc.shape(2) != D || vc.shape(0) != n || vc.shape(1) != nkv || vc.shape(2) != D || ka.shape(0) != n ||
+            ka.shape(1) != nkv || va.shape(0) != n || va.shape(1) != nkv || D > 256 || n < 1 || nkv < 1 || nh % nkv)
+          throw std::invalid_argument("attend_gqa: shape mismatch");
+        if (chunk < 0 || chunk > 512) throw std::invalid_argument("attend_gqa: chunk must be in [0, 512]");
+        py::array_t<int64_t> out({nh, D});
+        cuda::test::attend(q.data(), nh, nkv, D, kc.data(), ka.data(), vc.data(), va.data(), n, score_mant,
+                           score_shift, chunk, out.mutable_data());
+        return out;
+      },
+      py::arg("q"), py::arg("kc"), py::arg("ka"), py::arg("vc"), py::arg("va"), py::arg("score_mant"),
+      py::arg("score_shift"), py::arg("chunk") = 0,
+      "nh int32 query heads over an nkv-head cache (GQA), split in chunks of positions; int64 [nh, D].");
   ops.def("norm_quant16", [](Arr<int32_t> x, Arr<int16_t> g, int64_t eps_q60) {
     if (x.ndim() != 2 || g.size() != x.shape(1) || x.shape(1) > 8192) throw std::invalid_argument("norm_quant16: shape");
     const int64_t R = x.shape(0), n = x.shape(1);
