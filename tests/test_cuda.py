@@ -270,6 +270,27 @@ def test_linear_extreme_sums(backend, K):
         assert np.array_equal(backend.ops.linear(q, e, w, mant, shift, None, path), want)
 
 
+@pytest.mark.parametrize("T,K,N", [(1, 1024, 40), (3, 4096, 9), (8, 2064, 13), (1, 8192, 6)])
+def test_linear_gemv_split_k(backend, T, K, N):
+    """The GEMV's split-K (1, 2 or 4 warps per channel, int64 parts through
+    shared memory) and its unrolled 16-byte loads give the exact sums."""
+    rng = np.random.default_rng(T + K + N)
+    q = rng.integers(-32767, 32768, size=(T, K)).astype(np.int16)
+    q[0, : K // 2] = 32767
+    e = rng.integers(0, 24, size=T).astype(np.int32)
+    w = rng.integers(-127, 128, size=(N, K)).astype(np.int8)
+    w[0] = 127
+    mant = rng.integers(0, 2**15 + 1, size=N).astype(np.int32)
+    shift = rng.integers(20, 60, size=N).astype(np.int32)
+    want = C.ops.linear(q, e, w, mant, shift)
+    try:
+        for wlg in (0, 1, 2, -1):
+            backend.ops.set_gemv_split(wlg)
+            assert np.array_equal(backend.ops.linear(q, e, w, mant, shift, None, 1), want), wlg
+    finally:
+        backend.ops.set_gemv_split(-1)
+
+
 def _int4_weights(rng, N, K):
     """Random int4 layer (codes, step, offset) inside the loader's bound
     0 <= gd, |gm| <= 2047, gm + 15 gd <= 2047."""

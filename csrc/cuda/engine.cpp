@@ -697,6 +697,8 @@ void round_div(const int64_t* a, const int64_t* b, int64_t count, int64_t* out) 
   from_dev(out, d, count);
 }
 
+void set_gemv_split(int wlg) { set_gemv_split_override(wlg); }
+
 }  // namespace test
 
 }  // namespace cuda

@@ -75,6 +75,8 @@ void norm_quant16(const int32_t* x, const int16_t* g, int64_t R, int64_t n, int6
 void swiglu(const int32_t* g, const int32_t* u, int64_t count, int64_t* a);
 void geglu(const int32_t* g, const int32_t* u, int64_t count, int64_t* a);
 void round_div(const int64_t* a, const int64_t* b, int64_t count, int64_t* out);
+// Force the GEMV's warps per output channel to 2^wlg (0..2; -1: automatic).
+void set_gemv_split(int wlg);
 }  // namespace test
 
 }  // namespace cuda

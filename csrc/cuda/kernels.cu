@@ -315,36 +315,57 @@ __device__ __forceinline__ int32_t dot16(const int4 a0, const int4 a1, const int
 
 constexpr int kGemvWarps = 4;
 
-// Decode GEMV: one warp per output channel j, rows t0..t0+TT-1 (blockIdx.y).
-// vec: K % 16 == 0, so 16-byte loads of w rows and q rows are aligned.
+// Decode GEMV: each output channel j is served by wpc = 1 << wlg warps of one
+// block (split-K inside the block: warp part p takes 16-byte chunks
+// [p cpw, (p + 1) cpw) of the row), rows t0..t0+TT-1 (blockIdx.y). Each lane
+// issues kGemvUnroll independent 16-byte weight loads before it uses any, so
+// a warp keeps 32 * kGemvUnroll loads in flight. Every dot16 is exact in
+// int32 (16 products < 2^26) and goes straight into an int64 accumulator;
+// the split parts are added in int64 through shared memory, so any split
+// gives the same sum. vec: K % 16 == 0 (aligned 16-byte loads of w and q
+// rows); otherwise scalar loads and wlg = 0.
+constexpr int kGemvUnroll = 4;
+
 template <int TT>
 __global__ void __launch_bounds__(kGemvWarps * 32)
     gemv_kernel(const int16_t* __restrict__ q, const int32_t* __restrict__ e, int T, int K,
                 const int8_t* __restrict__ w, const int32_t* __restrict__ mant, const int32_t* __restrict__ shift,
                 const int32_t* __restrict__ bias, int N, int32_t* __restrict__ out, int64_t ldo, int residual,
-                int vec) {
-  const int lane = threadIdx.x & 31;
-  const int64_t j = (int64_t)blockIdx.x * kGemvWarps + (threadIdx.x >> 5);
-  if (j >= N) return;  // whole warps only; no block barrier below
+                int vec, int wlg, int cpw) {
+  __shared__ int64_t part[kGemvWarps][TT];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int p = warp & ((1 << wlg) - 1);
+  const int64_t j = (int64_t)blockIdx.x * (kGemvWarps >> wlg) + (warp >> wlg);
+  const bool valid = j < N;
   const int t0 = blockIdx.y * TT;
   const int nt = T - t0 < TT ? T - t0 : TT;
-  const int8_t* wj = w + j * K;
+  const int8_t* wj = w + (valid ? j : 0) * K;
   const int16_t* q0 = q + (int64_t)t0 * K;
   int64_t acc[TT];
 #pragma unroll
   for (int tt = 0; tt < TT; ++tt) acc[tt] = 0;
-  if (vec) {
-    for (int k = lane * 16; k < K; k += 32 * 16) {
-      const int4 wv = load16(wj + k);
+  if (valid && vec) {
+    const int C = K >> 4;
+    const int c0 = p * cpw, c1 = c0 + cpw < C ? c0 + cpw : C;
+    for (int c = c0 + lane; c < c1; c += 32 * kGemvUnroll) {
+      int4 wv[kGemvUnroll];
 #pragma unroll
-      for (int tt = 0; tt < TT; ++tt) {
-        if (tt < nt) {
-          const int16_t* ap = q0 + (int64_t)tt * K + k;
-          acc[tt] += dot16(load16(ap), load16(ap + 8), wv);
+      for (int u = 0; u < kGemvUnroll; ++u)
+        wv[u] = c + 32 * u < c1 ? load16(wj + 16 * (int64_t)(c + 32 * u)) : make_int4(0, 0, 0, 0);
+#pragma unroll
+      for (int u = 0; u < kGemvUnroll; ++u) {
+        if (c + 32 * u < c1) {
+#pragma unroll
+          for (int tt = 0; tt < TT; ++tt) {
+            if (tt < nt) {
+              const int16_t* ap = q0 + (int64_t)tt * K + 16 * (c + 32 * u);
+              acc[tt] += dot16(load16(ap), load16(ap + 8), wv[u]);
+            }
+          }
         }
       }
     }
-  } else {
+  } else if (valid) {
     for (int k = lane; k < K; k += 32) {
       const int32_t wk = wj[k];
 #pragma unroll
@@ -352,7 +373,27 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
         if (tt < nt) acc[tt] += (int32_t)q0[(int64_t)tt * K + k] * wk;
     }
   }
-  gemv_store<TT>(acc, lane, nt, t0, j, e, mant, shift, bias, out, ldo, residual);
+#pragma unroll
+  for (int tt = 0; tt < TT; ++tt) acc[tt] = warp_sum(acc[tt]);
+  if (wlg) {  // grid-uniform: add the K parts of each channel in int64
+    if (lane == 0)
+#pragma unroll
+      for (int tt = 0; tt < TT; ++tt) part[warp][tt] = acc[tt];
+    __syncthreads();
+    if (p == 0)
+      for (int q2 = 1; q2 < (1 << wlg); ++q2)
+#pragma unroll
+        for (int tt = 0; tt < TT; ++tt) acc[tt] += part[warp + q2][tt];
+  }
+  if (!valid || p != 0 || lane != 0) return;
+  const int32_t mj = mant[j], sj = shift[j];
+#pragma unroll
+  for (int tt = 0; tt < TT; ++tt) {
+    if (tt < nt) {
+      const int64_t t = t0 + tt;
+      store_out(out + t * ldo + j, linear_epilogue(acc[tt], mj, sj, e[t], bias, j), residual);
+    }
+  }
 }
 
 // Prefill GEMM: 64 rows x 64 channels per block of 256 threads, K in tiles of
@@ -906,6 +947,17 @@ void launch_quant16_i64(const int64_t* x, int R, int n, int16_t* q, int32_t* e, 
   check_launch("quant16_i64");
 }
 
+int g_gemv_split = -1;  // tests: force the split
+void set_gemv_split_override(int wlg) { g_gemv_split = wlg < 0 ? -1 : wlg > 2 ? 2 : wlg; }
+
+int gemv_split_log2(int K, int N) {
+  // Warps per output channel (1, 2 or 4; split-K inside a block): enough
+  // that a lane makes at most two passes of kGemvUnroll loads, and one pass
+  // when N is small (the N = 1024 projections: more warps in flight).
+  const int64_t C = K / 16, per = (N < 4096 ? 32 : 64) * kGemvUnroll;
+  return C > 2 * per ? 2 : C > per ? 1 : 0;
+}
+
 void launch_linear(const int16_t* q, const int32_t* e, int T, int K, const int8_t* w, const int32_t* mant,
                    const int32_t* shift, const int32_t* bias, int N, int32_t* out, int64_t ldo, bool residual,
                    int path, cudaStream_t st) {
@@ -913,18 +965,20 @@ void launch_linear(const int16_t* q, const int32_t* e, int T, int K, const int8_
   const int vec = K % 16 == 0;
   if (path == kLinearAuto) path = T <= kGemvMaxRows ? kLinearGemv : kLinearGemm;
   if (path == kLinearGemv) {
-    const unsigned gx = (unsigned)((N + kGemvWarps - 1) / kGemvWarps);
+    const int wlg = !vec ? 0 : g_gemv_split >= 0 ? g_gemv_split : gemv_split_log2(K, N);
+    const int C = K / 16, cpw = (C + (1 << wlg) - 1) >> wlg;
+    const unsigned gx = (unsigned)((N + (kGemvWarps >> wlg) - 1) / (kGemvWarps >> wlg));
     const int threads = kGemvWarps * 32;
     if (T == 1) {
-      INTDET_LAUNCH(gemv_kernel<1>, dim3(gx, 1), threads, 0, st, q, e, T, K, w, mant, shift, bias, N, out, ldo, residual, vec);
+      INTDET_LAUNCH(gemv_kernel<1>, dim3(gx, 1), threads, 0, st, q, e, T, K, w, mant, shift, bias, N, out, ldo, residual, vec, wlg, cpw);
     } else if (T <= 2) {
-      INTDET_LAUNCH(gemv_kernel<2>, dim3(gx, 1), threads, 0, st, q, e, T, K, w, mant, shift, bias, N, out, ldo, residual, vec);
+      INTDET_LAUNCH(gemv_kernel<2>, dim3(gx, 1), threads, 0, st, q, e, T, K, w, mant, shift, bias, N, out, ldo, residual, vec, wlg, cpw);
     } else if (T <= 4) {
-      INTDET_LAUNCH(gemv_kernel<4>, dim3(gx, 1), threads, 0, st, q, e, T, K, w, mant, shift, bias, N, out, ldo, residual, vec);
+      INTDET_LAUNCH(gemv_kernel<4>, dim3(gx, 1), threads, 0, st, q, e, T, K, w, mant, shift, bias, N, out, ldo, residual, vec, wlg, cpw);
     } else {
       const unsigned gy = (unsigned)((T + 7) / 8);
       if (gy > 65535) throw std::invalid_argument("linear (GEMV): too many rows");
-      INTDET_LAUNCH(gemv_kernel<8>, dim3(gx, gy), threads, 0, st, q, e, T, K, w, mant, shift, bias, N, out, ldo, residual, vec);
+      INTDET_LAUNCH(gemv_kernel<8>, dim3(gx, gy), threads, 0, st, q, e, T, K, w, mant, shift, bias, N, out, ldo, residual, vec, wlg, cpw);
     }
   } else {
     const unsigned gy = (unsigned)((T + kTileM - 1) / kTileM);

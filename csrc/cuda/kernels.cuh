@@ -58,6 +58,12 @@ void launch_linear(const int16_t* q, const int32_t* e, int T, int K, const int8_
                    const int32_t* shift, const int32_t* bias, int N, int32_t* out, int64_t ldo, bool residual,
                    int path, cudaStream_t st);
 
+// log2 of the warps per output channel the GEMV uses for these sizes (0..2;
+// K % 16 == 0); the sum, and so every bit, is the same for any split.
+int gemv_split_log2(int K, int N);
+// Force the GEMV's split (-1: gemv_split_log2's choice); tests only.
+void set_gemv_split_override(int wlg);
+
 // The same with int4 weights (docs/format.md): codes w4 [N, K/2] uint8, group
 // step gd and offset gm [N, K/32] int16, w = gd * u + gm; K % 32 == 0.
 void launch_linear_w4(const int16_t* q, const int32_t* e, int T, int K, const uint8_t* w4, const int16_t* gd,

@@ -216,6 +216,8 @@ PYBIND11_MODULE(INTDET_CUDA_MODULE_NAME, mod) {
       py::arg("q"), py::arg("kc"), py::arg("ka"), py::arg("vc"), py::arg("va"), py::arg("score_mant"),
       py::arg("score_shift"), py::arg("chunk") = 0,
       "nh int32 query heads over an nkv-head cache (GQA), split in chunks of positions; int64 [nh, D].");
+  ops.def("set_gemv_split", &cuda::test::set_gemv_split, py::arg("wlg"),
+          "Force the GEMV's warps per channel to 2**wlg (0..2; -1: the launcher's choice). Tests only.");
   ops.def("norm_quant16", [](Arr<int32_t> x, Arr<int16_t> g, int64_t eps_q60) {
     if (x.ndim() != 2 || g.size() != x.shape(1) || x.shape(1) > 8192) throw std::invalid_argument("norm_quant16: shape");
     const int64_t R = x.shape(0), n = x.shape(1);
