@@ -562,6 +562,53 @@ def test_model_matches_cpu(backend, converted, name, graphs):
     _compare_model(backend, converted[name], graphs, [5, 17, 99, 230, 41, 7, 300, 1, 2], steps)
 
 
+# Kernel launches per decode token (one row, no graph): embedding, final norm
+# and lm_head, layer 0's attn_norm, plus per layer: q+k+v (one GEMV), q/k
+# norm + RoPE + KV append, attention (scores, P.V), o-proj with the ffn_norm
+# after it (the GEMV's last block), gate+up with SwiGLU, quant16, down-proj
+# with the next layer's attn_norm (the last layer's goes to the final norm).
+# Before: 16 per layer (norm, q, k, v, norm_rope x2, kv_append, attention,
+# quant16, o, norm, gate, up, swiglu, quant16, down) + 3, so 451 for
+# Qwen3-0.6B's 28 layers; now 8 per layer + 4, 228.
+def decode_launches(n_layers):
+    return 8 * n_layers + 4
+
+
+@pytest.mark.parametrize("name", ["qwen3", "wide", "llama"])
+def test_launches_per_decode_token(backend, converted, name, capsys):
+    lm = converted[name]
+    m = backend.Model(lm.cfg, lm.tensors, False)
+    s = backend.State(m, 32)
+    backend.forward(m, s, np.array([5, 6, 7], np.int32), 0, False)
+    n0 = backend.launch_count()
+    backend.forward(m, s, np.array([8], np.int32), 3, False)
+    n = backend.launch_count() - n0
+    L = lm.cfg["num_layers"]
+    with capsys.disabled():
+        print(f"\n{name}: {n} kernel launches per decode token ({L} layers; "
+              f"Qwen3-0.6B, 28 layers: {decode_launches(28)}, was {28 * 16 + 3})")
+    assert n == decode_launches(L)
+
+
+def test_profile_steps(backend, converted):
+    """forward with cudaEvent marks (the device check's per-kernel table): the
+    same logits as forward, every step of every layer named in order, and the
+    launches of the steps add up to the decode token's launches."""
+    lm = converted["qwen3"]
+    m = backend.Model(lm.cfg, lm.tensors, False)
+    s, s2 = backend.State(m, 32), backend.State(m, 32)
+    backend.forward(m, s, np.array([5, 6, 7], np.int32), 0, False)
+    backend.forward(m, s2, np.array([5, 6, 7], np.int32), 0, False)
+    logits, steps = backend.profile(m, s, np.array([8], np.int32), 3)
+    assert np.array_equal(logits, backend.forward(m, s2, np.array([8], np.int32), 3, False))
+    layer = ["attn_norm", "qkv", "rope_append", "attention", "o_proj", "ffn_norm", "gate_up_glu", "quant16_ffn",
+             "down_proj"]
+    assert [p[0] for p in steps] == ["embed"] + layer * lm.cfg["num_layers"] + ["out_norm", "lm_head"]
+    assert sum(p[3] for p in steps) == decode_launches(lm.cfg["num_layers"])
+    assert all(p[1] >= 0 and p[2] >= 0 for p in steps)
+    assert steps[1][2] == 4 * lm.cfg["hidden_size"] and steps[4][2] == 4 * lm.cfg["num_kv_heads"] * (2 * lm.cfg["head_dim"] + 8)
+
+
 @pytest.mark.parametrize("graphs", [False, True])
 def test_int4_model_matches_cpu(backend, converted_int4, graphs):
     """Int4 weights: prefill (GEMM for > 32 rows), decode, chunks and batches

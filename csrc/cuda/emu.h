@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <chrono>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -345,6 +346,28 @@ inline cudaError_t cudaMemcpyAsync(void* d, const void* s, size_t n, cudaMemcpyK
 }
 inline cudaError_t cudaMemset(void* d, int v, size_t n) {
   std::memset(d, v, n);
+  return cudaSuccess;
+}
+// Events: the emulated stream is synchronous, so recording stamps the host clock.
+struct CUevent_emu {
+  std::chrono::steady_clock::time_point t;
+};
+using cudaEvent_t = CUevent_emu*;
+inline cudaError_t cudaEventCreate(cudaEvent_t* e) {
+  *e = new CUevent_emu();
+  return cudaSuccess;
+}
+inline cudaError_t cudaEventDestroy(cudaEvent_t e) {
+  delete e;
+  return cudaSuccess;
+}
+inline cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t) {
+  e->t = std::chrono::steady_clock::now();
+  return cudaSuccess;
+}
+inline cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
+inline cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t a, cudaEvent_t b) {
+  *ms = std::chrono::duration<float, std::milli>(b->t - a->t).count();
   return cudaSuccess;
 }
 inline cudaError_t cudaMemsetAsync(void* d, int v, size_t n, cudaStream_t) {

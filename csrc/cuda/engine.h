@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "intdet/model.h"
 #include "intdet/trace.h"
@@ -54,6 +55,25 @@ void forward_rows(DeviceModel& m, DeviceState* const* states, int64_t n_states, 
 // graph. forward_rows itself records nothing and never waits mid-call.
 void forward_rows_traced(DeviceModel& m, DeviceState* const* states, int64_t n_states, const Row* rows, int64_t T,
                          int32_t* logits, Trace& trace);
+
+// One step of a profiled call: its name (embed, attn_norm, qkv, rope_append,
+// attention, o_proj, ffn_norm, gate_up_glu, quant16_ffn, down_proj, per
+// layer; out_norm, lm_head), its cudaEvent time in nanoseconds, the bytes it
+// must read at least (weights; K and V for attention) and its launches.
+struct ProfStep {
+  std::string name;
+  int64_t ns;
+  int64_t bytes;
+  int64_t launches;
+};
+// forward_rows (never from a graph) with a cudaEvent after every step;
+// at most 4096 rows (one chunk).
+std::vector<ProfStep> forward_rows_profiled(DeviceModel& m, DeviceState* const* states, int64_t n_states,
+                                            const Row* rows, int64_t T, int32_t* logits);
+
+// Kernel launches enqueued by this process so far (kernels.cu; a graph
+// replay adds none): the launches-per-token test and script.
+int64_t launch_count();
 
 // Op-level entry points for the tests (host arrays in, host arrays out).
 namespace test {

@@ -29,7 +29,10 @@ namespace {
 constexpr int64_t kI64Min = -9223372036854775807LL - 1;
 constexpr unsigned kFull = 0xffffffffu;
 
+int64_t g_launches = 0;  // kernel launches enqueued (launch_count)
+
 void check_launch(const char* what) {
+  ++g_launches;
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) throw std::runtime_error(std::string("CUDA kernel ") + what + ": " + cudaGetErrorString(err));
 }
@@ -69,6 +72,34 @@ __device__ __forceinline__ int64_t block_max(int64_t v, int64_t identity, int64_
   return block_reduce<true>(v, identity, red);
 }
 __device__ __forceinline__ int64_t block_sum(int64_t v, int64_t* red) { return block_reduce<false>(v, 0, red); }
+
+// Reads a value another block wrote in this kernel (L2, not a stale L1 line).
+template <class T>
+__device__ __forceinline__ T load_cg(const T* p) {
+#if defined(INTDET_CUDA_EMU)
+  return *p;
+#else
+  return __ldcg(p);
+#endif
+}
+
+// The threadFenceReduction pattern: every block calls it after its global
+// writes; it returns true (to the whole block) in the one block that arrives
+// last at counter (whose count of blocks is `total`), which then sees all the
+// other blocks' writes. That block resets the counter for the next launch.
+__device__ bool last_block_arrives(int* counter, int total, int* flag) {
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const int old = atomicAdd(counter, 1);
+    *flag = old == total - 1;
+    if (*flag) *counter = 0;
+  }
+  __syncthreads();
+  const bool last = *flag;
+  if (last) __threadfence();
+  return last;
+}
 
 // ---------------------------------------------------------------- embedding
 
@@ -177,6 +208,26 @@ __global__ void __launch_bounds__(kNormThreads)
 constexpr int kHeadThreads = 128;
 constexpr int kMaxHeadDim = 256;
 
+// Per-head RMSNorm (g not null: Qwen3's q/k norm) then split-half RoPE at
+// position p, in place on row [D], by the block. y, red: shared scratch.
+__device__ void norm_rope_head(int32_t* row, int D, const int16_t* g, int64_t eps_q60, int64_t p,
+                               const int16_t* cos, const int16_t* sin, int32_t* y, int64_t* red) {
+  if (g) {
+    norm_row(row, g, D, eps_q60, 16, y, red);
+  } else {
+    for (int i = threadIdx.x; i < D; i += blockDim.x) y[i] = row[i];
+    __syncthreads();
+  }
+  const int half = D >> 1;
+  const int16_t* c = cos + p * half;
+  const int16_t* s = sin + p * half;
+  for (int i = threadIdx.x; i < half; i += blockDim.x) {
+    const int64_t x1 = y[i], x2 = y[i + half];
+    row[i] = (int32_t)sat32(round_shift(x1 * c[i] - x2 * s[i], kRopeFrac));
+    row[i + half] = (int32_t)sat32(round_shift(x2 * c[i] + x1 * s[i], kRopeFrac));
+  }
+}
+
 // grid (T, nheads): one block per (row, head) of x [T, nheads, D], in place.
 __global__ void __launch_bounds__(kHeadThreads)
     norm_rope_kernel(int32_t* __restrict__ x, int nheads, int D, const int16_t* __restrict__ g, int64_t eps_q60,
@@ -185,21 +236,7 @@ __global__ void __launch_bounds__(kHeadThreads)
   __shared__ int32_t y[kMaxHeadDim];
   __shared__ int64_t red[33];
   const int64_t t = blockIdx.x;
-  int32_t* row = x + (t * nheads + blockIdx.y) * D;
-  if (g) {
-    norm_row(row, g, D, eps_q60, 16, y, red);
-  } else {
-    for (int i = threadIdx.x; i < D; i += blockDim.x) y[i] = row[i];
-    __syncthreads();
-  }
-  const int half = D >> 1;
-  const int16_t* c = cos + (int64_t)pos[t] * half;
-  const int16_t* s = sin + (int64_t)pos[t] * half;
-  for (int i = threadIdx.x; i < half; i += blockDim.x) {
-    const int64_t x1 = y[i], x2 = y[i + half];
-    row[i] = (int32_t)sat32(round_shift(x1 * c[i] - x2 * s[i], kRopeFrac));
-    row[i + half] = (int32_t)sat32(round_shift(x2 * c[i] + x1 * s[i], kRopeFrac));
-  }
+  norm_rope_head(x + (t * nheads + blockIdx.y) * D, D, g, eps_q60, pos[t], cos, sin, y, red);
 }
 
 // ---------------------------------------------------------------- KV cache append
@@ -234,28 +271,26 @@ __global__ void __launch_bounds__(kHeadThreads)
 
 // ---------------------------------------------------------------- SwiGLU
 
+// swiglu_row / geglu_row for one element (Q16 gate and up, Q32 int64 out).
+__device__ __forceinline__ int64_t glu_one(int64_t g, int64_t u, bool gelu) {
+  const int64_t w = gelu ? gelu_exp2_arg(g) : round_shift(iabs(g) * kLog2eQ30, 30);  // |y| log2(e), Q16
+  const int64_t d = exp2_neg_q30(w);  // exp(-|y|), Q30
+  const int64_t den = ((int64_t)1 << 30) + d;
+  const int64_t sig = g >= 0 ? round_div((int64_t)1 << 60, den) : round_div(d << 30, den);  // sign(y) = sign(g)
+  return round_shift(g * sig, 30) * u;
+}
+
 __global__ void swiglu_kernel(const int32_t* __restrict__ gate, const int32_t* __restrict__ up, int64_t count,
                               int64_t* __restrict__ a) {
-  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < count; i += (int64_t)gridDim.x * blockDim.x) {
-    const int64_t g = gate[i];
-    const int64_t w = round_shift(iabs(g) * kLog2eQ30, 30);  // |g| * log2(e), Q16
-    const int64_t d = exp2_neg_q30(w);                      // exp(-|g|), Q30
-    const int64_t den = ((int64_t)1 << 30) + d;
-    const int64_t sig = g >= 0 ? round_div((int64_t)1 << 60, den) : round_div(d << 30, den);
-    a[i] = round_shift(g * sig, 30) * (int64_t)up[i];
-  }
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < count; i += (int64_t)gridDim.x * blockDim.x)
+    a[i] = glu_one(gate[i], up[i], false);
 }
 
 // GeGLU: geglu_row's steps per element (gelu_exp2_arg in ops.h, shared with the CPU).
 __global__ void geglu_kernel(const int32_t* __restrict__ gate, const int32_t* __restrict__ up, int64_t count,
                              int64_t* __restrict__ a) {
-  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < count; i += (int64_t)gridDim.x * blockDim.x) {
-    const int64_t g = gate[i];
-    const int64_t d = exp2_neg_q30(gelu_exp2_arg(g));  // exp(-|y|), Q30
-    const int64_t den = ((int64_t)1 << 30) + d;
-    const int64_t sig = g >= 0 ? round_div((int64_t)1 << 60, den) : round_div(d << 30, den);
-    a[i] = round_shift(g * sig, 30) * (int64_t)up[i];
-  }
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < count; i += (int64_t)gridDim.x * blockDim.x)
+    a[i] = glu_one(gate[i], up[i], true);
 }
 
 __global__ void round_div_kernel(const int64_t* a, const int64_t* b, int64_t count, int64_t* out) {
@@ -326,20 +361,42 @@ constexpr int kGemvWarps = 4;
 // rows); otherwise scalar loads and wlg = 0.
 constexpr int kGemvUnroll = 4;
 
+// The fields of segment si of a GemvSegs (no dynamic index into the kernel
+// parameters: that would copy them to local memory).
+__device__ __forceinline__ GemvSeg seg_at(const GemvSegs& s, int si) {
+  return si == 0 ? s.s[0] : si == 1 ? s.s[1] : s.s[2];
+}
+
+// Several linear layers on the same input in one launch (segments: q, k, v;
+// or gate and up): blocks 0..s[0].blocks-1 serve segment 0, and so on. In
+// GLU mode (two segments of the same N: gate and up) every block serves the
+// same channels of both, warps (slots) alternating gate / up, and the gate's
+// lane applies SwiGLU or GeGLU to the pair: glu_out[t, j] (Q32 int64).
 template <int TT>
 __global__ void __launch_bounds__(kGemvWarps * 32)
-    gemv_kernel(const int16_t* __restrict__ q, const int32_t* __restrict__ e, int T, int K,
-                const int8_t* __restrict__ w, const int32_t* __restrict__ mant, const int32_t* __restrict__ shift,
-                const int32_t* __restrict__ bias, int N, int32_t* __restrict__ out, int64_t ldo, int residual,
-                int vec, int wlg, int cpw) {
+    gemv_kernel(const int16_t* __restrict__ q, const int32_t* __restrict__ e, int T, int K, const GemvSegs segs,
+                int residual, int vec, int wlg, int cpw, const NormAfter na) {
   __shared__ int64_t part[kGemvWarps][TT];
+  __shared__ int32_t gluv[kGemvWarps][TT];
+  __shared__ int64_t red[33];
+  __shared__ int flag;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int p = warp & ((1 << wlg) - 1);
-  const int64_t j = (int64_t)blockIdx.x * (kGemvWarps >> wlg) + (warp >> wlg);
+  const int p = warp & ((1 << wlg) - 1), slot = warp >> wlg, nslot = kGemvWarps >> wlg;
+  int si = 0, b = blockIdx.x;
+  int64_t j;
+  if (segs.glu) {
+    si = slot & 1;
+    j = (int64_t)b * (nslot >> 1) + (slot >> 1);
+  } else {
+    while (si + 1 < segs.n && b >= seg_at(segs, si).blocks) b -= seg_at(segs, si++).blocks;  // block-uniform
+    j = (int64_t)b * nslot + slot;
+  }
+  const GemvSeg S = seg_at(segs, si);
+  const int N = S.N;
   const bool valid = j < N;
   const int t0 = blockIdx.y * TT;
   const int nt = T - t0 < TT ? T - t0 : TT;
-  const int8_t* wj = w + (valid ? j : 0) * K;
+  const int8_t* wj = S.w + (valid ? j : 0) * K;
   const int16_t* q0 = q + (int64_t)t0 * K;
   int64_t acc[TT];
 #pragma unroll
@@ -385,14 +442,44 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
 #pragma unroll
         for (int tt = 0; tt < TT; ++tt) acc[tt] += part[warp + q2][tt];
   }
-  if (!valid || p != 0 || lane != 0) return;
-  const int32_t mj = mant[j], sj = shift[j];
+  const bool head = valid && p == 0 && lane == 0;  // the lane that owns channel j's result
+  if (head) {
+    const int32_t mj = S.mant[j], sj = S.shift[j];
 #pragma unroll
-  for (int tt = 0; tt < TT; ++tt) {
-    if (tt < nt) {
-      const int64_t t = t0 + tt;
-      store_out(out + t * ldo + j, linear_epilogue(acc[tt], mj, sj, e[t], bias, j), residual);
+    for (int tt = 0; tt < TT; ++tt) {
+      if (tt < nt) {
+        const int64_t t = t0 + tt;
+        const int64_t v = linear_epilogue(acc[tt], mj, sj, e[t], S.bias, j);
+        store_out(S.out + t * S.ldo + j, v, residual);
+        gluv[warp][tt] = (int32_t)v;
+      }
     }
+  }
+  if (na.counter) {  // grid-uniform: the next RMSNorm + quant16 of the rows just written, by the last block
+    if (!last_block_arrives(na.counter + blockIdx.y, gridDim.x, &flag)) return;
+    INTDET_DYN_SMEM(int32_t, y_s);
+    for (int tt = 0; tt < nt; ++tt) {
+      const int64_t t = t0 + tt;
+      const int32_t* xr = S.out + t * S.ldo;  // the residual row (other blocks wrote it: read from L2)
+      for (int i = threadIdx.x; i < na.n; i += blockDim.x) y_s[i] = load_cg(xr + i);
+      __syncthreads();
+      norm_row(y_s, na.g, na.n, na.eps_q60, na.in_frac, y_s, red);  // in place: each thread reads x[i], then writes y[i]
+      if (na.normed)
+        for (int i = threadIdx.x; i < na.n; i += blockDim.x) na.normed[t * na.n + i] = y_s[i];
+      const int ex = quant16_block(y_s, na.n, na.q + t * na.n, red);
+      if (threadIdx.x == 0) na.e[t] = ex;
+      __syncthreads();  // y_s and red are reused by the next row
+    }
+    return;
+  }
+  if (!segs.glu) return;  // grid-uniform
+  __syncthreads();
+  if (head && si == 0) {  // the gate's slot; the up slot of the same channel is the next one
+#pragma unroll
+    for (int tt = 0; tt < TT; ++tt)
+      if (tt < nt)
+        segs.glu_out[(t0 + tt) * segs.glu_ldo + j] =
+            glu_one(gluv[warp][tt], gluv[warp + (1 << wlg)][tt], segs.glu == 2);
   }
 }
 
@@ -640,6 +727,40 @@ __global__ void __launch_bounds__(256)
   }
 }
 
+// grid (T, nh + 2 nkv): the q/k norm + RoPE of every q and k head and the KV
+// append in one launch. Blocks y < nh: q head y in place; nh <= y < nh + nkv:
+// k head y - nh in place, then quant8 into the cache; the rest: v heads'
+// quant8 into the cache. The same per-head steps as norm_rope_kernel and
+// kv_append_kernel (the k row is quantized after its RoPE, as there).
+__global__ void __launch_bounds__(kHeadThreads)
+    rope_append_kernel(int32_t* __restrict__ qb, int32_t* __restrict__ kb, const int32_t* __restrict__ vb, int nh,
+                       int nkv, int D, const int16_t* __restrict__ q_norm, const int16_t* __restrict__ k_norm,
+                       int64_t eps_q60, const int32_t* __restrict__ pos, const int16_t* __restrict__ cos,
+                       const int16_t* __restrict__ sin, int layer, const int32_t* __restrict__ seq,
+                       const DevKV* __restrict__ kvs) {
+  __shared__ int32_t y[kMaxHeadDim];
+  __shared__ int64_t red[33];
+  const int64_t t = blockIdx.x;
+  const int hy = blockIdx.y;
+  if (hy < nh) {
+    norm_rope_head(qb + (t * nh + hy) * D, D, q_norm, eps_q60, pos[t], cos, sin, y, red);
+    return;
+  }
+  const DevKV kv = kvs[seq[t]];
+  const int h = hy < nh + nkv ? hy - nh : hy - nh - nkv;
+  const int64_t base = ((int64_t)layer * kv.max_len + pos[t]) * nkv + h;  // [L, P, nkv] index
+  const int64_t src = (t * nkv + h) * D;
+  if (hy < nh + nkv) {
+    norm_rope_head(kb + src, D, k_norm, eps_q60, pos[t], cos, sin, y, red);
+    __syncthreads();  // the rotated row, written by other threads, is quant8's input
+    const int32_t a = quant8_block(kb + src, D, kv.k + base * D, red);
+    if (threadIdx.x == 0) kv.ka[base] = a;
+  } else {
+    const int32_t a = quant8_block(vb + src, D, kv.v + base * D, red);
+    if (threadIdx.x == 0) kv.va[base] = a;
+  }
+}
+
 // ---------------------------------------------------------------- attention (flash-decoding)
 //
 // attend_head's steps, split over positions: the positions lo..pos of a row
@@ -674,34 +795,6 @@ __global__ void __launch_bounds__(256)
 constexpr int kAttnThreads = 128;
 constexpr int kMaxGroupDim = 4096;  // grp * D: the group's int16 queries in shared memory
 constexpr int kMaxGroup = 16;
-
-// Reads a value another block wrote in this kernel (L2, not a stale L1 line).
-template <class T>
-__device__ __forceinline__ T load_cg(const T* p) {
-#if defined(INTDET_CUDA_EMU)
-  return *p;
-#else
-  return __ldcg(p);
-#endif
-}
-
-// The threadFenceReduction pattern: every block calls it after its global
-// writes; it returns true (to the whole block) in the one block that arrives
-// last at counter (whose count of blocks is `total`), which then sees all the
-// other blocks' writes. That block resets the counter for the next launch.
-__device__ bool last_block_arrives(int* counter, int total, int* flag) {
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    const int old = atomicAdd(counter, 1);
-    *flag = old == total - 1;
-    if (*flag) *counter = 0;
-  }
-  __syncthreads();
-  const bool last = *flag;
-  if (last) __threadfence();
-  return last;
-}
 
 // Positions of a row: lo..lo+n-1 (lo > 0 only in a sliding window).
 __device__ __forceinline__ void attn_range(int64_t p, int64_t window, int64_t* lo, int64_t* n) {
@@ -926,6 +1019,8 @@ void launch_embed(const int32_t* tokens, const int8_t* emb, const int32_t* mant,
   check_launch("embed");
 }
 
+int64_t launch_count() { return g_launches; }
+
 void launch_norm_quant16(const int32_t* x, const int32_t* idx, const int16_t* g, int R, int n, int64_t eps_q60,
                          int in_frac, int16_t* q, int32_t* e, cudaStream_t st, int32_t* normed) {
   if (R <= 0) return;
@@ -958,6 +1053,44 @@ int gemv_split_log2(int K, int N) {
   return C > 2 * per ? 2 : C > per ? 1 : 0;
 }
 
+void launch_gemv(const int16_t* q, const int32_t* e, int T, int K, GemvSegs segs, bool residual, cudaStream_t st,
+                 const NormAfter& na) {
+  if (T <= 0 || segs.n <= 0) return;
+  if (na.counter && (segs.n != 1 || segs.glu || T > kNormFoldRows || segs.s[0].N != na.n || segs.s[0].ldo != na.n))
+    throw std::invalid_argument("linear (GEMV): a folded norm needs one segment of N = n and at most 2 rows");
+  const size_t smem = na.counter ? (size_t)na.n * sizeof(int32_t) : 0;
+  if (segs.n > 3 || (segs.glu && (segs.n != 2 || segs.s[0].N != segs.s[1].N)))
+    throw std::invalid_argument("linear (GEMV): bad segments");
+  const int vec = K % 16 == 0;
+  int maxN = 0;
+  for (int i = 0; i < segs.n; ++i) maxN = std::max(maxN, segs.s[i].N);
+  int wlg = !vec ? 0 : g_gemv_split >= 0 ? g_gemv_split : gemv_split_log2(K, maxN);
+  if (segs.glu && wlg > 1) wlg = 1;  // two slots (gate, up) per block at least
+  const int C = K / 16, cpw = (C + (1 << wlg) - 1) >> wlg;
+  const int nslot = kGemvWarps >> wlg;
+  int64_t gx = 0;
+  for (int i = 0; i < segs.n; ++i) {
+    const int per = segs.glu ? nslot / 2 : nslot;
+    segs.s[i].blocks = (segs.s[i].N + per - 1) / per;
+    gx += segs.s[i].blocks;
+  }
+  if (segs.glu) gx = segs.s[0].blocks;
+  if (gx > 0x7fffffff) throw std::invalid_argument("linear (GEMV): too many channels");
+  const int threads = kGemvWarps * 32;
+  if (T == 1) {
+    INTDET_LAUNCH(gemv_kernel<1>, dim3((unsigned)gx, 1), threads, smem, st, q, e, T, K, segs, residual, vec, wlg, cpw, na);
+  } else if (T <= 2) {
+    INTDET_LAUNCH(gemv_kernel<2>, dim3((unsigned)gx, 1), threads, smem, st, q, e, T, K, segs, residual, vec, wlg, cpw, na);
+  } else if (T <= 4) {
+    INTDET_LAUNCH(gemv_kernel<4>, dim3((unsigned)gx, 1), threads, smem, st, q, e, T, K, segs, residual, vec, wlg, cpw, na);
+  } else {
+    const unsigned gy = (unsigned)((T + 7) / 8);
+    if (gy > 65535) throw std::invalid_argument("linear (GEMV): too many rows");
+    INTDET_LAUNCH(gemv_kernel<8>, dim3((unsigned)gx, gy), threads, smem, st, q, e, T, K, segs, residual, vec, wlg, cpw, na);
+  }
+  check_launch("linear (GEMV)");
+}
+
 void launch_linear(const int16_t* q, const int32_t* e, int T, int K, const int8_t* w, const int32_t* mant,
                    const int32_t* shift, const int32_t* bias, int N, int32_t* out, int64_t ldo, bool residual,
                    int path, cudaStream_t st) {
@@ -965,21 +1098,11 @@ void launch_linear(const int16_t* q, const int32_t* e, int T, int K, const int8_
   const int vec = K % 16 == 0;
   if (path == kLinearAuto) path = T <= kGemvMaxRows ? kLinearGemv : kLinearGemm;
   if (path == kLinearGemv) {
-    const int wlg = !vec ? 0 : g_gemv_split >= 0 ? g_gemv_split : gemv_split_log2(K, N);
-    const int C = K / 16, cpw = (C + (1 << wlg) - 1) >> wlg;
-    const unsigned gx = (unsigned)((N + (kGemvWarps >> wlg) - 1) / (kGemvWarps >> wlg));
-    const int threads = kGemvWarps * 32;
-    if (T == 1) {
-      INTDET_LAUNCH(gemv_kernel<1>, dim3(gx, 1), threads, 0, st, q, e, T, K, w, mant, shift, bias, N, out, ldo, residual, vec, wlg, cpw);
-    } else if (T <= 2) {
-      INTDET_LAUNCH(gemv_kernel<2>, dim3(gx, 1), threads, 0, st, q, e, T, K, w, mant, shift, bias, N, out, ldo, residual, vec, wlg, cpw);
-    } else if (T <= 4) {
-      INTDET_LAUNCH(gemv_kernel<4>, dim3(gx, 1), threads, 0, st, q, e, T, K, w, mant, shift, bias, N, out, ldo, residual, vec, wlg, cpw);
-    } else {
-      const unsigned gy = (unsigned)((T + 7) / 8);
-      if (gy > 65535) throw std::invalid_argument("linear (GEMV): too many rows");
-      INTDET_LAUNCH(gemv_kernel<8>, dim3(gx, gy), threads, 0, st, q, e, T, K, w, mant, shift, bias, N, out, ldo, residual, vec, wlg, cpw);
-    }
+    GemvSegs segs{};
+    segs.s[0] = GemvSeg{w, mant, shift, bias, out, ldo, N, 0};
+    segs.n = 1;
+    launch_gemv(q, e, T, K, segs, residual, st, NormAfter{});
+    return;
   } else {
     const unsigned gy = (unsigned)((T + kTileM - 1) / kTileM);
     if (gy > 65535) throw std::invalid_argument("linear (GEMM): too many rows");
@@ -1024,6 +1147,17 @@ void launch_norm_rope(int32_t* x, int T, int nheads, int D, const int16_t* g, in
   if (D > kMaxHeadDim || nheads > 65535) throw std::invalid_argument("norm_rope: head_dim > 256 or too many heads");
   INTDET_LAUNCH(norm_rope_kernel, dim3(T, nheads), kHeadThreads, 0, st, x, nheads, D, g, eps_q60, pos, cos, sin);
   check_launch("norm_rope");
+}
+
+void launch_rope_append(int32_t* q, int32_t* k, const int32_t* v, int T, int nh, int nkv, int D,
+                        const int16_t* q_norm, const int16_t* k_norm, int64_t eps_q60, const int32_t* pos,
+                        const int16_t* cos, const int16_t* sin, int layer, const int32_t* seq, const DevKV* kvs,
+                        cudaStream_t st) {
+  if (T <= 0) return;
+  if (D > kMaxHeadDim || nh + 2 * nkv > 65535) throw std::invalid_argument("rope_append: head_dim > 256 or too many heads");
+  INTDET_LAUNCH(rope_append_kernel, dim3(T, nh + 2 * nkv), kHeadThreads, 0, st, q, k, v, nh, nkv, D, q_norm, k_norm,
+                eps_q60, pos, cos, sin, layer, seq, kvs);
+  check_launch("rope_append");
 }
 
 void launch_kv_append(const int32_t* k, const int32_t* v, int T, int nkv, int D, int layer, const int32_t* seq,

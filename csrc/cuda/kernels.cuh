@@ -64,6 +64,50 @@ int gemv_split_log2(int K, int N);
 // Force the GEMV's split (-1: gemv_split_log2's choice); tests only.
 void set_gemv_split_override(int wlg);
 
+// One GEMV launch (T <= kGemvMaxRows rows; int8 weights [N, K]) for up to
+// three linear layers on the same input q [T, K] (segments: q, k and v), or
+// in GLU mode (glu = 1 SwiGLU, 2 GeGLU; segments gate and up of the same N)
+// gate and up together with glu_out[t * glu_ldo + j] = swiglu / geglu of the
+// pair (Q32 int64), gate and up also stored. Each segment's out is what
+// launch_linear would store; blocks is set by the launcher.
+struct GemvSeg {
+  const int8_t* w;
+  const int32_t* mant;
+  const int32_t* shift;
+  const int32_t* bias;
+  int32_t* out;
+  int64_t ldo;
+  int N;
+  int blocks;
+};
+struct GemvSegs {
+  GemvSeg s[3];
+  int n;
+  int glu;
+  int64_t* glu_out;
+  int64_t glu_ldo;
+};
+// A GEMV that writes the residual x [T, n] (one segment, N = ldo = n, T <=
+// kNormFoldRows) can also run the next RMSNorm + quant16 of its rows
+// (launch_norm_quant16's steps): the last block to finish (counter, zero
+// before and after) reads the row back from L2. counter null: no norm.
+constexpr int kNormFoldRows = 2;
+struct NormAfter {
+  int* counter;  // [1], zero
+  const int16_t* g;
+  int n;
+  int64_t eps_q60;
+  int in_frac;
+  int16_t* q;  // [T, n]
+  int32_t* e;  // [T]
+  int32_t* normed;  // [T, n] or null (the trace)
+};
+void launch_gemv(const int16_t* q, const int32_t* e, int T, int K, GemvSegs segs, bool residual, cudaStream_t st,
+                 const NormAfter& na = NormAfter{});
+
+// Kernel launches enqueued so far in this process (the launch-count test).
+int64_t launch_count();
+
 // The same with int4 weights (docs/format.md): codes w4 [N, K/2] uint8, group
 // step gd and offset gm [N, K/32] int16, w = gd * u + gm; K % 32 == 0.
 void launch_linear_w4(const int16_t* q, const int32_t* e, int T, int K, const uint8_t* w4, const int16_t* gd,
@@ -74,6 +118,14 @@ void launch_linear_w4(const int16_t* q, const int32_t* e, int T, int K, const ui
 // not null; Qwen3 q/k norm), then split-half RoPE at position pos[t].
 void launch_norm_rope(int32_t* x, int T, int nheads, int D, const int16_t* g, int64_t eps_q60, const int32_t* pos,
                       const int16_t* cos, const int16_t* sin, cudaStream_t st);
+
+// launch_norm_rope on q (q_norm) and k (k_norm) and launch_kv_append in one
+// launch: q [T, nh, D] and k [T, nkv, D] rotated in place, k and v [T, nkv, D]
+// quantized into cache kvs[seq[t]] at (layer, pos[t]).
+void launch_rope_append(int32_t* q, int32_t* k, const int32_t* v, int T, int nh, int nkv, int D,
+                        const int16_t* q_norm, const int16_t* k_norm, int64_t eps_q60, const int32_t* pos,
+                        const int16_t* cos, const int16_t* sin, int layer, const int32_t* seq, const DevKV* kvs,
+                        cudaStream_t st);
 
 // Quantize K and V rows (k, v [T, nkv, D] int32) to int8 absmax and store
 // them at (layer, pos[t]) of cache kvs[seq[t]].

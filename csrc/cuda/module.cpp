@@ -79,6 +79,8 @@ PYBIND11_MODULE(INTDET_CUDA_MODULE_NAME, mod) {
       "Why device_count() is 0 ('' when a device is visible).");
   mod.def("device_name", &cuda::device_name, py::arg("device") = 0);
   mod.def("isa", []() { return std::string("cuda"); });
+  mod.def("launch_count", &cuda::launch_count,
+          "Kernel launches enqueued by this process so far (a graph replay adds none).");
 
   py::class_<PyModel>(mod, "Model")
       .def(py::init([](const py::object& cfg, const py::dict& tensors, py::object graphs, const std::string& cfg_path,
@@ -134,6 +136,29 @@ PYBIND11_MODULE(INTDET_CUDA_MODULE_NAME, mod) {
       "forward(..., all_logits=True) that also returns the named intermediates, copied from the device after "
       "each step (never from a CUDA graph): (logits int32 [T, V], dict name -> int64 array in forward order, "
       "'cuda'). Names, order, shapes and values as intdet._core.forward_trace.");
+
+  mod.def(
+      "profile",
+      [](PyModel& pm, PyState& s, Arr<int32_t> tokens, int64_t start) {
+        const int64_t T = tokens.size();
+        std::vector<Row> rows = pybind::trace_rows(pm.cfg, s.n_past, s.max_len, tokens, start);
+        for (int64_t t = 0; t + 1 < T; ++t) rows[(size_t)t].want_logits = false;  // the last row's logits only
+        py::array_t<int32_t> out({(int64_t)1, pm.cfg.vocab});
+        std::vector<cuda::ProfStep> steps;
+        {
+          py::gil_scoped_release nogil;
+          cuda::DeviceState* devs[1] = {s.dev.get()};
+          steps = cuda::forward_rows_profiled(*pm.dev, devs, 1, rows.data(), T, out.mutable_data());
+        }
+        s.n_past = start + T;
+        py::list l;
+        for (const cuda::ProfStep& p : steps) l.append(py::make_tuple(p.name, p.ns, p.bytes, p.launches));
+        return py::make_tuple(out, l);
+      },
+      py::arg("model"), py::arg("state"), py::arg("tokens"), py::arg("start"),
+      "forward (the last row's logits, never from a CUDA graph) with a cudaEvent after every step: (logits "
+      "int32 [1, V], [(step, nanoseconds, bytes read at least, launches), ...] in forward order; the steps of "
+      "every layer repeat).");
 
   // ---- single ops on the device, for the bit-exact tests against intdet._core.ops ----
   py::module_ ops = mod.def_submodule("ops", "CUDA kernels on host arrays, for tests");
