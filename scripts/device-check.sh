@@ -258,6 +258,58 @@ else:
     torch_bench(which == "torch-compile")
 PYEOF
 gpu && run bench-intdet 240 $PY "$BENCH_PY" intdet "$INT" "$HF" "$ROWS"
+
+# Per-kernel cudaEvent timing of one decode token (batch 1, after a 64- and a
+# 1024-token prompt), next to the bandwidth bound; in the results file as soon
+# as it is measured.
+PROF_PY=$WORK/profile.py
+PROF_OUT=$WORK/profile.md
+cat >"$PROF_PY" <<'PYEOF'
+"""Per-step cudaEvent table for device-check.sh: python profile.py MODEL_INT [BW_BYTES_PER_S [CTX,CTX...]]"""
+import sys
+from collections import OrderedDict
+
+import numpy as np
+
+from intdet import _cuda
+from intdet.model import load_model
+
+INT = sys.argv[1]
+BW = float(sys.argv[2]) if len(sys.argv) > 2 else 4.8e12  # H200 HBM3e
+CTXS = [int(c) for c in sys.argv[3].split(",")] if len(sys.argv) > 3 else [64, 1024]
+lm = load_model(INT)
+m = _cuda.Model(lm.cfg, lm.tensors, False)
+rng = np.random.default_rng(0)
+for ctx in CTXS:
+    s = _cuda.State(m, ctx + 8)
+    _cuda.forward(m, s, rng.integers(0, 302, ctx).astype(np.int32), 0, False)
+    _cuda.profile(m, s, np.array([1], np.int32), ctx)  # warm-up
+    _, steps = _cuda.profile(m, s, np.array([2], np.int32), ctx + 1)
+    agg = OrderedDict()
+    for name, ns, nbytes, launches in steps:
+        a = agg.setdefault(name, [0, 0, 0])
+        a[0] += ns
+        a[1] += nbytes
+        a[2] += launches
+    tot_ns = sum(a[0] for a in agg.values())
+    tot_b = sum(a[1] for a in agg.values())
+    print(f"\n### decode, batch 1, position {ctx + 1} ({len(steps)} steps, {sum(a[2] for a in agg.values())} launches)\n")
+    print("| step | launches | time (us) | share | bytes read (MB) | GB/s | bound at %.1f TB/s (us) |" % (BW / 1e12))
+    print("|---|---|---|---|---|---|---|")
+    for name, (ns, nbytes, launches) in agg.items():
+        gbs = nbytes / ns if ns else 0.0
+        print(f"| {name} | {launches} | {ns / 1e3:.1f} | {100 * ns / tot_ns:.1f}% | {nbytes / 1e6:.2f} | {gbs:.0f} | "
+              f"{nbytes / BW * 1e6:.1f} |")
+    print(f"| **total** | | {tot_ns / 1e3:.1f} | | {tot_b / 1e6:.1f} | {tot_b / tot_ns:.0f} | {tot_b / BW * 1e6:.1f} |")
+    print(f"\nevent-timed token: {1e9 / tot_ns:.0f} tok/s; bandwidth bound {BW / tot_b:.0f} tok/s "
+          "(events add a little per step; graphs remove launch gaps)")
+PYEOF
+if gpu; then
+  run profile 120 bash -c "set -o pipefail; $PY $PROF_PY $INT 2>&1 | tee $PROF_OUT"
+  md
+  md "## Per-kernel cudaEvent timing (Qwen3-0.6B shape, no graphs)"
+  md "$(cat "$PROF_OUT" 2>/dev/null || echo 'profile did not run')"
+fi
 if gpu && [ -z "${SKIP_TORCH:-}" ]; then
   soft bench-torch-eager 180 $PY "$BENCH_PY" torch-eager "$INT" "$HF" "$ROWS"
   LEFT=$((450 - (SECONDS - START)))

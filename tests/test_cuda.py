@@ -270,6 +270,27 @@ def test_linear_extreme_sums(backend, K):
         assert np.array_equal(backend.ops.linear(q, e, w, mant, shift, None, path), want)
 
 
+@pytest.mark.parametrize("T,K,N", [(1, 1024, 40), (3, 4096, 9), (8, 2064, 13), (1, 8192, 6)])
+def test_linear_gemv_split_k(backend, T, K, N):
+    """The GEMV's split-K (1, 2 or 4 warps per channel, int64 parts through
+    shared memory) and its unrolled 16-byte loads give the exact sums."""
+    rng = np.random.default_rng(T + K + N)
+    q = rng.integers(-32767, 32768, size=(T, K)).astype(np.int16)
+    q[0, : K // 2] = 32767
+    e = rng.integers(0, 24, size=T).astype(np.int32)
+    w = rng.integers(-127, 128, size=(N, K)).astype(np.int8)
+    w[0] = 127
+    mant = rng.integers(0, 2**15 + 1, size=N).astype(np.int32)
+    shift = rng.integers(20, 60, size=N).astype(np.int32)
+    want = C.ops.linear(q, e, w, mant, shift)
+    try:
+        for wlg in (0, 1, 2, -1):
+            backend.ops.set_gemv_split(wlg)
+            assert np.array_equal(backend.ops.linear(q, e, w, mant, shift, None, 1), want), wlg
+    finally:
+        backend.ops.set_gemv_split(-1)
+
+
 def _int4_weights(rng, N, K):
     """Random int4 layer (codes, step, offset) inside the loader's bound
     0 <= gd, |gm| <= 2047, gm + 15 gd <= 2047."""
@@ -361,6 +382,40 @@ def test_attend_flat_scores_max_values(backend):
     qq, qe = C.ops.quant16(q.astype(np.int64))
     want = C.ops.attend(qq.astype(np.int16), int(qe[0]), kc, ka, vc, va, 23456, 40)
     assert np.array_equal(backend.ops.attend(q, kc, ka, vc, va, 23456, 40), want)
+
+
+@pytest.mark.parametrize("n,nh,nkv,D,chunk", [(1, 2, 1, 64, 0), (100, 4, 2, 128, 32), (700, 6, 2, 48, 96),
+                                                (1030, 4, 4, 256, 512), (513, 8, 2, 30, 64), (77, 16, 1, 16, 0),
+                                                (2000, 2, 1, 128, 0)])
+def test_attend_gqa_split(backend, n, nh, nkv, D, chunk):
+    """Flash-decoding split over positions, one block per (chunk, kv head) for
+    all its query heads: every head's bits are the CPU's attend_head, whatever
+    the chunk (1 to 63 chunks here, scalar D = 30, 16-byte paths otherwise)."""
+    rng = np.random.default_rng(n * 7 + nh + D)
+    q = rng.integers(-2**30, 2**30, size=(nh, D)).astype(np.int32)
+    q[0, :] = 0  # an all-zero head: flat scores
+    kc = rng.integers(-127, 128, size=(n, nkv, D)).astype(np.int8)
+    vc = rng.integers(-127, 128, size=(n, nkv, D)).astype(np.int8)
+    ka = rng.integers(0, 2**31 - 1, size=(n, nkv)).astype(np.int32)
+    va = rng.integers(0, 2**31 - 1, size=(n, nkv)).astype(np.int32)
+    got = backend.ops.attend_gqa(q, kc, ka, vc, va, 23456, 40, chunk)
+    grp = nh // nkv
+    for h in range(nh):
+        kvh = h // grp
+        qq, qe = C.ops.quant16(q[h].astype(np.int64))
+        want = C.ops.attend(qq.astype(np.int16), int(qe[0]), np.ascontiguousarray(kc[:, kvh]),
+                            np.ascontiguousarray(ka[:, kvh]), np.ascontiguousarray(vc[:, kvh]),
+                            np.ascontiguousarray(va[:, kvh]), 23456, 40)
+        assert np.array_equal(got[h], want), h
+
+
+def test_attend_gqa_checks_its_arguments(backend):
+    z8 = np.zeros((4, 2, 16), np.int8)
+    z32 = np.zeros((4, 2), np.int32)
+    with pytest.raises(ValueError, match="chunk"):
+        backend.ops.attend_gqa(np.zeros((2, 16), np.int32), z8, z32, z8, z32, 1, 0, 513)
+    with pytest.raises(ValueError, match="shape"):
+        backend.ops.attend_gqa(np.zeros((3, 16), np.int32), z8, z32, z8, z32, 1, 0, 0)
 
 
 def test_norm_quant16(backend):
@@ -505,6 +560,53 @@ EMU_CASES = [("llama", False), ("qwen2", True), ("qwen3", False), ("wide", True)
 def test_model_matches_cpu(backend, converted, name, graphs):
     steps = 3 if is_emu(backend) else 20
     _compare_model(backend, converted[name], graphs, [5, 17, 99, 230, 41, 7, 300, 1, 2], steps)
+
+
+# Kernel launches per decode token (one row, no graph): embedding, final norm
+# and lm_head, layer 0's attn_norm, plus per layer: q+k+v (one GEMV), q/k
+# norm + RoPE + KV append, attention (scores, P.V), o-proj with the ffn_norm
+# after it (the GEMV's last block), gate+up with SwiGLU, quant16, down-proj
+# with the next layer's attn_norm (the last layer's goes to the final norm).
+# Before: 16 per layer (norm, q, k, v, norm_rope x2, kv_append, attention,
+# quant16, o, norm, gate, up, swiglu, quant16, down) + 3, so 451 for
+# Qwen3-0.6B's 28 layers; now 8 per layer + 4, 228.
+def decode_launches(n_layers):
+    return 8 * n_layers + 4
+
+
+@pytest.mark.parametrize("name", ["qwen3", "wide", "llama"])
+def test_launches_per_decode_token(backend, converted, name, capsys):
+    lm = converted[name]
+    m = backend.Model(lm.cfg, lm.tensors, False)
+    s = backend.State(m, 32)
+    backend.forward(m, s, np.array([5, 6, 7], np.int32), 0, False)
+    n0 = backend.launch_count()
+    backend.forward(m, s, np.array([8], np.int32), 3, False)
+    n = backend.launch_count() - n0
+    L = lm.cfg["num_layers"]
+    with capsys.disabled():
+        print(f"\n{name}: {n} kernel launches per decode token ({L} layers; "
+              f"Qwen3-0.6B, 28 layers: {decode_launches(28)}, was {28 * 16 + 3})")
+    assert n == decode_launches(L)
+
+
+def test_profile_steps(backend, converted):
+    """forward with cudaEvent marks (the device check's per-kernel table): the
+    same logits as forward, every step of every layer named in order, and the
+    launches of the steps add up to the decode token's launches."""
+    lm = converted["qwen3"]
+    m = backend.Model(lm.cfg, lm.tensors, False)
+    s, s2 = backend.State(m, 32), backend.State(m, 32)
+    backend.forward(m, s, np.array([5, 6, 7], np.int32), 0, False)
+    backend.forward(m, s2, np.array([5, 6, 7], np.int32), 0, False)
+    logits, steps = backend.profile(m, s, np.array([8], np.int32), 3)
+    assert np.array_equal(logits, backend.forward(m, s2, np.array([8], np.int32), 3, False))
+    layer = ["attn_norm", "qkv", "rope_append", "attention", "o_proj", "ffn_norm", "gate_up_glu", "quant16_ffn",
+             "down_proj"]
+    assert [p[0] for p in steps] == ["embed"] + layer * lm.cfg["num_layers"] + ["out_norm", "lm_head"]
+    assert sum(p[3] for p in steps) == decode_launches(lm.cfg["num_layers"])
+    assert all(p[1] >= 0 and p[2] >= 0 for p in steps)
+    assert steps[1][2] == 4 * lm.cfg["hidden_size"] and steps[4][2] == 4 * lm.cfg["num_kv_heads"] * (2 * lm.cfg["head_dim"] + 8)
 
 
 @pytest.mark.parametrize("graphs", [False, True])

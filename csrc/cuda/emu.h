@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <chrono>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -269,6 +270,21 @@ inline T __ldg(const T* p) {
   return *p;
 }
 
+// Atomics and fences: one OS thread runs every fiber and blocks run one after
+// another, so a plain read-modify-write is atomic and every write is visible;
+// the kernels' "last block to arrive" then is the grid's last block.
+inline int atomicAdd(int* p, int v) {
+  const int old = *p;
+  *p = old + v;
+  return old;
+}
+inline unsigned long long atomicAdd(unsigned long long* p, unsigned long long v) {
+  const unsigned long long old = *p;
+  *p = old + v;
+  return old;
+}
+inline void __threadfence() {}
+
 #define INTDET_LAUNCH(kernel, grid, block, smem, stream, ...) \
   ::emu::launch(dim3(grid), dim3(block), (size_t)(smem), [=] { kernel(__VA_ARGS__); })
 
@@ -331,6 +347,32 @@ inline cudaError_t cudaMemcpyAsync(void* d, const void* s, size_t n, cudaMemcpyK
 inline cudaError_t cudaMemset(void* d, int v, size_t n) {
   std::memset(d, v, n);
   return cudaSuccess;
+}
+// Events: the emulated stream is synchronous, so recording stamps the host clock.
+struct CUevent_emu {
+  std::chrono::steady_clock::time_point t;
+};
+using cudaEvent_t = CUevent_emu*;
+inline cudaError_t cudaEventCreate(cudaEvent_t* e) {
+  *e = new CUevent_emu();
+  return cudaSuccess;
+}
+inline cudaError_t cudaEventDestroy(cudaEvent_t e) {
+  delete e;
+  return cudaSuccess;
+}
+inline cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t) {
+  e->t = std::chrono::steady_clock::now();
+  return cudaSuccess;
+}
+inline cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
+inline cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t a, cudaEvent_t b) {
+  *ms = std::chrono::duration<float, std::milli>(b->t - a->t).count();
+  return cudaSuccess;
+}
+inline cudaError_t cudaMemsetAsync(void* d, int v, size_t n, cudaStream_t) {
+  if (emu::g_capturing) return cudaErrorInvalidValue;  // engine.cpp zeroes buffers outside captures
+  return cudaMemset(d, v, n);
 }
 inline cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned) {
   static CUstream_emu one;

@@ -98,6 +98,8 @@ struct DevLayer {
 // Attention scratch (int32 per (row, head, position)) is bounded by this many
 // bytes; rows beyond it go to further attention launches.
 constexpr int64_t kScratchBudget = (int64_t)256 << 20;
+// Columns of the chunk maxima: nsplit for the smallest chunk (32 positions).
+int64_t attn_max_splits(int64_t sstride) { return (sstride + 31) / 32; }
 // Rows per pass through the layers (a longer call runs in chunks; causal
 // attention only reads earlier positions, so chunking cannot change a bit).
 constexpr int64_t kMaxChunkRows = 4096;
@@ -114,6 +116,14 @@ struct Workspace {
   Buf<int32_t> branch;  // [rows, H]: o / down output in front of a post-norm (Gemma)
   Buf<int16_t> act;
   Buf<int64_t> o, a;
+  // Attention work buffers (AttnScratch): chunk maxima, shifts, arrival
+  // counters and P.V sums; counters and oacc are zeroed when allocated and
+  // every attention launch leaves them zero.
+  Buf<int64_t> zpart;
+  Buf<int32_t> shifts;
+  Buf<int> counters;
+  Buf<unsigned long long> oacc;
+  Buf<int> gemv_cnt;  // [8]: a residual GEMV's arrival counters for the norm it runs after (zero)
   Buf<int32_t> traced;  // [rows, H]: a normed row or a projection before its residual add (trace only)
   int32_t* tokens() { return meta.p; }
   int32_t* seq() { return meta.p + rows; }
@@ -153,6 +163,28 @@ struct Tracer {
   }
 };
 
+// cudaEvent timing of each step of one call (forward_rows_profiled): an
+// event after every step, so step i's time is event i minus event i-1.
+struct Profiler {
+  struct Mark {
+    std::string name;
+    cudaEvent_t ev;
+    int64_t bytes;
+    int64_t launches;
+  };
+  std::vector<Mark> marks;
+  int64_t attn_bytes = 0;  // K and V bytes (with scales) one layer's attention reads in this call
+  ~Profiler() {
+    for (Mark& k : marks) cudaEventDestroy(k.ev);
+  }
+  void mark(const std::string& name, int64_t bytes, cudaStream_t st) {
+    cudaEvent_t ev = nullptr;
+    ck(cudaEventCreate(&ev), "cudaEventCreate");
+    marks.push_back({name, ev, bytes, launch_count()});
+    ck(cudaEventRecord(ev, st), "cudaEventRecord");
+  }
+};
+
 }  // namespace
 
 struct DeviceModel {
@@ -171,6 +203,7 @@ struct DeviceModel {
   cudaStream_t stream = nullptr;
   Workspace ws;
   bool use_graphs = false;
+  Profiler* prof = nullptr;  // set only during forward_rows_profiled
   std::map<std::tuple<int64_t, int64_t, int64_t, int64_t>, cudaGraphExec_t> graphs;
 
   void drop_graphs() {
@@ -260,11 +293,39 @@ void lin(DeviceModel& m, const DevLinear& L, int64_t T, int32_t* out, bool resid
   launch_linear(m.ws.act.p, m.ws.act_e.p, (int)T, (int)L.K, L.w, L.mant, L.shift, L.bias, (int)L.N, out, L.N, residual, kLinearAuto, m.stream);
 }
 
+// Bytes of weights a linear layer reads (int8, or int4 codes + group step and offset).
+int64_t lin_bytes(const DevLinear& L) { return L.w ? L.N * L.K : L.N * L.K / 2 + L.N * (L.K / 32) * 4; }
+void mark(DeviceModel& m, const char* name, int64_t bytes) {
+  if (m.prof) m.prof->mark(name, bytes, m.stream);
+}
+
+// Decode-sized calls with int8 weights fuse linear layers into one GEMV launch.
+bool fused_gemv(const DevLinear& L, int64_t T) { return L.w && T <= kGemvMaxRows; }
+GemvSeg seg(const DevLinear& L, int32_t* out) {
+  return GemvSeg{L.w, L.mant, L.shift, L.bias, out, L.N, (int)L.N, 0};
+}
+
+// x = sat32(x + linear) for T <= kNormFoldRows rows, then RMSNorm (gamma g)
+// + quant16 of x into act by the GEMV's last block: one launch for the
+// residual projection and the norm after it (normed: the trace's copy).
+bool fold_norm(const DevLinear& L, int64_t T) { return L.w && T <= kNormFoldRows; }
+void lin_norm(DeviceModel& m, const DevLinear& L, int64_t T, const int16_t* g, int32_t* normed) {
+  Workspace& w = m.ws;
+  const Config& c = m.cfg;
+  GemvSegs s{};
+  s.s[0] = seg(L, w.x.p);
+  s.n = 1;
+  const NormAfter na{w.gemv_cnt.p, g, (int)c.hidden, c.eps_hidden, (int)c.residual_frac, w.act.p, w.act_e.p, normed};
+  launch_gemv(w.act.p, w.act_e.p, (int)T, (int)L.K, s, true, m.stream, na);
+}
+
 // All layers for T rows (metadata already on the device); no host sync
 // unless tr (then each named step is copied to the host after it runs).
 void enqueue_body(DeviceModel& m, int64_t T, int64_t sstride, int64_t rows_per, Tracer* tr) {
   const Config& c = m.cfg;
   Workspace& w = m.ws;
+  const AttnScratch asc{w.scratch.p, sstride, w.zpart.p, w.shifts.p, w.counters.p, w.oacc.p, rows_per,
+                        attn_max_splits(sstride)};
   const cudaStream_t st = m.stream;
   const int H = (int)c.hidden, nh = (int)c.n_heads, nkv = (int)c.n_kv, D = (int)c.head_dim;
   const int64_t F = c.ffn;
@@ -272,28 +333,46 @@ void enqueue_body(DeviceModel& m, int64_t T, int64_t sstride, int64_t rows_per, 
   const int R = (int)c.residual_frac;  // residual Q R
   launch_embed(w.tokens(), m.tok_embd, m.embd_mant, m.embd_shift, (int)T, H, w.x.p, st);
   if (tr) tr->rec("tok_embd", w.x.p, {T, H});
+  mark(m, "embed", T * H);
+  bool normed_ahead = false;  // act already holds this layer's attn_norm output
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const DevLayer& L = m.layers[(size_t)l];
+    const DevLayer* next = l + 1 < c.n_layers ? &m.layers[(size_t)l + 1] : nullptr;
     const std::string blk = tr ? "blk." + std::to_string(l) + "." : "";
     // --- attention block ---
-    launch_norm_quant16(w.x.p, nullptr, L.attn_norm, (int)T, H, c.eps_hidden, R, w.act.p, w.act_e.p, st, normed);
+    bool ffn_normed = false;
+    if (!normed_ahead)  // else the previous down-proj's last block ran this norm
+      launch_norm_quant16(w.x.p, nullptr, L.attn_norm, (int)T, H, c.eps_hidden, R, w.act.p, w.act_e.p, st, normed);
+    normed_ahead = false;
     if (tr) tr->rec(blk + "attn_norm", normed, {T, H});
-    lin(m, L.q, T, w.qb.p, false);  // [T, nh*D] Q16
-    lin(m, L.k, T, w.kb.p, false);  // [T, nkv*D]
-    lin(m, L.v, T, w.vb.p, false);
+    mark(m, "attn_norm", T * H * 4);
+    if (fused_gemv(L.q, T) && L.k.w && L.v.w && L.k.K == L.q.K && L.v.K == L.q.K) {  // q, k, v: one launch
+      GemvSegs s{};
+      s.s[0] = seg(L.q, w.qb.p);
+      s.s[1] = seg(L.k, w.kb.p);
+      s.s[2] = seg(L.v, w.vb.p);
+      s.n = 3;
+      launch_gemv(w.act.p, w.act_e.p, (int)T, (int)L.q.K, s, false, st);
+    } else {
+      lin(m, L.q, T, w.qb.p, false);  // [T, nh*D] Q16
+      lin(m, L.k, T, w.kb.p, false);  // [T, nkv*D]
+      lin(m, L.v, T, w.vb.p, false);
+    }
+    mark(m, "qkv", lin_bytes(L.q) + lin_bytes(L.k) + lin_bytes(L.v));
     if (tr) {  // before norm_rope rewrites q and k in place
       tr->rec(blk + "attn_q", w.qb.p, {T, nh, D});
       tr->rec(blk + "attn_k", w.kb.p, {T, nkv, D});
       tr->rec(blk + "attn_v", w.vb.p, {T, nkv, D});
     }
     // q_norm / k_norm are null unless the block has per-head q/k RMSNorm.
-    launch_norm_rope(w.qb.p, (int)T, nh, D, L.q_norm, c.eps_head, w.pos(), L.rope_cos, L.rope_sin, st);
-    launch_norm_rope(w.kb.p, (int)T, nkv, D, L.k_norm, c.eps_head, w.pos(), L.rope_cos, L.rope_sin, st);
-    launch_kv_append(w.kb.p, w.vb.p, (int)T, nkv, D, (int)l, w.seq(), w.pos(), w.kvs.p, st);
+    // q/k norm + RoPE of q and k, and the KV append: one launch.
+    launch_rope_append(w.qb.p, w.kb.p, w.vb.p, (int)T, nh, nkv, D, L.q_norm, L.k_norm, c.eps_head, w.pos(),
+                       L.rope_cos, L.rope_sin, (int)l, w.seq(), w.kvs.p, st);
+    mark(m, "rope_append", T * (nh + 2 * nkv) * D * 4);
     for (int64_t r0 = 0; r0 < T; r0 += rows_per)
       launch_attention(w.qb.p, (int)r0, (int)std::min(rows_per, T - r0), nh, nkv, D, (int)l, w.seq(), w.pos(),
-                       w.kvs.p, L.score_mant, L.score_shift, w.scratch.p, sstride, w.o.p, st, L.window);
-    launch_quant16_i64(w.o.p, (int)T, nh * D, w.act.p, w.act_e.p, st);
+                       w.kvs.p, L.score_mant, L.score_shift, asc, w.o.p, w.act.p, w.act_e.p, st, L.window);
+    mark(m, "attention", m.prof ? m.prof->attn_bytes : 0);
     if (tr) tr->rec(blk + "attn_out", w.o.p, {T, nh * D});
     if (L.post_attn_norm) {  // o-proj (Q16), its RMSNorm, then into the residual
       lin(m, L.o, T, w.branch.p, false);
@@ -304,18 +383,38 @@ void enqueue_body(DeviceModel& m, int64_t T, int64_t sstride, int64_t rows_per, 
         lin(m, L.o, T, w.traced.p, false);
         tr->rec(blk + "attn_output", w.traced.p, {T, H});
       }
-      lin(m, L.o, T, w.x.p, true);  // x = sat32(x + o-proj)
+      if (fold_norm(L.o, T))
+        lin_norm(m, L.o, T, L.ffn_norm, normed), ffn_normed = true;  // x += o-proj, then ffn_norm: one launch
+      else
+        lin(m, L.o, T, w.x.p, true);  // x = sat32(x + o-proj)
     }
+    mark(m, "o_proj", lin_bytes(L.o));
     // --- feed-forward block ---
-    launch_norm_quant16(w.x.p, nullptr, L.ffn_norm, (int)T, H, c.eps_hidden, R, w.act.p, w.act_e.p, st, normed);
+    if (!ffn_normed)
+      launch_norm_quant16(w.x.p, nullptr, L.ffn_norm, (int)T, H, c.eps_hidden, R, w.act.p, w.act_e.p, st, normed);
     if (tr) tr->rec(blk + "ffn_norm", normed, {T, H});
-    lin(m, L.gate, T, w.gate.p, false);  // [T, F] Q16
-    lin(m, L.up, T, w.up.p, false);
-    if (L.geglu)
-      launch_geglu(w.gate.p, w.up.p, T * F, w.a.p, st);  // Q32 int64
-    else
-      launch_swiglu(w.gate.p, w.up.p, T * F, w.a.p, st);
+    mark(m, "ffn_norm", T * H * 4);
+    if (fused_gemv(L.gate, T) && L.up.w && L.up.K == L.gate.K && L.up.N == L.gate.N) {
+      // gate and up in one launch, SwiGLU / GeGLU of each pair in its epilogue
+      GemvSegs s{};
+      s.s[0] = seg(L.gate, w.gate.p);
+      s.s[1] = seg(L.up, w.up.p);
+      s.n = 2;
+      s.glu = L.geglu ? 2 : 1;
+      s.glu_out = w.a.p;
+      s.glu_ldo = F;
+      launch_gemv(w.act.p, w.act_e.p, (int)T, (int)L.gate.K, s, false, st);
+    } else {
+      lin(m, L.gate, T, w.gate.p, false);  // [T, F] Q16
+      lin(m, L.up, T, w.up.p, false);
+      if (L.geglu)
+        launch_geglu(w.gate.p, w.up.p, T * F, w.a.p, st);  // Q32 int64
+      else
+        launch_swiglu(w.gate.p, w.up.p, T * F, w.a.p, st);
+    }
+    mark(m, "gate_up_glu", lin_bytes(L.gate) + lin_bytes(L.up));
     launch_quant16_i64(w.a.p, (int)T, (int)F, w.act.p, w.act_e.p, st);
+    mark(m, "quant16_ffn", T * F * 8);
     if (tr) {
       tr->rec(blk + "ffn_gate", w.gate.p, {T, F});
       tr->rec(blk + "ffn_up", w.up.p, {T, F});
@@ -330,8 +429,12 @@ void enqueue_body(DeviceModel& m, int64_t T, int64_t sstride, int64_t rows_per, 
         lin(m, L.down, T, w.traced.p, false);
         tr->rec(blk + "ffn_down", w.traced.p, {T, H});
       }
-      lin(m, L.down, T, w.x.p, true);
+      if (next && fold_norm(L.down, T))  // x += down-proj, then the next layer's attn_norm: one launch
+        lin_norm(m, L.down, T, next->attn_norm, normed), normed_ahead = true;
+      else
+        lin(m, L.down, T, w.x.p, true);
     }
+    mark(m, "down_proj", lin_bytes(L.down));
     if (tr) tr->rec(blk + "residual", w.x.p, {T, H});
   }
 }
@@ -341,7 +444,9 @@ void enqueue_head(DeviceModel& m, int64_t r0, int64_t nr) {
   Workspace& w = m.ws;
   launch_norm_quant16(w.x.p, w.sel() + r0, m.out_norm, (int)nr, (int)m.cfg.hidden, m.cfg.eps_hidden,
                       (int)m.cfg.residual_frac, w.act.p, w.act_e.p, m.stream);
+  mark(m, "out_norm", nr * m.cfg.hidden * 4);
   lin(m, m.output, nr, w.logits.p, false);  // [nr, V] Q16
+  mark(m, "lm_head", lin_bytes(m.output));
 }
 
 void forward_chunk(DeviceModel& m, DeviceState* const* states, int64_t n_states, const Row* rows, int64_t T,
@@ -355,7 +460,7 @@ void forward_chunk(DeviceModel& m, DeviceState* const* states, int64_t n_states,
     nmax = std::max(nmax, rows[t].pos + 1);
   }
   for (int64_t i = 0; i < n_states; ++i) maxlen = std::max(maxlen, states[i]->kv.max_len);
-  const bool graph = m.use_graphs && T <= kGemvMaxRows && !tr;  // a traced call never runs a graph
+  const bool graph = m.use_graphs && T <= kGemvMaxRows && !tr && !m.prof;  // traced or profiled: no graph
   // Scratch row stride: the longest cache for graphs (replayed as sequences
   // grow), else this call's longest row, rounded up.
   const int64_t sstride = graph ? maxlen : (nmax + 255) / 256 * 256;
@@ -384,6 +489,20 @@ void forward_chunk(DeviceModel& m, DeviceState* const* states, int64_t n_states,
   moved |= w.a.grow((size_t)(cap * F));
   moved |= w.logits.grow((size_t)(std::max<int64_t>(group, 1) * V));
   moved |= w.scratch.grow((size_t)(rows_per * nh * sstride));
+  moved |= w.zpart.grow((size_t)(rows_per * nh * attn_max_splits(sstride)));
+  moved |= w.shifts.grow((size_t)(rows_per * nh));
+  if (w.counters.grow((size_t)(rows_per * (nkv + 1)))) {
+    moved = true;
+    ck(cudaMemsetAsync(w.counters.p, 0, w.counters.n * sizeof(int), m.stream), "cudaMemsetAsync");
+  }
+  if (w.gemv_cnt.grow(8)) {
+    moved = true;
+    ck(cudaMemsetAsync(w.gemv_cnt.p, 0, w.gemv_cnt.n * sizeof(int), m.stream), "cudaMemsetAsync");
+  }
+  if (w.oacc.grow((size_t)(rows_per * nh * D))) {
+    moved = true;
+    ck(cudaMemsetAsync(w.oacc.p, 0, w.oacc.n * sizeof(unsigned long long), m.stream), "cudaMemsetAsync");
+  }
   if (moved) m.drop_graphs();
   if (tr) w.traced.grow((size_t)(cap * H));  // no graph reads it
 
@@ -430,6 +549,15 @@ void forward_chunk(DeviceModel& m, DeviceState* const* states, int64_t n_states,
       ck(cudaMemcpyAsync(logits, w.logits.p, (size_t)(Tout * V) * sizeof(int32_t), cudaMemcpyDeviceToHost, m.stream),
          "cudaMemcpyAsync (logits)");
   } else {
+    if (m.prof) {
+      m.prof->attn_bytes = 0;
+      for (int64_t t = 0; t < T; ++t) {
+        const int64_t win = m.layers.empty() ? 0 : m.layers[0].window;
+        const int64_t n = win && rows[t].pos + 1 > win ? win : rows[t].pos + 1;
+        m.prof->attn_bytes += n * nkv * (2 * D + 8);  // K and V rows and their scales
+      }
+      m.prof->mark("start", 0, m.stream);
+    }
     enqueue_body(m, T, sstride, rows_per, tr);
     for (int64_t r0 = 0; r0 < Tout; r0 += group) {
       const int64_t nr = std::min(group, Tout - r0);
@@ -570,6 +698,28 @@ void forward_rows_traced(DeviceModel& m, DeviceState* const* states, int64_t n_s
   forward_rows_impl(m, states, n_states, rows, T, logits, &trace);
 }
 
+std::vector<ProfStep> forward_rows_profiled(DeviceModel& m, DeviceState* const* states, int64_t n_states,
+                                            const Row* rows, int64_t T, int32_t* logits) {
+  if (T > kMaxChunkRows) throw std::invalid_argument("profile: at most 4096 rows");
+  Profiler pf;
+  m.prof = &pf;
+  try {
+    forward_rows_impl(m, states, n_states, rows, T, logits, nullptr);
+  } catch (...) {
+    m.prof = nullptr;
+    throw;
+  }
+  m.prof = nullptr;
+  std::vector<ProfStep> out;
+  for (size_t i = 1; i < pf.marks.size(); ++i) {
+    float ms = 0;  // timing (analysis), not the numerical path
+    ck(cudaEventElapsedTime(&ms, pf.marks[i - 1].ev, pf.marks[i].ev), "cudaEventElapsedTime");
+    out.push_back({pf.marks[i].name, (int64_t)(ms * 1e6f), pf.marks[i].bytes,
+                   pf.marks[i].launches - pf.marks[i - 1].launches});
+  }
+  return out;
+}
+
 // ---------------------------------------------------------------- test entry points
 
 namespace test {
@@ -619,15 +769,32 @@ void linear_w4(const int16_t* q, const int32_t* e, int64_t T, int64_t K, const u
   from_dev(out, o, T * N);
 }
 
-void attend(const int32_t* q, int64_t D, const int8_t* kc, const int32_t* ka, const int8_t* vc, const int32_t* va,
-            int64_t n, int64_t score_mant, int64_t score_shift, int64_t* out) {
+void attend(const int32_t* q, int64_t nh, int64_t nkv, int64_t D, const int8_t* kc, const int32_t* ka,
+            const int8_t* vc, const int32_t* va, int64_t n, int64_t score_mant, int64_t score_shift, int chunk,
+            int64_t* out) {
   Keep k;
-  DevKV kv{to_dev(k.p, kc, n * D), to_dev(k.p, vc, n * D), to_dev(k.p, ka, n), to_dev(k.p, va, n), n};
+  DevKV kv{to_dev(k.p, kc, n * nkv * D), to_dev(k.p, vc, n * nkv * D), to_dev(k.p, ka, n * nkv),
+           to_dev(k.p, va, n * nkv), n};
   const int32_t zero = 0, last = (int32_t)(n - 1);
-  int64_t* o = to_dev<int64_t>(k.p, nullptr, D);
-  launch_attention(to_dev(k.p, q, D), 0, 1, 1, 1, (int)D, 0, to_dev(k.p, &zero, 1), to_dev(k.p, &last, 1),
-                   to_dev(k.p, &kv, 1), score_mant, score_shift, to_dev<int32_t>(k.p, nullptr, n), n, o, 0);
-  from_dev(out, o, D);
+  int64_t* o = to_dev<int64_t>(k.p, nullptr, nh * D);
+  AttnScratch sc{to_dev<int32_t>(k.p, nullptr, nh * n), n, to_dev<int64_t>(k.p, nullptr, nh * attn_max_splits(n)),
+                 to_dev<int32_t>(k.p, nullptr, nh), to_dev<int>(k.p, nullptr, nkv + 1),
+                 to_dev<unsigned long long>(k.p, nullptr, nh * D), 1, attn_max_splits(n)};
+  ck(cudaMemset(sc.counters, 0, (size_t)(nkv + 1) * sizeof(int)), "cudaMemset");
+  ck(cudaMemset(sc.oacc, 0, (size_t)(nh * D) * sizeof(unsigned long long)), "cudaMemset");
+  launch_attention(to_dev(k.p, q, nh * D), 0, 1, (int)nh, (int)nkv, (int)D, 0, to_dev(k.p, &zero, 1),
+                   to_dev(k.p, &last, 1), to_dev(k.p, &kv, 1), score_mant, score_shift, sc, o,
+                   to_dev<int16_t>(k.p, nullptr, nh * D), to_dev<int32_t>(k.p, nullptr, 1), 0, 0, chunk);
+  from_dev(out, o, nh * D);
+  // Every launch leaves the counters and P.V sums at zero (graph replays rely on it).
+  std::vector<int> c((size_t)(nkv + 1));
+  std::vector<unsigned long long> a((size_t)(nh * D));
+  from_dev(c.data(), sc.counters, nkv + 1);
+  from_dev(a.data(), sc.oacc, nh * D);
+  for (int v : c)
+    if (v) throw std::logic_error("attention left a counter non-zero");
+  for (unsigned long long v : a)
+    if (v) throw std::logic_error("attention left its P.V sums non-zero");
 }
 
 void norm_quant16(const int32_t* x, const int16_t* g, int64_t R, int64_t n, int64_t eps_q60, int16_t* q, int32_t* e) {
@@ -659,6 +826,8 @@ void round_div(const int64_t* a, const int64_t* b, int64_t count, int64_t* out) 
   launch_round_div(to_dev(k.p, a, count), to_dev(k.p, b, count), count, d, 0);
   from_dev(out, d, count);
 }
+
+void set_gemv_split(int wlg) { set_gemv_split_override(wlg); }
 
 }  // namespace test
 

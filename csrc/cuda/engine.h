@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "intdet/model.h"
 #include "intdet/trace.h"
@@ -55,6 +56,25 @@ void forward_rows(DeviceModel& m, DeviceState* const* states, int64_t n_states, 
 void forward_rows_traced(DeviceModel& m, DeviceState* const* states, int64_t n_states, const Row* rows, int64_t T,
                          int32_t* logits, Trace& trace);
 
+// One step of a profiled call: its name (embed, attn_norm, qkv, rope_append,
+// attention, o_proj, ffn_norm, gate_up_glu, quant16_ffn, down_proj, per
+// layer; out_norm, lm_head), its cudaEvent time in nanoseconds, the bytes it
+// must read at least (weights; K and V for attention) and its launches.
+struct ProfStep {
+  std::string name;
+  int64_t ns;
+  int64_t bytes;
+  int64_t launches;
+};
+// forward_rows (never from a graph) with a cudaEvent after every step;
+// at most 4096 rows (one chunk).
+std::vector<ProfStep> forward_rows_profiled(DeviceModel& m, DeviceState* const* states, int64_t n_states,
+                                            const Row* rows, int64_t T, int32_t* logits);
+
+// Kernel launches enqueued by this process so far (kernels.cu; a graph
+// replay adds none): the launches-per-token test and script.
+int64_t launch_count();
+
 // Op-level entry points for the tests (host arrays in, host arrays out).
 namespace test {
 // out [T, N] int32 = the linear layer; path: 0 auto, 1 GEMV, 2 GEMM.
@@ -64,15 +84,19 @@ void linear(const int16_t* q, const int32_t* e, int64_t T, int64_t K, const int8
 void linear_w4(const int16_t* q, const int32_t* e, int64_t T, int64_t K, const uint8_t* w4, const int16_t* gd,
                const int16_t* gm, const int32_t* mant, const int32_t* shift, const int32_t* bias, int64_t N, int path,
                int32_t* out);
-// One query head (q [D] int32, quantized on the device like the forward pass)
-// over n positions of a one-head cache (kc, vc [n, D]; ka, va [n]); out [D].
-void attend(const int32_t* q, int64_t D, const int8_t* kc, const int32_t* ka, const int8_t* vc, const int32_t* va,
-            int64_t n, int64_t score_mant, int64_t score_shift, int64_t* out);
+// nh query heads (q [nh, D] int32, quantized on the device like the forward
+// pass) over n positions of an nkv-head cache (kc, vc [n, nkv, D]; ka, va
+// [n, nkv]); out [nh, D]. chunk: positions per block (0: the engine's choice).
+void attend(const int32_t* q, int64_t nh, int64_t nkv, int64_t D, const int8_t* kc, const int32_t* ka,
+            const int8_t* vc, const int32_t* va, int64_t n, int64_t score_mant, int64_t score_shift, int chunk,
+            int64_t* out);
 // RMSNorm then quant16 of rows x [R, n] int32: q [R, n], e [R].
 void norm_quant16(const int32_t* x, const int16_t* g, int64_t R, int64_t n, int64_t eps_q60, int16_t* q, int32_t* e);
 void swiglu(const int32_t* g, const int32_t* u, int64_t count, int64_t* a);
 void geglu(const int32_t* g, const int32_t* u, int64_t count, int64_t* a);
 void round_div(const int64_t* a, const int64_t* b, int64_t count, int64_t* out);
+// Force the GEMV's warps per output channel to 2^wlg (0..2; -1: automatic).
+void set_gemv_split(int wlg);
 }  // namespace test
 
 }  // namespace cuda

@@ -14,6 +14,7 @@
 // intrinsics. scripts/check_sass.py disassembles the result to prove it.
 #include "kernels.cuh"  // first: cuda_runtime.h, or the host emulator (emu.h)
 
+#include <algorithm>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -28,18 +29,15 @@ namespace {
 constexpr int64_t kI64Min = -9223372036854775807LL - 1;
 constexpr unsigned kFull = 0xffffffffu;
 
+int64_t g_launches = 0;  // kernel launches enqueued (launch_count)
+
 void check_launch(const char* what) {
+  ++g_launches;
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) throw std::runtime_error(std::string("CUDA kernel ") + what + ": " + cudaGetErrorString(err));
 }
 
 __device__ __forceinline__ int64_t warp_sum(int64_t v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFull, v, o);
-  return v;
-}
-
-__device__ __forceinline__ int32_t warp_sum32(int32_t v) {  // callers bound the exact sum below 2^31
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFull, v, o);
   return v;
@@ -74,6 +72,34 @@ __device__ __forceinline__ int64_t block_max(int64_t v, int64_t identity, int64_
   return block_reduce<true>(v, identity, red);
 }
 __device__ __forceinline__ int64_t block_sum(int64_t v, int64_t* red) { return block_reduce<false>(v, 0, red); }
+
+// Reads a value another block wrote in this kernel (L2, not a stale L1 line).
+template <class T>
+__device__ __forceinline__ T load_cg(const T* p) {
+#if defined(INTDET_CUDA_EMU)
+  return *p;
+#else
+  return __ldcg(p);
+#endif
+}
+
+// The threadFenceReduction pattern: every block calls it after its global
+// writes; it returns true (to the whole block) in the one block that arrives
+// last at counter (whose count of blocks is `total`), which then sees all the
+// other blocks' writes. That block resets the counter for the next launch.
+__device__ bool last_block_arrives(int* counter, int total, int* flag) {
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const int old = atomicAdd(counter, 1);
+    *flag = old == total - 1;
+    if (*flag) *counter = 0;
+  }
+  __syncthreads();
+  const bool last = *flag;
+  if (last) __threadfence();
+  return last;
+}
 
 // ---------------------------------------------------------------- embedding
 
@@ -182,6 +208,26 @@ __global__ void __launch_bounds__(kNormThreads)
 constexpr int kHeadThreads = 128;
 constexpr int kMaxHeadDim = 256;
 
+// Per-head RMSNorm (g not null: Qwen3's q/k norm) then split-half RoPE at
+// position p, in place on row [D], by the block. y, red: shared scratch.
+__device__ void norm_rope_head(int32_t* row, int D, const int16_t* g, int64_t eps_q60, int64_t p,
+                               const int16_t* cos, const int16_t* sin, int32_t* y, int64_t* red) {
+  if (g) {
+    norm_row(row, g, D, eps_q60, 16, y, red);
+  } else {
+    for (int i = threadIdx.x; i < D; i += blockDim.x) y[i] = row[i];
+    __syncthreads();
+  }
+  const int half = D >> 1;
+  const int16_t* c = cos + p * half;
+  const int16_t* s = sin + p * half;
+  for (int i = threadIdx.x; i < half; i += blockDim.x) {
+    const int64_t x1 = y[i], x2 = y[i + half];
+    row[i] = (int32_t)sat32(round_shift(x1 * c[i] - x2 * s[i], kRopeFrac));
+    row[i + half] = (int32_t)sat32(round_shift(x2 * c[i] + x1 * s[i], kRopeFrac));
+  }
+}
+
 // grid (T, nheads): one block per (row, head) of x [T, nheads, D], in place.
 __global__ void __launch_bounds__(kHeadThreads)
     norm_rope_kernel(int32_t* __restrict__ x, int nheads, int D, const int16_t* __restrict__ g, int64_t eps_q60,
@@ -190,21 +236,7 @@ __global__ void __launch_bounds__(kHeadThreads)
   __shared__ int32_t y[kMaxHeadDim];
   __shared__ int64_t red[33];
   const int64_t t = blockIdx.x;
-  int32_t* row = x + (t * nheads + blockIdx.y) * D;
-  if (g) {
-    norm_row(row, g, D, eps_q60, 16, y, red);
-  } else {
-    for (int i = threadIdx.x; i < D; i += blockDim.x) y[i] = row[i];
-    __syncthreads();
-  }
-  const int half = D >> 1;
-  const int16_t* c = cos + (int64_t)pos[t] * half;
-  const int16_t* s = sin + (int64_t)pos[t] * half;
-  for (int i = threadIdx.x; i < half; i += blockDim.x) {
-    const int64_t x1 = y[i], x2 = y[i + half];
-    row[i] = (int32_t)sat32(round_shift(x1 * c[i] - x2 * s[i], kRopeFrac));
-    row[i + half] = (int32_t)sat32(round_shift(x2 * c[i] + x1 * s[i], kRopeFrac));
-  }
+  norm_rope_head(x + (t * nheads + blockIdx.y) * D, D, g, eps_q60, pos[t], cos, sin, y, red);
 }
 
 // ---------------------------------------------------------------- KV cache append
@@ -237,145 +269,28 @@ __global__ void __launch_bounds__(kHeadThreads)
   }
 }
 
-// ---------------------------------------------------------------- attention
-
-constexpr int kAttnThreads = 256;
-constexpr int kAttnWarps = kAttnThreads / 32;
-
-// grid (grp, nkv, nrows): one block per (row, query head), the exact steps of
-// attend_head. Per position: score z (int32, saturated), then exp2 (<= 2^30),
-// then p (<= 2^16), then the int16 value weight, each overwriting the same
-// int32 scratch slot. P.V: warp w takes positions w, w + 8, ...; lane takes
-// dims lane + 32 j; int32 partials over at most kPvBlock positions, then int64.
-__global__ void __launch_bounds__(kAttnThreads)
-    attention_kernel(const int32_t* __restrict__ qbuf, int row0, int nh, int nkv, int D, int layer,
-                     const int32_t* __restrict__ seq, const int32_t* __restrict__ pos, const DevKV* __restrict__ kvs,
-                     int64_t score_mant, int64_t score_shift, int32_t* __restrict__ scratch, int64_t sstride,
-                     int64_t* __restrict__ out, int64_t window) {
-  __shared__ int32_t qq[kMaxHeadDim];
-  __shared__ int64_t red[33];
-  __shared__ int64_t pv[kAttnWarps][kMaxHeadDim];
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int kvh = blockIdx.y;
-  const int h = kvh * gridDim.x + blockIdx.x;  // heads kvh*grp .. kvh*grp+grp-1 share kv head kvh
-  const int64_t tl = blockIdx.z, t = row0 + tl;
-  const DevKV kv = kvs[seq[t]];
-  // Causal: positions lo..pos; lo > 0 only in a sliding window (the last `window` positions).
-  const int64_t lo = window && (int64_t)pos[t] + 1 > window ? (int64_t)pos[t] + 1 - window : 0;
-  const int64_t n = (int64_t)pos[t] + 1 - lo;
-  const int32_t* qr = qbuf + (t * nh + h) * D;
-  int32_t* sc = scratch + (tl * nh + h) * sstride;
-  const int64_t lay = ((int64_t)layer * kv.max_len + lo) * nkv + kvh;  // (layer, position lo, kvh) in [L, P, nkv]
-  const int8_t* kb = kv.k + lay * D;
-  const int8_t* vb = kv.v + lay * D;
-  const int32_t* kab = kv.ka + lay;
-  const int32_t* vab = kv.va + lay;
-  const int64_t rs = (int64_t)nkv * D;  // int8 elements between positions
-
-  // 1. The query head to int16: quant16_row.
-  int64_t m = 0;
-  for (int d = tid; d < D; d += blockDim.x) m = imax(m, iabs(qr[d]));
-  m = block_max(m, 0, red);
-  const int e_q = (int)imax(bitlen(m) - 15, 0);
-  for (int d = tid; d < D; d += blockDim.x) qq[d] = (int32_t)clamp(round_shift(qr[d], e_q), -kInt16QMax, kInt16QMax);
-  __syncthreads();
-
-  // 2. Scores, one warp per position: raw = q . k exactly (|raw| <= 2^15 * 127 * 256 < 2^31).
-  int64_t zmax = kI64Min;
-  for (int64_t i = warp; i < n; i += kAttnWarps) {
-    const int8_t* kr = kb + i * rs;
-    int32_t raw = 0;
-    for (int d = lane; d < D; d += 32) raw += qq[d] * (int32_t)kr[d];
-    raw = warp_sum32(raw);
-    if (lane == 0) {
-      const int64_t z = attn_score(raw, kab[i * nkv], e_q, score_mant, score_shift);  // sat32: fits int32
-      sc[i] = (int32_t)z;
-      zmax = imax(zmax, z);
-    }
-  }
-  zmax = block_max(zmax, kI64Min, red);  // the barrier also publishes sc[]
-
-  // 3. softmax_q16_row: e = exp2(-(zmax - z)) in Q30, tot = sum e, R = 2^62 / tot.
-  int64_t tot = 0;
-  for (int64_t i = tid; i < n; i += kAttnThreads) {
-    const int64_t ev = exp2_neg_q30(zmax - sc[i]);  // <= 2^30
-    sc[i] = (int32_t)ev;
-    tot += ev;
-  }
-  tot = block_sum(tot, red);  // >= 2^30 - 4: the max term
-  const int64_t R = floor_div((int64_t)1 << 62, tot);
-
-  // 4. p = round_shift(e R, 46) (Q16), value weights w = p * a_v < 2^47, quant16 of w.
-  int64_t wmax = 0;
-  for (int64_t i = tid; i < n; i += kAttnThreads) {
-    const int64_t p = round_shift((int64_t)sc[i] * R, 62 - kProbFrac);  // <= 2^16
-    sc[i] = (int32_t)p;
-    wmax = imax(wmax, p * vab[i * nkv]);
-  }
-  wmax = block_max(wmax, 0, red);
-  const int s = (int)imax(bitlen(wmax) - 15, 0);
-  for (int64_t i = tid; i < n; i += kAttnThreads)
-    sc[i] = (int32_t)clamp(round_shift((int64_t)sc[i] * vab[i * nkv], s), -kInt16QMax, kInt16QMax);
-  __syncthreads();
-
-  // 5. out = (sum_i w16_i v_i) << s.
-  int32_t part[8];
-  int64_t acc[8];
-#pragma unroll
-  for (int j = 0; j < 8; ++j) part[j] = 0, acc[j] = 0;
-  int cnt = 0;
-  for (int64_t i = warp; i < n; i += kAttnWarps) {
-    const int32_t wi = sc[i];
-    const int8_t* vr = vb + i * rs;
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const int d = lane + 32 * j;
-      if (d < D) part[j] += wi * (int32_t)vr[d];
-    }
-    if (++cnt == kPvBlock) {  // 512 * 32767 * 127 < 2^31
-#pragma unroll
-      for (int j = 0; j < 8; ++j) acc[j] += part[j], part[j] = 0;
-      cnt = 0;
-    }
-  }
-#pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    const int d = lane + 32 * j;
-    if (d < D) pv[warp][d] = acc[j] + part[j];
-  }
-  __syncthreads();
-  for (int d = tid; d < D; d += blockDim.x) {
-    int64_t sum = 0;
-#pragma unroll
-    for (int w = 0; w < kAttnWarps; ++w) sum += pv[w][d];
-    out[(t * nh + h) * D + d] = shl(sum, s);
-  }
-}
-
 // ---------------------------------------------------------------- SwiGLU
+
+// swiglu_row / geglu_row for one element (Q16 gate and up, Q32 int64 out).
+__device__ __forceinline__ int64_t glu_one(int64_t g, int64_t u, bool gelu) {
+  const int64_t w = gelu ? gelu_exp2_arg(g) : round_shift(iabs(g) * kLog2eQ30, 30);  // |y| log2(e), Q16
+  const int64_t d = exp2_neg_q30(w);  // exp(-|y|), Q30
+  const int64_t den = ((int64_t)1 << 30) + d;
+  const int64_t sig = g >= 0 ? round_div((int64_t)1 << 60, den) : round_div(d << 30, den);  // sign(y) = sign(g)
+  return round_shift(g * sig, 30) * u;
+}
 
 __global__ void swiglu_kernel(const int32_t* __restrict__ gate, const int32_t* __restrict__ up, int64_t count,
                               int64_t* __restrict__ a) {
-  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < count; i += (int64_t)gridDim.x * blockDim.x) {
-    const int64_t g = gate[i];
-    const int64_t w = round_shift(iabs(g) * kLog2eQ30, 30);  // |g| * log2(e), Q16
-    const int64_t d = exp2_neg_q30(w);                      // exp(-|g|), Q30
-    const int64_t den = ((int64_t)1 << 30) + d;
-    const int64_t sig = g >= 0 ? round_div((int64_t)1 << 60, den) : round_div(d << 30, den);
-    a[i] = round_shift(g * sig, 30) * (int64_t)up[i];
-  }
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < count; i += (int64_t)gridDim.x * blockDim.x)
+    a[i] = glu_one(gate[i], up[i], false);
 }
 
 // GeGLU: geglu_row's steps per element (gelu_exp2_arg in ops.h, shared with the CPU).
 __global__ void geglu_kernel(const int32_t* __restrict__ gate, const int32_t* __restrict__ up, int64_t count,
                              int64_t* __restrict__ a) {
-  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < count; i += (int64_t)gridDim.x * blockDim.x) {
-    const int64_t g = gate[i];
-    const int64_t d = exp2_neg_q30(gelu_exp2_arg(g));  // exp(-|y|), Q30
-    const int64_t den = ((int64_t)1 << 30) + d;
-    const int64_t sig = g >= 0 ? round_div((int64_t)1 << 60, den) : round_div(d << 30, den);
-    a[i] = round_shift(g * sig, 30) * (int64_t)up[i];
-  }
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < count; i += (int64_t)gridDim.x * blockDim.x)
+    a[i] = glu_one(gate[i], up[i], true);
 }
 
 __global__ void round_div_kernel(const int64_t* a, const int64_t* b, int64_t count, int64_t* out) {
@@ -435,36 +350,79 @@ __device__ __forceinline__ int32_t dot16(const int4 a0, const int4 a1, const int
 
 constexpr int kGemvWarps = 4;
 
-// Decode GEMV: one warp per output channel j, rows t0..t0+TT-1 (blockIdx.y).
-// vec: K % 16 == 0, so 16-byte loads of w rows and q rows are aligned.
+// Decode GEMV: each output channel j is served by wpc = 1 << wlg warps of one
+// block (split-K inside the block: warp part p takes 16-byte chunks
+// [p cpw, (p + 1) cpw) of the row), rows t0..t0+TT-1 (blockIdx.y). Each lane
+// issues kGemvUnroll independent 16-byte weight loads before it uses any, so
+// a warp keeps 32 * kGemvUnroll loads in flight. Every dot16 is exact in
+// int32 (16 products < 2^26) and goes straight into an int64 accumulator;
+// the split parts are added in int64 through shared memory, so any split
+// gives the same sum. vec: K % 16 == 0 (aligned 16-byte loads of w and q
+// rows); otherwise scalar loads and wlg = 0.
+constexpr int kGemvUnroll = 4;
+
+// The fields of segment si of a GemvSegs (no dynamic index into the kernel
+// parameters: that would copy them to local memory).
+__device__ __forceinline__ GemvSeg seg_at(const GemvSegs& s, int si) {
+  return si == 0 ? s.s[0] : si == 1 ? s.s[1] : s.s[2];
+}
+
+// Several linear layers on the same input in one launch (segments: q, k, v;
+// or gate and up): blocks 0..s[0].blocks-1 serve segment 0, and so on. In
+// GLU mode (two segments of the same N: gate and up) every block serves the
+// same channels of both, warps (slots) alternating gate / up, and the gate's
+// lane applies SwiGLU or GeGLU to the pair: glu_out[t, j] (Q32 int64).
 template <int TT>
 __global__ void __launch_bounds__(kGemvWarps * 32)
-    gemv_kernel(const int16_t* __restrict__ q, const int32_t* __restrict__ e, int T, int K,
-                const int8_t* __restrict__ w, const int32_t* __restrict__ mant, const int32_t* __restrict__ shift,
-                const int32_t* __restrict__ bias, int N, int32_t* __restrict__ out, int64_t ldo, int residual,
-                int vec) {
-  const int lane = threadIdx.x & 31;
-  const int64_t j = (int64_t)blockIdx.x * kGemvWarps + (threadIdx.x >> 5);
-  if (j >= N) return;  // whole warps only; no block barrier below
+    gemv_kernel(const int16_t* __restrict__ q, const int32_t* __restrict__ e, int T, int K, const GemvSegs segs,
+                int residual, int vec, int wlg, int cpw, const NormAfter na) {
+  __shared__ int64_t part[kGemvWarps][TT];
+  __shared__ int32_t gluv[kGemvWarps][TT];
+  __shared__ int64_t red[33];
+  __shared__ int flag;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int p = warp & ((1 << wlg) - 1), slot = warp >> wlg, nslot = kGemvWarps >> wlg;
+  int si = 0, b = blockIdx.x;
+  int64_t j;
+  if (segs.glu) {
+    si = slot & 1;
+    j = (int64_t)b * (nslot >> 1) + (slot >> 1);
+  } else {
+    while (si + 1 < segs.n && b >= seg_at(segs, si).blocks) b -= seg_at(segs, si++).blocks;  // block-uniform
+    j = (int64_t)b * nslot + slot;
+  }
+  const GemvSeg S = seg_at(segs, si);
+  const int N = S.N;
+  const bool valid = j < N;
   const int t0 = blockIdx.y * TT;
   const int nt = T - t0 < TT ? T - t0 : TT;
-  const int8_t* wj = w + j * K;
+  const int8_t* wj = S.w + (valid ? j : 0) * K;
   const int16_t* q0 = q + (int64_t)t0 * K;
   int64_t acc[TT];
 #pragma unroll
   for (int tt = 0; tt < TT; ++tt) acc[tt] = 0;
-  if (vec) {
-    for (int k = lane * 16; k < K; k += 32 * 16) {
-      const int4 wv = load16(wj + k);
+  if (valid && vec) {
+    const int C = K >> 4;
+    const int c0 = p * cpw, c1 = c0 + cpw < C ? c0 + cpw : C;
+    for (int c = c0 + lane; c < c1; c += 32 * kGemvUnroll) {
+      int4 wv[kGemvUnroll];
 #pragma unroll
-      for (int tt = 0; tt < TT; ++tt) {
-        if (tt < nt) {
-          const int16_t* ap = q0 + (int64_t)tt * K + k;
-          acc[tt] += dot16(load16(ap), load16(ap + 8), wv);
+      for (int u = 0; u < kGemvUnroll; ++u)
+        wv[u] = c + 32 * u < c1 ? load16(wj + 16 * (int64_t)(c + 32 * u)) : make_int4(0, 0, 0, 0);
+#pragma unroll
+      for (int u = 0; u < kGemvUnroll; ++u) {
+        if (c + 32 * u < c1) {
+#pragma unroll
+          for (int tt = 0; tt < TT; ++tt) {
+            if (tt < nt) {
+              const int16_t* ap = q0 + (int64_t)tt * K + 16 * (c + 32 * u);
+              acc[tt] += dot16(load16(ap), load16(ap + 8), wv[u]);
+            }
+          }
         }
       }
     }
-  } else {
+  } else if (valid) {
     for (int k = lane; k < K; k += 32) {
       const int32_t wk = wj[k];
 #pragma unroll
@@ -472,7 +430,57 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
         if (tt < nt) acc[tt] += (int32_t)q0[(int64_t)tt * K + k] * wk;
     }
   }
-  gemv_store<TT>(acc, lane, nt, t0, j, e, mant, shift, bias, out, ldo, residual);
+#pragma unroll
+  for (int tt = 0; tt < TT; ++tt) acc[tt] = warp_sum(acc[tt]);
+  if (wlg) {  // grid-uniform: add the K parts of each channel in int64
+    if (lane == 0)
+#pragma unroll
+      for (int tt = 0; tt < TT; ++tt) part[warp][tt] = acc[tt];
+    __syncthreads();
+    if (p == 0)
+      for (int q2 = 1; q2 < (1 << wlg); ++q2)
+#pragma unroll
+        for (int tt = 0; tt < TT; ++tt) acc[tt] += part[warp + q2][tt];
+  }
+  const bool head = valid && p == 0 && lane == 0;  // the lane that owns channel j's result
+  if (head) {
+    const int32_t mj = S.mant[j], sj = S.shift[j];
+#pragma unroll
+    for (int tt = 0; tt < TT; ++tt) {
+      if (tt < nt) {
+        const int64_t t = t0 + tt;
+        const int64_t v = linear_epilogue(acc[tt], mj, sj, e[t], S.bias, j);
+        store_out(S.out + t * S.ldo + j, v, residual);
+        gluv[warp][tt] = (int32_t)v;
+      }
+    }
+  }
+  if (na.counter) {  // grid-uniform: the next RMSNorm + quant16 of the rows just written, by the last block
+    if (!last_block_arrives(na.counter + blockIdx.y, gridDim.x, &flag)) return;
+    INTDET_DYN_SMEM(int32_t, y_s);
+    for (int tt = 0; tt < nt; ++tt) {
+      const int64_t t = t0 + tt;
+      const int32_t* xr = S.out + t * S.ldo;  // the residual row (other blocks wrote it: read from L2)
+      for (int i = threadIdx.x; i < na.n; i += blockDim.x) y_s[i] = load_cg(xr + i);
+      __syncthreads();
+      norm_row(y_s, na.g, na.n, na.eps_q60, na.in_frac, y_s, red);  // in place: each thread reads x[i], then writes y[i]
+      if (na.normed)
+        for (int i = threadIdx.x; i < na.n; i += blockDim.x) na.normed[t * na.n + i] = y_s[i];
+      const int ex = quant16_block(y_s, na.n, na.q + t * na.n, red);
+      if (threadIdx.x == 0) na.e[t] = ex;
+      __syncthreads();  // y_s and red are reused by the next row
+    }
+    return;
+  }
+  if (!segs.glu) return;  // grid-uniform
+  __syncthreads();
+  if (head && si == 0) {  // the gate's slot; the up slot of the same channel is the next one
+#pragma unroll
+    for (int tt = 0; tt < TT; ++tt)
+      if (tt < nt)
+        segs.glu_out[(t0 + tt) * segs.glu_ldo + j] =
+            glu_one(gluv[warp][tt], gluv[warp + (1 << wlg)][tt], segs.glu == 2);
+  }
 }
 
 // Prefill GEMM: 64 rows x 64 channels per block of 256 threads, K in tiles of
@@ -719,6 +727,284 @@ __global__ void __launch_bounds__(256)
   }
 }
 
+// grid (T, nh + 2 nkv): the q/k norm + RoPE of every q and k head and the KV
+// append in one launch. Blocks y < nh: q head y in place; nh <= y < nh + nkv:
+// k head y - nh in place, then quant8 into the cache; the rest: v heads'
+// quant8 into the cache. The same per-head steps as norm_rope_kernel and
+// kv_append_kernel (the k row is quantized after its RoPE, as there).
+__global__ void __launch_bounds__(kHeadThreads)
+    rope_append_kernel(int32_t* __restrict__ qb, int32_t* __restrict__ kb, const int32_t* __restrict__ vb, int nh,
+                       int nkv, int D, const int16_t* __restrict__ q_norm, const int16_t* __restrict__ k_norm,
+                       int64_t eps_q60, const int32_t* __restrict__ pos, const int16_t* __restrict__ cos,
+                       const int16_t* __restrict__ sin, int layer, const int32_t* __restrict__ seq,
+                       const DevKV* __restrict__ kvs) {
+  __shared__ int32_t y[kMaxHeadDim];
+  __shared__ int64_t red[33];
+  const int64_t t = blockIdx.x;
+  const int hy = blockIdx.y;
+  if (hy < nh) {
+    norm_rope_head(qb + (t * nh + hy) * D, D, q_norm, eps_q60, pos[t], cos, sin, y, red);
+    return;
+  }
+  const DevKV kv = kvs[seq[t]];
+  const int h = hy < nh + nkv ? hy - nh : hy - nh - nkv;
+  const int64_t base = ((int64_t)layer * kv.max_len + pos[t]) * nkv + h;  // [L, P, nkv] index
+  const int64_t src = (t * nkv + h) * D;
+  if (hy < nh + nkv) {
+    norm_rope_head(kb + src, D, k_norm, eps_q60, pos[t], cos, sin, y, red);
+    __syncthreads();  // the rotated row, written by other threads, is quant8's input
+    const int32_t a = quant8_block(kb + src, D, kv.k + base * D, red);
+    if (threadIdx.x == 0) kv.ka[base] = a;
+  } else {
+    const int32_t a = quant8_block(vb + src, D, kv.v + base * D, red);
+    if (threadIdx.x == 0) kv.va[base] = a;
+  }
+}
+
+// ---------------------------------------------------------------- attention (flash-decoding)
+//
+// attend_head's steps, split over positions: the positions lo..pos of a row
+// are cut into nsplit chunks of `chunk` positions, and one block serves one
+// (chunk, kv head, row) for all grp query heads that share the kv head (GQA:
+// each K and V row is read once for the group). Two kernels:
+//
+//  1. attn_scores_kernel: per chunk, z = attn_score(q . k) (16-byte K loads;
+//     the group's int16 queries in shared memory) into the int32 scratch, and
+//     the chunk's max per head into zpart. The last block of a (row, kv head)
+//     to finish (an atomic counter, the threadFenceReduction pattern) runs
+//     softmax_q16_row and the value weights for every position of the group's
+//     heads: zmax = max of the chunk maxima; e = exp2(-(zmax - z)), tot =
+//     sum e (int64); R = 2^62 / tot; p = round_shift(e R, 46); wmax = max p a_v;
+//     s = bitlen(wmax) - 15; w16 = round_shift(p a_v, s), left in the scratch.
+//  2. attn_pv_kernel: per chunk, sum_i w16_i v_i for the group's heads (16-byte
+//     V loads), added into oacc (int64) with atomicAdd; the last block of a row
+//     computes out = oacc << s for all heads (attn_out, int64) and quant16 of
+//     the row (the o-projection's input), and zeroes oacc for the next use.
+//
+// Why this is exact and order-free: the three reductions that cross blocks are
+// an int64 max (zmax, of int32 scores), an int64 sum (tot <= n 2^30 < 2^63)
+// and int64 sums of P.V partials (|sum| <= n 32767 127 < 2^63); max and
+// integer addition are associative and commutative, and no partial sum can
+// overflow, so any order of blocks, lanes and atomics gives the same integer.
+// Everything in between (exp2, R, p, w16) is the CPU's per-position formula on
+// those exact values. Inside a block, int32 sums: q . k has D <= 256 products
+// (< 2^31 for every subset), and one chunk's P.V for a dimension at most
+// chunk <= kPvBlock = 512 products (512 * 32767 * 127 < 2^31), so the chunk's
+// int32 sums are exact before they go into int64.
+
+constexpr int kAttnThreads = 128;
+constexpr int kMaxGroupDim = 4096;  // grp * D: the group's int16 queries in shared memory
+constexpr int kMaxGroup = 16;
+
+// Positions of a row: lo..lo+n-1 (lo > 0 only in a sliding window).
+__device__ __forceinline__ void attn_range(int64_t p, int64_t window, int64_t* lo, int64_t* n) {
+  *lo = window && p + 1 > window ? p + 1 - window : 0;
+  *n = p + 1 - *lo;
+}
+
+// Lanes per position: D/16 16-byte chunks rounded up to a power of two (vec),
+// or a whole warp over scalar dims (D % 16 != 0).
+__device__ __forceinline__ int attn_lanes_log2(int D, bool vec) {
+  if (!vec) return 5;
+  int lg = 0;
+  while ((16 << lg) < D) ++lg;
+  return lg;
+}
+
+// Sum over the L lanes of a position (lanes sub = 0..L-1 of an aligned group);
+// every lane of the warp calls it.
+__device__ __forceinline__ int32_t group_sum32(int32_t v, int L) {
+  for (int o = L >> 1; o > 0; o >>= 1) v += __shfl_xor_sync(kFull, v, o);
+  return v;
+}
+
+// grid (nsplit, nkv, nrows).
+__global__ void __launch_bounds__(kAttnThreads)
+    attn_scores_kernel(const int32_t* __restrict__ qbuf, int row0, int nh, int nkv, int grp, int D, int layer,
+                       const int32_t* __restrict__ seq, const int32_t* __restrict__ pos, const DevKV* __restrict__ kvs,
+                       int64_t score_mant, int64_t score_shift, int32_t* __restrict__ scratch, int64_t sstride,
+                       int64_t* __restrict__ zpart, int chunk, int* __restrict__ cnt, int32_t* __restrict__ sarr,
+                       int64_t window) {
+  __shared__ __align__(16) int16_t qq[kMaxGroupDim];
+  __shared__ int eq[kMaxGroup];
+  __shared__ int64_t red[33];
+  __shared__ int flag;
+  const int tid = threadIdx.x, lane = tid & 31;
+  const int nsplit = gridDim.x, split = blockIdx.x, kvh = blockIdx.y;
+  const int64_t tl = blockIdx.z, t = row0 + tl;
+  const DevKV kv = kvs[seq[t]];
+  int64_t lo, n;
+  attn_range(pos[t], window, &lo, &n);
+  const int64_t i0 = (int64_t)split * chunk, i1 = i0 + chunk < n ? i0 + chunk : n;  // this block's positions
+  const int64_t lay = ((int64_t)layer * kv.max_len + lo) * nkv + kvh;  // (layer, position lo, kvh) in [L, P, nkv]
+  const int8_t* kb = kv.k + lay * D;
+  const int64_t rs = (int64_t)nkv * D;  // int8 elements between positions
+  const int h0 = kvh * grp;
+
+  if (i0 < n) {  // block-uniform
+    // 1. The group's query heads to int16 (quant16_row of each).
+    for (int g = 0; g < grp; ++g) {
+      const int32_t* qr = qbuf + (t * nh + h0 + g) * D;
+      int64_t m = 0;
+      for (int d = tid; d < D; d += blockDim.x) m = imax(m, iabs(qr[d]));
+      m = block_max(m, 0, red);
+      const int e_q = (int)imax(bitlen(m) - 15, 0);
+      for (int d = tid; d < D; d += blockDim.x) qq[g * D + d] = (int16_t)clamp(round_shift(qr[d], e_q), -kInt16QMax, kInt16QMax);
+      if (tid == 0) eq[g] = e_q;
+    }
+    __syncthreads();
+    // 2. Scores: L lanes per position, slots positions per pass of the block.
+    const bool vec = D % 16 == 0;
+    const int lg = attn_lanes_log2(D, vec), L = 1 << lg, sub = lane & (L - 1), slots = kAttnThreads >> lg, slot = tid >> lg;
+    for (int64_t ib = i0; ib < i1; ib += slots) {  // block-uniform bounds: every lane shuffles
+      const int64_t i = ib + slot;
+      const bool ok = i < i1;
+      const int8_t* kr = kb + (ok ? i : i0) * rs;
+      int4 kv16 = make_int4(0, 0, 0, 0);
+      if (vec && ok && sub * 16 < D) kv16 = load16(kr + sub * 16);
+      for (int g = 0; g < grp; ++g) {
+        int32_t raw = 0;
+        if (vec) {
+          if (ok && sub * 16 < D) {
+            const int16_t* qp = qq + g * D + sub * 16;
+            raw = dot16(load16(qp), load16(qp + 8), kv16);
+          }
+        } else if (ok) {
+          for (int d = sub; d < D; d += 32) raw += (int32_t)qq[g * D + d] * (int32_t)kr[d];
+        }
+        raw = group_sum32(raw, L);  // |q . k| <= 2^15 * 127 * 256 < 2^31
+        if (ok && sub == 0)
+          scratch[(tl * nh + h0 + g) * sstride + i] =
+              (int32_t)attn_score(raw, kv.ka[lay + i * nkv], eq[g], score_mant, score_shift);  // sat32
+      }
+    }
+    __syncthreads();  // the block's scores are visible to the block
+    for (int g = 0; g < grp; ++g) {
+      const int32_t* sc = scratch + (tl * nh + h0 + g) * sstride;
+      int64_t m = kI64Min;
+      for (int64_t i = i0 + tid; i < i1; i += kAttnThreads) m = imax(m, (int64_t)sc[i]);
+      m = block_max(m, kI64Min, red);
+      if (tid == 0) zpart[(tl * nh + h0 + g) * nsplit + split] = m;
+    }
+  }
+  if (!last_block_arrives(cnt + tl * nkv + kvh, nsplit, &flag)) return;
+
+  // 3. The last block: softmax_q16_row and the value weights, per head of the group.
+  const int32_t* vab = kv.va + lay;
+  for (int g = 0; g < grp; ++g) {
+    const int64_t hr = tl * nh + h0 + g;
+    int32_t* sc = scratch + hr * sstride;
+    int64_t zmax = kI64Min;
+    for (int b = tid; b < nsplit; b += kAttnThreads)
+      if ((int64_t)b * chunk < n) zmax = imax(zmax, load_cg(zpart + hr * nsplit + b));
+    zmax = block_max(zmax, kI64Min, red);
+    int64_t tot = 0;
+    for (int64_t i = tid; i < n; i += kAttnThreads) {
+      const int64_t ev = exp2_neg_q30(zmax - load_cg(sc + i));  // <= 2^30
+      sc[i] = (int32_t)ev;
+      tot += ev;
+    }
+    tot = block_sum(tot, red);  // >= 2^30 - 4: the max term
+    const int64_t R = floor_div((int64_t)1 << 62, tot);
+    int64_t wmax = 0;
+    for (int64_t i = tid; i < n; i += kAttnThreads) {
+      const int64_t p = round_shift((int64_t)sc[i] * R, 62 - kProbFrac);  // <= 2^16
+      sc[i] = (int32_t)p;
+      wmax = imax(wmax, p * vab[i * nkv]);  // < 2^47
+    }
+    wmax = block_max(wmax, 0, red);
+    const int s = (int)imax(bitlen(wmax) - 15, 0);
+    for (int64_t i = tid; i < n; i += kAttnThreads)
+      sc[i] = (int32_t)clamp(round_shift((int64_t)sc[i] * vab[i * nkv], s), -kInt16QMax, kInt16QMax);
+    if (tid == 0) sarr[hr] = s;
+    __syncthreads();  // before red and the next head's loops reuse shared state
+  }
+}
+
+// grid (nsplit, nkv, nrows). oacc [nrows, nh, D] int64 is zero on entry (and
+// is left zero); out [T, nh, D] int64 and (act, act_e) = quant16 of each row.
+__global__ void __launch_bounds__(kAttnThreads)
+    attn_pv_kernel(int row0, int nh, int nkv, int grp, int D, int layer, const int32_t* __restrict__ seq,
+                   const int32_t* __restrict__ pos, const DevKV* __restrict__ kvs,
+                   const int32_t* __restrict__ scratch, int64_t sstride, const int32_t* __restrict__ sarr, int chunk,
+                   unsigned long long* __restrict__ oacc, int* __restrict__ cnt, int64_t* __restrict__ out,
+                   int16_t* __restrict__ act, int32_t* __restrict__ act_e, int64_t window) {
+  __shared__ int32_t pvs[kAttnThreads * 16];  // slots x D partials (slots * D <= 16 * kAttnThreads)
+  __shared__ int64_t red[33];
+  __shared__ int flag;
+  const int tid = threadIdx.x, lane = tid & 31;
+  const int nsplit = gridDim.x, split = blockIdx.x, kvh = blockIdx.y;
+  const int64_t tl = blockIdx.z, t = row0 + tl;
+  const DevKV kv = kvs[seq[t]];
+  int64_t lo, n;
+  attn_range(pos[t], window, &lo, &n);
+  const int64_t i0 = (int64_t)split * chunk, i1 = i0 + chunk < n ? i0 + chunk : n;
+  const int64_t lay = ((int64_t)layer * kv.max_len + lo) * nkv + kvh;
+  const int8_t* vb = kv.v + lay * D;
+  const int64_t rs = (int64_t)nkv * D;
+  const int h0 = kvh * grp;
+  const bool vec = D % 16 == 0;
+  const int lg = attn_lanes_log2(D, vec), L = 1 << lg, sub = lane & (L - 1), slots = kAttnThreads >> lg, slot = tid >> lg;
+
+  if (i0 < n) {  // block-uniform
+    for (int g = 0; g < grp; ++g) {
+      const int32_t* w16 = scratch + (tl * nh + h0 + g) * sstride;
+      int32_t acc[16];  // vec: dims 16 sub + j; scalar: dims sub + 32 j (j < 8)
+#pragma unroll
+      for (int j = 0; j < 16; ++j) acc[j] = 0;
+      for (int64_t i = i0 + slot; i < i1; i += slots) {  // at most chunk <= 512 products per dim
+        const int32_t wi = w16[i];
+        const int8_t* vr = vb + i * rs;
+        if (vec) {
+          if (sub * 16 < D) {
+            const int4 v = load16(vr + sub * 16);
+            const int32_t wd[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+            for (int j = 0; j < 16; ++j) acc[j] += wi * (int32_t)(int8_t)(wd[j >> 2] >> (8 * (j & 3)));
+          }
+        } else {
+#pragma unroll
+          for (int j = 0; j < 8; ++j)
+            if (sub + 32 * j < D) acc[j] += wi * (int32_t)vr[sub + 32 * j];
+        }
+      }
+      // The chunk's sum per dim over the slots: int32, at most chunk products.
+      if (vec) {
+        if (sub * 16 < D)
+#pragma unroll
+          for (int j = 0; j < 16; ++j) pvs[slot * D + sub * 16 + j] = acc[j];
+      } else {
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+          if (sub + 32 * j < D) pvs[slot * D + sub + 32 * j] = acc[j];
+      }
+      __syncthreads();
+      for (int d = tid; d < D; d += kAttnThreads) {
+        int32_t sum = 0;
+        for (int k = 0; k < slots; ++k) sum += pvs[k * D + d];
+        atomicAdd(oacc + (tl * nh + h0 + g) * D + d, (unsigned long long)(int64_t)sum);  // two's complement: exact
+      }
+      __syncthreads();
+    }
+  }
+  if (!last_block_arrives(cnt + tl, nsplit * nkv, &flag)) return;
+
+  // The last block of the row: out = oacc << s per head, then quant16 of the row.
+  const int HD = nh * D;
+  int64_t* o = out + t * HD;
+  unsigned long long* oa = oacc + tl * HD;
+  for (int h = 0; h < nh; ++h) {  // (no '/' by a variable: nvcc lowers it through float hardware)
+    const int s = sarr[tl * nh + h];
+    for (int d = tid; d < D; d += kAttnThreads) {
+      o[h * D + d] = shl((int64_t)load_cg(oa + h * D + d), s);
+      oa[h * D + d] = 0;
+    }
+  }
+  __syncthreads();
+  const int ex = quant16_block(o, HD, act + t * HD, red);
+  if (tid == 0) act_e[t] = ex;
+}
+
 unsigned grid_1d(int64_t count, int threads) {
   int64_t b = (count + threads - 1) / threads;
   if (b > 65535) b = 65535;  // grid-stride loops cover the rest
@@ -732,6 +1018,8 @@ void launch_embed(const int32_t* tokens, const int8_t* emb, const int32_t* mant,
   INTDET_LAUNCH(embed_kernel, T, 256, 0, st, tokens, emb, mant, shift, H, x);
   check_launch("embed");
 }
+
+int64_t launch_count() { return g_launches; }
 
 void launch_norm_quant16(const int32_t* x, const int32_t* idx, const int16_t* g, int R, int n, int64_t eps_q60,
                          int in_frac, int16_t* q, int32_t* e, cudaStream_t st, int32_t* normed) {
@@ -754,6 +1042,55 @@ void launch_quant16_i64(const int64_t* x, int R, int n, int16_t* q, int32_t* e, 
   check_launch("quant16_i64");
 }
 
+int g_gemv_split = -1;  // tests: force the split
+void set_gemv_split_override(int wlg) { g_gemv_split = wlg < 0 ? -1 : wlg > 2 ? 2 : wlg; }
+
+int gemv_split_log2(int K, int N) {
+  // Warps per output channel (1, 2 or 4; split-K inside a block): enough
+  // that a lane makes at most two passes of kGemvUnroll loads, and one pass
+  // when N is small (the N = 1024 projections: more warps in flight).
+  const int64_t C = K / 16, per = (N < 4096 ? 32 : 64) * kGemvUnroll;
+  return C > 2 * per ? 2 : C > per ? 1 : 0;
+}
+
+void launch_gemv(const int16_t* q, const int32_t* e, int T, int K, GemvSegs segs, bool residual, cudaStream_t st,
+                 const NormAfter& na) {
+  if (T <= 0 || segs.n <= 0) return;
+  if (na.counter && (segs.n != 1 || segs.glu || T > kNormFoldRows || segs.s[0].N != na.n || segs.s[0].ldo != na.n))
+    throw std::invalid_argument("linear (GEMV): a folded norm needs one segment of N = n and at most 2 rows");
+  const size_t smem = na.counter ? (size_t)na.n * sizeof(int32_t) : 0;
+  if (segs.n > 3 || (segs.glu && (segs.n != 2 || segs.s[0].N != segs.s[1].N)))
+    throw std::invalid_argument("linear (GEMV): bad segments");
+  const int vec = K % 16 == 0;
+  int maxN = 0;
+  for (int i = 0; i < segs.n; ++i) maxN = std::max(maxN, segs.s[i].N);
+  int wlg = !vec ? 0 : g_gemv_split >= 0 ? g_gemv_split : gemv_split_log2(K, maxN);
+  if (segs.glu && wlg > 1) wlg = 1;  // two slots (gate, up) per block at least
+  const int C = K / 16, cpw = (C + (1 << wlg) - 1) >> wlg;
+  const int nslot = kGemvWarps >> wlg;
+  int64_t gx = 0;
+  for (int i = 0; i < segs.n; ++i) {
+    const int per = segs.glu ? nslot / 2 : nslot;
+    segs.s[i].blocks = (segs.s[i].N + per - 1) / per;
+    gx += segs.s[i].blocks;
+  }
+  if (segs.glu) gx = segs.s[0].blocks;
+  if (gx > 0x7fffffff) throw std::invalid_argument("linear (GEMV): too many channels");
+  const int threads = kGemvWarps * 32;
+  if (T == 1) {
+    INTDET_LAUNCH(gemv_kernel<1>, dim3((unsigned)gx, 1), threads, smem, st, q, e, T, K, segs, residual, vec, wlg, cpw, na);
+  } else if (T <= 2) {
+    INTDET_LAUNCH(gemv_kernel<2>, dim3((unsigned)gx, 1), threads, smem, st, q, e, T, K, segs, residual, vec, wlg, cpw, na);
+  } else if (T <= 4) {
+    INTDET_LAUNCH(gemv_kernel<4>, dim3((unsigned)gx, 1), threads, smem, st, q, e, T, K, segs, residual, vec, wlg, cpw, na);
+  } else {
+    const unsigned gy = (unsigned)((T + 7) / 8);
+    if (gy > 65535) throw std::invalid_argument("linear (GEMV): too many rows");
+    INTDET_LAUNCH(gemv_kernel<8>, dim3((unsigned)gx, gy), threads, smem, st, q, e, T, K, segs, residual, vec, wlg, cpw, na);
+  }
+  check_launch("linear (GEMV)");
+}
+
 void launch_linear(const int16_t* q, const int32_t* e, int T, int K, const int8_t* w, const int32_t* mant,
                    const int32_t* shift, const int32_t* bias, int N, int32_t* out, int64_t ldo, bool residual,
                    int path, cudaStream_t st) {
@@ -761,19 +1098,11 @@ void launch_linear(const int16_t* q, const int32_t* e, int T, int K, const int8_
   const int vec = K % 16 == 0;
   if (path == kLinearAuto) path = T <= kGemvMaxRows ? kLinearGemv : kLinearGemm;
   if (path == kLinearGemv) {
-    const unsigned gx = (unsigned)((N + kGemvWarps - 1) / kGemvWarps);
-    const int threads = kGemvWarps * 32;
-    if (T == 1) {
-      INTDET_LAUNCH(gemv_kernel<1>, dim3(gx, 1), threads, 0, st, q, e, T, K, w, mant, shift, bias, N, out, ldo, residual, vec);
-    } else if (T <= 2) {
-      INTDET_LAUNCH(gemv_kernel<2>, dim3(gx, 1), threads, 0, st, q, e, T, K, w, mant, shift, bias, N, out, ldo, residual, vec);
-    } else if (T <= 4) {
-      INTDET_LAUNCH(gemv_kernel<4>, dim3(gx, 1), threads, 0, st, q, e, T, K, w, mant, shift, bias, N, out, ldo, residual, vec);
-    } else {
-      const unsigned gy = (unsigned)((T + 7) / 8);
-      if (gy > 65535) throw std::invalid_argument("linear (GEMV): too many rows");
-      INTDET_LAUNCH(gemv_kernel<8>, dim3(gx, gy), threads, 0, st, q, e, T, K, w, mant, shift, bias, N, out, ldo, residual, vec);
-    }
+    GemvSegs segs{};
+    segs.s[0] = GemvSeg{w, mant, shift, bias, out, ldo, N, 0};
+    segs.n = 1;
+    launch_gemv(q, e, T, K, segs, residual, st, NormAfter{});
+    return;
   } else {
     const unsigned gy = (unsigned)((T + kTileM - 1) / kTileM);
     if (gy > 65535) throw std::invalid_argument("linear (GEMM): too many rows");
@@ -820,6 +1149,17 @@ void launch_norm_rope(int32_t* x, int T, int nheads, int D, const int16_t* g, in
   check_launch("norm_rope");
 }
 
+void launch_rope_append(int32_t* q, int32_t* k, const int32_t* v, int T, int nh, int nkv, int D,
+                        const int16_t* q_norm, const int16_t* k_norm, int64_t eps_q60, const int32_t* pos,
+                        const int16_t* cos, const int16_t* sin, int layer, const int32_t* seq, const DevKV* kvs,
+                        cudaStream_t st) {
+  if (T <= 0) return;
+  if (D > kMaxHeadDim || nh + 2 * nkv > 65535) throw std::invalid_argument("rope_append: head_dim > 256 or too many heads");
+  INTDET_LAUNCH(rope_append_kernel, dim3(T, nh + 2 * nkv), kHeadThreads, 0, st, q, k, v, nh, nkv, D, q_norm, k_norm,
+                eps_q60, pos, cos, sin, layer, seq, kvs);
+  check_launch("rope_append");
+}
+
 void launch_kv_append(const int32_t* k, const int32_t* v, int T, int nkv, int D, int layer, const int32_t* seq,
                       const int32_t* pos, const DevKV* kvs, cudaStream_t st) {
   if (T <= 0) return;
@@ -828,15 +1168,37 @@ void launch_kv_append(const int32_t* k, const int32_t* v, int T, int nkv, int D,
   check_launch("kv_append");
 }
 
+int attn_chunk(int64_t sstride, int nkv, int nrows) {
+  // About 256 blocks per launch (two per SM of an H100/H200) where the
+  // positions allow; chunks of 32..512 positions (512 = kPvBlock keeps the
+  // chunk's P.V sums in int32). Only the split changes with it, never a bit.
+  const int64_t blocks = (int64_t)nkv * nrows;
+  const int64_t want = blocks >= 256 ? 1 : (256 + blocks - 1) / blocks;
+  int64_t c = (sstride + want - 1) / want;
+  c = (c + 31) / 32 * 32;
+  return (int)std::min<int64_t>(std::max<int64_t>(c, 32), kPvBlock);
+}
+
 void launch_attention(const int32_t* q, int row0, int nrows, int nh, int nkv, int D, int layer, const int32_t* seq,
                       const int32_t* pos, const DevKV* kvs, int64_t score_mant, int64_t score_shift,
-                      int32_t* scratch, int64_t sstride, int64_t* out, cudaStream_t st, int64_t window) {
+                      const AttnScratch& sc, int64_t* out, int16_t* act, int32_t* act_e, cudaStream_t st,
+                      int64_t window, int chunk) {
   if (nrows <= 0) return;
-  if (D > kMaxHeadDim || nrows > 65535 || nkv > 65535) throw std::invalid_argument("attention: shape out of range");
+  if (D > kMaxHeadDim || nrows > 65535 || nkv > 65535 || nkv <= 0 || nh % nkv)
+    throw std::invalid_argument("attention: shape out of range");
   const int grp = nh / nkv;  // host-side division
-  INTDET_LAUNCH(attention_kernel, dim3(grp, nkv, nrows), kAttnThreads, 0, st, q, row0, nh, nkv, D, layer, seq, pos, kvs,
-                                                                   score_mant, score_shift, scratch, sstride, out, window);
-  check_launch("attention");
+  if (grp > kMaxGroup || grp * D > kMaxGroupDim) throw std::invalid_argument("attention: more than 16 query heads per kv head");
+  if (chunk <= 0) chunk = attn_chunk(sc.sstride, nkv, nrows);
+  if (chunk > kPvBlock) throw std::invalid_argument("attention: chunk over 512 positions");
+  const int64_t nsplit = (sc.sstride + chunk - 1) / chunk;
+  if (nrows > sc.rows || nsplit > sc.max_splits) throw std::invalid_argument("attention: scratch too small");
+  const dim3 grid((unsigned)nsplit, (unsigned)nkv, (unsigned)nrows);
+  INTDET_LAUNCH(attn_scores_kernel, grid, kAttnThreads, 0, st, q, row0, nh, nkv, grp, D, layer, seq, pos, kvs,
+                score_mant, score_shift, sc.scores, sc.sstride, sc.zpart, chunk, sc.counters, sc.shifts, window);
+  check_launch("attention (scores)");
+  INTDET_LAUNCH(attn_pv_kernel, grid, kAttnThreads, 0, st, row0, nh, nkv, grp, D, layer, seq, pos, kvs, sc.scores,
+                sc.sstride, sc.shifts, chunk, sc.oacc, sc.counters + (int64_t)nrows * nkv, out, act, act_e, window);
+  check_launch("attention (P.V)");
 }
 
 void launch_swiglu(const int32_t* g, const int32_t* u, int64_t count, int64_t* a, cudaStream_t st) {

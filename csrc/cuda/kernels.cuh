@@ -58,6 +58,56 @@ void launch_linear(const int16_t* q, const int32_t* e, int T, int K, const int8_
                    const int32_t* shift, const int32_t* bias, int N, int32_t* out, int64_t ldo, bool residual,
                    int path, cudaStream_t st);
 
+// log2 of the warps per output channel the GEMV uses for these sizes (0..2;
+// K % 16 == 0); the sum, and so every bit, is the same for any split.
+int gemv_split_log2(int K, int N);
+// Force the GEMV's split (-1: gemv_split_log2's choice); tests only.
+void set_gemv_split_override(int wlg);
+
+// One GEMV launch (T <= kGemvMaxRows rows; int8 weights [N, K]) for up to
+// three linear layers on the same input q [T, K] (segments: q, k and v), or
+// in GLU mode (glu = 1 SwiGLU, 2 GeGLU; segments gate and up of the same N)
+// gate and up together with glu_out[t * glu_ldo + j] = swiglu / geglu of the
+// pair (Q32 int64), gate and up also stored. Each segment's out is what
+// launch_linear would store; blocks is set by the launcher.
+struct GemvSeg {
+  const int8_t* w;
+  const int32_t* mant;
+  const int32_t* shift;
+  const int32_t* bias;
+  int32_t* out;
+  int64_t ldo;
+  int N;
+  int blocks;
+};
+struct GemvSegs {
+  GemvSeg s[3];
+  int n;
+  int glu;
+  int64_t* glu_out;
+  int64_t glu_ldo;
+};
+// A GEMV that writes the residual x [T, n] (one segment, N = ldo = n, T <=
+// kNormFoldRows) can also run the next RMSNorm + quant16 of its rows
+// (launch_norm_quant16's steps): the last block to finish (counter, zero
+// before and after) reads the row back from L2. counter null: no norm.
+constexpr int kNormFoldRows = 2;
+struct NormAfter {
+  int* counter;  // [1], zero
+  const int16_t* g;
+  int n;
+  int64_t eps_q60;
+  int in_frac;
+  int16_t* q;  // [T, n]
+  int32_t* e;  // [T]
+  int32_t* normed;  // [T, n] or null (the trace)
+};
+void launch_gemv(const int16_t* q, const int32_t* e, int T, int K, GemvSegs segs, bool residual, cudaStream_t st,
+                 const NormAfter& na = NormAfter{});
+
+// Kernel launches enqueued so far in this process (the launch-count test).
+int64_t launch_count();
+
 // The same with int4 weights (docs/format.md): codes w4 [N, K/2] uint8, group
 // step gd and offset gm [N, K/32] int16, w = gd * u + gm; K % 32 == 0.
 void launch_linear_w4(const int16_t* q, const int32_t* e, int T, int K, const uint8_t* w4, const int16_t* gd,
@@ -69,18 +119,45 @@ void launch_linear_w4(const int16_t* q, const int32_t* e, int T, int K, const ui
 void launch_norm_rope(int32_t* x, int T, int nheads, int D, const int16_t* g, int64_t eps_q60, const int32_t* pos,
                       const int16_t* cos, const int16_t* sin, cudaStream_t st);
 
+// launch_norm_rope on q (q_norm) and k (k_norm) and launch_kv_append in one
+// launch: q [T, nh, D] and k [T, nkv, D] rotated in place, k and v [T, nkv, D]
+// quantized into cache kvs[seq[t]] at (layer, pos[t]).
+void launch_rope_append(int32_t* q, int32_t* k, const int32_t* v, int T, int nh, int nkv, int D,
+                        const int16_t* q_norm, const int16_t* k_norm, int64_t eps_q60, const int32_t* pos,
+                        const int16_t* cos, const int16_t* sin, int layer, const int32_t* seq, const DevKV* kvs,
+                        cudaStream_t st);
+
 // Quantize K and V rows (k, v [T, nkv, D] int32) to int8 absmax and store
 // them at (layer, pos[t]) of cache kvs[seq[t]].
 void launch_kv_append(const int32_t* k, const int32_t* v, int T, int nkv, int D, int layer, const int32_t* seq,
                       const int32_t* pos, const DevKV* kvs, cudaStream_t st);
 
+// Per-launch work buffers of the attention (launch_attention). counters and
+// oacc must be zero before the first launch; every launch leaves them zero.
+struct AttnScratch {
+  int32_t* scores;  // [rows * nh, sstride]: score, exp2, p, then the int16 value weight
+  int64_t sstride;  // >= the longest row's positions (pos + 1)
+  int64_t* zpart;  // [rows * nh, max_splits]: each chunk's score max
+  int32_t* shifts;  // [rows * nh]: the value weights' quant16 shift s
+  int* counters;  // [rows * (nkv + 1)]: blocks arrived, per (row, kv head) then per row
+  unsigned long long* oacc;  // [rows * nh * D]: P.V sums (int64 two's complement)
+  int64_t rows;  // row capacity of the buffers
+  int64_t max_splits;  // zpart's columns; nsplit = ceil(sstride / chunk) must fit
+};
+
+// Chunk of positions per block that launch_attention picks (32..512).
+int attn_chunk(int64_t sstride, int nkv, int nrows);
+
 // Attention of rows row0..row0+nrows-1 (queries q [T, nh, D] int32 after
 // RoPE) over their sequence's cache positions 0..pos[t] (window > 0: only
-// the last `window` of them); out [T, nh, D] int64. scratch: int32
-// [nrows * nh, sstride] with sstride >= pos[t] + 1.
+// the last `window` of them): out [T, nh, D] int64 (attn_out), and its
+// quant16 per row into act [T, nh * D] int16, act_e [T]. Split over
+// positions in chunks (chunk 0: attn_chunk's choice); the bits never depend
+// on the split. nrows <= sc.rows.
 void launch_attention(const int32_t* q, int row0, int nrows, int nh, int nkv, int D, int layer, const int32_t* seq,
                       const int32_t* pos, const DevKV* kvs, int64_t score_mant, int64_t score_shift,
-                      int32_t* scratch, int64_t sstride, int64_t* out, cudaStream_t st, int64_t window = 0);
+                      const AttnScratch& sc, int64_t* out, int16_t* act, int32_t* act_e, cudaStream_t st,
+                      int64_t window = 0, int chunk = 0);
 
 // a[i] = swiglu(g[i], u[i]) (Q32 int64) for count elements of int32 Q16 inputs.
 void launch_swiglu(const int32_t* g, const int32_t* u, int64_t count, int64_t* a, cudaStream_t st);

@@ -79,6 +79,8 @@ PYBIND11_MODULE(INTDET_CUDA_MODULE_NAME, mod) {
       "Why device_count() is 0 ('' when a device is visible).");
   mod.def("device_name", &cuda::device_name, py::arg("device") = 0);
   mod.def("isa", []() { return std::string("cuda"); });
+  mod.def("launch_count", &cuda::launch_count,
+          "Kernel launches enqueued by this process so far (a graph replay adds none).");
 
   py::class_<PyModel>(mod, "Model")
       .def(py::init([](const py::object& cfg, const py::dict& tensors, py::object graphs, const std::string& cfg_path,
@@ -134,6 +136,29 @@ PYBIND11_MODULE(INTDET_CUDA_MODULE_NAME, mod) {
       "forward(..., all_logits=True) that also returns the named intermediates, copied from the device after "
       "each step (never from a CUDA graph): (logits int32 [T, V], dict name -> int64 array in forward order, "
       "'cuda'). Names, order, shapes and values as intdet._core.forward_trace.");
+
+  mod.def(
+      "profile",
+      [](PyModel& pm, PyState& s, Arr<int32_t> tokens, int64_t start) {
+        const int64_t T = tokens.size();
+        std::vector<Row> rows = pybind::trace_rows(pm.cfg, s.n_past, s.max_len, tokens, start);
+        for (int64_t t = 0; t + 1 < T; ++t) rows[(size_t)t].want_logits = false;  // the last row's logits only
+        py::array_t<int32_t> out({(int64_t)1, pm.cfg.vocab});
+        std::vector<cuda::ProfStep> steps;
+        {
+          py::gil_scoped_release nogil;
+          cuda::DeviceState* devs[1] = {s.dev.get()};
+          steps = cuda::forward_rows_profiled(*pm.dev, devs, 1, rows.data(), T, out.mutable_data());
+        }
+        s.n_past = start + T;
+        py::list l;
+        for (const cuda::ProfStep& p : steps) l.append(py::make_tuple(p.name, p.ns, p.bytes, p.launches));
+        return py::make_tuple(out, l);
+      },
+      py::arg("model"), py::arg("state"), py::arg("tokens"), py::arg("start"),
+      "forward (the last row's logits, never from a CUDA graph) with a cudaEvent after every step: (logits "
+      "int32 [1, V], [(step, nanoseconds, bytes read at least, launches), ...] in forward order; the steps of "
+      "every layer repeat).");
 
   // ---- single ops on the device, for the bit-exact tests against intdet._core.ops ----
   py::module_ ops = mod.def_submodule("ops", "CUDA kernels on host arrays, for tests");
@@ -192,11 +217,32 @@ PYBIND11_MODULE(INTDET_CUDA_MODULE_NAME, mod) {
             va.size() != n || D > 256 || n < 1)
           throw std::invalid_argument("attend: shape mismatch");
         py::array_t<int64_t> out(D);
-        cuda::test::attend(q.data(), D, kc.data(), ka.data(), vc.data(), va.data(), n, score_mant, score_shift,
-                           out.mutable_data());
+        cuda::test::attend(q.data(), 1, 1, D, kc.data(), ka.data(), vc.data(), va.data(), n, score_mant, score_shift,
+                           0, out.mutable_data());
         return out;
       },
       "One int32 query head (quantized to int16 on the device) over n cached positions; int64 [D].");
+  ops.def(
+      "attend_gqa",
+      [](Arr<int32_t> q, Arr<int8_t> kc, Arr<int32_t> ka, Arr<int8_t> vc, Arr<int32_t> va, int64_t score_mant,
+         int64_t score_shift, int chunk) {
+        if (q.ndim() != 2 || kc.ndim() != 3 || vc.ndim() != 3 || ka.ndim() != 2 || va.ndim() != 2)
+          throw std::invalid_argument("attend_gqa: q [nh, D], kc/vc [n, nkv, D], ka/va [n, nkv]");
+        const int64_t nh = q.shape(0), D = q.shape(1), n = kc.shape(0), nkv = kc.shape(1);
+        if (kc.shape(2) != D || vc.shape(0) != n || vc.shape(1) != nkv || vc.shape(2) != D || ka.shape(0) != n ||
+            ka.shape(1) != nkv || va.shape(0) != n || va.shape(1) != nkv || D > 256 || n < 1 || nkv < 1 || nh % nkv)
+          throw std::invalid_argument("attend_gqa: shape mismatch");
+        if (chunk < 0 || chunk > 512) throw std::invalid_argument("attend_gqa: chunk must be in [0, 512]");
+        py::array_t<int64_t> out({nh, D});
+        cuda::test::attend(q.data(), nh, nkv, D, kc.data(), ka.data(), vc.data(), va.data(), n, score_mant,
+                           score_shift, chunk, out.mutable_data());
+        return out;
+      },
+      py::arg("q"), py::arg("kc"), py::arg("ka"), py::arg("vc"), py::arg("va"), py::arg("score_mant"),
+      py::arg("score_shift"), py::arg("chunk") = 0,
+      "nh int32 query heads over an nkv-head cache (GQA), split in chunks of positions; int64 [nh, D].");
+  ops.def("set_gemv_split", &cuda::test::set_gemv_split, py::arg("wlg"),
+          "Force the GEMV's warps per channel to 2**wlg (0..2; -1: the launcher's choice). Tests only.");
   ops.def("norm_quant16", [](Arr<int32_t> x, Arr<int16_t> g, int64_t eps_q60) {
     if (x.ndim() != 2 || g.size() != x.shape(1) || x.shape(1) > 8192) throw std::invalid_argument("norm_quant16: shape");
     const int64_t R = x.shape(0), n = x.shape(1);
