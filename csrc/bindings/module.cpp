@@ -96,7 +96,7 @@ PYBIND11_MODULE(INTDET_CORE_MODULE_NAME, mod) {
              if (max_len <= 0 || max_len > pm.m.cfg.ctx)
                throw std::invalid_argument("max_len must be in [1, context_length]");
              auto* s = new PyState();
-             s->kv.init(pm.m.cfg, max_len);
+             s->kv.init(pm.m, max_len);  // rings for sliding-window layers
              return s;
            }),
            py::arg("model"), py::arg("max_len"))

@@ -1,9 +1,11 @@
 // The decoder forward pass (Llama / Qwen2 / Qwen3 / Gemma 3), integer only.
 // Mirrors python/intdet/ref/model.py line for line; formats in comments.
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "intdet/attention.h"
 #include "intdet/intmath.h"
 #include "intdet/kernels.h"
 #include "intdet/model.h"
@@ -177,30 +179,14 @@ void forward_impl(const Model& m, KVCache* const* caches, const Row* rows, int64
       KVCache& kv = *caches[rows[t].seq];
       rope_row(q.data() + t * nh * D, nh, D, L.rope_cos + pos * half, L.rope_sin + pos * half);
       rope_row(k.data() + t * nkv * D, nkv, D, L.rope_cos + pos * half, L.rope_sin + pos * half);
-      const int64_t base = (l * kv.max_len + pos) * nkv;  // [L, P, nkv] index of (l, pos, 0)
+      const int64_t base = kv.row(l, pos) * nkv;  // [rows, nkv] index of (l, pos, 0)
       for (int64_t g = 0; g < nkv; ++g) {
         kv.ka[base + g] = quant8_row(k.data() + (t * nkv + g) * D, D, kv.k.data() + (base + g) * D);
         kv.va[base + g] = quant8_row(v.data() + (t * nkv + g) * D, D, kv.v.data() + (base + g) * D);
       }
     }
-    // One (row, head) pair per task; each writes only its own output.
-    const AttendFn attend = ks.attend;
-    const auto quant = ks.quant16;
-#pragma omp parallel for schedule(dynamic, 1)
-    for (int64_t th = 0; th < T * nh; ++th) {
-      const int64_t t = th / nh, hd = th % nh, g = hd / grp;
-      const KVCache& kv = *caches[rows[t].seq];
-      // Causal: positions lo..pos of this row's sequence; lo > 0 only in a sliding window.
-      const int64_t lo = L.window && rows[t].pos + 1 > L.window ? rows[t].pos + 1 - L.window : 0;
-      const int64_t n = rows[t].pos + 1 - lo;
-      const int64_t lay = (l * kv.max_len + lo) * nkv;
-      std::vector<int64_t> z((size_t)n), p((size_t)n);
-      std::vector<int16_t> qq((size_t)D), w16((size_t)n);
-      const int e_q = quant(q.data() + (t * nh + hd) * D, D, qq.data());
-      attend(qq.data(), e_q, kv.k.data() + (lay + g) * D, kv.ka.data() + lay + g, kv.v.data() + (lay + g) * D,
-             kv.va.data() + lay + g, n, nkv * D, D, L.score_mant, L.score_shift, z.data(), p.data(), w16.data(),
-             o.data() + (t * nh + hd) * D);
-    }
+    // Every (row, head) in tiles of rows sharing their keys (attention.cpp).
+    attend_layer(ks, m, l, caches, rows, T, q.data(), o.data());
     act.from_rows(ks, o.data(), T, nh * D);
     run_linear(ks, L.o, act, T, tmp.data());  // [T, H] Q16
     if (tr) {
@@ -257,7 +243,20 @@ void forward_impl(const Model& m, KVCache* const* caches, const Row* rows, int64
 
 void forward_rows(const Model& m, KVCache* const* caches, const Row* rows, int64_t T, int32_t* logits) {
   // One kernel set for the whole call, whatever set_isa() does meanwhile.
-  forward_impl(m, caches, rows, T, logits, kernels(), nullptr);
+  const Kernels& ks = kernels();
+  bool ring = false;  // a sliding window's ring takes at most kRingSlack new rows per call
+  for (int64_t t = 0; t < T && !ring; ++t) ring = caches[rows[t].seq]->has_ring();
+  if (!ring || T <= kRingSlack) {
+    forward_impl(m, caches, rows, T, logits, ks, nullptr);
+    return;
+  }
+  // Split anywhere: every row's logits are the same bits (each op is per row).
+  for (int64_t t0 = 0; t0 < T; t0 += kRingSlack) {
+    const int64_t n = std::min(kRingSlack, T - t0);
+    forward_impl(m, caches, rows + t0, n, logits, ks, nullptr);
+    for (int64_t t = t0; t < t0 + n; ++t)
+      if (rows[t].want_logits) logits += m.cfg.vocab;
+  }
 }
 
 void forward_rows_traced(const Model& m, KVCache* const* caches, const Row* rows, int64_t T, int32_t* logits,
