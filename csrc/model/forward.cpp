@@ -244,15 +244,26 @@ void forward_impl(const Model& m, KVCache* const* caches, const Row* rows, int64
 void forward_rows(const Model& m, KVCache* const* caches, const Row* rows, int64_t T, int32_t* logits) {
   // One kernel set for the whole call, whatever set_isa() does meanwhile.
   const Kernels& ks = kernels();
-  bool ring = false;  // a sliding window's ring takes at most kRingSlack new rows per call
-  for (int64_t t = 0; t < T && !ring; ++t) ring = caches[rows[t].seq]->has_ring();
-  if (!ring || T <= kRingSlack) {
+  // Pieces of kForwardRows rows need each sequence's rows in position order
+  // (a row reads every earlier position of its sequence); a call with rows
+  // out of order runs whole, unless a ring forbids it.
+  bool ordered = true, ring = false;
+  std::vector<int64_t> last;
+  for (int64_t t = 0; t < T; ++t) {
+    const size_t s = (size_t)rows[t].seq;
+    if (s >= last.size()) last.resize(s + 1, -1);
+    ordered = ordered && rows[t].pos > last[s];
+    last[s] = rows[t].pos;
+    ring = ring || caches[s]->has_ring();
+  }
+  if (T <= kForwardRows || (!ordered && !ring)) {
     forward_impl(m, caches, rows, T, logits, ks, nullptr);
     return;
   }
+  if (!ordered) throw std::invalid_argument("forward_rows: a sequence's rows are not in position order");
   // Split anywhere: every row's logits are the same bits (each op is per row).
-  for (int64_t t0 = 0; t0 < T; t0 += kRingSlack) {
-    const int64_t n = std::min(kRingSlack, T - t0);
+  for (int64_t t0 = 0; t0 < T; t0 += kForwardRows) {
+    const int64_t n = std::min(kForwardRows, T - t0);
     forward_impl(m, caches, rows + t0, n, logits, ks, nullptr);
     for (int64_t t = t0; t < t0 + n; ++t)
       if (rows[t].want_logits) logits += m.cfg.vocab;

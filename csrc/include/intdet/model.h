@@ -83,16 +83,18 @@ void pack_model(Model& m, bool release_source = false);
 // pack_model and the loader (loader.h) for mapped weights.
 void release_pages(const void* p, int64_t n);
 
-// Positions a call may add to one sequence beyond a sliding window's ring:
-// forward_rows splits longer calls when a cache holds a ring.
-constexpr int64_t kRingSlack = 512;
+// Rows per forward pass: forward_rows runs longer calls in pieces of this
+// many rows (a prefill split anywhere gives the same bits), which bounds the
+// activation buffers (as llama.cpp's n_ubatch does) and the positions one
+// pass adds to a sliding window's ring.
+constexpr int64_t kForwardRows = 512;
 
 // KV cache for one sequence: int8 rows plus one absmax scale per (pos, kv
 // head). Layer l keeps cap[l] positions from row off[l]: max_len, or for a
 // sliding-window layer (Gemma 3's local layers) a ring of window +
-// kRingSlack, position p in row off[l] + p % cap[l]. A ring is exact: a
+// kForwardRows, position p in row off[l] + p % cap[l]. A ring is exact: a
 // row at p reads positions p - window + 1..p, and a call adds at most
-// kRingSlack positions, so no slot it reads is overwritten in that call.
+// kForwardRows positions, so no slot it reads is overwritten in that call.
 struct KVCache {
   int64_t max_len = 0;
   std::vector<int64_t> cap, off;  // [L]
@@ -104,8 +106,8 @@ struct KVCache {
   void init(const Model& m, int64_t len) {
     std::vector<int64_t> caps((size_t)m.cfg.n_layers, len);
     for (int64_t l = 0; l < m.cfg.n_layers; ++l)
-      if (m.layers[(size_t)l].window && m.layers[(size_t)l].window + kRingSlack < len)
-        caps[(size_t)l] = m.layers[(size_t)l].window + kRingSlack;
+      if (m.layers[(size_t)l].window && m.layers[(size_t)l].window + kForwardRows < len)
+        caps[(size_t)l] = m.layers[(size_t)l].window + kForwardRows;
     init_caps(m.cfg, len, caps);
   }
   // The cache row of (layer, position).
