@@ -253,10 +253,9 @@ void attend_layer(const Kernels& ks, const Model& m, int64_t l, KVCache* const* 
   std::vector<int64_t> task_tile((size_t)ntask);
   for (int64_t i = 0; i < ntiles; ++i)
     for (int64_t c = 0; c < nc[i]; ++c) task_tile[first[i] + c] = i;
+  for (int64_t i = 0; i < ntiles; ++i) cx.setup(tiles[i], nc[i], st[i]);  // few rows: not worth a barrier
 #pragma omp parallel
   {
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t i = 0; i < ntiles; ++i) cx.setup(tiles[i], nc[i], st[i]);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t k = 0; k < ntask; ++k) {
       const int64_t i = task_tile[k];

@@ -192,6 +192,25 @@ void attend_head_avx2(const int16_t* q, int e_q, const int8_t* kc, const int32_t
   for (int64_t d = 0; d < D; ++d) out[d] = shl(out[d], sh);
 }
 
+namespace {
+
+// attn_score on four lanes: shift_round_sat32(raw * mkm, s) with mkm =
+// mk * score_mant < 2^31 (vpmuldq: exact signed 32 x 32 -> 64) and every
+// s in [1, 62] (the caller checks; then round_shift is (x + 2^(s-1)) >> s,
+// the arithmetic shift built from the logical one by the sign-flip identity).
+inline __m256i score4(__m128i raw, __m256i mkm, __m256i s) {
+  const __m256i zero = _mm256_setzero_si256(), one = _mm256_set1_epi64x(1);
+  const __m256i lim = _mm256_set1_epi64x(kInt32Max), nlim = _mm256_set1_epi64x(-kInt32Max);
+  const __m256i x = _mm256_mul_epi32(_mm256_cvtepi32_epi64(raw), mkm);
+  const __m256i y = _mm256_add_epi64(x, _mm256_sllv_epi64(one, _mm256_sub_epi64(s, one)));
+  const __m256i sg = _mm256_cmpgt_epi64(zero, y);
+  __m256i r = _mm256_xor_si256(_mm256_srlv_epi64(_mm256_xor_si256(y, sg), s), sg);
+  r = _mm256_blendv_epi8(r, lim, _mm256_cmpgt_epi64(r, lim));
+  return _mm256_blendv_epi8(r, nlim, _mm256_cmpgt_epi64(nlim, r));
+}
+
+}  // namespace
+
 // Attention tiles (QkTileFn, kernels.h; same bits as qk_tile_generic). Eight
 // keys at a time are widened to int16 once into a block in L1, then every
 // row's eight dot vectors are reduced by vphaddd into eight scores.
@@ -216,6 +235,18 @@ void qk_tile_avx2(const int16_t* q, const int32_t* e_q, int64_t R, const int8_t*
                                   : _mm256_setzero_si256());
       if (j < nk) normalize_scale15(ka[(t + j) * sstride], &mk[j], &ek[j]);
     }
+    // The vector epilogue needs mk * score_mant < 2^31 (mk <= 2^15) and a full block.
+    const bool vec = nk == 8 && score_mant >= 0 && score_mant <= (1 << 15);
+    int64_t ekmin = 0, ekmax = 0;
+    __m256i mkm_lo = _mm256_setzero_si256(), mkm_hi = mkm_lo, ek_lo = mkm_lo, ek_hi = mkm_lo;
+    if (vec) {
+      ekmin = ekmax = ek[0];
+      for (int j = 1; j < 8; ++j) ekmin = imin(ekmin, ek[j]), ekmax = imax(ekmax, ek[j]);
+      mkm_lo = _mm256_setr_epi64x(mk[0] * score_mant, mk[1] * score_mant, mk[2] * score_mant, mk[3] * score_mant);
+      mkm_hi = _mm256_setr_epi64x(mk[4] * score_mant, mk[5] * score_mant, mk[6] * score_mant, mk[7] * score_mant);
+      ek_lo = _mm256_setr_epi64x(ek[0], ek[1], ek[2], ek[3]);
+      ek_hi = _mm256_setr_epi64x(ek[4], ek[5], ek[6], ek[7]);
+    }
     for (int64_t r = 0; r < R; ++r) {
       const int16_t* qr = q + r * D;
       __m256i s[8];
@@ -229,11 +260,19 @@ void qk_tile_avx2(const int16_t* q, const int32_t* e_q, int64_t R, const int8_t*
       const __m256i h1 = _mm256_hadd_epi32(_mm256_hadd_epi32(s[4], s[5]), _mm256_hadd_epi32(s[6], s[7]));
       const __m256i v =
           _mm256_add_epi32(_mm256_permute2x128_si256(h0, h1, 0x20), _mm256_permute2x128_si256(h0, h1, 0x31));
+      int64_t* zr = z + r * ldz + t;
+      const int64_t s0 = score_shift - e_q[r];
+      if (vec && s0 - ekmax >= 1 && s0 - ekmin <= 62) {
+        const __m256i sv = _mm256_set1_epi64x(s0);
+        _mm256_storeu_si256((__m256i*)zr, score4(_mm256_castsi256_si128(v), mkm_lo, _mm256_sub_epi64(sv, ek_lo)));
+        _mm256_storeu_si256((__m256i*)(zr + 4),
+                            score4(_mm256_extracti128_si256(v, 1), mkm_hi, _mm256_sub_epi64(sv, ek_hi)));
+        continue;
+      }
       alignas(32) int32_t raw[8];
       _mm256_store_si256((__m256i*)raw, v);
-      int64_t* zr = z + r * ldz + t;
       for (int j = 0; j < nk; ++j)
-        zr[j] = shift_round_sat32((int64_t)raw[j] * mk[j] * score_mant, score_shift - e_q[r] - ek[j]);
+        zr[j] = shift_round_sat32((int64_t)raw[j] * mk[j] * score_mant, s0 - ek[j]);
     }
   }
 }
