@@ -239,6 +239,39 @@ void attend_layer(const Kernels& ks, const Model& m, int64_t l, KVCache* const* 
     }
     return;
   }
+  // Few rows at a short context: one (row, head) per task with the set's
+  // attend (attend_head's bits), unless a ring wraps inside a row's range.
+  int64_t longest = 0;
+  bool wrapped = false;
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t pos = rows[t].pos, lo = L.window && pos + 1 > L.window ? pos + 1 - L.window : 0;
+    const KVCache& kv = *caches[rows[t].seq];
+    longest = std::max(longest, pos + 1 - lo);
+    wrapped = wrapped || kv.row(l, lo) + (pos + 1 - lo) > kv.off[(size_t)l] + kv.cap[(size_t)l];
+  }
+  if (longest < kShortKeys && !wrapped) {
+    const int64_t nh = cx.nh, D = cx.D, nkv = cx.nkv;
+#pragma omp parallel
+    {
+      std::vector<int64_t> z, p;
+      std::vector<int16_t> qq((size_t)D), w16;
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t th = 0; th < T * nh; ++th) {
+        const int64_t t = th / nh, hd = th % nh, g = hd / cx.grp, pos = rows[t].pos;
+        const KVCache& kv = *caches[rows[t].seq];
+        const int64_t lo = L.window && pos + 1 > L.window ? pos + 1 - L.window : 0, n = pos + 1 - lo;
+        z.resize((size_t)n);
+        p.resize((size_t)n);
+        w16.resize((size_t)n);
+        const int64_t r0 = kv.row(l, lo);
+        const int e_q = ks.quant16(q + (t * nh + hd) * D, D, qq.data());
+        ks.attend(qq.data(), e_q, kv.k.data() + (r0 * nkv + g) * D, kv.ka.data() + r0 * nkv + g,
+                  kv.v.data() + (r0 * nkv + g) * D, kv.va.data() + r0 * nkv + g, n, nkv * D, D, L.score_mant,
+                  L.score_shift, z.data(), p.data(), w16.data(), o + (t * nh + hd) * D);
+      }
+    }
+    return;
+  }
   // Few tiles (decode): each tile's keys in chunks across threads, the
   // passes separated by the barriers at the end of each omp for.
   std::vector<TileState> st((size_t)ntiles);
