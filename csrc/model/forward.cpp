@@ -136,7 +136,7 @@ void forward_impl(const Model& m, KVCache* const* caches, const Row* rows, int64
   };
   const Config& c = m.cfg;
   const int64_t H = c.hidden, F = c.ffn, nh = c.n_heads, nkv = c.n_kv, D = c.head_dim;
-  const int64_t grp = nh / nkv, half = D / 2;
+  const int64_t half = D / 2;
   const int R = (int)c.residual_frac;  // residual stream Q R
   std::vector<int64_t> x((size_t)(T * H));  // residual [T, H] int32 values, Q16
   std::vector<int64_t> h, q((size_t)(T * nh * D)), k((size_t)(T * nkv * D)), v((size_t)(T * nkv * D));
