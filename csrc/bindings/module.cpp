@@ -6,11 +6,13 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "intdet/attention.h"
 #include "intdet/intmath.h"
 #include "intdet/kernels.h"
 #include "intdet/model.h"
@@ -96,7 +98,7 @@ PYBIND11_MODULE(INTDET_CORE_MODULE_NAME, mod) {
              if (max_len <= 0 || max_len > pm.m.cfg.ctx)
                throw std::invalid_argument("max_len must be in [1, context_length]");
              auto* s = new PyState();
-             s->kv.init(pm.m.cfg, max_len);
+             s->kv.init(pm.m, max_len);  // rings for sliding-window layers
              return s;
            }),
            py::arg("model"), py::arg("max_len"))
@@ -285,6 +287,64 @@ PYBIND11_MODULE(INTDET_CORE_MODULE_NAME, mod) {
     I64Arr out((py::ssize_t)D);
     kernels().attend(q.data(), e_q, kc.data(), ka.data(), vc.data(), va.data(), n, D, D, score_mant, score_shift,
                      z.data(), p.data(), w.data(), out.mutable_data());
+    return out;
+  });
+  ops.def("attend_rows", [](py::array_t<int64_t, py::array::c_style> q, py::array_t<int8_t, py::array::c_style> kc,
+                            py::array_t<int32_t, py::array::c_style> ka, py::array_t<int8_t, py::array::c_style> vc,
+                            py::array_t<int32_t, py::array::c_style> va, py::array_t<int64_t, py::array::c_style> pos,
+                            int64_t score_mant, int64_t score_shift, int64_t window) {
+    // One layer's attention (attend_layer, the forward's tiles) for rows
+    // at positions pos [T] of one sequence, queries q [T, nh, D] (Q16, before
+    // quant16) over the cache kc, vc [P, nkv, D], ka, va [P, nkv]. The cache
+    // is filled in position order up to the latest row, so a sliding window
+    // (window > 0, P past window + kForwardRows) reads from a ring. Returns
+    // out [T, nh, D].
+    const char* op = "attend_rows";
+    oa::rank(op, q, "q", 3);
+    oa::rank(op, kc, "kc", 3);
+    const int64_t T = q.shape(0), nh = q.shape(1), D = q.shape(2), P = kc.shape(0), nkv = kc.shape(1);
+    if (T < 1 || P < 1 || nkv < 1 || D < 2) oa::fail(op, "q and kc must not be empty");
+    if (D > 256 || D % 2) oa::fail(op, "head size D must be even and at most 256");
+    if (nh % nkv) oa::fail(op, "query heads q.shape[1] must be a multiple of kv heads kc.shape[1]");
+    oa::shape(op, kc, "kc", {P, nkv, D});
+    oa::shape(op, vc, "vc", {P, nkv, D});
+    oa::shape(op, ka, "ka", {P, nkv});
+    oa::shape(op, va, "va", {P, nkv});
+    oa::shape(op, pos, "pos", {T});
+    if (window < 0) oa::fail(op, "window must be >= 0");
+    Model m;
+    m.cfg.n_layers = 1;
+    m.cfg.n_heads = nh;
+    m.cfg.n_kv = nkv;
+    m.cfg.head_dim = D;
+    m.layers.resize(1);
+    m.layers[0].score_mant = score_mant;
+    m.layers[0].score_shift = score_shift;
+    m.layers[0].window = window;
+    std::vector<Row> rows((size_t)T);
+    int64_t last = 0;
+    for (int64_t t = 0; t < T; ++t) {
+      if (pos.data()[t] < 0 || pos.data()[t] >= P) oa::fail(op, "pos must lie in [0, kc.shape[0])");
+      rows[t] = Row{0, pos.data()[t], 0, false};
+      last = std::max(last, pos.data()[t]);
+    }
+    KVCache kv;
+    kv.init(m, P);
+    for (int64_t p = 0; p <= last; ++p) {  // as the forward leaves it: written up to the latest row
+      const int64_t r = kv.row(0, p);
+      std::copy(kc.data() + p * nkv * D, kc.data() + (p + 1) * nkv * D, kv.k.data() + r * nkv * D);
+      std::copy(vc.data() + p * nkv * D, vc.data() + (p + 1) * nkv * D, kv.v.data() + r * nkv * D);
+      std::copy(ka.data() + p * nkv, ka.data() + (p + 1) * nkv, kv.ka.data() + r * nkv);
+      std::copy(va.data() + p * nkv, va.data() + (p + 1) * nkv, kv.va.data() + r * nkv);
+    }
+    I64Arr out({T, nh, D});
+    KVCache* caches[1] = {&kv};
+    const int nt = forward_threads();
+    try {
+      attend_layer(nt, kernels(), m, 0, caches, rows.data(), T, q.data(), out.mutable_data());
+    } catch (const std::logic_error& e) {
+      oa::fail(op, e.what());
+    }
     return out;
   });
   // ---- named intermediates (scripts/first_divergence.py) ----

@@ -195,6 +195,36 @@ void attend_head(const int16_t* q, int e_q, const int8_t* kc, const int32_t* ka,
   for (int64_t d = 0; d < D; ++d) out[d] = shl(out[d], s);
 }
 
+void qk_tile_generic(const int16_t* q, const int32_t* e_q, int64_t R, const int8_t* kc, const int32_t* ka, int64_t n,
+                     int64_t stride, int64_t D, int64_t score_mant, int64_t score_shift, int64_t* z, int64_t ldz) {
+  const int64_t sstride = stride / D;
+  for (int64_t t = 0; t < n; ++t) {  // one key, then every row: the key stays in cache
+    const int8_t* k = kc + t * stride;
+    for (int64_t r = 0; r < R; ++r) {
+      const int16_t* qr = q + r * D;
+      int32_t raw = 0;  // |q . k| <= 2^15 * 127 * 256 < 2^31: exact in int32
+      for (int64_t d = 0; d < D; ++d) raw += (int32_t)qr[d] * k[d];
+      z[r * ldz + t] = attn_score(raw, ka[t * sstride], e_q[r], score_mant, score_shift);
+    }
+  }
+}
+
+void pv_tile_generic(const int16_t* w16, int64_t ldw, int64_t R, const int8_t* vc, int64_t n, int64_t stride,
+                     int64_t D, int64_t* out) {
+  for (int64_t t0 = 0; t0 < n; t0 += kPvBlock) {
+    const int64_t t1 = t0 + kPvBlock < n ? t0 + kPvBlock : n;
+    for (int64_t r = 0; r < R; ++r) {
+      int32_t acc[256] = {0};  // 512 products |w16 * v| <= 32767 * 127 sum below 2^31
+      for (int64_t t = t0; t < t1; ++t) {
+        const int32_t w = w16[r * ldw + t];
+        const int8_t* v = vc + t * stride;
+        for (int64_t d = 0; d < D; ++d) acc[d] += w * v[d];
+      }
+      for (int64_t d = 0; d < D; ++d) out[r * D + d] += acc[d];
+    }
+  }
+}
+
 // The portable kernel set: the functions above on row-major weights.
 extern const Kernels kScalarKernels;
 constinit const Kernels kScalarKernels{
@@ -206,6 +236,8 @@ constinit const Kernels kScalarKernels{
     .linear_w4 = linear_w4_generic,
     .linear_w4_packed = nullptr,
     .attend = attend_head,
+    .qk_tile = qk_tile_generic,
+    .pv_tile = pv_tile_generic,
     .softmax = softmax_q16_row,
     .exp2_row = exp2_neg_q30_row,
     .quant16 = quant16_row,

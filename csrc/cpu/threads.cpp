@@ -189,14 +189,6 @@ int forward_threads() {
   return use;
 }
 
-int team_threads() {
-#ifdef _OPENMP
-  return omp_get_max_threads();
-#else
-  return 1;
-#endif
-}
-
 int last_forward_threads() {
   const int n = g_last.load(std::memory_order_relaxed);
   return n > 0 ? n : num_threads();

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "intdet/attention.h"
 #include "intdet/intmath.h"
 #include "intdet/kernels.h"
 #include "intdet/model.h"
@@ -228,7 +229,7 @@ void forward_impl(const Model& m, KVCache* const* caches, const Row* rows, int64
   };
   const Config& c = m.cfg;
   const int64_t H = c.hidden, F = c.ffn, nh = c.n_heads, nkv = c.n_kv, D = c.head_dim;
-  const int64_t grp = nh / nkv, half = D / 2;
+  const int64_t half = D / 2;
   const int R = (int)c.residual_frac;  // residual stream Q R
   std::vector<int64_t> x((size_t)(T * H));  // residual [T, H] int32 values, Q16
   std::vector<int64_t> h, q((size_t)(T * nh * D)), k((size_t)(T * nkv * D)), v((size_t)(T * nkv * D));
@@ -274,30 +275,15 @@ void forward_impl(const Model& m, KVCache* const* caches, const Row* rows, int64
       KVCache& kv = *caches[rows[t].seq];
       rope_row(q.data() + t * nh * D, nh, D, L.rope_cos + pos * half, L.rope_sin + pos * half);
       rope_row(k.data() + t * nkv * D, nkv, D, L.rope_cos + pos * half, L.rope_sin + pos * half);
-      const int64_t base = (l * kv.max_len + pos) * nkv;  // [L, P, nkv] index of (l, pos, 0)
+      const int64_t base = kv.row(l, pos) * nkv;  // [rows, nkv] index of (l, pos, 0)
       for (int64_t g = 0; g < nkv; ++g) {
         kv.ka[base + g] = quant8_row(k.data() + (t * nkv + g) * D, D, kv.k.data() + (base + g) * D);
         kv.va[base + g] = quant8_row(v.data() + (t * nkv + g) * D, D, kv.v.data() + (base + g) * D);
       }
     });
     clk.mark("rope_kv", l);
-    // One (row, head) pair per task; each writes only its own output.
-    const AttendFn attend = ks.attend;
-    const auto quant = ks.quant16;
-    parallel_tasks(nt, T * nh, [&](int64_t th) {
-      const int64_t t = th / nh, hd = th % nh, g = hd / grp;
-      const KVCache& kv = *caches[rows[t].seq];
-      // Causal: positions lo..pos of this row's sequence; lo > 0 only in a sliding window.
-      const int64_t lo = L.window && rows[t].pos + 1 > L.window ? rows[t].pos + 1 - L.window : 0;
-      const int64_t n = rows[t].pos + 1 - lo;
-      const int64_t lay = (l * kv.max_len + lo) * nkv;
-      std::vector<int64_t> z((size_t)n), p((size_t)n);
-      std::vector<int16_t> qq((size_t)D), w16((size_t)n);
-      const int e_q = quant(q.data() + (t * nh + hd) * D, D, qq.data());
-      attend(qq.data(), e_q, kv.k.data() + (lay + g) * D, kv.ka.data() + lay + g, kv.v.data() + (lay + g) * D,
-             kv.va.data() + lay + g, n, nkv * D, D, L.score_mant, L.score_shift, z.data(), p.data(), w16.data(),
-             o.data() + (t * nh + hd) * D);
-    });
+    // Every (row, head) in tiles of rows sharing their keys (attention.cpp).
+    attend_layer(nt, ks, m, l, caches, rows, T, q.data(), o.data());
     clk.mark("attention", l);
     act.from_rows(nt, ks, o.data(), T, nh * D);
     if (tr) rec(blk + "attn_out", o, {T, nh * D});
@@ -370,7 +356,31 @@ void forward_impl(const Model& m, KVCache* const* caches, const Row* rows, int64
 
 void forward_rows(const Model& m, KVCache* const* caches, const Row* rows, int64_t T, int32_t* logits) {
   // One kernel set for the whole call, whatever set_isa() does meanwhile.
-  forward_impl(m, caches, rows, T, logits, kernels(), nullptr);
+  const Kernels& ks = kernels();
+  // Pieces of kForwardRows rows need each sequence's rows in position order
+  // (a row reads every earlier position of its sequence); a call with rows
+  // out of order runs whole, unless a ring forbids it.
+  bool ordered = true, ring = false;
+  std::vector<int64_t> last;
+  for (int64_t t = 0; t < T; ++t) {
+    const size_t s = (size_t)rows[t].seq;
+    if (s >= last.size()) last.resize(s + 1, -1);
+    ordered = ordered && rows[t].pos > last[s];
+    last[s] = rows[t].pos;
+    ring = ring || caches[s]->has_ring();
+  }
+  if (T <= kForwardRows || (!ordered && !ring)) {
+    forward_impl(m, caches, rows, T, logits, ks, nullptr);
+    return;
+  }
+  if (!ordered) throw std::invalid_argument("forward_rows: a sequence's rows are not in position order");
+  // Split anywhere: every row's logits are the same bits (each op is per row).
+  for (int64_t t0 = 0; t0 < T; t0 += kForwardRows) {
+    const int64_t n = std::min(kForwardRows, T - t0);
+    forward_impl(m, caches, rows + t0, n, logits, ks, nullptr);
+    for (int64_t t = t0; t < t0 + n; ++t)
+      if (rows[t].want_logits) logits += m.cfg.vocab;
+  }
 }
 
 void forward_rows_traced(const Model& m, KVCache* const* caches, const Row* rows, int64_t T, int32_t* logits,

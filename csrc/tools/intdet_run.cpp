@@ -370,7 +370,7 @@ int decode_chunk(const std::string& dir, const std::string& chunk_path, int64_t 
   const std::vector<unsigned char> payload = read_file(chunk_path);
   intdet::compress::RangeDecoder dec(payload.data(), payload.size());
   KVCache kv;
-  kv.init(m.cfg, n);
+  kv.init(m, n);
   std::vector<int32_t> logits((size_t)V), out;
   int32_t tok = (int32_t)start;
   intdet::compress::RangeDecoder* decs[1] = {&dec};
@@ -480,7 +480,7 @@ int run(int argc, char** argv) {
   if (n_new > 0) {
     const int64_t n_total = std::min(ctx, (int64_t)ids.size() + n_new);
     KVCache kv;
-    kv.init(m.cfg, n_total);
+    kv.init(m, n_total);
     std::vector<int32_t> logits((size_t)V);
     forward(m, kv, ids.data(), (int64_t)ids.size(), 0, false, logits.data());
     int64_t n_past = (int64_t)ids.size();

@@ -112,6 +112,59 @@ void attend_head_neon(const int16_t* q, int e_q, const int8_t* kc, const int32_t
   for (int64_t d = 0; d < D; ++d) out[d] = shl(out[d], sh);
 }
 
+// Attention tiles (QkTileFn, kernels.h; same bits as qk_tile_generic): a
+// block of 16 keys, then every row's dots against it (the block stays in L1).
+void qk_tile_neon(const int16_t* q, const int32_t* e_q, int64_t R, const int8_t* kc, const int32_t* ka, int64_t n,
+                  int64_t stride, int64_t D, int64_t score_mant, int64_t score_shift, int64_t* z, int64_t ldz) {
+  if (D % 8) {
+    qk_tile_generic(q, e_q, R, kc, ka, n, stride, D, score_mant, score_shift, z, ldz);
+    return;
+  }
+  const int64_t sstride = stride / D;
+  for (int64_t t0 = 0; t0 < n; t0 += 16) {
+    const int64_t t1 = t0 + 16 < n ? t0 + 16 : n;
+    int64_t mk[16], ek[16];
+    for (int64_t t = t0; t < t1; ++t) normalize_scale15(ka[t * sstride], &mk[t - t0], &ek[t - t0]);
+    for (int64_t r = 0; r < R; ++r)
+      for (int64_t t = t0; t < t1; ++t)
+        z[r * ldz + t] = shift_round_sat32((int64_t)(int32_t)dot_i16_i8(q + r * D, kc + t * stride, D) *
+                                               mk[t - t0] * score_mant,
+                                           score_shift - e_q[r] - ek[t - t0]);
+  }
+}
+
+// P . V tiles (PvTileFn; same bits as pv_tile_generic): blocks of 64
+// positions (in L1) added into every row with vmlal (int32 lanes gain at
+// most 64 products |w16 * v| <= 32767 * 127 per block), then int64.
+void pv_tile_neon(const int16_t* w16, int64_t ldw, int64_t R, const int8_t* vc, int64_t n, int64_t stride, int64_t D,
+                  int64_t* out) {
+  if (D % 8 || D > 256) {
+    pv_tile_generic(w16, ldw, R, vc, n, stride, D, out);
+    return;
+  }
+  for (int64_t t0 = 0; t0 < n; t0 += 64) {
+    const int64_t t1 = t0 + 64 < n ? t0 + 64 : n;
+    for (int64_t r = 0; r < R; ++r) {
+      int32x4_t acc[64];
+      for (int64_t c = 0; c < D / 4; ++c) acc[c] = vdupq_n_s32(0);
+      for (int64_t t = t0; t < t1; ++t) {
+        const int16_t wt = w16[r * ldw + t];
+        const int8_t* v = vc + t * stride;
+        for (int64_t c = 0; c < D / 8; ++c) {
+          const int16x8_t y = vmovl_s8(vld1_s8(v + 8 * c));
+          acc[2 * c] = vmlal_n_s16(acc[2 * c], vget_low_s16(y), wt);
+          acc[2 * c + 1] = vmlal_high_n_s16(acc[2 * c + 1], y, wt);
+        }
+      }
+      for (int64_t c = 0; c < D / 4; ++c) {
+        int32_t lanes[4];
+        vst1q_s32(lanes, acc[c]);
+        for (int i = 0; i < 4; ++i) out[r * D + 4 * c + i] += lanes[i];
+      }
+    }
+  }
+}
+
 // Row ops are the scalar ones; the weights stay row-major (no packing).
 extern const Kernels kNeonKernels;
 constinit const Kernels kNeonKernels{
@@ -123,6 +176,8 @@ constinit const Kernels kNeonKernels{
     .linear_w4 = linear_w4_neon,
     .linear_w4_packed = nullptr,
     .attend = attend_head_neon,
+    .qk_tile = qk_tile_neon,
+    .pv_tile = pv_tile_neon,
     .softmax = softmax_q16_row,
     .exp2_row = exp2_neg_q30_row,
     .quant16 = quant16_row,

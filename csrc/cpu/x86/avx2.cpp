@@ -194,6 +194,151 @@ void attend_head_avx2(const int16_t* q, int e_q, const int8_t* kc, const int32_t
 
 namespace {
 
+// attn_score on four lanes: shift_round_sat32(raw * mkm, s) with mkm =
+// mk * score_mant < 2^31 (vpmuldq: exact signed 32 x 32 -> 64) and every
+// s in [1, 62] (the caller checks; then round_shift is (x + 2^(s-1)) >> s,
+// the arithmetic shift built from the logical one by the sign-flip identity).
+inline __m256i score4(__m128i raw, __m256i mkm, __m256i s) {
+  const __m256i zero = _mm256_setzero_si256(), one = _mm256_set1_epi64x(1);
+  const __m256i lim = _mm256_set1_epi64x(kInt32Max), nlim = _mm256_set1_epi64x(-kInt32Max);
+  const __m256i x = _mm256_mul_epi32(_mm256_cvtepi32_epi64(raw), mkm);
+  const __m256i y = _mm256_add_epi64(x, _mm256_sllv_epi64(one, _mm256_sub_epi64(s, one)));
+  const __m256i sg = _mm256_cmpgt_epi64(zero, y);
+  __m256i r = _mm256_xor_si256(_mm256_srlv_epi64(_mm256_xor_si256(y, sg), s), sg);
+  r = _mm256_blendv_epi8(r, lim, _mm256_cmpgt_epi64(r, lim));
+  return _mm256_blendv_epi8(r, nlim, _mm256_cmpgt_epi64(nlim, r));
+}
+
+}  // namespace
+
+// Attention tiles (QkTileFn, kernels.h; same bits as qk_tile_generic). Eight
+// keys at a time are widened to int16 once into a block in L1, then every
+// row's eight dot vectors are reduced by vphaddd into eight scores.
+// |q . k| < 2^31 (D <= 256), so int32 wrap-around in partial sums cannot
+// change the value. The key's scale split (attn_score) is done once per key.
+void qk_tile_avx2(const int16_t* q, const int32_t* e_q, int64_t R, const int8_t* kc, const int32_t* ka, int64_t n,
+                  int64_t stride, int64_t D, int64_t score_mant, int64_t score_shift, int64_t* z, int64_t ldz) {
+  if (D % 16) {
+    qk_tile_generic(q, e_q, R, kc, ka, n, stride, D, score_mant, score_shift, z, ldz);
+    return;
+  }
+  const int64_t sstride = stride / D;
+  alignas(32) int16_t kb[8 * 256];
+  int64_t mk[8], ek[8];
+  for (int64_t t = 0; t < n; t += 8) {
+    const int nk = n - t < 8 ? (int)(n - t) : 8;  // a short last block: the missing keys are zero
+    for (int j = 0; j < 8; ++j) {
+      const int8_t* k = kc + (t + j) * stride;
+      for (int64_t d = 0; d < D; d += 16)
+        _mm256_store_si256((__m256i*)(kb + j * D + d),
+                           j < nk ? _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(k + d)))
+                                  : _mm256_setzero_si256());
+      if (j < nk) normalize_scale15(ka[(t + j) * sstride], &mk[j], &ek[j]);
+    }
+    // The vector epilogue needs mk * score_mant < 2^31 (mk <= 2^15) and a full block.
+    const bool vec = nk == 8 && score_mant >= 0 && score_mant <= (1 << 15);
+    int64_t ekmin = 0, ekmax = 0;
+    __m256i mkm_lo = _mm256_setzero_si256(), mkm_hi = mkm_lo, ek_lo = mkm_lo, ek_hi = mkm_lo;
+    if (vec) {
+      ekmin = ekmax = ek[0];
+      for (int j = 1; j < 8; ++j) ekmin = imin(ekmin, ek[j]), ekmax = imax(ekmax, ek[j]);
+      mkm_lo = _mm256_setr_epi64x(mk[0] * score_mant, mk[1] * score_mant, mk[2] * score_mant, mk[3] * score_mant);
+      mkm_hi = _mm256_setr_epi64x(mk[4] * score_mant, mk[5] * score_mant, mk[6] * score_mant, mk[7] * score_mant);
+      ek_lo = _mm256_setr_epi64x(ek[0], ek[1], ek[2], ek[3]);
+      ek_hi = _mm256_setr_epi64x(ek[4], ek[5], ek[6], ek[7]);
+    }
+    for (int64_t r = 0; r < R; ++r) {
+      const int16_t* qr = q + r * D;
+      __m256i s[8];
+      for (int j = 0; j < 8; ++j) s[j] = _mm256_setzero_si256();
+      for (int64_t d = 0; d < D; d += 16) {
+        const __m256i qv = _mm256_loadu_si256((const __m256i*)(qr + d));
+        for (int j = 0; j < 8; ++j)
+          s[j] = _mm256_add_epi32(s[j], _mm256_madd_epi16(qv, _mm256_load_si256((const __m256i*)(kb + j * D + d))));
+      }
+      const __m256i h0 = _mm256_hadd_epi32(_mm256_hadd_epi32(s[0], s[1]), _mm256_hadd_epi32(s[2], s[3]));
+      const __m256i h1 = _mm256_hadd_epi32(_mm256_hadd_epi32(s[4], s[5]), _mm256_hadd_epi32(s[6], s[7]));
+      const __m256i v =
+          _mm256_add_epi32(_mm256_permute2x128_si256(h0, h1, 0x20), _mm256_permute2x128_si256(h0, h1, 0x31));
+      int64_t* zr = z + r * ldz + t;
+      const int64_t s0 = score_shift - e_q[r];
+      if (vec && s0 - ekmax >= 1 && s0 - ekmin <= 62) {
+        const __m256i sv = _mm256_set1_epi64x(s0);
+        _mm256_storeu_si256((__m256i*)zr, score4(_mm256_castsi256_si128(v), mkm_lo, _mm256_sub_epi64(sv, ek_lo)));
+        _mm256_storeu_si256((__m256i*)(zr + 4),
+                            score4(_mm256_extracti128_si256(v, 1), mkm_hi, _mm256_sub_epi64(sv, ek_hi)));
+        continue;
+      }
+      alignas(32) int32_t raw[8];
+      _mm256_store_si256((__m256i*)raw, v);
+      for (int j = 0; j < nk; ++j)
+        zr[j] = shift_round_sat32((int64_t)raw[j] * mk[j] * score_mant, s0 - ek[j]);
+    }
+  }
+}
+
+// P . V tiles (PvTileFn; same bits as pv_tile_generic): a block of 128
+// positions' values over 64 (else 16) dims is widened and interleaved in
+// pairs once into L1, then every row adds it with its int16 weights paired
+// in each 32-bit lane (vpmaddwd). int32 lanes gain at most 128 products
+// |w16 * v| <= 32767 * 127 per block (< 2^31), then go to int64.
+void pv_tile_avx2(const int16_t* w16, int64_t ldw, int64_t R, const int8_t* vc, int64_t n, int64_t stride, int64_t D,
+                  int64_t* out) {
+  if (D % 16) {
+    pv_tile_generic(w16, ldw, R, vc, n, stride, D, out);
+    return;
+  }
+  constexpr int64_t kPairs = 64;
+  const int NC = D % 64 == 0 ? 4 : 1;  // 16-dim chunks per pass
+  alignas(32) int16_t vb[kPairs * 4 * 32];  // [pair][chunk][lo 16 | hi 16]
+  for (int64_t t0 = 0; t0 < n; t0 += 2 * kPairs) {
+    const int64_t nk = n - t0 < 2 * kPairs ? n - t0 : 2 * kPairs, np = (nk + 1) / 2;
+    for (int64_t d0 = 0; d0 < D; d0 += 16 * NC) {
+      for (int64_t p = 0; p < np; ++p) {
+        const int8_t* v0 = vc + (t0 + 2 * p) * stride + d0;
+        const bool two = 2 * p + 1 < nk;
+        for (int c = 0; c < NC; ++c) {
+          const __m256i a = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(v0 + 16 * c)));
+          const __m256i b = two ? _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(v0 + stride + 16 * c)))
+                                : _mm256_setzero_si256();
+          int16_t* dst = vb + (p * NC + c) * 32;
+          _mm256_store_si256((__m256i*)dst, _mm256_unpacklo_epi16(a, b));
+          _mm256_store_si256((__m256i*)(dst + 16), _mm256_unpackhi_epi16(a, b));
+        }
+      }
+      for (int64_t r = 0; r < R; ++r) {
+        const int16_t* w = w16 + r * ldw + t0;
+        __m256i lo[4], hi[4];  // chunk c: lo d = 16c + {0-3, 8-11}, hi 16c + {4-7, 12-15}
+        for (int c = 0; c < NC; ++c) lo[c] = hi[c] = _mm256_setzero_si256();
+        for (int64_t p = 0; p < np; ++p) {
+          const uint16_t w1 = 2 * p + 1 < nk ? (uint16_t)w[2 * p + 1] : 0;
+          const __m256i wp = _mm256_set1_epi32((int32_t)(((uint32_t)w1 << 16) | (uint16_t)w[2 * p]));
+          const int16_t* src = vb + p * NC * 32;
+          for (int c = 0; c < NC; ++c) {
+            lo[c] = _mm256_add_epi32(lo[c], _mm256_madd_epi16(_mm256_load_si256((const __m256i*)(src + 32 * c)), wp));
+            hi[c] = _mm256_add_epi32(hi[c],
+                                     _mm256_madd_epi16(_mm256_load_si256((const __m256i*)(src + 32 * c + 16)), wp));
+          }
+        }
+        for (int c = 0; c < NC; ++c) {
+          alignas(32) int32_t l[8], h[8];
+          _mm256_store_si256((__m256i*)l, lo[c]);
+          _mm256_store_si256((__m256i*)h, hi[c]);
+          int64_t* o = out + r * D + d0 + 16 * c;
+          for (int i = 0; i < 4; ++i) {
+            o[i] += l[i];
+            o[8 + i] += l[4 + i];
+            o[4 + i] += h[i];
+            o[12 + i] += h[4 + i];
+          }
+        }
+      }
+    }
+  }
+}
+
+namespace {
+
 // Baseline code (kernels.h): it decides whether the rest of this file may run.
 INTDET_BASELINE_CODE bool cpu_has_avx2() {
 #if defined(__GNUC__) || defined(__clang__)
@@ -217,6 +362,8 @@ constinit const Kernels kAvx2Kernels{
     .linear_w4 = nullptr,
     .linear_w4_packed = linear_w4_avx2_packed,
     .attend = attend_head_avx2,
+    .qk_tile = qk_tile_avx2,
+    .pv_tile = pv_tile_avx2,
     .softmax = softmax_q16_row_avx2,
     .exp2_row = exp2_neg_q30_row_avx2,
     .quant16 = quant16_row_avx2,

@@ -20,6 +20,20 @@ using AttendFn = void (*)(const int16_t* q, int e_q, const int8_t* kc, const int
                           const int32_t* va, int64_t n, int64_t stride, int64_t D, int64_t score_mant,
                           int64_t score_shift, int64_t* z, int64_t* p, int16_t* w16, int64_t* out);
 
+// Attention tiles (csrc/model/attention.cpp drives them; docs/kernel-sets.md).
+// QkTileFn: scores of R query rows against n cached keys, every key loaded
+// once for all R rows (the GEMM shape: int16 q, int8 K):
+//   z[r * ldz + t] = attn_score(q_r . k_t, ka[t * (stride / D)], e_q[r], score_mant, score_shift)
+// for r < R, t < n; q [R, D] int16 row-major, key t at kc + t * stride.
+using QkTileFn = void (*)(const int16_t* q, const int32_t* e_q, int64_t R, const int8_t* kc, const int32_t* ka,
+                          int64_t n, int64_t stride, int64_t D, int64_t score_mant, int64_t score_shift, int64_t* z,
+                          int64_t ldz);
+// PvTileFn: out[r * D + d] += sum_{t < n} w16[r * ldw + t] * v_t[d] for r < R,
+// exact (int32 partial sums over at most kPvBlock positions, then int64);
+// value t at vc + t * stride.
+using PvTileFn = void (*)(const int16_t* w16, int64_t ldw, int64_t R, const int8_t* vc, int64_t n, int64_t stride,
+                          int64_t D, int64_t* out);
+
 // Int4 linear layer (docs/format.md): the same output as LinearFn with the
 // effective weights w[j][k] = gd[j][k/32] * u[j][k] + gm[j][k/32], u the
 // 4-bit code in w4 [N, K/2] (input 2i in the low nibble of byte i), K a
@@ -64,7 +78,9 @@ struct Kernels {
   LinearFn linear_packed;
   LinearW4Fn linear_w4;
   LinearW4Fn linear_w4_packed;
-  AttendFn attend;
+  AttendFn attend;    // one (row, head) pair: attend_head; the reference the tiles are tested against
+  QkTileFn qk_tile;   // prefill / decode attention's scores, many rows per key
+  PvTileFn pv_tile;   // and its P . V
   RowFn softmax;   // softmax_q16_row; the attend kernel uses its own set's
   RowFn exp2_row;  // y[i] = exp2_neg_q30(x[i]), x >= 0
   int (*quant16)(const int64_t* x, int64_t n, int16_t* q);                    // quant16_row
@@ -105,8 +121,6 @@ int num_threads();
 // Picks the count for one forward and makes it the OpenMP team size; a
 // forward calls it once at its start. Returns the count.
 int forward_threads();
-// The team size of the forward in progress (its work split follows it).
-int team_threads();
 // Auto's rule: over one sample, ncpu CPUs spent `busy` of `total` jiffies
 // busy, `self` of them ours; free cores = ncpu - (busy - self) / (total /
 // ncpu), rounded to nearest, clamped to [1, ceiling].

@@ -83,16 +83,54 @@ void pack_model(Model& m, bool release_source = false);
 // pack_model and the loader (loader.h) for mapped weights.
 void release_pages(const void* p, int64_t n);
 
-// KV cache for one sequence: int8 rows plus one absmax scale per (pos, kv head).
+// Rows per forward pass: forward_rows runs longer calls in pieces of this
+// many rows (a prefill split anywhere gives the same bits), which bounds the
+// activation buffers (as llama.cpp's n_ubatch does) and the positions one
+// pass adds to a sliding window's ring.
+constexpr int64_t kForwardRows = 512;
+
+// KV cache for one sequence: int8 rows plus one absmax scale per (pos, kv
+// head). Layer l keeps cap[l] positions from row off[l]: max_len, or for a
+// sliding-window layer (Gemma 3's local layers) a ring of window +
+// kForwardRows, position p in row off[l] + p % cap[l]. A ring is exact: a
+// row at p reads positions p - window + 1..p, and a call adds at most
+// kForwardRows positions, so no slot it reads is overwritten in that call.
 struct KVCache {
   int64_t max_len = 0;
-  std::vector<int8_t> k, v;     // [L, max_len, n_kv, D]
-  std::vector<int32_t> ka, va;  // [L, max_len, n_kv]
-  void init(const Config& c, int64_t len) {
+  std::vector<int64_t> cap, off;  // [L]
+  std::vector<int8_t> k, v;       // [sum cap, n_kv, D]
+  std::vector<int32_t> ka, va;    // [sum cap, n_kv]
+  // Every layer full length (no rings).
+  void init(const Config& c, int64_t len) { init_caps(c, len, std::vector<int64_t>((size_t)c.n_layers, len)); }
+  // Rings for m's sliding-window layers.
+  void init(const Model& m, int64_t len) {
+    std::vector<int64_t> caps((size_t)m.cfg.n_layers, len);
+    for (int64_t l = 0; l < m.cfg.n_layers; ++l)
+      if (m.layers[(size_t)l].window && m.layers[(size_t)l].window + kForwardRows < len)
+        caps[(size_t)l] = m.layers[(size_t)l].window + kForwardRows;
+    init_caps(m.cfg, len, caps);
+  }
+  // The cache row of (layer, position).
+  int64_t row(int64_t l, int64_t pos) const { return off[(size_t)l] + pos % cap[(size_t)l]; }
+  bool has_ring() const {
+    for (int64_t c : cap)
+      if (c < max_len) return true;
+    return false;
+  }
+
+ private:
+  void init_caps(const Config& c, int64_t len, std::vector<int64_t> caps) {
     max_len = len;
-    k.assign((size_t)(c.n_layers * len * c.n_kv * c.head_dim), 0);
+    cap = std::move(caps);
+    off.assign(cap.size(), 0);
+    int64_t rows = 0;
+    for (size_t l = 0; l < cap.size(); ++l) {
+      off[l] = rows;
+      rows += cap[l];
+    }
+    k.assign((size_t)(rows * c.n_kv * c.head_dim), 0);
     v.assign(k.size(), 0);
-    ka.assign((size_t)(c.n_layers * len * c.n_kv), 0);
+    ka.assign((size_t)(rows * c.n_kv), 0);
     va.assign(ka.size(), 0);
   }
 };

@@ -62,6 +62,12 @@ constexpr int64_t kPvBlock = 512;
 void attend_head(const int16_t* q, int e_q, const int8_t* kc, const int32_t* ka, const int8_t* vc,
                  const int32_t* va, int64_t n, int64_t stride, int64_t D, int64_t score_mant,
                  int64_t score_shift, int64_t* z, int64_t* p, int16_t* w16, int64_t* out);
+// The scalar attention tiles (QkTileFn, PvTileFn in kernels.h): the reference
+// every kernel set's tiles match; D <= 256.
+void qk_tile_generic(const int16_t* q, const int32_t* e_q, int64_t R, const int8_t* kc, const int32_t* ka, int64_t n,
+                     int64_t stride, int64_t D, int64_t score_mant, int64_t score_shift, int64_t* z, int64_t ldz);
+void pv_tile_generic(const int16_t* w16, int64_t ldw, int64_t R, const int8_t* vc, int64_t n, int64_t stride,
+                     int64_t D, int64_t* out);
 
 // The output transform shared by every linear kernel (CPU and CUDA): exact dot -> int32 Q F_out.
 INTDET_HD int64_t linear_epilogue(int64_t acc, int32_t mant, int32_t shift, int32_t e, const int32_t* bias, int64_t j) {

@@ -1,0 +1,306 @@
+// One layer's attention in tiles (attention.h), integer only. The same bits
+// as attend_head per (row, head): attend_head's softmax is
+//   zmax = max z, u = exp2(zmax - z), tot = sum u, p = round_shift(u * (2^62 / tot), 46) * va,
+//   e = max(bitlen(max p) - 15, 0), w16 = clamp(round_shift(p, e)), out = (sum w16 v) << e,
+// and every step is per element or an exact integer max / sum, so computing
+// it over key ranges and combining the ranges' maxima and sums gives the
+// same integers in any split and order.
+#include "intdet/attention.h"
+#include "intdet/pool.h"
+
+#include <algorithm>
+#include <climits>
+#include <stdexcept>
+#include <vector>
+
+#include "intdet/intmath.h"
+#include "intdet/ops.h"
+
+namespace intdet {
+namespace {
+
+// Rows t0..t0+P-1 (consecutive positions of one sequence) times the query
+// heads of KV head g: R = P * grp query rows, row r = i * grp + j is row
+// t0 + i, query head g * grp + j. Keys [s0, s1) cover every row's range.
+struct Tile {
+  int64_t t0, P, g, s0, s1;
+};
+
+// Per-tile state of the two-pass softmax; chunk c of nc covers keys
+// [cut[c], cut[c + 1]). Partials per (chunk, row): score max, exp sum,
+// weight max, and P . V [nc, R, D].
+struct TileState {
+  std::vector<int16_t> q;
+  std::vector<int32_t> e_q;
+  std::vector<int64_t> lo, hi;  // [R] row r reads key positions [lo, hi)
+  std::vector<int64_t> z;       // [R, span]: scores, then exp2, then weights p
+  std::vector<int16_t> w16;     // [R, span]
+  std::vector<int64_t> cut, zmax, tot, pmax, out;
+};
+
+struct Ctx {
+  const Kernels& ks;
+  const Model& m;
+  const Layer& L;
+  int64_t l, nh, nkv, D, grp;
+  KVCache* const* caches;
+  const Row* rows;
+  const int64_t* q;
+  int64_t* o;
+
+  const KVCache& kv(const Tile& tl) const { return *caches[rows[tl.t0].seq]; }
+
+  // f(p0, row0, n): key positions p0..p0+n-1 lie in cache rows row0..row0+n-1
+  // (a ring wraps at most once inside [a, b)).
+  template <class F>
+  void segments(const KVCache& c, int64_t a, int64_t b, F&& f) const {
+    while (a < b) {
+      const int64_t r = c.row(l, a), end = c.off[(size_t)l] + c.cap[(size_t)l];
+      const int64_t n = std::min(b - a, end - r);
+      f(a, r, n);
+      a += n;
+    }
+  }
+
+  void setup(const Tile& tl, int64_t nc, TileState& s) const {
+    const int64_t R = tl.P * grp, span = tl.s1 - tl.s0;
+    s.q.resize((size_t)(R * D));
+    s.e_q.resize((size_t)R);
+    s.lo.resize((size_t)R);
+    s.hi.resize((size_t)R);
+    for (int64_t i = 0; i < tl.P; ++i) {
+      const int64_t t = tl.t0 + i, pos = rows[t].pos;
+      const int64_t lo = L.window && pos + 1 > L.window ? pos + 1 - L.window : 0;
+      for (int64_t j = 0; j < grp; ++j) {
+        const int64_t r = i * grp + j, hd = tl.g * grp + j;
+        s.e_q[r] = ks.quant16(q + (t * nh + hd) * D, D, s.q.data() + r * D);
+        s.lo[r] = lo;
+        s.hi[r] = pos + 1;
+      }
+    }
+    s.z.resize((size_t)(R * span));
+    s.w16.resize((size_t)(R * span));
+    s.cut.resize((size_t)nc + 1);
+    for (int64_t c = 0; c <= nc; ++c) s.cut[c] = tl.s0 + span * c / nc;
+    s.zmax.assign((size_t)(nc * R), LLONG_MIN);
+    s.tot.assign((size_t)(nc * R), 0);
+    s.pmax.assign((size_t)(nc * R), 0);
+    s.out.assign((size_t)(nc * R * D), 0);
+  }
+
+  // Row r's keys inside chunk c: [a, b) (a >= b when none).
+  static void range(const TileState& s, int64_t c, int64_t r, int64_t* a, int64_t* b) {
+    *a = std::max(s.cut[c], s.lo[r]);
+    *b = std::min(s.cut[c + 1], s.hi[r]);
+  }
+
+  // Pass 1: scores of every row against the chunk's keys (rows outside
+  // their range are computed and never read), and each row's maximum.
+  void scores(const Tile& tl, int64_t c, TileState& s) const {
+    const KVCache& cv = kv(tl);
+    const int64_t R = tl.P * grp, span = tl.s1 - tl.s0, st = nkv * D;
+    segments(cv, s.cut[c], s.cut[c + 1], [&](int64_t p0, int64_t r0, int64_t n) {
+      ks.qk_tile(s.q.data(), s.e_q.data(), R, cv.k.data() + (r0 * nkv + tl.g) * D, cv.ka.data() + r0 * nkv + tl.g,
+                 n, st, D, L.score_mant, L.score_shift, s.z.data() + (p0 - tl.s0), span);
+    });
+    for (int64_t r = 0; r < R; ++r) {
+      int64_t a, b, mx = LLONG_MIN;
+      range(s, c, r, &a, &b);
+      const int64_t* z = s.z.data() + r * span - tl.s0;
+      for (int64_t i = a; i < b; ++i) mx = imax(mx, z[i]);
+      s.zmax[c * R + r] = mx;
+    }
+  }
+
+  // Pass 2a: u = exp2(zmax - z) with the row's maximum over all chunks, and its chunk sum.
+  void exps(const Tile& tl, int64_t c, int64_t nc, TileState& s) const {
+    const int64_t R = tl.P * grp, span = tl.s1 - tl.s0;
+    for (int64_t r = 0; r < R; ++r) {
+      int64_t a, b, mx = LLONG_MIN, sum = 0;
+      for (int64_t k = 0; k < nc; ++k) mx = imax(mx, s.zmax[k * R + r]);
+      range(s, c, r, &a, &b);
+      int64_t* z = s.z.data() + r * span - tl.s0;
+      if (a >= b) continue;
+      for (int64_t i = a; i < b; ++i) z[i] = mx - z[i];
+      ks.exp2_row(z + a, b - a, z + a);
+      for (int64_t i = a; i < b; ++i) sum += z[i];
+      s.tot[c * R + r] = sum;
+    }
+  }
+
+  // Pass 2b: p = round_shift(u * (2^62 / tot), 62 - kProbFrac) times the value
+  // scale (w_t = p_t * a_t < 2^47), and the chunk's largest.
+  void weights(const Tile& tl, int64_t c, int64_t nc, TileState& s) const {
+    const KVCache& cv = kv(tl);
+    const int64_t R = tl.P * grp, span = tl.s1 - tl.s0;
+    for (int64_t r = 0; r < R; ++r) {
+      int64_t a, b, tot = 0, mx = 0;
+      for (int64_t k = 0; k < nc; ++k) tot += s.tot[k * R + r];
+      range(s, c, r, &a, &b);
+      if (a >= b) continue;
+      const int64_t rr = ((int64_t)1 << 62) / tot;  // tot >= 2^30 - 4 > 0: the max term
+      int64_t* z = s.z.data() + r * span - tl.s0;
+      segments(cv, a, b, [&](int64_t p0, int64_t r0, int64_t n) {
+        const int32_t* va = cv.va.data() + r0 * nkv + tl.g;
+        for (int64_t i = 0; i < n; ++i) {
+          const int64_t p = round_shift(z[p0 + i] * rr, 62 - kProbFrac) * va[i * nkv];
+          z[p0 + i] = p;
+          mx = imax(mx, p);
+        }
+      });
+      s.pmax[c * R + r] = mx;
+    }
+  }
+
+  // Pass 2c: int16 weights with the row's exponent (zero outside its range),
+  // then the chunk's P . V into out[c].
+  void pv(const Tile& tl, int64_t c, int64_t nc, TileState& s) const {
+    const KVCache& cv = kv(tl);
+    const int64_t R = tl.P * grp, span = tl.s1 - tl.s0;
+    const int64_t c0 = s.cut[c], c1 = s.cut[c + 1];
+    for (int64_t r = 0; r < R; ++r) {
+      int64_t a, b, mx = 0;
+      for (int64_t k = 0; k < nc; ++k) mx = imax(mx, s.pmax[k * R + r]);
+      const int e = (int)imax(bitlen(mx) - 15, 0);
+      range(s, c, r, &a, &b);
+      const int64_t* z = s.z.data() + r * span - tl.s0;
+      int16_t* w = s.w16.data() + r * span - tl.s0;
+      for (int64_t i = c0; i < c1; ++i)
+        w[i] = i >= a && i < b ? (int16_t)clamp(round_shift(z[i], e), -kInt16QMax, kInt16QMax) : 0;
+    }
+    int64_t* out = s.out.data() + c * R * D;
+    segments(cv, c0, c1, [&](int64_t p0, int64_t r0, int64_t n) {
+      ks.pv_tile(s.w16.data() + (p0 - tl.s0), span, R, cv.v.data() + (r0 * nkv + tl.g) * D, n, nkv * D, D, out);
+    });
+  }
+
+  // The chunks' sums, shifted by each row's exponent, into o.
+  void finish(const Tile& tl, int64_t nc, const TileState& s) const {
+    const int64_t R = tl.P * grp;
+    for (int64_t r = 0; r < R; ++r) {
+      int64_t mx = 0;
+      for (int64_t k = 0; k < nc; ++k) mx = imax(mx, s.pmax[k * R + r]);
+      const int e = (int)imax(bitlen(mx) - 15, 0);
+      const int64_t t = tl.t0 + r / grp, hd = tl.g * grp + r % grp;
+      int64_t* dst = o + (t * nh + hd) * D;
+      for (int64_t d = 0; d < D; ++d) {
+        int64_t acc = 0;
+        for (int64_t k = 0; k < nc; ++k) acc += s.out[(k * R + r) * D + d];
+        dst[d] = shl(acc, e);
+      }
+    }
+  }
+};
+
+}  // namespace
+
+void attend_layer(int nt, const Kernels& ks, const Model& m, int64_t l, KVCache* const* caches, const Row* rows,
+                  int64_t T, const int64_t* q, int64_t* o) {
+  const Config& cf = m.cfg;
+  const Layer& L = m.layers[(size_t)l];
+  const Ctx cx{ks, m, L, l, cf.n_heads, cf.n_kv, cf.head_dim, cf.n_heads / cf.n_kv, caches, rows, q, o};
+  const int64_t P = std::max<int64_t>(1, kTileRows / cx.grp);
+  // Tiles: runs of consecutive positions of one sequence, at most P rows.
+  // The latest position each sequence adds in this call: a ring must still
+  // hold every key a row reads once all the call's rows are written.
+  std::vector<int64_t> last;
+  for (int64_t t = 0; t < T; ++t) {
+    if ((size_t)rows[t].seq >= last.size()) last.resize((size_t)rows[t].seq + 1, 0);
+    last[(size_t)rows[t].seq] = std::max(last[(size_t)rows[t].seq], rows[t].pos);
+  }
+  std::vector<Tile> tiles;
+  for (int64_t t = 0; t < T;) {
+    int64_t n = 1;
+    while (n < P && t + n < T && rows[t + n].seq == rows[t].seq && rows[t + n].pos == rows[t].pos + n) ++n;
+    const int64_t pos0 = rows[t].pos, pos1 = rows[t + n - 1].pos;
+    const int64_t s0 = L.window && pos0 + 1 > L.window ? pos0 + 1 - L.window : 0;
+    const KVCache& c = *caches[rows[t].seq];
+    if (last[(size_t)rows[t].seq] + 1 - s0 > c.cap[(size_t)l])
+      throw std::logic_error("attention reads positions the KV cache no longer holds");
+    for (int64_t g = 0; g < cx.nkv; ++g) tiles.push_back({t, n, g, s0, pos1 + 1});
+    t += n;
+  }
+  // Longest spans first, so the last tiles a thread takes are short.
+  std::stable_sort(tiles.begin(), tiles.end(), [](const Tile& a, const Tile& b) { return a.s1 - a.s0 > b.s1 - b.s0; });
+  const int64_t ntiles = (int64_t)tiles.size(), threads = nt > 1 ? nt : 1;
+  // Tasks run on the pool (pool.h); scratch is per OS thread (thread_local),
+  // used whole by one task before that thread takes the next.
+  if (ntiles >= 4 * threads) {  // prefill: whole tiles per task
+    parallel_tasks(nt, ntiles, [&](int64_t i) {
+      thread_local TileState s;
+      const Tile& tl = tiles[i];
+      cx.setup(tl, 1, s);
+      cx.scores(tl, 0, s);
+      cx.exps(tl, 0, 1, s);
+      cx.weights(tl, 0, 1, s);
+      cx.pv(tl, 0, 1, s);
+      cx.finish(tl, 1, s);
+    });
+    return;
+  }
+  // Few rows at a short context: one (row, head) per task with the set's
+  // attend (attend_head's bits), unless a ring wraps inside a row's range.
+  int64_t longest = 0;
+  bool wrapped = false;
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t pos = rows[t].pos, lo = L.window && pos + 1 > L.window ? pos + 1 - L.window : 0;
+    const KVCache& kv = *caches[rows[t].seq];
+    longest = std::max(longest, pos + 1 - lo);
+    wrapped = wrapped || kv.row(l, lo) + (pos + 1 - lo) > kv.off[(size_t)l] + kv.cap[(size_t)l];
+  }
+  if (longest < kShortKeys && !wrapped) {
+    const int64_t nh = cx.nh, D = cx.D, nkv = cx.nkv;
+    parallel_tasks(nt, T * nh, [&](int64_t th) {
+      thread_local std::vector<int64_t> z, p;
+      thread_local std::vector<int16_t> qq, w16;
+      const int64_t t = th / nh, hd = th % nh, g = hd / cx.grp, pos = rows[t].pos;
+      const KVCache& kv = *caches[rows[t].seq];
+      const int64_t lo = L.window && pos + 1 > L.window ? pos + 1 - L.window : 0, n = pos + 1 - lo;
+      z.resize((size_t)n);
+      p.resize((size_t)n);
+      w16.resize((size_t)n);
+      qq.resize((size_t)D);
+      const int64_t r0 = kv.row(l, lo);
+      const int e_q = ks.quant16(q + (t * nh + hd) * D, D, qq.data());
+      ks.attend(qq.data(), e_q, kv.k.data() + (r0 * nkv + g) * D, kv.ka.data() + r0 * nkv + g,
+                kv.v.data() + (r0 * nkv + g) * D, kv.va.data() + r0 * nkv + g, n, nkv * D, D, L.score_mant,
+                L.score_shift, z.data(), p.data(), w16.data(), o + (t * nh + hd) * D);
+    });
+    return;
+  }
+  // Few tiles (decode): each tile's keys in chunks across threads, the
+  // passes one after another (each parallel_tasks call completes).
+  std::vector<TileState> st((size_t)ntiles);
+  std::vector<int64_t> nc((size_t)ntiles), first((size_t)ntiles + 1, 0);
+  const int64_t want = (4 * threads + ntiles - 1) / ntiles;
+  for (int64_t i = 0; i < ntiles; ++i) {
+    const int64_t span = tiles[i].s1 - tiles[i].s0;
+    nc[i] = std::max<int64_t>(1, std::min(want, span / kSplitKeys));
+    first[i + 1] = first[i] + nc[i];
+  }
+  const int64_t ntask = first[ntiles];
+  std::vector<int64_t> task_tile((size_t)ntask);
+  for (int64_t i = 0; i < ntiles; ++i)
+    for (int64_t c = 0; c < nc[i]; ++c) task_tile[first[i] + c] = i;
+  for (int64_t i = 0; i < ntiles; ++i) cx.setup(tiles[i], nc[i], st[i]);  // few rows: not worth a barrier
+  // Each pass completes (parallel_tasks returns) before the next starts.
+  parallel_tasks(nt, ntask, [&](int64_t k) {
+    const int64_t i = task_tile[k];
+    cx.scores(tiles[i], k - first[i], st[i]);
+  });
+  parallel_tasks(nt, ntask, [&](int64_t k) {
+    const int64_t i = task_tile[k];
+    cx.exps(tiles[i], k - first[i], nc[i], st[i]);
+  });
+  parallel_tasks(nt, ntask, [&](int64_t k) {
+    const int64_t i = task_tile[k];
+    cx.weights(tiles[i], k - first[i], nc[i], st[i]);
+  });
+  parallel_tasks(nt, ntask, [&](int64_t k) {
+    const int64_t i = task_tile[k];
+    cx.pv(tiles[i], k - first[i], nc[i], st[i]);
+  });
+  parallel_tasks(nt, ntiles, [&](int64_t i) { cx.finish(tiles[i], nc[i], st[i]); });
+}
+
+}  // namespace intdet
