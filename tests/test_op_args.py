@@ -83,6 +83,16 @@ BAD = {
     "attend_va": ("attend", (i16(16), 0, i8(5, 16), i32(5), i8(5, 16), i32(9), 1 << 14, 30), ["attend", "va"]),
     "attend_empty_d": ("attend", (i16(0), 0, i8(5, 0), i32(5), i8(5, 0), i32(5), 1 << 14, 30), ["attend", "empty"]),
     "attend_big_d": ("attend", (i16(272), 0, i8(1, 272), i32(1), i8(1, 272), i32(1), 1 << 14, 30), ["attend", "256"]),
+    "attend_rows_q_rank": ("attend_rows", (i64(2, 16), i8(5, 1, 16), i32(5, 1), i8(5, 1, 16), i32(5, 1), i64(2),
+                                           1 << 14, 30, 0), ["attend_rows", "q"]),
+    "attend_rows_heads": ("attend_rows", (i64(2, 3, 16), i8(5, 2, 16), i32(5, 2), i8(5, 2, 16), i32(5, 2), i64(2),
+                                          1 << 14, 30, 0), ["attend_rows", "multiple"]),
+    "attend_rows_va": ("attend_rows", (i64(2, 2, 16), i8(5, 1, 16), i32(5, 1), i8(5, 1, 16), i32(4, 1), i64(2),
+                                       1 << 14, 30, 0), ["attend_rows", "va"]),
+    "attend_rows_pos": ("attend_rows", (i64(2, 2, 16), i8(5, 1, 16), i32(5, 1), i8(5, 1, 16), i32(5, 1),
+                                        np.array([0, 5], np.int64), 1 << 14, 30, 0), ["attend_rows", "pos"]),
+    "attend_rows_window": ("attend_rows", (i64(2, 2, 16), i8(5, 1, 16), i32(5, 1), i8(5, 1, 16), i32(5, 1), i64(2),
+                                           1 << 14, 30, -1), ["attend_rows", "window"]),
     "attend_kc_rank": ("attend", (i16(16), 0, i8(80), i32(5), i8(5, 16), i32(5), 1 << 14, 30), ["attend", "kc"]),
 }
 
@@ -113,6 +123,8 @@ GOOD = [
     ("linear", (i16(2, 8), i32(2), i8(3, 8), i32(3), i32(3))),
     ("linear_w4", (i16(2, 64), i32(2), u8(3, 32), i16(3, 2), i16(3, 2), i32(3), i32(3))),
     ("attend", (i16(16), 0, i8(5, 16), i32(5), i8(5, 16), i32(5), 1 << 14, 30)),
+    ("attend_rows", (i64(2, 2, 16), i8(5, 1, 16), i32(5, 1), i8(5, 1, 16), i32(5, 1), np.array([3, 4], np.int64),
+                     1 << 14, 30, 0)),
     ("softmax_q16", (i64(2, 0),)),  # empty rows: nothing to read
 ]
 
