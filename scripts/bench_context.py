@@ -26,17 +26,17 @@ loaded machine they are noisy, hence the alternation and the medians.
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import json
 import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-RESULT_TAG = "BENCH_RESULT "
+RESULT_TAG = "BENCH_RESULT "  # the tag bench_cpu.run_worker reads
 CACHE = os.environ.get("INTDET_CACHE", os.path.expanduser("~/.cache/intdet"))
 DEFAULT_LLAMA_BENCH = os.path.join(CACHE, "llama-bench", "bin", "llama-bench")
 
@@ -45,8 +45,9 @@ def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
+@functools.lru_cache(maxsize=1)
 def bench_cpu():
-    """scripts/bench_cpu.py as a module: its venv and model preparation."""
+    """scripts/bench_cpu.py as a module (loaded once): its venv, model preparation and worker runner."""
     spec = importlib.util.spec_from_file_location("bench_cpu", os.path.join(HERE, "bench_cpu.py"))
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -102,17 +103,8 @@ WORKERS = {"intdet": worker_intdet, "llama": worker_llama}
 
 
 def run_worker(python: str, kind: str, spec: dict, timeout: float = 7200) -> dict:
-    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
-        json.dump(spec, f)
-    try:
-        p = subprocess.run([python, os.path.abspath(__file__), "--worker", kind, f.name], capture_output=True,
-                           text=True, timeout=timeout)
-    finally:
-        os.unlink(f.name)
-    lines = [ln for ln in p.stdout.splitlines() if ln.startswith(RESULT_TAG)]
-    if p.returncode != 0 or not lines:
-        raise SystemExit(f"{kind} worker failed (exit {p.returncode}):\n{p.stderr[-3000:]}{p.stdout[-1000:]}")
-    return json.loads(lines[-1][len(RESULT_TAG):])
+    """One worker of this script, run the way bench_cpu runs its own."""
+    return bench_cpu().run_worker(python, kind, spec, timeout=timeout, script=__file__)
 
 
 def run_llama_bench(binary: str, model: str, n: int, gen: int, threads: int) -> dict:

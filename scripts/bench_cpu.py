@@ -203,11 +203,13 @@ WORKERS = {"intdet": worker_intdet, "llama": worker_llama, "llama_bench": worker
            "quantize": worker_quantize, "convert": worker_convert, "qwen3_gguf": worker_qwen3_gguf}
 
 
-def run_worker(python: str, kind: str, spec: dict, timeout: float = 3600) -> dict:
+def run_worker(python: str, kind: str, spec: dict, timeout: float = 3600, script: str = __file__) -> dict:
+    """Run ``script --worker KIND SPEC.json`` under ``python``; its result line
+    (RESULT_TAG + JSON) as a dict. scripts/bench_context.py passes its own script."""
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump(spec, f)
     try:
-        p = subprocess.run([python, os.path.abspath(__file__), "--worker", kind, f.name], capture_output=True,
+        p = subprocess.run([python, os.path.abspath(script), "--worker", kind, f.name], capture_output=True,
                            text=True, timeout=timeout)
     finally:
         os.unlink(f.name)
