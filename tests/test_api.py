@@ -124,6 +124,17 @@ def test_stream_close_keeps_what_was_made(llm):
     assert s2.completion.finish_reason == "cancelled" and llm.scheduler.idle
 
 
+def test_stream_refuses_bad_input_before_running(llm):
+    """A bad prompt or parameter is an IntdetError naming it, raised by
+    stream() itself: nothing is queued, the scheduler stays idle."""
+    for prompt, sp, word in (([], intdet.SamplingParams(), "prompt"), ([10**9], intdet.SamplingParams(), "vocabulary"),
+                             ("hi", intdet.SamplingParams(max_tokens=-1), "max_tokens"),
+                             ("hi", intdet.SamplingParams(temperature="hot"), "temperature")):
+        with pytest.raises(IntdetError, match=word):
+            llm.stream(prompt, sp)
+        assert llm.scheduler.idle and llm.scheduler.kv_used == 0
+
+
 def test_cli_generate_runs_through_the_api(model_dir, monkeypatch):
     """`intdet generate` drives the Python API's Stream (one code path for
     both), and its result is the API's."""
