@@ -348,8 +348,7 @@ class Scheduler:
         except Exception as e:  # noqa: BLE001  (inputs were checked; keep serving the others)
             for r, _ in plan:
                 self._retire(r, "error", f"engine: {e}")
-            outs = None
-        if outs is not None:
+        else:
             for (r, toks), out, all_logits in zip(plan, outs, flags):
                 self._after_forward(r, toks, out, all_logits)
         self.steps += 1
