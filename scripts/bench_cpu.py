@@ -15,8 +15,10 @@ What it does:
    GGML_NATIVE=OFF with the ISA flags named from /proc/cpuinfo, AMX off) into
    ``$INTDET_CACHE/llama-bench/bin``; ``--llama-bench PATH`` names another
    binary. llama-bench times its own random prompt ids (speed does not depend
-   on them) and decodes its ``tg`` test from an empty context, where intdet's
-   decode continues the prompt (more attention work for intdet). Its peak RSS
+   on them). Its default ``tg`` test decodes from an empty context, where
+   intdet's decode continues the prompt; so it runs with ``-d 0,PROMPT`` and
+   intdet's decode is compared with its decode at depth PROMPT (the same
+   attention work), its depth-0 decode printed beside the table. Its peak RSS
    is the largest child's ru_maxrss. The llama-cpp-python figures (below)
    stay alongside; intdet/llama-bench is the ratio that counts.
 
@@ -149,25 +151,35 @@ def worker_llama(spec: dict) -> dict:
 
 
 def worker_llama_bench(spec: dict) -> dict:
-    """One llama-bench run (``-r 1``: this script's rounds repeat it) of a
-    prompt test and a decode test with flash attention on."""
+    """One llama-bench run (``-r 1``: this script's rounds repeat it) with
+    flash attention on: the prompt test from an empty context, and the decode
+    test at depth 0 and at depth P (``-d 0,P``). intdet's decode continues its
+    P-token prompt, so the decode it is compared with is llama-bench's at
+    depth P (the same attention work); the depth-0 figure, llama-bench's
+    default tg test, is reported beside it."""
     import resource
 
     P, G, T = len(spec["ids"]), spec["gen"], spec["threads"]
-    cmd = [spec["llama_bench"], "-m", spec["model"], "-p", str(P), "-n", str(G), "-t", str(T), "-fa", "1",
-           "-r", "1", "-o", "json"]
+    cmd = [spec["llama_bench"], "-m", spec["model"], "-p", str(P), "-n", str(G), "-d", f"0,{P}", "-t", str(T),
+           "-fa", "1", "-r", "1", "-o", "json"]
     p = subprocess.run(cmd, capture_output=True, text=True)
     if p.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed (exit {p.returncode}):\n{p.stderr[-3000:]}")
     tests = json.loads(p.stdout)
-    pp = [x for x in tests if x["n_prompt"] == P and x["n_gen"] == 0]
-    tg = [x for x in tests if x["n_gen"] == G and x["n_prompt"] == 0]
-    if len(pp) != 1 or len(tg) != 1:
-        raise SystemExit(f"{' '.join(cmd)}: expected one pp{P} and one tg{G} test in its JSON output")
+
+    def one(n_prompt: int, n_gen: int, depth: int) -> dict:
+        found = [x for x in tests if x["n_prompt"] == n_prompt and x["n_gen"] == n_gen and x.get("n_depth", 0) == depth]
+        if len(found) != 1:
+            raise SystemExit(f"{' '.join(cmd)}: expected one test with n_prompt {n_prompt}, n_gen {n_gen}, "
+                             f"n_depth {depth} in its JSON output")
+        return found[0]
+
+    pp, tg, tg0 = one(P, 0, 0), one(0, G, P), one(0, G, 0)
     rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * (1 if sys.platform == "darwin" else 1024)
-    return {"prefill_tok_s": float(pp[0]["avg_ts"]), "decode_tok_s": float(tg[0]["avg_ts"]), "threads": T,
-            "peak_rss_bytes": rss, "version": f"{tg[0]['build_commit']} (build {tg[0]['build_number']})",
-            "system_info": tg[0].get("cpu_info", ""), "flash_attn": tg[0].get("flash_attn")}
+    return {"prefill_tok_s": float(pp["avg_ts"]), "decode_tok_s": float(tg["avg_ts"]),
+            "decode_d0_tok_s": float(tg0["avg_ts"]), "threads": T,
+            "peak_rss_bytes": rss, "version": f"{tg['build_commit']} (build {tg['build_number']})",
+            "system_info": tg.get("cpu_info", ""), "flash_attn": tg.get("flash_attn")}
 
 
 def worker_quantize(spec: dict) -> dict:
@@ -499,7 +511,8 @@ def bench_model(py: str | None, m: dict, threads: list, repeats: int, prompt_tok
                     f"tok/s, tg {res['decode_tok_s']:.1f} tok/s, peak RSS {res['peak_rss_bytes'] / 2**20:.0f} MiB")
 
     def medians(rs):
-        keys = ("prefill_tok_s", "decode_tok_s", "peak_rss_bytes")
+        keys = ("prefill_tok_s", "decode_tok_s", "peak_rss_bytes") + (("decode_d0_tok_s",) if "decode_d0_tok_s" in rs[0]
+                                                                      else ())
         return {**{k: statistics.median(x[k] for x in rs) for k in keys}, "all": [{k: x[k] for k in keys} for x in rs]}
 
     rows = []
@@ -628,6 +641,10 @@ def format_result(res: dict) -> str:
                 scale.append(f"{label.format(P=P, G=G)[:-6]} {t0['threads']}->{row['threads']} threads: "
                              + ", ".join(cells))
         out.append("scaling: " + "; ".join(scale))
+    if "decode_d0_tok_s" in rows[0].get("llama_bench", {}):
+        d0 = ", ".join(f"threads {r['threads']}: {r['llama_bench']['decode_d0_tok_s']:.1f} tok/s" for r in rows)
+        out.append(f"tg{G} is decode continuing the {P}-token prompt for every engine (llama-bench -d {P}); "
+                   f"llama-bench's tg{G} from an empty context (-d 0): {d0}")
     if "greedy_tokens_agree" in rows[0]:
         agree = ", ".join(f"threads {r['threads']}: {r['greedy_tokens_agree']}/{G}" for r in rows)
         out.append(f"greedy decode tokens equal between intdet and llama-cpp-python from the start: {agree}")

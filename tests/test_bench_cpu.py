@@ -109,3 +109,44 @@ scaling: pp512 1->2 threads: 1.90x intdet, 2.00x llama-bench, 1.50x llama-cpp-py
 tg128 1->2 threads: 1.80x intdet, 2.00x llama-bench, 1.60x llama-cpp-python
 greedy decode tokens equal between intdet and llama-cpp-python from the start: threads 1: 128/128, threads 2: 128/128
 intdet greedy tokens identical in every run and kernel set: yes"""
+
+
+def test_llama_bench_worker_compares_decode_at_the_prompt_depth(tmp_path, bench_cpu):
+    """The worker runs llama-bench with -d 0,P: its decode at depth P (what
+    intdet's decode after a P-token prompt does) is the figure compared, its
+    depth-0 decode is kept beside it, and a run without a test it needs is a
+    one-line error."""
+    fake = tmp_path / "llama-bench"
+    args_file = tmp_path / "args.txt"
+    tests = [{"n_prompt": 6, "n_gen": 0, "n_depth": 0, "avg_ts": 300.0},
+             {"n_prompt": 0, "n_gen": 4, "n_depth": 0, "avg_ts": 90.0},
+             {"n_prompt": 6, "n_gen": 0, "n_depth": 6, "avg_ts": 280.0},
+             {"n_prompt": 0, "n_gen": 4, "n_depth": 6, "avg_ts": 70.0}]
+    for t in tests:
+        t.update(build_commit="abc", build_number=7, cpu_info="CPU")
+    fake.write_text(f"#!{sys.executable}\nimport sys, json\nopen({str(args_file)!r}, 'w').write(' '.join(sys.argv[1:]))\n"
+                    f"print(json.dumps({json.dumps(tests)}))\n")
+    fake.chmod(0o755)
+    spec = {"llama_bench": str(fake), "model": "m.gguf", "ids": [1, 2, 3, 4, 5, 6], "gen": 4, "threads": 2}
+    res = bench_cpu.worker_llama_bench(spec)
+    assert "-p 6 -n 4 -d 0,6 -t 2 -fa 1" in args_file.read_text()
+    assert (res["prefill_tok_s"], res["decode_tok_s"], res["decode_d0_tok_s"]) == (300.0, 70.0, 90.0)
+    assert res["version"] == "abc (build 7)"
+    fake.write_text(f"#!{sys.executable}\nimport json\nprint(json.dumps({json.dumps(tests[:2])}))\n")
+    with pytest.raises(SystemExit, match="n_depth 6"):
+        bench_cpu.worker_llama_bench(spec)
+
+
+def test_format_result_names_llama_bench_decode_from_empty_context(bench_cpu):
+    def eng(p, d, mib, d0=None):
+        r = {"prefill_tok_s": p, "decode_tok_s": d, "peak_rss_bytes": mib * 2**20}
+        return r if d0 is None else {**r, "decode_d0_tok_s": d0}
+
+    res = {"model": "M", "note": "n", "prompt_tokens": 512, "gen_tokens": 128, "repeats": 1, "intdet_isa": "avx2",
+           "peers": ["llama_bench"], "llama_bench_version": "abc (build 1)",
+           "rows": [{"threads": 2, "intdet": eng(380.0, 90.0, 230), "llama_bench": eng(500.0, 80.0, 200, d0=101.5),
+                     "intdet_tokens_same_every_run": True}]}
+    out = bench_cpu.format_result(res)
+    assert ("tg128 is decode continuing the 512-token prompt for every engine (llama-bench -d 512); "
+            "llama-bench's tg128 from an empty context (-d 0): threads 2: 101.5 tok/s") in out
+    assert "      2  tg128 tok/s     90.0         80.0                1.12" in out

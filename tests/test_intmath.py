@@ -111,7 +111,7 @@ def test_row_ops_random(n, seed, extremes):
 @pytest.mark.parametrize("K", [1, 2, 15, 16, 17, 63, 64, 65, 255, 256, 257, 600, 4095, 4096, 4097, 9000])
 def test_linear_and_rope(K, isa):
     rng = np.random.default_rng(K)
-    T, N = 5, 7
+    T, N = 5, 37  # channels: a 32-wide decode tile, 16- and 8-wide tiles and a partial group
     q = rng.integers(-32767, 32768, size=(T, K)).astype(np.int16)
     q[0] = 32767
     q[1] = -32767
@@ -120,7 +120,9 @@ def test_linear_and_rope(K, isa):
     w[0] = 127
     w[1] = -127
     mant = rng.integers(1 << 14, (1 << 15) + 1, size=N).astype(np.int32)
-    shift = rng.integers(-5, 60, size=N).astype(np.int32)
+    # shift - e from -25 (left shifts, saturating) past 62 (rounds to 0): the
+    # vector epilogue's range [1, 62] and the scalar code on both sides of it.
+    shift = rng.integers(-5, 80, size=N).astype(np.int32)
     want = ops.linear(q, e, w, mant, shift)
     assert np.array_equal(C.linear(q, e, w, mant, shift), want), isa
     assert np.array_equal(C.linear(q[:1], e[:1], w, mant, shift), want[:1]), isa  # decode (T=1) path
