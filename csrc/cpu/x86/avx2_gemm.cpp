@@ -6,12 +6,10 @@
 // 8 channels' int32 lanes, so lanes are output channels and no horizontal sum
 // is needed. A tile is R tokens x 8*NV channels held in registers.
 //
-// Activations are first copied into a panel: for a tile of R rows, the
-// int32 pairs pair-major (pan[p * R + r]), the odd-K tail pair (a[K-1], 0)
-// included. The inner loop then broadcasts straight from one pointer with
-// constant offsets: no per-step branch for odd K and no row pointers to keep
-// in registers (the row-pointer form spilled to the stack and ran at a third
-// of vpmaddwd's rate on Zen 3).
+// The activation pair of row r at step p is one 4-byte broadcast load from
+// the row itself (rows 4-byte aligned or not: x86 loads need no alignment);
+// an odd K's last pair (a[K-1], 0) is a separate final step, so the inner
+// loop has no branch and never reads past a row.
 //
 // Exactness: per step a lane gains at most 2 * 32767 * 127 < 2^23, so 256
 // steps (512 k) fit int32; then the lanes are added into int64. The dot
@@ -20,7 +18,7 @@
 #include <immintrin.h>
 
 #include <cstring>
-#include <vector>
+#include <type_traits>
 
 #include "avx2.h"
 #include "intdet/kernels.h"
@@ -33,20 +31,6 @@ namespace {
 constexpr int64_t kPairBlock = 256;  // pairs per int32 accumulation block
 constexpr int64_t kTokChunk = 96;    // tokens per L2 block of activations
 constexpr int kMR = 6;               // most rows per tile: 12 accumulators at NV = 2
-
-// Rows [0, R) of a (stride lda, K columns) as the tile panel pan[p * R + r].
-inline void pack_panel(const int16_t* a, int64_t lda, int R, int64_t K, int32_t* pan) {
-  const int64_t full = K / 2;
-  for (int r = 0; r < R; ++r) {
-    const int16_t* row = a + r * lda;
-    for (int64_t p = 0; p < full; ++p) {
-      int32_t v;
-      std::memcpy(&v, row + 2 * p, 4);
-      pan[p * R + r] = v;
-    }
-    if (K & 1) pan[full * R + r] = (int32_t)(uint16_t)row[K - 1];  // (a[K-1], 0)
-  }
-}
 
 // acc8[0..7] += the 8 int32 lanes of v, widened to int64.
 inline void add_lanes(__m256i v, int64_t* acc8) {
@@ -61,6 +45,7 @@ inline void add_lanes(__m256i v, int64_t* acc8) {
 // statements keep GCC 12 from hoisting all six broadcasts to the top of the
 // step: with them live at once, the 6 x 2 tile's 12 accumulators no longer
 // fit the 16 registers and went through the stack every step.
+#define INTDET_STEP_ATTR __attribute__((always_inline))
 #define INTDET_ACC_ROW(r) __m256i a##r##0 = z, a##r##1 = z, a##r##2 = z, a##r##3 = z;
 #define INTDET_MAC(r, v) \
   if constexpr (NV > v) a##r##v = _mm256_add_epi32(a##r##v, _mm256_madd_epi16(b, w##v));
@@ -68,7 +53,7 @@ inline void add_lanes(__m256i v, int64_t* acc8) {
   if constexpr (NV > v) asm volatile("" : "+x"(a##r##v));
 #define INTDET_ROW_STEP(r)                                              \
   if constexpr (R > r) {                                                \
-    __m256i b = _mm256_set1_epi32(x[r]);                                \
+    __m256i b = bcast(r, p, tail);                                      \
     asm volatile("" : "+x"(b));                                         \
     INTDET_MAC(r, 0) INTDET_MAC(r, 1) INTDET_MAC(r, 2) INTDET_MAC(r, 3) \
     INTDET_PIN(r, 0) INTDET_PIN(r, 1) INTDET_PIN(r, 2) INTDET_PIN(r, 3) \
@@ -77,32 +62,48 @@ inline void add_lanes(__m256i v, int64_t* acc8) {
   if constexpr (R > r && NV > v) add_lanes(a##r##v, acc + (r * NV + v) * 8);
 #define INTDET_FLUSH_ROW(r) INTDET_FLUSH(r, 0) INTDET_FLUSH(r, 1) INTDET_FLUSH(r, 2) INTDET_FLUSH(r, 3)
 
-// acc [R][8*NV] int64 = exact dots of the R panel rows with NV packed
-// 8-channel groups (each Kp*16 bytes apart); R <= 6, NV <= 4.
+// acc [R][8*NV] int64 = exact dots of R activation rows (a, stride lda,
+// K columns) with NV packed 8-channel groups (each Kp*16 bytes apart);
+// R <= 6, NV <= 4.
 template <int R, int NV>
-inline void tile(const int32_t* pan, const int8_t* wg, int64_t Kp, int64_t* acc) {
+inline void tile(const int16_t* a, int64_t lda, int64_t K, const int8_t* wg, int64_t Kp, int64_t* acc) {
   static_assert(R >= 1 && R <= kMR && NV >= 1 && NV <= 4, "tile shape");
   for (int i = 0; i < R * 8 * NV; ++i) acc[i] = 0;
   const int64_t wstride = Kp * 16;
   const __m256i z = _mm256_setzero_si256();
+  const int16_t* x[R];
+  for (int r = 0; r < R; ++r) x[r] = a + r * lda;
+  const int64_t full = K / 2;  // pairs with both halves in the row
+  // The broadcast pair (a_r[2p], a_r[2p+1]); at p == full (odd K) (a_r[K-1], 0).
+  auto bcast = [&](int r, int64_t p, auto tail) {
+    if constexpr (decltype(tail)::value)
+      return _mm256_set1_epi32((int32_t)(uint16_t)x[r][K - 1]);
+    else
+      return _mm256_broadcastd_epi32(_mm_loadu_si32(x[r] + 2 * p));
+  };
   for (int64_t p0 = 0; p0 < Kp; p0 += kPairBlock) {
     const int64_t p1 = p0 + kPairBlock < Kp ? p0 + kPairBlock : Kp;
     INTDET_ACC_ROW(0) INTDET_ACC_ROW(1) INTDET_ACC_ROW(2) INTDET_ACC_ROW(3) INTDET_ACC_ROW(4) INTDET_ACC_ROW(5)
-    const int32_t* x = pan + p0 * R;
     const int8_t* w = wg + p0 * 16;
-    for (int64_t p = p0; p < p1; ++p, x += R, w += 16) {
+    // [p0, pe) has whole pairs only; the odd-K pair, if in this block, after it
+    const int64_t pe = p1 < full ? p1 : full;
+    auto step = [&](int64_t p, const int8_t* w, auto tail) INTDET_STEP_ATTR {
       const __m256i w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)w));
       __m256i w1 = z, w2 = z, w3 = z;
       if constexpr (NV > 1) w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(w + wstride)));
       if constexpr (NV > 2) w2 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(w + 2 * wstride)));
       if constexpr (NV > 3) w3 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(w + 3 * wstride)));
       INTDET_ROW_STEP(0) INTDET_ROW_STEP(1) INTDET_ROW_STEP(2) INTDET_ROW_STEP(3) INTDET_ROW_STEP(4) INTDET_ROW_STEP(5)
-    }
+    };
+    int64_t p = p0;
+    for (; p < pe; ++p, w += 16) step(p, w, std::false_type{});
+    if (p < p1) step(p, w, std::true_type{});  // p == full: the odd-K pair
     INTDET_FLUSH_ROW(0) INTDET_FLUSH_ROW(1) INTDET_FLUSH_ROW(2) INTDET_FLUSH_ROW(3) INTDET_FLUSH_ROW(4)
     INTDET_FLUSH_ROW(5)
   }
 }
 #undef INTDET_ACC_ROW
+#undef INTDET_STEP_ATTR
 #undef INTDET_MAC
 #undef INTDET_ROW_STEP
 #undef INTDET_PIN
@@ -110,11 +111,11 @@ inline void tile(const int32_t* pan, const int8_t* wg, int64_t Kp, int64_t* acc)
 #undef INTDET_FLUSH_ROW
 
 template <int R, int NV>
-inline void run_tile(const int32_t* pan, const int32_t* e, int64_t t, const int8_t* wp, int64_t Kp,
+inline void run_tile(const int16_t* q, const int32_t* e, int64_t t, int64_t K, const int8_t* wp, int64_t Kp,
                      const int32_t* mant, const int32_t* shift, const int32_t* bias, int64_t j, int64_t N,
                      int64_t* out, int64_t ldo) {
   int64_t acc[R * 8 * NV];
-  tile<R, NV>(pan, wp + (j / 8) * Kp * 16, Kp, acc);
+  tile<R, NV>(q + t * K, K, K, wp + (j / 8) * Kp * 16, Kp, acc);
   store_tile<R, 8 * NV>(acc, e, t, mant, shift, bias, j, N, out, ldo);
 }
 
@@ -127,25 +128,17 @@ struct TileRows {
   int64_t start(int64_t i) const { return i * base + (i < extra ? i : extra); }
 };
 
-// The chunk's panel: tile i's panel at pan + start(i) * Kp.
-void pack_chunk(const int16_t* q, int64_t t0, const TileRows& tr, int64_t K, int32_t* pan) {
-  const int64_t Kp = (K + 1) / 2;
-  for (int64_t i = 0; i < tr.count; ++i)
-    pack_panel(q + (t0 + tr.start(i)) * K, K, (int)tr.rows(i), K, pan + tr.start(i) * Kp);
-}
-
-// Every tile of the chunk against channels [j, j + 8*NV).
+// Every tile of the rows [t0, t0 + n) (tiles tr) against channels [j, j + 8*NV).
 template <int NV>
-void chunk_channels(const int32_t* pan, const TileRows& tr, const int32_t* e, int64_t t0, const int8_t* wp,
-                    int64_t Kp, const int32_t* mant, const int32_t* shift, const int32_t* bias, int64_t j, int64_t N,
-                    int64_t* out, int64_t ldo) {
+void rows_channels(const int16_t* q, const TileRows& tr, const int32_t* e, int64_t t0, int64_t K, const int8_t* wp,
+                   int64_t Kp, const int32_t* mant, const int32_t* shift, const int32_t* bias, int64_t j, int64_t N,
+                   int64_t* out, int64_t ldo) {
   for (int64_t i = 0; i < tr.count; ++i) {
-    const int32_t* tp = pan + tr.start(i) * Kp;
     const int64_t t = t0 + tr.start(i);
     switch (tr.rows(i)) {
 #define INTDET_ROWS(R) \
   case R:              \
-    run_tile<R, NV>(tp, e, t, wp, Kp, mant, shift, bias, j, N, out, ldo); \
+    run_tile<R, NV>(q, e, t, K, wp, Kp, mant, shift, bias, j, N, out, ldo); \
     break;
       INTDET_ROWS(1) INTDET_ROWS(2) INTDET_ROWS(3) INTDET_ROWS(4) INTDET_ROWS(5) INTDET_ROWS(6)
 #undef INTDET_ROWS
@@ -161,31 +154,25 @@ void linear_avx2_packed(const int16_t* q, const int32_t* e, int64_t T, int64_t K
                         const int32_t* mant, const int32_t* shift, const int32_t* bias, int64_t N, int64_t* out,
                         int64_t ldo) {
   const int64_t Kp = (K + 1) / 2;
-  thread_local std::vector<int32_t> panel;
   if (T <= 2) {
     // Decode: the widest tiles that fit (more independent accumulators and
     // weight streams in flight).
-    panel.resize((size_t)(T * Kp));
-    pack_panel(q, K, (int)T, K, panel.data());
-    const int32_t* pan = panel.data();
     int64_t j = 0;
     if (T == 1) {
-      for (; j + 32 <= N; j += 32) run_tile<1, 4>(pan, e, 0, wp, Kp, mant, shift, bias, j, N, out, ldo);
-      for (; j < N; j += 8) run_tile<1, 1>(pan, e, 0, wp, Kp, mant, shift, bias, j, N, out, ldo);
+      for (; j + 32 <= N; j += 32) run_tile<1, 4>(q, e, 0, K, wp, Kp, mant, shift, bias, j, N, out, ldo);
+      for (; j < N; j += 8) run_tile<1, 1>(q, e, 0, K, wp, Kp, mant, shift, bias, j, N, out, ldo);
     } else {
-      for (; j + 32 <= N; j += 32) run_tile<2, 4>(pan, e, 0, wp, Kp, mant, shift, bias, j, N, out, ldo);
-      for (; j < N; j += 8) run_tile<2, 1>(pan, e, 0, wp, Kp, mant, shift, bias, j, N, out, ldo);
+      for (; j + 32 <= N; j += 32) run_tile<2, 4>(q, e, 0, K, wp, Kp, mant, shift, bias, j, N, out, ldo);
+      for (; j < N; j += 8) run_tile<2, 1>(q, e, 0, K, wp, Kp, mant, shift, bias, j, N, out, ldo);
     }
     return;
   }
   for (int64_t t0 = 0; t0 < T; t0 += kTokChunk) {
     const int64_t t1 = t0 + kTokChunk < T ? t0 + kTokChunk : T;
     const TileRows tr(t1 - t0);
-    panel.resize((size_t)((t1 - t0) * Kp));
-    pack_chunk(q, t0, tr, K, panel.data());
     int64_t j = 0;
-    for (; j + 16 <= N; j += 16) chunk_channels<2>(panel.data(), tr, e, t0, wp, Kp, mant, shift, bias, j, N, out, ldo);
-    for (; j < N; j += 8) chunk_channels<1>(panel.data(), tr, e, t0, wp, Kp, mant, shift, bias, j, N, out, ldo);
+    for (; j + 16 <= N; j += 16) rows_channels<2>(q, tr, e, t0, K, wp, Kp, mant, shift, bias, j, N, out, ldo);
+    for (; j < N; j += 8) rows_channels<1>(q, tr, e, t0, K, wp, Kp, mant, shift, bias, j, N, out, ldo);
   }
 }
 

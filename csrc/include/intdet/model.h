@@ -66,8 +66,9 @@ struct Model {
   std::vector<Layer> layers;
   const int16_t* out_norm = nullptr;
   Linear output;  // lm_head (may share w with tok_embd)
-  // Buffers made at load (repacked weights); shared so a copy stays valid.
-  std::shared_ptr<std::vector<std::vector<int8_t>>> owned;
+  // Memory made at load (the repacked weights' arena); shared so a copy
+  // stays valid.
+  std::shared_ptr<void> owned;
 };
 
 // Repacks every linear layer's weights into each packed layout that a kernel
