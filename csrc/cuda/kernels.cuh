@@ -30,7 +30,9 @@ struct DevKV {
 
 // Linear kernel choice: auto (GEMV for T <= kGemvMaxRows, else tiled GEMM),
 // or forced (tests compare both against the CPU).
-enum LinearPath { kLinearAuto = 0, kLinearGemv = 1, kLinearGemm = 2 };
+// kLinearGemm is the tensor-core (IMMA) GEMM; kLinearGemmDp2a the older
+// __dp2a tiled GEMM, kept for comparison (int8 weights only).
+enum LinearPath { kLinearAuto = 0, kLinearGemv = 1, kLinearGemm = 2, kLinearGemmDp2a = 3 };
 constexpr int kGemvMaxRows = 32;
 
 // x [T, H] int32 Q R (the residual) = embedding rows of tokens [T] times their dyadic scale.
@@ -163,6 +165,12 @@ void launch_attention(const int32_t* q, int row0, int nrows, int nh, int nkv, in
 void launch_swiglu(const int32_t* g, const int32_t* u, int64_t count, int64_t* a, cudaStream_t st);
 // a[i] = geglu(g[i], u[i]) (Q32 int64): tanh-GELU gate (geglu_row).
 void launch_geglu(const int32_t* g, const int32_t* u, int64_t count, int64_t* a, cudaStream_t st);
+
+// token[0] = the greedy choice of one logits row [V] int32: the largest
+// value, the lowest id among equal ones (the host Sampler's np.argmax).
+// best and counter: zero before the first launch; every launch leaves them zero.
+void launch_argmax(const int32_t* logits, int V, unsigned long long* best, int* counter, int32_t* token,
+                   cudaStream_t st);
 
 // out[i] = round_div(a[i], b[i]) on the device (tests of the integer division).
 void launch_round_div(const int64_t* a, const int64_t* b, int64_t count, int64_t* out, cudaStream_t st);

@@ -101,6 +101,33 @@ class Sequence:
         self.n_past += len(tokens)
         return out
 
+    @property
+    def device_greedy(self) -> bool:
+        """Whether this backend chooses greedy tokens on the device
+        (submit_greedy / wait_greedy; the CUDA engine)."""
+        return self.engine.device == "cuda" and hasattr(self.engine._core, "submit_greedy")
+
+    def submit_greedy(self, tokens=None) -> None:
+        """CUDA only: enqueue a forward of ``tokens`` (int [T]; None: one row
+        whose token is the one the previous submit chose, never copied to the
+        host first), the greedy choice of the last row on the device (the
+        largest logit, the lowest id on ties, as ``Sampler.pick``) and the copy
+        of its logits into pinned memory; returns at once. Raises IntdetError
+        when the tokens do not fit the context."""
+        n = 1 if tokens is None else len(tokens)
+        if self.n_past + n > self.max_len:
+            raise IntdetError(f"sequence of {self.n_past + n} tokens exceeds the context ({self.max_len})")
+        toks = None if tokens is None else np.ascontiguousarray(tokens, dtype=np.int32)
+        self.engine._core.submit_greedy(self.engine._model, self._state, toks, self.n_past)
+        self.n_past += n
+
+    def wait_greedy(self) -> tuple[int, np.ndarray]:
+        """Wait for the last submit_greedy: (token, int32 logits [V] of the
+        row it was chosen from). The logits are a read-only view of pinned
+        memory, valid until the second submit_greedy after this one."""
+        tok, logits = self.engine._core.wait_greedy(self.engine._model)
+        return int(tok), logits
+
 
 def cuda_module():
     """intdet._cuda when it was built and a CUDA GPU is visible; else
