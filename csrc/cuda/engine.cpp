@@ -421,6 +421,7 @@ void enqueue_body(DeviceModel& m, int64_t T, int64_t sstride, int64_t rows_per, 
       launch_norm_quant16(w.x.p, nullptr, L.ffn_norm, (int)T, H, c.eps_hidden, R, w.act.p, w.act_e.p, st, normed);
     if (tr) tr->rec(blk + "ffn_norm", normed, {T, H});
     mark(m, "ffn_norm", T * H * 4);
+    bool ffn_quantized = false;  // the gate+up GEMV's last block ran quant16 of the GLU rows
     if (fused_gemv(L.gate, T) && L.up.w && L.up.K == L.gate.K && L.up.N == L.gate.N) {
       // gate and up in one launch, SwiGLU / GeGLU of each pair in its epilogue
       GemvSegs s{};
@@ -430,6 +431,12 @@ void enqueue_body(DeviceModel& m, int64_t T, int64_t sstride, int64_t rows_per, 
       s.glu = L.geglu ? 2 : 1;
       s.glu_out = w.a.p;
       s.glu_ldo = F;
+      if (T <= kNormFoldRows && F <= kQuantFoldN) {  // and quant16 of the rows: the down-proj's input
+        s.quant_counter = w.gemv_cnt.p + 4;
+        s.quant_q = w.act.p;
+        s.quant_e = w.act_e.p;
+        ffn_quantized = true;
+      }
       launch_gemv(w.act.p, w.act_e.p, (int)T, (int)L.gate.K, s, false, st);
     } else {
       lin(m, L.gate, T, w.gate.p, false);  // [T, F] Q16
@@ -440,8 +447,8 @@ void enqueue_body(DeviceModel& m, int64_t T, int64_t sstride, int64_t rows_per, 
         launch_swiglu(w.gate.p, w.up.p, T * F, w.a.p, st);
     }
     mark(m, "gate_up_glu", lin_bytes(L.gate) + lin_bytes(L.up));
-    launch_quant16_i64(w.a.p, (int)T, (int)F, w.act.p, w.act_e.p, st);
-    mark(m, "quant16_ffn", T * F * 8);
+    if (!ffn_quantized) launch_quant16_i64(w.a.p, (int)T, (int)F, w.act.p, w.act_e.p, st);
+    mark(m, "quant16_ffn", ffn_quantized ? 0 : T * F * 8);
     if (tr) {
       tr->rec(blk + "ffn_gate", w.gate.p, {T, F});
       tr->rec(blk + "ffn_up", w.up.p, {T, F});

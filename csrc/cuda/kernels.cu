@@ -315,6 +315,8 @@ __global__ void __launch_bounds__(kArgmaxThreads)
   __shared__ int64_t red[33];
   __shared__ int flag;
   int64_t k = kI64Min;
+  // unroll 1: no trip count, which nvcc would compute with a float reciprocal
+#pragma unroll 1
   for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < V; i += (int64_t)gridDim.x * blockDim.x)
     k = imax(k, (int64_t)logits[i] * 4294967296LL + (4294967295LL - i));
   k = block_max(k, kI64Min, red);
@@ -507,6 +509,18 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
       if (tt < nt)
         segs.glu_out[(t0 + tt) * segs.glu_ldo + j] =
             glu_one(gluv[warp][tt], gluv[warp + (1 << wlg)][tt], segs.glu == 2);
+  }
+  if (!segs.quant_counter) return;  // grid-uniform: quant16 of the GLU rows by the last block
+  if (!last_block_arrives(segs.quant_counter + blockIdx.y, gridDim.x, &flag)) return;
+  INTDET_DYN_SMEM(int64_t, a_s);
+  for (int tt = 0; tt < nt; ++tt) {
+    const int64_t t = t0 + tt;
+    const int64_t* ar = segs.glu_out + t * segs.glu_ldo;  // other blocks wrote it: read from L2
+    for (int i = threadIdx.x; i < N; i += blockDim.x) a_s[i] = load_cg(ar + i);
+    __syncthreads();
+    const int ex = quant16_block(a_s, N, segs.quant_q + t * N, red);
+    if (threadIdx.x == 0) segs.quant_e[t] = ex;
+    __syncthreads();  // a_s and red are reused by the next row
   }
 }
 
@@ -995,6 +1009,32 @@ __device__ __forceinline__ int32_t group_sum32(int32_t v, int L) {
 }
 
 // grid (nsplit, nkv, nrows).
+// What one block of attn_scores_kernel / attn_pv_kernel serves (grid:
+// chunks x kv heads x rows): row t = row0 + blockIdx.z, kv head blockIdx.y
+// and its grp query heads from h0, positions [i0, i1) of the row's n
+// (counted from lo, the window's first position), and the cache offset lay
+// of (layer, lo, kvh) in [L, P, nkv] rows (rs int8 elements between positions).
+struct AttnBlock {
+  int nsplit, split, kvh, h0;
+  int64_t tl, t, lo, n, i0, i1, lay, rs;
+  DevKV kv;
+};
+
+__device__ __forceinline__ AttnBlock attn_block(int row0, int nkv, int grp, int D, int layer,
+                                                const int32_t* __restrict__ seq, const int32_t* __restrict__ pos,
+                                                const DevKV* __restrict__ kvs, int chunk, int64_t window) {
+  AttnBlock b;
+  b.nsplit = gridDim.x, b.split = blockIdx.x, b.kvh = blockIdx.y, b.h0 = b.kvh * grp;
+  b.tl = blockIdx.z, b.t = row0 + b.tl;
+  b.kv = kvs[seq[b.t]];
+  attn_range(pos[b.t], window, &b.lo, &b.n);
+  b.i0 = (int64_t)b.split * chunk;
+  b.i1 = b.i0 + chunk < b.n ? b.i0 + chunk : b.n;
+  b.lay = ((int64_t)layer * b.kv.max_len + b.lo) * nkv + b.kvh;
+  b.rs = (int64_t)nkv * D;
+  return b;
+}
+
 __global__ void __launch_bounds__(kAttnThreads)
     attn_scores_kernel(const int32_t* __restrict__ qbuf, int row0, int nh, int nkv, int grp, int D, int layer,
                        const int32_t* __restrict__ seq, const int32_t* __restrict__ pos, const DevKV* __restrict__ kvs,
@@ -1006,16 +1046,11 @@ __global__ void __launch_bounds__(kAttnThreads)
   __shared__ int64_t red[33];
   __shared__ int flag;
   const int tid = threadIdx.x, lane = tid & 31;
-  const int nsplit = gridDim.x, split = blockIdx.x, kvh = blockIdx.y;
-  const int64_t tl = blockIdx.z, t = row0 + tl;
-  const DevKV kv = kvs[seq[t]];
-  int64_t lo, n;
-  attn_range(pos[t], window, &lo, &n);
-  const int64_t i0 = (int64_t)split * chunk, i1 = i0 + chunk < n ? i0 + chunk : n;  // this block's positions
-  const int64_t lay = ((int64_t)layer * kv.max_len + lo) * nkv + kvh;  // (layer, position lo, kvh) in [L, P, nkv]
+  const AttnBlock ab = attn_block(row0, nkv, grp, D, layer, seq, pos, kvs, chunk, window);
+  const int nsplit = ab.nsplit, split = ab.split, kvh = ab.kvh, h0 = ab.h0;
+  const int64_t tl = ab.tl, t = ab.t, n = ab.n, i0 = ab.i0, i1 = ab.i1, lay = ab.lay, rs = ab.rs;
+  const DevKV kv = ab.kv;
   const int8_t* kb = kv.k + lay * D;
-  const int64_t rs = (int64_t)nkv * D;  // int8 elements between positions
-  const int h0 = kvh * grp;
 
   if (i0 < n) {  // block-uniform
     // 1. The group's query heads to int16 (quant16_row of each).
@@ -1109,16 +1144,11 @@ __global__ void __launch_bounds__(kAttnThreads)
   __shared__ int64_t red[33];
   __shared__ int flag;
   const int tid = threadIdx.x, lane = tid & 31;
-  const int nsplit = gridDim.x, split = blockIdx.x, kvh = blockIdx.y;
-  const int64_t tl = blockIdx.z, t = row0 + tl;
-  const DevKV kv = kvs[seq[t]];
-  int64_t lo, n;
-  attn_range(pos[t], window, &lo, &n);
-  const int64_t i0 = (int64_t)split * chunk, i1 = i0 + chunk < n ? i0 + chunk : n;
-  const int64_t lay = ((int64_t)layer * kv.max_len + lo) * nkv + kvh;
+  const AttnBlock ab = attn_block(row0, nkv, grp, D, layer, seq, pos, kvs, chunk, window);
+  const int nsplit = ab.nsplit, split = ab.split, kvh = ab.kvh, h0 = ab.h0;
+  const int64_t tl = ab.tl, t = ab.t, n = ab.n, i0 = ab.i0, i1 = ab.i1, lay = ab.lay, rs = ab.rs;
+  const DevKV kv = ab.kv;
   const int8_t* vb = kv.v + lay * D;
-  const int64_t rs = (int64_t)nkv * D;
-  const int h0 = kvh * grp;
   const bool vec = D % 16 == 0;
   const int lg = attn_lanes_log2(D, vec), L = 1 << lg, sub = lane & (L - 1), slots = kAttnThreads >> lg, slot = tid >> lg;
 
@@ -1234,9 +1264,12 @@ void launch_gemv(const int16_t* q, const int32_t* e, int T, int K, GemvSegs segs
   if (T <= 0 || segs.n <= 0) return;
   if (na.counter && (segs.n != 1 || segs.glu || T > kNormFoldRows || segs.s[0].N != na.n || segs.s[0].ldo != na.n))
     throw std::invalid_argument("linear (GEMV): a folded norm needs one segment of N = n and at most 2 rows");
-  const size_t smem = na.counter ? (size_t)na.n * sizeof(int32_t) : 0;
   if (segs.n > 3 || (segs.glu && (segs.n != 2 || segs.s[0].N != segs.s[1].N)))
     throw std::invalid_argument("linear (GEMV): bad segments");
+  if (segs.quant_counter && (!segs.glu || na.counter || T > kNormFoldRows || segs.s[0].N > kQuantFoldN))
+    throw std::invalid_argument("linear (GEMV): a folded quant16 needs GLU mode, N <= 6144 and at most 2 rows");
+  const size_t smem = na.counter ? (size_t)na.n * sizeof(int32_t)
+                      : segs.quant_counter ? (size_t)segs.s[0].N * sizeof(int64_t) : 0;
   const int vec = K % 16 == 0;
   int maxN = 0;
   for (int i = 0; i < segs.n; ++i) maxN = std::max(maxN, segs.s[i].N);

@@ -88,7 +88,15 @@ struct GemvSegs {
   int glu;
   int64_t* glu_out;
   int64_t glu_ldo;
+  // GLU mode, T <= kNormFoldRows, N <= kQuantFoldN: the last block to finish
+  // (quant_counter [1], zero before and after; null: not folded) also runs
+  // quant16 of each glu_out row into quant_q [T, N], quant_e [T] (the
+  // down-proj's input; launch_quant16_i64's steps).
+  int* quant_counter;
+  int16_t* quant_q;
+  int32_t* quant_e;
 };
+constexpr int kQuantFoldN = 6144;  // the row (int64) in at most 48 KB of shared memory
 // A GEMV that writes the residual x [T, n] (one segment, N = ldo = n, T <=
 // kNormFoldRows) can also run the next RMSNorm + quant16 of its rows
 // (launch_norm_quant16's steps): the last block to finish (counter, zero
