@@ -690,12 +690,13 @@ def test_engine_generate_hash_equal(monkeypatch, converted):
         assert g.hash == g_cpu.hash and g.tokens == g_cpu.tokens
 
 
-def test_generate_device_greedy(monkeypatch, converted):
-    """Greedy generation on the CUDA engine chooses each token on the device
-    and enqueues the next step before hashing (submit_greedy / wait_greedy):
-    the same tokens and chain hash as the CPU for prefill splits, graphs, an
-    eos stop, a stop from on_token (the step enqueued ahead is dropped) and
-    the end of the context; sampling stays on the host and matches too."""
+def test_generate_device_pick(monkeypatch, converted):
+    """Generation on the CUDA engine chooses each token on the device and
+    enqueues the next step before hashing (submit_pick / wait_pick): the
+    same tokens and chain hash as the CPU for prefill splits, graphs, an eos
+    stop, a stop from on_token (the step enqueued ahead is dropped), the end
+    of the context and temperature sampling; top-k and min-p stay on the host
+    and match too."""
     import intdet.model as M
     from intdet.generate import generate
     from intdet.sampling import Sampler
@@ -703,8 +704,8 @@ def test_generate_device_greedy(monkeypatch, converted):
     mod = _emu_or_skip()
     monkeypatch.setattr(M, "cuda_module", lambda: mod)
     calls = []
-    real = M.Sequence.submit_greedy
-    monkeypatch.setattr(M.Sequence, "submit_greedy", lambda self, t=None: calls.append(t) or real(self, t))
+    real = M.Sequence.submit_pick
+    monkeypatch.setattr(M.Sequence, "submit_pick", lambda self, t=None, s=None: calls.append(t) or real(self, t, s))
     lm = converted["wide"]
     prompt = [1, 40, 41, 42, 43, 44, 45]
     cpu, gpu = Engine(lm, "cpu"), Engine(lm, "cuda")
@@ -726,10 +727,30 @@ def test_generate_device_greedy(monkeypatch, converted):
     long_prompt = [int(t) for t in np.random.default_rng(3).integers(0, small.cfg["vocab_size"], size=ctx - 3)]
     g, w = generate(Engine(small, "cuda"), long_prompt, 10), generate(Engine(small, "cpu"), long_prompt, 10)
     assert g.stop == w.stop == "context" and g.tokens == w.tokens and g.hash == w.hash
-    calls.clear()
-    samp = dict(temperature="0.8", seed=5)
-    g, w = generate(gpu, prompt, 5, Sampler(**samp)), generate(cpu, prompt, 5, Sampler(**samp))
-    assert g.tokens == w.tokens and g.hash == w.hash and not calls
+    for samp, on_device in ((dict(temperature="0.8", seed=5), True), (dict(temperature="3", seed=2**64 - 1), True),
+                            (dict(temperature="0.8", top_k=3), False), (dict(temperature="1", min_p="0.1"), False)):
+        calls.clear()
+        g, w = generate(gpu, prompt, 5, Sampler(**samp)), generate(cpu, prompt, 5, Sampler(**samp))
+        assert g.tokens == w.tokens and g.hash == w.hash and bool(calls) == on_device, samp
+
+
+@given(V=st.integers(1, 700), spread=st.sampled_from([0, 3, 2**16, 2**22, 2**31]), temp=st.sampled_from(
+    ["0.8", "1", "0.05", "3.7", "100", "0.000001"]), seed=st.integers(0, 2**64 - 1), pos=st.integers(0, 2**20))
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_sample_is_the_host_sampler(backend, V, spread, temp, seed, pos):
+    """The device sampler (no sort: a binary search over logit values, then
+    over ids of the chosen value) picks Sampler.pick's token: ties, logits
+    spread from all-equal to the whole int32 range, tiny and huge temperatures."""
+    from intdet.sampling import Sampler, draw_u64
+
+    rng = np.random.default_rng(seed % 2**32)
+    lo, hi = max(-2**31, -spread), min(2**31, spread + 1)
+    logits = rng.integers(lo, hi, size=V).astype(np.int32)
+    if V > 3:
+        logits[rng.integers(0, V, size=3)] = logits.max()  # ties at the top
+    samp = Sampler(temperature=temp, seed=seed)
+    want = samp.pick(logits, pos)
+    assert backend.ops.sample(logits, samp.t_num, samp.t_den, draw_u64(seed, pos)) == want
 
 
 # ------------------------------------------------------------------ GPU only

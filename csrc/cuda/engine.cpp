@@ -187,12 +187,14 @@ struct Profiler {
 
 }  // namespace
 
-// Greedy decode with the token chosen on the device (submit_greedy,
-// wait_greedy): the argmax's scratch, the chosen token on the device (the
+// Decode with the token chosen on the device (submit_pick, wait_pick): the
+// argmax's and the sampler's scratch, the chosen token on the device (the
 // next decode row's token), and two pinned slots for a step's logits row and
 // token, so the host hashes one step's logits while the next step runs.
 struct GreedyPipe {
   Buf<int32_t> pick;  // [1]
+  Buf<int32_t> wbuf;  // [V] the sampler's weights
+  Pick how;  // the submitted step's choice
   Buf<unsigned long long> best;  // [1] argmax scratch, zero between launches
   Buf<int> counter;  // [1] argmax arrivals, zero between launches
   HostBuf<int32_t> h_logits;  // [2, V]
@@ -203,7 +205,7 @@ struct GreedyPipe {
   bool have_pick = false;  // pick holds a token
 };
 
-// What a chunk does beyond forward_rows (the last chunk of submit_greedy).
+// What a chunk does beyond forward_rows (the last chunk of submit_pick).
 struct ChunkOpts {
   const int32_t* token_from = nullptr;  // device: row 0's token (else the host's)
   GreedyPipe* pipe = nullptr;  // argmax of the (one) logits row into pipe->pick and pipe->h_pick[slot]
@@ -486,7 +488,10 @@ void enqueue_head(DeviceModel& m, int64_t r0, int64_t nr) {
 // Argmax of the (one) logits row in w.logits into the pipe's device token
 // and its pinned slot.
 void enqueue_pick(DeviceModel& m, GreedyPipe& g) {
-  launch_argmax(m.ws.logits.p, (int)m.cfg.vocab, g.best.p, g.counter.p, g.pick.p, m.stream);
+  if (g.how.t_num)
+    launch_sample(m.ws.logits.p, (int)m.cfg.vocab, g.how.t_num, g.how.t_den, g.how.draw, g.wbuf.p, g.pick.p, m.stream);
+  else
+    launch_argmax(m.ws.logits.p, (int)m.cfg.vocab, g.best.p, g.counter.p, g.pick.p, m.stream);
   ck(cudaMemcpyAsync(g.h_pick.p + g.slot, g.pick.p, sizeof(int32_t), cudaMemcpyDeviceToHost, m.stream),
      "cudaMemcpyAsync (token)");
 }
@@ -614,7 +619,7 @@ void forward_chunk(DeviceModel& m, DeviceState* const* states, int64_t n_states,
     }
     if (opt && opt->pipe) enqueue_pick(m, *opt->pipe);
   }
-  if (opt && opt->pipe) {  // submit_greedy: the host waits on the event later (wait_greedy)
+  if (opt && opt->pipe) {  // submit_pick: the host waits on the event later (wait_pick)
     ck(cudaEventRecord(opt->pipe->done, m.stream), "cudaEventRecord");
     return;
   }
@@ -715,7 +720,7 @@ void forward_rows_impl(DeviceModel& m, DeviceState* const* states, int64_t n_sta
   if (T <= 0) return;
   ck(cudaSetDevice(m.device), "cudaSetDevice");
   // A submitted greedy step still reads the workspace and the pinned row
-  // buffers: finish it first (wait_greedy still returns it).
+  // buffers: finish it first (wait_pick still returns it).
   if (m.greedy.pending) ck(cudaEventSynchronize(m.greedy.done), "greedy step");
   for (int64_t i = 0; i < n_states; ++i)
     if (!states[i] || states[i]->device != m.device) throw std::invalid_argument("forward: a state of another device");
@@ -752,11 +757,12 @@ void forward_rows_traced(DeviceModel& m, DeviceState* const* states, int64_t n_s
   forward_rows_impl(m, states, n_states, rows, T, logits, &trace);
 }
 
-void submit_greedy(DeviceModel& m, DeviceState& s, const int32_t* tokens, int64_t T, int64_t start) {
+void submit_pick(DeviceModel& m, DeviceState& s, const int32_t* tokens, int64_t T, int64_t start, const Pick& how) {
   GreedyPipe& g = m.greedy;
-  if (T <= 0) throw std::invalid_argument("submit_greedy: no rows");
+  if (T <= 0) throw std::invalid_argument("submit_pick: no rows");
+  if (how.t_num < 0 || how.t_den <= 0) throw std::invalid_argument("submit_pick: temperature must be >= 0");
   if (!tokens && (T != 1 || !g.have_pick))
-    throw std::invalid_argument("submit_greedy: no token was chosen on the device yet (give the tokens)");
+    throw std::invalid_argument("submit_pick: no token was chosen on the device yet (give the tokens)");
   ck(cudaSetDevice(m.device), "cudaSetDevice");
   if (g.pending) {  // a step never waited for: its result is dropped
     ck(cudaEventSynchronize(g.done), "greedy step");
@@ -764,6 +770,7 @@ void submit_greedy(DeviceModel& m, DeviceState& s, const int32_t* tokens, int64_
   }
   if (!g.done) {
     g.pick.grow(1);
+    g.wbuf.grow((size_t)m.cfg.vocab);
     g.best.grow(1);
     g.counter.grow(1);
     ck(cudaMemset(g.best.p, 0, sizeof(unsigned long long)), "cudaMemset");
@@ -776,6 +783,7 @@ void submit_greedy(DeviceModel& m, DeviceState& s, const int32_t* tokens, int64_
   std::vector<Row> rows((size_t)T);
   for (int64_t t = 0; t < T; ++t) rows[(size_t)t] = Row{0, start + t, tokens ? tokens[t] : 0, t == T - 1};
   g.slot ^= 1;
+  g.how = how;
   ChunkOpts opt;
   opt.token_from = tokens ? nullptr : g.pick.p;
   opt.pipe = &g;
@@ -785,9 +793,9 @@ void submit_greedy(DeviceModel& m, DeviceState& s, const int32_t* tokens, int64_
   g.have_pick = true;
 }
 
-int32_t wait_greedy(DeviceModel& m, const int32_t** logits) {
+int32_t wait_pick(DeviceModel& m, const int32_t** logits) {
   GreedyPipe& g = m.greedy;
-  if (!g.pending) throw std::invalid_argument("wait_greedy: no step was submitted");
+  if (!g.pending) throw std::invalid_argument("wait_pick: no step was submitted");
   ck(cudaSetDevice(m.device), "cudaSetDevice");
   ck(cudaEventSynchronize(g.done), "greedy step");
   g.pending = false;
@@ -856,6 +864,15 @@ void argmax(const int32_t* logits, int64_t R, int64_t V, int32_t* out) {
   ck(cudaMemset(counter, 0, sizeof(int)), "cudaMemset");
   for (int64_t r = 0; r < R; ++r) launch_argmax(d + r * V, (int)V, best, counter, o + r, 0);
   from_dev(out, o, R);
+}
+
+int32_t sample(const int32_t* logits, int64_t V, int64_t t_num, int64_t t_den, uint64_t draw) {
+  Keep k;
+  int32_t* o = to_dev<int32_t>(k.p, nullptr, 1);
+  launch_sample(to_dev(k.p, logits, V), (int)V, t_num, t_den, draw, to_dev<int32_t>(k.p, nullptr, V), o, 0);
+  int32_t tok = 0;
+  from_dev(&tok, o, 1);
+  return tok;
 }
 
 void linear(const int16_t* q, const int32_t* e, int64_t T, int64_t K, const int8_t* w, const int32_t* mant,

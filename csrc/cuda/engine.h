@@ -56,18 +56,26 @@ void forward_rows(DeviceModel& m, DeviceState* const* states, int64_t n_states, 
 void forward_rows_traced(DeviceModel& m, DeviceState* const* states, int64_t n_states, const Row* rows, int64_t T,
                          int32_t* logits, Trace& trace);
 
-// Greedy decode with the token chosen on the device and the logits hashed
-// on the host while the next step runs (docs/cuda.md). submit_greedy
-// enqueues rows start..start+T-1 of one sequence (tokens[t]; tokens null and
-// T == 1: the token the previous submit chose, read on the device), the
-// argmax of the last row's logits (the largest, the lowest id on ties: the
-// host Sampler's greedy choice) and the copies of that row and the token
+// Decode with the token chosen on the device and the logits hashed on the
+// host while the next step runs (docs/cuda.md). submit_pick enqueues rows
+// start..start+T-1 of one sequence (tokens[t]; tokens null and T == 1: the
+// token the previous submit chose, read on the device), the choice from the
+// last row's logits (greedy: the largest, the lowest id on ties; or sampled,
+// below: the host Sampler's token) and the copies of that row and the token
 // into the next of two pinned slots, and returns without waiting.
-// wait_greedy waits for that step and returns its token; *logits points at
-// its pinned row [V], valid until the second submit_greedy after it. Any
+// wait_pick waits for that step and returns its token; *logits points at
+// its pinned row [V], valid until the second submit_pick after it. Any
 // other forward on the model finishes a submitted step first.
-void submit_greedy(DeviceModel& m, DeviceState& s, const int32_t* tokens, int64_t T, int64_t start);
-int32_t wait_greedy(DeviceModel& m, const int32_t** logits);
+// how: greedy (t_num 0), or temperature t_num / t_den sampling with the
+// draw draw_u64(seed, start + T) (top-k, top-p, min-p off; no repetition
+// penalty): python/intdet/sampling.py Sampler.pick's token.
+struct Pick {
+  int64_t t_num = 0, t_den = 1;
+  uint64_t draw = 0;
+};
+void submit_pick(DeviceModel& m, DeviceState& s, const int32_t* tokens, int64_t T, int64_t start,
+                 const Pick& how = Pick{});
+int32_t wait_pick(DeviceModel& m, const int32_t** logits);
 
 // One step of a profiled call: its name (embed, attn_norm, qkv, rope_append,
 // attention, o_proj, ffn_norm, gate_up_glu, quant16_ffn, down_proj, per
@@ -110,6 +118,8 @@ void geglu(const int32_t* g, const int32_t* u, int64_t count, int64_t* a);
 void round_div(const int64_t* a, const int64_t* b, int64_t count, int64_t* out);
 // out [R] = the device argmax of each logits row (logits [R, V]).
 void argmax(const int32_t* logits, int64_t R, int64_t V, int32_t* out);
+// The device sampler's token for one logits row [V] (launch_sample).
+int32_t sample(const int32_t* logits, int64_t V, int64_t t_num, int64_t t_den, uint64_t draw);
 // Force the GEMV's warps per output channel to 2^wlg (0..2; -1: automatic).
 void set_gemv_split(int wlg);
 }  // namespace test

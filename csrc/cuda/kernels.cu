@@ -327,6 +327,78 @@ __global__ void __launch_bounds__(kArgmaxThreads)
   }
 }
 
+// Temperature sampling without top-k, top-p or min-p (python/intdet/
+// sampling.py Sampler.pick): w_i = exp2_neg_q30(round_div(round_shift(
+// min(top - l_i, 2^26) * log2(e) Q30, 30) * t_den, t_num)), the order is
+// logit descending then id ascending, and the pick is the first token of
+// that order whose running sum of w exceeds target = (draw * total) >> 64.
+// No sort: with S(v) = sum of w over l >= v (non-increasing in v), the
+// chosen token's logit is v* = max{v : S(v) > target} (a binary search over
+// the int32 range, one block sum per step); its place among the tokens of
+// logit v* (equal weights w*, ids ascending) is j = (target - S(v* + 1)) /
+// w*, and the j-th smallest such id is found by a binary search over ids.
+// One block; w goes to wbuf [V] once. Every sum is an exact int64 (total <=
+// V 2^30), so the result is the host's for any thread order.
+constexpr int kSampleThreads = 1024;
+constexpr int64_t kLog2eQ30 = 1549082005;  // round(log2(e) 2^30): sampling.py's LOG2E_Q30
+constexpr int64_t kDiffCap = (int64_t)1 << 26;  // sampling.py's DIFF_CAP
+
+__device__ __forceinline__ int64_t sample_weight(int64_t top, int64_t l, int64_t t_num, int64_t t_den) {
+  const int64_t d = top - l < kDiffCap ? top - l : kDiffCap;
+  return exp2_neg_q30(round_div(round_shift(d * kLog2eQ30, 30) * t_den, t_num));
+}
+
+__global__ void __launch_bounds__(kSampleThreads)
+    sample_kernel(const int32_t* __restrict__ logits, int V, int64_t t_num, int64_t t_den, unsigned long long draw,
+                  int32_t* __restrict__ wbuf, int32_t* __restrict__ token) {
+  __shared__ int64_t red[33];
+  const int tid = threadIdx.x;
+  int64_t top = kI64Min, bot = -kI64Min - 1;
+  for (int i = tid; i < V; i += kSampleThreads) top = imax(top, logits[i]), bot = imin(bot, logits[i]);
+  top = block_max(top, kI64Min, red);
+  bot = -block_max(-bot, kI64Min, red);
+  int64_t total = 0;
+  for (int i = tid; i < V; i += kSampleThreads) {
+    const int64_t w = sample_weight(top, logits[i], t_num, t_den);  // <= 2^30
+    wbuf[i] = (int32_t)w;
+    total += w;
+  }
+  total = block_sum(total, red);  // >= 2^30 (the top token)
+#if defined(INTDET_CUDA_EMU)
+  const int64_t target = (int64_t)(((unsigned __int128)draw * (unsigned long long)total) >> 64);
+#else
+  const int64_t target = (int64_t)__umul64hi(draw, (unsigned long long)total);
+#endif
+  // v* in [bot, top]: S(bot) = total > target, S(top + 1) = 0 <= target.
+  int64_t lo = bot, hi = top + 1, s_hi = 0;
+  while (hi - lo > 1) {  // block-uniform
+    const int64_t mid = lo + ((hi - lo) >> 1);
+    int64_t sm = 0;
+    for (int i = tid; i < V; i += kSampleThreads)
+      if (logits[i] >= mid) sm += wbuf[i];
+    sm = block_sum(sm, red);
+    if (sm > target)
+      lo = mid;
+    else
+      hi = mid, s_hi = sm;
+  }
+  const int64_t ws = sample_weight(top, lo, t_num, t_den);  // > 0: S(v*) > target >= S(v* + 1)
+  const int64_t j = floor_div(target - s_hi, ws);  // the j-th (from 0) id of logit v*
+  // The smallest x with #{i < x : l_i = v*} > j; that token is x - 1.
+  int64_t a = 0, b = V;  // count(a) <= j < count(b)
+  while (b - a > 1) {
+    const int64_t mid = a + ((b - a) >> 1);
+    int64_t c = 0;
+    for (int i = tid; i < mid; i += kSampleThreads) c += logits[i] == lo ? 1 : 0;
+    c = block_sum(c, red);
+    if (c > j)
+      b = mid;
+    else
+      a = mid;
+  }
+  if (tid == 0) *token = (int32_t)a;
+}
+
 // ---------------------------------------------------------------- linear layers
 
 __device__ __forceinline__ void store_out(int32_t* o, int64_t v, bool residual) {
@@ -1433,6 +1505,13 @@ void launch_argmax(const int32_t* logits, int V, unsigned long long* best, int* 
   const int blocks = (int)std::min<int64_t>(kArgmaxBlocks, ((int64_t)V + kArgmaxThreads - 1) / kArgmaxThreads);
   INTDET_LAUNCH(argmax_kernel, blocks, kArgmaxThreads, 0, st, logits, V, best, counter, token);
   check_launch("argmax");
+}
+
+void launch_sample(const int32_t* logits, int V, int64_t t_num, int64_t t_den, uint64_t draw, int32_t* wbuf,
+                   int32_t* token, cudaStream_t st) {
+  if (V <= 0 || t_num <= 0 || t_den <= 0) throw std::invalid_argument("sample: empty row or temperature <= 0");
+  INTDET_LAUNCH(sample_kernel, 1, kSampleThreads, 0, st, logits, V, t_num, t_den, (unsigned long long)draw, wbuf, token);
+  check_launch("sample");
 }
 
 void launch_round_div(const int64_t* a, const int64_t* b, int64_t count, int64_t* out, cudaStream_t st) {

@@ -109,19 +109,19 @@ def generate(engine: Engine, prompt_ids, max_new_tokens: int, sampler: Sampler |
     seq = engine.new_sequence(n_total)
     eos = set(int(e) for e in eos_ids)
     history = list(prompt_ids) if sampler.penalized else None
-    # Greedy without a repetition penalty on the CUDA engine: the token is
+    # On the CUDA engine, greedy or plain temperature sampling: the token is
     # chosen on the device and the next step is enqueued before this step's
     # logits are hashed (they arrive in pinned memory), so the GPU never
     # waits for the hash; the tokens and the chain hash are the host's.
-    device = sampler.greedy and not sampler.penalized and seq.device_greedy
+    device = sampler.device_ok and seq.device_pick
     try:
         t0 = time.perf_counter()
         step = prefill_chunk if prefill_chunk > 0 else len(prompt_ids)
         for i in range(0, len(prompt_ids), step):
             chunk = prompt_ids[i:i + step]
             if device and i + step >= len(prompt_ids):
-                seq.submit_greedy(chunk)
-                tok, logits = seq.wait_greedy()
+                seq.submit_pick(chunk, sampler)
+                tok, logits = seq.wait_pick()
             else:
                 logits = seq.forward(chunk)[-1]
             if on_prefill:
@@ -135,7 +135,7 @@ def generate(engine: Engine, prompt_ids, max_new_tokens: int, sampler: Sampler |
             at_end = seq.n_past >= n_total
             submitted = device and tok not in eos and len(g.tokens) + 1 < max_new_tokens and not at_end
             if submitted:
-                seq.submit_greedy()  # the next step runs on the device's token while the host hashes this one
+                seq.submit_pick(None, sampler)  # the next step runs on the device's token while the host hashes this one
             chain.update(logits, tok)
             g.tokens.append(tok)
             if history is not None:
@@ -152,10 +152,10 @@ def generate(engine: Engine, prompt_ids, max_new_tokens: int, sampler: Sampler |
                 g.stop = "context"
             if g.stop:
                 if submitted:
-                    seq.wait_greedy()  # the step enqueued ahead is not used
+                    seq.wait_pick()  # the step enqueued ahead is not used
                 break
             if device:
-                tok, logits = seq.wait_greedy()
+                tok, logits = seq.wait_pick()
             else:
                 logits = seq.forward([tok])[-1]
         g.decode_s = time.perf_counter() - t1
