@@ -582,17 +582,19 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
         segs.glu_out[(t0 + tt) * segs.glu_ldo + j] =
             glu_one(gluv[warp][tt], gluv[warp + (1 << wlg)][tt], segs.glu == 2);
   }
-  if (!segs.quant_counter) return;  // grid-uniform: quant16 of the GLU rows by the last block
-  if (!last_block_arrives(segs.quant_counter + blockIdx.y, gridDim.x, &flag)) return;
-  INTDET_DYN_SMEM(int64_t, a_s);
-  for (int tt = 0; tt < nt; ++tt) {
-    const int64_t t = t0 + tt;
-    const int64_t* ar = segs.glu_out + t * segs.glu_ldo;  // other blocks wrote it: read from L2
-    for (int i = threadIdx.x; i < N; i += blockDim.x) a_s[i] = load_cg(ar + i);
-    __syncthreads();
-    const int ex = quant16_block(a_s, N, segs.quant_q + t * N, red);
-    if (threadIdx.x == 0) segs.quant_e[t] = ex;
-    __syncthreads();  // a_s and red are reused by the next row
+  if constexpr (TT <= kNormFoldRows) {  // the launcher folds quant16 for <= 2 rows only (no code, no spills, in TT 4, 8)
+    if (!segs.quant_counter) return;  // grid-uniform: quant16 of the GLU rows by the last block
+    if (!last_block_arrives(segs.quant_counter + blockIdx.y, gridDim.x, &flag)) return;
+    INTDET_DYN_SMEM(int64_t, a_s);
+    for (int tt = 0; tt < nt; ++tt) {
+      const int64_t t = t0 + tt;
+      const int64_t* ar = segs.glu_out + t * segs.glu_ldo;  // other blocks wrote it: read from L2
+      for (int i = threadIdx.x; i < N; i += blockDim.x) a_s[i] = load_cg(ar + i);
+      __syncthreads();
+      const int ex = quant16_block(a_s, N, segs.quant_q + t * N, red);
+      if (threadIdx.x == 0) segs.quant_e[t] = ex;
+      __syncthreads();  // a_s and red are reused by the next row
+    }
   }
 }
 
