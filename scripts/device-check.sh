@@ -190,6 +190,13 @@ def intdet_bench():
                 outs = eng.forward_batch(seqs, [[int(o[-1].argmax())] for o in outs])
             row("intdet cuda" + (" + CUDA graphs" if graphs else ""), f"decode, batch {batch}",
                 batch * n / (time.perf_counter() - t), "int32 logits to host, argmax on host; 64-token prompts")
+    from intdet.generate import generate
+
+    eng._model.cuda_graphs = True  # generate(): token chosen on the device, logits hashed while the next step runs
+    for _ in range(2):
+        g = generate(eng, [int(t) for t in rng.integers(0, V, 64)], 257, prefill_chunk=0)
+    row("intdet cuda + CUDA graphs", "generate(), batch 1", (len(g.tokens) - 1) / g.decode_s,
+        "device argmax (submit_pick), chain hash on the host overlapped; 64-token prompt, 256 steps")
     eng._model.cuda_graphs = False
     prompt = list(rng.integers(0, V, 2048))
     best = 0.0

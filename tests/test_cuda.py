@@ -23,6 +23,8 @@ import sysconfig
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import models
 from intdet import _core as C
@@ -247,7 +249,7 @@ def test_linear(backend, T, K, N):
     mant = rng.integers(0, 2**15 + 1, size=N).astype(np.int32)
     shift = rng.integers(-8, 60, size=N).astype(np.int32)
     want = C.ops.linear(q, e, w, mant, shift)
-    for path in (0, 1, 2):
+    for path in (0, 1, 2, 3):
         assert np.array_equal(backend.ops.linear(q, e, w, mant, shift, None, path), want), path
     bias = rng.integers(-2**31 + 1, 2**31, size=N).astype(np.int32)
     want_b = np.clip(want + bias, -(2**31 - 1), 2**31 - 1)
@@ -266,8 +268,46 @@ def test_linear_extreme_sums(backend, K):
     mant = np.full(N, 1 << 15, np.int32)
     shift = np.full(N, 40, np.int32)
     want = C.ops.linear(q, e, w, mant, shift)
-    for path in (1, 2):
-        assert np.array_equal(backend.ops.linear(q, e, w, mant, shift, None, path), want)
+    for path in (1, 2, 3):
+        assert np.array_equal(backend.ops.linear(q, e, w, mant, shift, None, path), want), path
+
+
+def test_linear_mma_k_chunks(backend):
+    """The tensor-core GEMM's s32 sums go into int64 every 32768 inputs: with
+    all-maximal low bytes (x = 32767: lo = 255, hi = 127; w = +-127) a K of
+    66000 would leave s32 (66000 * 255 * 127 > 2^31; the emulator aborts on
+    an s32 overflow) without that flush."""
+    T, N, K = 2, 8, 66000
+    q = np.full((T, K), 32767, np.int16)
+    q[1] = -32768
+    w = np.full((N, K), 127, np.int8)
+    w[1::2] = -127
+    e = np.zeros(T, np.int32)
+    mant = np.full(N, 1 << 15, np.int32)
+    shift = np.full(N, 48, np.int32)
+    want = C.ops.linear(q, e, w, mant, shift)
+    assert np.array_equal(backend.ops.linear(q, e, w, mant, shift, None, 2), want)
+
+
+@given(T=st.integers(33, 150), K=st.integers(1, 200), N=st.integers(1, 150), seed=st.integers(0, 2**32 - 1))
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_linear_mma_hypothesis(backend, T, K, N, seed):
+    """The IMMA GEMM (int16 split into s8 hi and u8 lo, mma.sync m16n8k32,
+    the PTX fragment layout emulated lane by lane in emu.h) against the CPU
+    linear for shapes across the 64 x 64 x 64 tile edges, K % 16 == 0 (16-byte
+    loads) or not (element loads), the full int16 range including -32768."""
+    rng = np.random.default_rng(seed)
+    q = rng.integers(-32768, 32768, size=(T, K)).astype(np.int16)
+    q[0] = -32768
+    e = rng.integers(0, 24, size=T).astype(np.int32)
+    w = rng.integers(-127, 128, size=(N, K)).astype(np.int8)
+    mant = rng.integers(0, 2**15 + 1, size=N).astype(np.int32)
+    shift = rng.integers(-8, 60, size=N).astype(np.int32)
+    bias = rng.integers(-2**31 + 1, 2**31, size=N).astype(np.int32) if seed % 2 else None
+    want = C.ops.linear(q, e, w, mant, shift)
+    if bias is not None:
+        want = np.clip(want + bias, -(2**31 - 1), 2**31 - 1)
+    assert np.array_equal(backend.ops.linear(q, e, w, mant, shift, bias, 2), want)
 
 
 @pytest.mark.parametrize("T,K,N", [(1, 1024, 40), (3, 4096, 9), (8, 2064, 13), (1, 8192, 6)])
@@ -450,6 +490,19 @@ def test_geglu(backend):
     assert np.array_equal(backend.ops.geglu(g, u), C.ops.geglu(g.astype(np.int64), u.astype(np.int64)))
 
 
+def test_argmax(backend):
+    """The device's greedy choice: np.argmax (the largest logit, the lowest id
+    among equal ones) for ties, int32 extremes and rows longer than one block
+    stride (Qwen3's V = 151936)."""
+    rng = np.random.default_rng(8)
+    for V in (1, 7, 256, 1000, 20011, 151936):
+        rows = [rng.integers(-2**31, 2**31, size=V), rng.integers(-3, 4, size=V), np.full(V, -2**31),
+                np.full(V, 2**31 - 1), rng.integers(-2**20, 2**20, size=V)]
+        rows[4][[V - 1, V // 3, V // 2]] = 2**20  # a tie of three, the lowest id in the middle of the row
+        x = np.array(rows, np.int32)
+        assert np.array_equal(backend.ops.argmax(x), np.argmax(x.astype(np.int64), axis=1)), V
+
+
 def test_emulator_reverse_thread_order():
     """The emulator normally runs a block's threads first to last between
     barriers; last to first finds races the other order hides."""
@@ -571,7 +624,10 @@ def test_model_matches_cpu(backend, converted, name, graphs):
 # quant16, o, norm, gate, up, swiglu, quant16, down) + 3, so 451 for
 # Qwen3-0.6B's 28 layers; now 8 per layer + 4, 228.
 def decode_launches(n_layers):
-    return 8 * n_layers + 4
+    """Per layer: q+k+v, rope_append, attn_scores, attn_pv, o-proj (+ ffn_norm),
+    gate+up (+ GLU + quant16), down-proj (+ the next attn_norm); then embed,
+    layer 0's attn_norm, out_norm, lm_head."""
+    return 7 * n_layers + 4
 
 
 @pytest.mark.parametrize("name", ["qwen3", "wide", "llama"])
@@ -632,6 +688,69 @@ def test_engine_generate_hash_equal(monkeypatch, converted):
     for graphs in (False, True):
         g = generate(Engine(lm, "cuda", cuda_graphs=graphs), [1, 40, 41, 42, 43], 6)
         assert g.hash == g_cpu.hash and g.tokens == g_cpu.tokens
+
+
+def test_generate_device_pick(monkeypatch, converted):
+    """Generation on the CUDA engine chooses each token on the device and
+    enqueues the next step before hashing (submit_pick / wait_pick): the
+    same tokens and chain hash as the CPU for prefill splits, graphs, an eos
+    stop, a stop from on_token (the step enqueued ahead is dropped), the end
+    of the context and temperature sampling; top-k and min-p stay on the host
+    and match too."""
+    import intdet.model as M
+    from intdet.generate import generate
+    from intdet.sampling import Sampler
+
+    mod = _emu_or_skip()
+    monkeypatch.setattr(M, "cuda_module", lambda: mod)
+    calls = []
+    real = M.Sequence.submit_pick
+    monkeypatch.setattr(M.Sequence, "submit_pick", lambda self, t=None, s=None: calls.append(t) or real(self, t, s))
+    lm = converted["wide"]
+    prompt = [1, 40, 41, 42, 43, 44, 45]
+    cpu, gpu = Engine(lm, "cpu"), Engine(lm, "cuda")
+    want = generate(cpu, prompt, 6)
+    for chunk, graphs in ((0, False), (3, True)):
+        gpu._model.cuda_graphs = graphs
+        calls.clear()
+        g = generate(gpu, prompt, 6, prefill_chunk=chunk)
+        assert g.tokens == want.tokens and g.hash == want.hash and g.hashes == want.hashes
+        assert len(calls) == 6 and calls[1:] == [None] * 5  # the prompt's last chunk, then 5 device tokens
+    eos = want.tokens[2]
+    g, w = generate(gpu, prompt, 6, eos_ids=[eos]), generate(cpu, prompt, 6, eos_ids=[eos])
+    assert g.stop == w.stop == "eos" and g.tokens == w.tokens and g.hash == w.hash
+    seen = []
+    g = generate(gpu, prompt, 6, on_token=lambda t: seen.append(t) or len(seen) == 2)
+    assert g.stop == "stop" and g.tokens == want.tokens[:2] and seen == want.tokens[:2]
+    small = converted["qwen3"]
+    ctx = small.cfg["context_length"]
+    long_prompt = [int(t) for t in np.random.default_rng(3).integers(0, small.cfg["vocab_size"], size=ctx - 3)]
+    g, w = generate(Engine(small, "cuda"), long_prompt, 10), generate(Engine(small, "cpu"), long_prompt, 10)
+    assert g.stop == w.stop == "context" and g.tokens == w.tokens and g.hash == w.hash
+    for samp, on_device in ((dict(temperature="0.8", seed=5), True), (dict(temperature="3", seed=2**64 - 1), True),
+                            (dict(temperature="0.8", top_k=3), False), (dict(temperature="1", min_p="0.1"), False)):
+        calls.clear()
+        g, w = generate(gpu, prompt, 5, Sampler(**samp)), generate(cpu, prompt, 5, Sampler(**samp))
+        assert g.tokens == w.tokens and g.hash == w.hash and bool(calls) == on_device, samp
+
+
+@given(V=st.integers(1, 700), spread=st.sampled_from([0, 3, 2**16, 2**22, 2**31]), temp=st.sampled_from(
+    ["0.8", "1", "0.05", "3.7", "100", "0.000001"]), seed=st.integers(0, 2**64 - 1), pos=st.integers(0, 2**20))
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_sample_is_the_host_sampler(backend, V, spread, temp, seed, pos):
+    """The device sampler (no sort: a binary search over logit values, then
+    over ids of the chosen value) picks Sampler.pick's token: ties, logits
+    spread from all-equal to the whole int32 range, tiny and huge temperatures."""
+    from intdet.sampling import Sampler, draw_u64
+
+    rng = np.random.default_rng(seed % 2**32)
+    lo, hi = max(-2**31, -spread), min(2**31, spread + 1)
+    logits = rng.integers(lo, hi, size=V).astype(np.int32)
+    if V > 3:
+        logits[rng.integers(0, V, size=3)] = logits.max()  # ties at the top
+    samp = Sampler(temperature=temp, seed=seed)
+    want = samp.pick(logits, pos)
+    assert backend.ops.sample(logits, samp.t_num, samp.t_den, draw_u64(seed, pos)) == want
 
 
 # ------------------------------------------------------------------ GPU only

@@ -265,6 +265,64 @@ inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
   return r;
 }
 
+// mma.sync.aligned.m16n8k32.row.col.s32.{s8,u8}.s8.s32 (PTX ISA, "Matrix
+// Fragments for mma.m16n8k32", .s8/.u8): a warp-collective D = A B + C with
+// A 16 x 32 (row), B 32 x 8 (col), C/D 16 x 8 s32. Every lane hands in its
+// fragments; the matrices are rebuilt from the 32 lanes' registers by the
+// ISA's layout, so a kernel that packs a fragment wrongly gets wrong sums.
+// With g = lane >> 2, t = lane % 4:
+// - A: a[r] holds 4 elements (byte i of a[r], low to high) at row g (r = 0, 2)
+//   or g + 8 (r = 1, 3), columns 4 t + i (r = 0, 1) or 16 + 4 t + i (r = 2, 3);
+// - B: b[r] holds 4 elements at rows (k) 4 t + i (r = 0) or 16 + 4 t + i
+//   (r = 1), column (n) g;
+// - C/D: c[r] at row g (r = 0, 1) or g + 8 (r = 2, 3), column 2 t + (r & 1).
+// The products are summed exactly in int64 and the emulator aborts when a
+// result leaves int32 (the kernels' K-chunk bound says it never does; the
+// hardware would wrap).
+namespace emu {
+struct MmaSlot {
+  uint32_t a[4], b[2];
+};
+inline MmaSlot g_mma[32][32];  // [warp][lane]; blocks run one at a time
+inline void mma_m16n8k32(int32_t (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2], const int32_t (&c)[4],
+                         bool a_unsigned) {
+  const unsigned tid = thread_idx.x + block_dim.x * (thread_idx.y + block_dim.y * thread_idx.z);
+  const unsigned warp = tid / 32, lane = tid % 32;
+  const unsigned n = block_dim.x * block_dim.y * block_dim.z;
+  if ((warp + 1) * 32 > n) {
+    std::fprintf(stderr, "emu: mma.sync needs a full warp\n");
+    std::abort();
+  }
+  for (int r = 0; r < 4; ++r) g_mma[warp][lane].a[r] = a[r];
+  for (int r = 0; r < 2; ++r) g_mma[warp][lane].b[r] = b[r];
+  syncwarp(warp, 32);
+  auto A = [&](int row, int col) -> int32_t {  // the lane and register that hold A[row][col]
+    const int g = row & 7, t = (col & 15) >> 2, i = col & 3;
+    const int r = (row >= 8 ? 1 : 0) + (col >= 16 ? 2 : 0);
+    const uint32_t byte = (g_mma[warp][4 * g + t].a[r] >> (8 * i)) & 0xff;
+    return a_unsigned ? (int32_t)byte : (int32_t)(int8_t)byte;
+  };
+  auto B = [&](int k, int col) -> int32_t {
+    const int t = (k & 15) >> 2, i = k & 3, r = k >= 16 ? 1 : 0;
+    return (int32_t)(int8_t)((g_mma[warp][4 * col + t].b[r] >> (8 * i)) & 0xff);
+  };
+  const int g = (int)lane >> 2, t = (int)lane & 3;
+  int32_t out[4];
+  for (int r = 0; r < 4; ++r) {
+    const int row = g + (r >= 2 ? 8 : 0), col = 2 * t + (r & 1);
+    int64_t s = c[r];
+    for (int k = 0; k < 32; ++k) s += (int64_t)A(row, k) * B(k, col);
+    if (s != (int32_t)s) {
+      std::fprintf(stderr, "emu: mma.sync s32 result %lld out of range\n", (long long)s);
+      std::abort();
+    }
+    out[r] = (int32_t)s;
+  }
+  syncwarp(warp, 32);  // every lane has read the fragments before any lane's next mma writes its slot
+  for (int r = 0; r < 4; ++r) d[r] = out[r];
+}
+}  // namespace emu
+
 template <class T>
 inline T __ldg(const T* p) {
   return *p;
@@ -281,6 +339,16 @@ inline int atomicAdd(int* p, int v) {
 inline unsigned long long atomicAdd(unsigned long long* p, unsigned long long v) {
   const unsigned long long old = *p;
   *p = old + v;
+  return old;
+}
+inline unsigned long long atomicMax(unsigned long long* p, unsigned long long v) {
+  const unsigned long long old = *p;
+  if (v > old) *p = v;
+  return old;
+}
+inline unsigned long long atomicExch(unsigned long long* p, unsigned long long v) {
+  const unsigned long long old = *p;
+  *p = v;
   return old;
 }
 inline void __threadfence() {}

@@ -187,6 +187,30 @@ struct Profiler {
 
 }  // namespace
 
+// Decode with the token chosen on the device (submit_pick, wait_pick): the
+// argmax's and the sampler's scratch, the chosen token on the device (the
+// next decode row's token), and two pinned slots for a step's logits row and
+// token, so the host hashes one step's logits while the next step runs.
+struct GreedyPipe {
+  Buf<int32_t> pick;  // [1]
+  Buf<int32_t> wbuf;  // [V] the sampler's weights
+  Pick how;  // the submitted step's choice
+  Buf<unsigned long long> best;  // [1] argmax scratch, zero between launches
+  Buf<int> counter;  // [1] argmax arrivals, zero between launches
+  HostBuf<int32_t> h_logits;  // [2, V]
+  HostBuf<int32_t> h_pick;  // [2]
+  cudaEvent_t done = nullptr;  // recorded after the submitted step's copies
+  int slot = 0;  // the slot of the last submitted step
+  bool pending = false;  // submitted, not yet waited for
+  bool have_pick = false;  // pick holds a token
+};
+
+// What a chunk does beyond forward_rows (the last chunk of submit_pick).
+struct ChunkOpts {
+  const int32_t* token_from = nullptr;  // device: row 0's token (else the host's)
+  GreedyPipe* pipe = nullptr;  // argmax of the (one) logits row into pipe->pick and pipe->h_pick[slot]
+};
+
 struct DeviceModel {
   Config cfg;
   int device = 0;
@@ -204,6 +228,7 @@ struct DeviceModel {
   Workspace ws;
   bool use_graphs = false;
   Profiler* prof = nullptr;  // set only during forward_rows_profiled
+  GreedyPipe greedy;
   std::map<std::tuple<int64_t, int64_t, int64_t, int64_t>, cudaGraphExec_t> graphs;
 
   void drop_graphs() {
@@ -213,6 +238,10 @@ struct DeviceModel {
   ~DeviceModel() {
     cudaSetDevice(device);
     drop_graphs();
+    if (greedy.done) {
+      cudaEventSynchronize(greedy.done);
+      cudaEventDestroy(greedy.done);
+    }
     if (stream) cudaStreamDestroy(stream);
     for (void* p : allocs) cudaFree(p);
   }
@@ -394,6 +423,7 @@ void enqueue_body(DeviceModel& m, int64_t T, int64_t sstride, int64_t rows_per, 
       launch_norm_quant16(w.x.p, nullptr, L.ffn_norm, (int)T, H, c.eps_hidden, R, w.act.p, w.act_e.p, st, normed);
     if (tr) tr->rec(blk + "ffn_norm", normed, {T, H});
     mark(m, "ffn_norm", T * H * 4);
+    bool ffn_quantized = false;  // the gate+up GEMV's last block ran quant16 of the GLU rows
     if (fused_gemv(L.gate, T) && L.up.w && L.up.K == L.gate.K && L.up.N == L.gate.N) {
       // gate and up in one launch, SwiGLU / GeGLU of each pair in its epilogue
       GemvSegs s{};
@@ -403,6 +433,12 @@ void enqueue_body(DeviceModel& m, int64_t T, int64_t sstride, int64_t rows_per, 
       s.glu = L.geglu ? 2 : 1;
       s.glu_out = w.a.p;
       s.glu_ldo = F;
+      if (T <= kNormFoldRows && F <= kQuantFoldN) {  // and quant16 of the rows: the down-proj's input
+        s.quant_counter = w.gemv_cnt.p + 4;
+        s.quant_q = w.act.p;
+        s.quant_e = w.act_e.p;
+        ffn_quantized = true;
+      }
       launch_gemv(w.act.p, w.act_e.p, (int)T, (int)L.gate.K, s, false, st);
     } else {
       lin(m, L.gate, T, w.gate.p, false);  // [T, F] Q16
@@ -413,8 +449,8 @@ void enqueue_body(DeviceModel& m, int64_t T, int64_t sstride, int64_t rows_per, 
         launch_swiglu(w.gate.p, w.up.p, T * F, w.a.p, st);
     }
     mark(m, "gate_up_glu", lin_bytes(L.gate) + lin_bytes(L.up));
-    launch_quant16_i64(w.a.p, (int)T, (int)F, w.act.p, w.act_e.p, st);
-    mark(m, "quant16_ffn", T * F * 8);
+    if (!ffn_quantized) launch_quant16_i64(w.a.p, (int)T, (int)F, w.act.p, w.act_e.p, st);
+    mark(m, "quant16_ffn", ffn_quantized ? 0 : T * F * 8);
     if (tr) {
       tr->rec(blk + "ffn_gate", w.gate.p, {T, F});
       tr->rec(blk + "ffn_up", w.up.p, {T, F});
@@ -449,8 +485,19 @@ void enqueue_head(DeviceModel& m, int64_t r0, int64_t nr) {
   mark(m, "lm_head", lin_bytes(m.output));
 }
 
+// Argmax of the (one) logits row in w.logits into the pipe's device token
+// and its pinned slot.
+void enqueue_pick(DeviceModel& m, GreedyPipe& g) {
+  if (g.how.t_num)
+    launch_sample(m.ws.logits.p, (int)m.cfg.vocab, g.how.t_num, g.how.t_den, g.how.draw, g.wbuf.p, g.pick.p, m.stream);
+  else
+    launch_argmax(m.ws.logits.p, (int)m.cfg.vocab, g.best.p, g.counter.p, g.pick.p, m.stream);
+  ck(cudaMemcpyAsync(g.h_pick.p + g.slot, g.pick.p, sizeof(int32_t), cudaMemcpyDeviceToHost, m.stream),
+     "cudaMemcpyAsync (token)");
+}
+
 void forward_chunk(DeviceModel& m, DeviceState* const* states, int64_t n_states, const Row* rows, int64_t T,
-                   int32_t* logits, Tracer* tr) {
+                   int32_t* logits, Tracer* tr, const ChunkOpts* opt = nullptr) {
   const Config& c = m.cfg;
   Workspace& w = m.ws;
   const int64_t H = c.hidden, F = c.ffn, nh = c.n_heads, nkv = c.n_kv, D = c.head_dim, V = c.vocab;
@@ -522,6 +569,9 @@ void forward_chunk(DeviceModel& m, DeviceState* const* states, int64_t n_states,
        "cudaMemcpyAsync (rows)");
   ck(cudaMemcpyAsync(w.kvs.p, w.h_kvs.p, (size_t)n_states * sizeof(DevKV), cudaMemcpyHostToDevice, m.stream),
      "cudaMemcpyAsync (caches)");
+  if (opt && opt->token_from)  // stream order: after the rows' upload, before the embedding reads it
+    ck(cudaMemcpyAsync(w.tokens(), opt->token_from, sizeof(int32_t), cudaMemcpyDeviceToDevice, m.stream),
+       "cudaMemcpyAsync (device token)");
 
   if (graph && Tout <= group) {
     const auto key = std::make_tuple(T, Tout, sstride, rows_per);
@@ -548,6 +598,7 @@ void forward_chunk(DeviceModel& m, DeviceState* const* states, int64_t n_states,
     if (Tout)
       ck(cudaMemcpyAsync(logits, w.logits.p, (size_t)(Tout * V) * sizeof(int32_t), cudaMemcpyDeviceToHost, m.stream),
          "cudaMemcpyAsync (logits)");
+    if (opt && opt->pipe) enqueue_pick(m, *opt->pipe);
   } else {
     if (m.prof) {
       m.prof->attn_bytes = 0;
@@ -566,6 +617,11 @@ void forward_chunk(DeviceModel& m, DeviceState* const* states, int64_t n_states,
                          m.stream),
          "cudaMemcpyAsync (logits)");
     }
+    if (opt && opt->pipe) enqueue_pick(m, *opt->pipe);
+  }
+  if (opt && opt->pipe) {  // submit_pick: the host waits on the event later (wait_pick)
+    ck(cudaEventRecord(opt->pipe->done, m.stream), "cudaEventRecord");
+    return;
   }
   ck(cudaStreamSynchronize(m.stream), "forward");
   if (tr && Tout) tr->add("output", {Tout, V}, std::vector<int64_t>(logits, logits + Tout * V));
@@ -660,9 +716,12 @@ int64_t state_max_len(const DeviceState& s) { return s.kv.max_len; }
 namespace {
 
 void forward_rows_impl(DeviceModel& m, DeviceState* const* states, int64_t n_states, const Row* rows, int64_t T,
-                       int32_t* logits, Trace* trace) {
+                       int32_t* logits, Trace* trace, const ChunkOpts* opt = nullptr) {
   if (T <= 0) return;
   ck(cudaSetDevice(m.device), "cudaSetDevice");
+  // A submitted greedy step still reads the workspace and the pinned row
+  // buffers: finish it first (wait_pick still returns it).
+  if (m.greedy.pending) ck(cudaEventSynchronize(m.greedy.done), "greedy step");
   for (int64_t i = 0; i < n_states; ++i)
     if (!states[i] || states[i]->device != m.device) throw std::invalid_argument("forward: a state of another device");
   for (int64_t t = 0; t < T; ++t) {
@@ -677,7 +736,7 @@ void forward_rows_impl(DeviceModel& m, DeviceState* const* states, int64_t n_sta
       Tracer tr{*trace, m.stream, 0, c0 > 0};
       forward_chunk(m, states, n_states, rows + c0, n, logits, &tr);
     } else {
-      forward_chunk(m, states, n_states, rows + c0, n, logits, nullptr);
+      forward_chunk(m, states, n_states, rows + c0, n, logits, nullptr, c0 + n == T ? opt : nullptr);
     }
     for (int64_t t = c0; t < c0 + n; ++t)
       if (rows[t].want_logits) logits += m.cfg.vocab;
@@ -696,6 +755,52 @@ void forward_rows_traced(DeviceModel& m, DeviceState* const* states, int64_t n_s
   trace = Trace{};
   trace.isa = "cuda";
   forward_rows_impl(m, states, n_states, rows, T, logits, &trace);
+}
+
+void submit_pick(DeviceModel& m, DeviceState& s, const int32_t* tokens, int64_t T, int64_t start, const Pick& how) {
+  GreedyPipe& g = m.greedy;
+  if (T <= 0) throw std::invalid_argument("submit_pick: no rows");
+  if (how.t_num < 0 || how.t_den <= 0) throw std::invalid_argument("submit_pick: temperature must be >= 0");
+  if (!tokens && (T != 1 || !g.have_pick))
+    throw std::invalid_argument("submit_pick: no token was chosen on the device yet (give the tokens)");
+  ck(cudaSetDevice(m.device), "cudaSetDevice");
+  if (g.pending) {  // a step never waited for: its result is dropped
+    ck(cudaEventSynchronize(g.done), "greedy step");
+    g.pending = false;
+  }
+  if (!g.done) {
+    g.pick.grow(1);
+    g.wbuf.grow((size_t)m.cfg.vocab);
+    g.best.grow(1);
+    g.counter.grow(1);
+    ck(cudaMemset(g.best.p, 0, sizeof(unsigned long long)), "cudaMemset");
+    ck(cudaMemset(g.counter.p, 0, sizeof(int)), "cudaMemset");
+    ck(cudaDeviceSynchronize(), "cudaMemset");  // legacy stream: before the model's stream uses them
+    g.h_logits.grow((size_t)(2 * m.cfg.vocab));
+    g.h_pick.grow(2);
+    ck(cudaEventCreate(&g.done), "cudaEventCreate");
+  }
+  std::vector<Row> rows((size_t)T);
+  for (int64_t t = 0; t < T; ++t) rows[(size_t)t] = Row{0, start + t, tokens ? tokens[t] : 0, t == T - 1};
+  g.slot ^= 1;
+  g.how = how;
+  ChunkOpts opt;
+  opt.token_from = tokens ? nullptr : g.pick.p;
+  opt.pipe = &g;
+  DeviceState* devs[1] = {&s};
+  forward_rows_impl(m, devs, 1, rows.data(), T, g.h_logits.p + (int64_t)g.slot * m.cfg.vocab, nullptr, &opt);
+  g.pending = true;
+  g.have_pick = true;
+}
+
+int32_t wait_pick(DeviceModel& m, const int32_t** logits) {
+  GreedyPipe& g = m.greedy;
+  if (!g.pending) throw std::invalid_argument("wait_pick: no step was submitted");
+  ck(cudaSetDevice(m.device), "cudaSetDevice");
+  ck(cudaEventSynchronize(g.done), "greedy step");
+  g.pending = false;
+  *logits = g.h_logits.p + (int64_t)g.slot * m.cfg.vocab;
+  return g.h_pick.p[g.slot];
 }
 
 std::vector<ProfStep> forward_rows_profiled(DeviceModel& m, DeviceState* const* states, int64_t n_states,
@@ -748,6 +853,27 @@ void from_dev(T* h, const T* d, int64_t n) {
 }
 
 }  // namespace
+
+void argmax(const int32_t* logits, int64_t R, int64_t V, int32_t* out) {
+  Keep k;
+  const int32_t* d = to_dev(k.p, logits, R * V);
+  int32_t* o = to_dev<int32_t>(k.p, nullptr, R);
+  unsigned long long* best = to_dev<unsigned long long>(k.p, nullptr, 1);
+  int* counter = to_dev<int>(k.p, nullptr, 1);
+  ck(cudaMemset(best, 0, sizeof(unsigned long long)), "cudaMemset");
+  ck(cudaMemset(counter, 0, sizeof(int)), "cudaMemset");
+  for (int64_t r = 0; r < R; ++r) launch_argmax(d + r * V, (int)V, best, counter, o + r, 0);
+  from_dev(out, o, R);
+}
+
+int32_t sample(const int32_t* logits, int64_t V, int64_t t_num, int64_t t_den, uint64_t draw) {
+  Keep k;
+  int32_t* o = to_dev<int32_t>(k.p, nullptr, 1);
+  launch_sample(to_dev(k.p, logits, V), (int)V, t_num, t_den, draw, to_dev<int32_t>(k.p, nullptr, V), o, 0);
+  int32_t tok = 0;
+  from_dev(&tok, o, 1);
+  return tok;
+}
 
 void linear(const int16_t* q, const int32_t* e, int64_t T, int64_t K, const int8_t* w, const int32_t* mant,
             const int32_t* shift, const int32_t* bias, int64_t N, int path, int32_t* out) {

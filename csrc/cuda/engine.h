@@ -56,6 +56,27 @@ void forward_rows(DeviceModel& m, DeviceState* const* states, int64_t n_states, 
 void forward_rows_traced(DeviceModel& m, DeviceState* const* states, int64_t n_states, const Row* rows, int64_t T,
                          int32_t* logits, Trace& trace);
 
+// Decode with the token chosen on the device and the logits hashed on the
+// host while the next step runs (docs/cuda.md). submit_pick enqueues rows
+// start..start+T-1 of one sequence (tokens[t]; tokens null and T == 1: the
+// token the previous submit chose, read on the device), the choice from the
+// last row's logits (greedy: the largest, the lowest id on ties; or sampled,
+// below: the host Sampler's token) and the copies of that row and the token
+// into the next of two pinned slots, and returns without waiting.
+// wait_pick waits for that step and returns its token; *logits points at
+// its pinned row [V], valid until the second submit_pick after it. Any
+// other forward on the model finishes a submitted step first.
+// how: greedy (t_num 0), or temperature t_num / t_den sampling with the
+// draw draw_u64(seed, start + T) (top-k, top-p, min-p off; no repetition
+// penalty): python/intdet/sampling.py Sampler.pick's token.
+struct Pick {
+  int64_t t_num = 0, t_den = 1;
+  uint64_t draw = 0;
+};
+void submit_pick(DeviceModel& m, DeviceState& s, const int32_t* tokens, int64_t T, int64_t start,
+                 const Pick& how = Pick{});
+int32_t wait_pick(DeviceModel& m, const int32_t** logits);
+
 // One step of a profiled call: its name (embed, attn_norm, qkv, rope_append,
 // attention, o_proj, ffn_norm, gate_up_glu, quant16_ffn, down_proj, per
 // layer; out_norm, lm_head), its cudaEvent time in nanoseconds, the bytes it
@@ -77,7 +98,7 @@ int64_t launch_count();
 
 // Op-level entry points for the tests (host arrays in, host arrays out).
 namespace test {
-// out [T, N] int32 = the linear layer; path: 0 auto, 1 GEMV, 2 GEMM.
+// out [T, N] int32 = the linear layer; path: 0 auto, 1 GEMV, 2 tensor-core GEMM, 3 __dp2a GEMM.
 void linear(const int16_t* q, const int32_t* e, int64_t T, int64_t K, const int8_t* w, const int32_t* mant,
             const int32_t* shift, const int32_t* bias, int64_t N, int path, int32_t* out);
 // The same with int4 weights: codes w4 [N, K/2], gd, gm [N, K/32]; K % 32 == 0.
@@ -95,6 +116,10 @@ void norm_quant16(const int32_t* x, const int16_t* g, int64_t R, int64_t n, int6
 void swiglu(const int32_t* g, const int32_t* u, int64_t count, int64_t* a);
 void geglu(const int32_t* g, const int32_t* u, int64_t count, int64_t* a);
 void round_div(const int64_t* a, const int64_t* b, int64_t count, int64_t* out);
+// out [R] = the device argmax of each logits row (logits [R, V]).
+void argmax(const int32_t* logits, int64_t R, int64_t V, int32_t* out);
+// The device sampler's token for one logits row [V] (launch_sample).
+int32_t sample(const int32_t* logits, int64_t V, int64_t t_num, int64_t t_den, uint64_t draw);
 // Force the GEMV's warps per output channel to 2^wlg (0..2; -1: automatic).
 void set_gemv_split(int wlg);
 }  // namespace test

@@ -298,6 +298,107 @@ __global__ void round_div_kernel(const int64_t* a, const int64_t* b, int64_t cou
     out[i] = round_div(a[i], b[i]);
 }
 
+// ---------------------------------------------------------------- greedy token choice
+
+// The host Sampler's greedy pick (np.argmax: the largest logit, the lowest
+// id among equal ones) as one order-free int64 maximum: key = v 2^32 +
+// (2^32 - 1 - id) is larger exactly when v is larger, or v is equal and the
+// id smaller (|v| <= 2^31, so the key fits int64). Blocks reduce their
+// stride of the row, combine with atomicMax (on key ^ 2^63, the unsigned
+// order of signed keys), and the last block to arrive writes the token and
+// resets best (atomicExch) and the counter for the next launch.
+constexpr int kArgmaxThreads = 256, kArgmaxBlocks = 64;
+
+__global__ void __launch_bounds__(kArgmaxThreads)
+    argmax_kernel(const int32_t* __restrict__ logits, int V, unsigned long long* best, int* counter,
+                  int32_t* token) {
+  __shared__ int64_t red[33];
+  __shared__ int flag;
+  int64_t k = kI64Min;
+  // unroll 1: no trip count, which nvcc would compute with a float reciprocal
+#pragma unroll 1
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < V; i += (int64_t)gridDim.x * blockDim.x)
+    k = imax(k, (int64_t)logits[i] * 4294967296LL + (4294967295LL - i));
+  k = block_max(k, kI64Min, red);
+  if (threadIdx.x == 0) atomicMax(best, (unsigned long long)k ^ (1ULL << 63));
+  if (last_block_arrives(counter, (int)gridDim.x, &flag) && threadIdx.x == 0) {
+    const int64_t key = (int64_t)(atomicExch(best, 0ULL) ^ (1ULL << 63));
+    *token = (int32_t)(4294967295LL - (key & 0xffffffffLL));
+  }
+}
+
+// Temperature sampling without top-k, top-p or min-p (python/intdet/
+// sampling.py Sampler.pick): w_i = exp2_neg_q30(round_div(round_shift(
+// min(top - l_i, 2^26) * log2(e) Q30, 30) * t_den, t_num)), the order is
+// logit descending then id ascending, and the pick is the first token of
+// that order whose running sum of w exceeds target = (draw * total) >> 64.
+// No sort: with S(v) = sum of w over l >= v (non-increasing in v), the
+// chosen token's logit is v* = max{v : S(v) > target} (a binary search over
+// the int32 range, one block sum per step); its place among the tokens of
+// logit v* (equal weights w*, ids ascending) is j = (target - S(v* + 1)) /
+// w*, and the j-th smallest such id is found by a binary search over ids.
+// One block; w goes to wbuf [V] once. Every sum is an exact int64 (total <=
+// V 2^30), so the result is the host's for any thread order.
+constexpr int kSampleThreads = 1024;
+constexpr int64_t kLog2eQ30 = 1549082005;  // round(log2(e) 2^30): sampling.py's LOG2E_Q30
+constexpr int64_t kDiffCap = (int64_t)1 << 26;  // sampling.py's DIFF_CAP
+
+__device__ __forceinline__ int64_t sample_weight(int64_t top, int64_t l, int64_t t_num, int64_t t_den) {
+  const int64_t d = top - l < kDiffCap ? top - l : kDiffCap;
+  return exp2_neg_q30(round_div(round_shift(d * kLog2eQ30, 30) * t_den, t_num));
+}
+
+__global__ void __launch_bounds__(kSampleThreads)
+    sample_kernel(const int32_t* __restrict__ logits, int V, int64_t t_num, int64_t t_den, unsigned long long draw,
+                  int32_t* __restrict__ wbuf, int32_t* __restrict__ token) {
+  __shared__ int64_t red[33];
+  const int tid = threadIdx.x;
+  int64_t top = kI64Min, bot = -kI64Min - 1;
+  for (int i = tid; i < V; i += kSampleThreads) top = imax(top, logits[i]), bot = imin(bot, logits[i]);
+  top = block_max(top, kI64Min, red);
+  bot = -block_max(-bot, kI64Min, red);
+  int64_t total = 0;
+  for (int i = tid; i < V; i += kSampleThreads) {
+    const int64_t w = sample_weight(top, logits[i], t_num, t_den);  // <= 2^30
+    wbuf[i] = (int32_t)w;
+    total += w;
+  }
+  total = block_sum(total, red);  // >= 2^30 (the top token)
+#if defined(INTDET_CUDA_EMU)
+  const int64_t target = (int64_t)(((unsigned __int128)draw * (unsigned long long)total) >> 64);
+#else
+  const int64_t target = (int64_t)__umul64hi(draw, (unsigned long long)total);
+#endif
+  // v* in [bot, top]: S(bot) = total > target, S(top + 1) = 0 <= target.
+  int64_t lo = bot, hi = top + 1, s_hi = 0;
+  while (hi - lo > 1) {  // block-uniform
+    const int64_t mid = lo + ((hi - lo) >> 1);
+    int64_t sm = 0;
+    for (int i = tid; i < V; i += kSampleThreads)
+      if (logits[i] >= mid) sm += wbuf[i];
+    sm = block_sum(sm, red);
+    if (sm > target)
+      lo = mid;
+    else
+      hi = mid, s_hi = sm;
+  }
+  const int64_t ws = sample_weight(top, lo, t_num, t_den);  // > 0: S(v*) > target >= S(v* + 1)
+  const int64_t j = floor_div(target - s_hi, ws);  // the j-th (from 0) id of logit v*
+  // The smallest x with #{i < x : l_i = v*} > j; that token is x - 1.
+  int64_t a = 0, b = V;  // count(a) <= j < count(b)
+  while (b - a > 1) {
+    const int64_t mid = a + ((b - a) >> 1);
+    int64_t c = 0;
+    for (int i = tid; i < mid; i += kSampleThreads) c += logits[i] == lo ? 1 : 0;
+    c = block_sum(c, red);
+    if (c > j)
+      b = mid;
+    else
+      a = mid;
+  }
+  if (tid == 0) *token = (int32_t)a;
+}
+
 // ---------------------------------------------------------------- linear layers
 
 __device__ __forceinline__ void store_out(int32_t* o, int64_t v, bool residual) {
@@ -481,6 +582,20 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
         segs.glu_out[(t0 + tt) * segs.glu_ldo + j] =
             glu_one(gluv[warp][tt], gluv[warp + (1 << wlg)][tt], segs.glu == 2);
   }
+  if constexpr (TT <= kNormFoldRows) {  // the launcher folds quant16 for <= 2 rows only (no code, no spills, in TT 4, 8)
+    if (!segs.quant_counter) return;  // grid-uniform: quant16 of the GLU rows by the last block
+    if (!last_block_arrives(segs.quant_counter + blockIdx.y, gridDim.x, &flag)) return;
+    INTDET_DYN_SMEM(int64_t, a_s);
+    for (int tt = 0; tt < nt; ++tt) {
+      const int64_t t = t0 + tt;
+      const int64_t* ar = segs.glu_out + t * segs.glu_ldo;  // other blocks wrote it: read from L2
+      for (int i = threadIdx.x; i < N; i += blockDim.x) a_s[i] = load_cg(ar + i);
+      __syncthreads();
+      const int ex = quant16_block(a_s, N, segs.quant_q + t * N, red);
+      if (threadIdx.x == 0) segs.quant_e[t] = ex;
+      __syncthreads();  // a_s and red are reused by the next row
+    }
+  }
 }
 
 // Prefill GEMM: 64 rows x 64 channels per block of 256 threads, K in tiles of
@@ -571,6 +686,155 @@ __global__ void __launch_bounds__(256)
       if (j < N) store_out(out + t * ldo + j, linear_epilogue(acc[r][c], mant[j], shift[j], et, bias, j), residual);
     }
   }
+}
+
+// ---------------------------------------------------------------- tensor-core (IMMA) prefill GEMM
+//
+// Each int16 activation is split exactly as x = 256 hi + lo, hi = x >> 8 (s8,
+// -128..127) and lo = x & 255 (u8): mma.sync m16n8k32 s8 x s8 and u8 x s8
+// give two s32 sums per output, and 256 * hi_sum + lo_sum in int64 is the
+// exact sum of x * w, the CPU's. K-chunk bound: one product is at most
+// 128 * 128 = 2^14 (hi) or 255 * 128 < 2^15 (lo) in magnitude, so 65536
+// products stay below 2^31 in s32; the s32 sums are added into int64 every
+// kMmaFlushK = 32768 inputs (and at the end).
+//
+// Block: 64 rows x 64 channels, 4 warps of 32 x 32 (2 m16 x 4 n8 tiles each),
+// K tiles of 64 in shared memory (hi, lo and w bytes, rows of 80 bytes so the
+// fragment reads of a warp hit 32 different banks). The fragment layout is
+// the PTX ISA's for m16n8k32 .s8/.u8 (emu.h emulates it lane by lane).
+constexpr int kMmaM = 64, kMmaN = 64, kMmaK = 64, kMmaThreads = 128, kMmaRow = kMmaK + 16;
+constexpr int64_t kMmaFlushK = 32768;
+
+__device__ __forceinline__ void mma_s8s8(int32_t (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+#if defined(INTDET_CUDA_EMU)
+  ::emu::mma_m16n8k32(d, a, b, d, false);
+#else
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#endif
+}
+
+__device__ __forceinline__ void mma_u8s8(int32_t (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+#if defined(INTDET_CUDA_EMU)
+  ::emu::mma_m16n8k32(d, a, b, d, true);
+#else
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#endif
+}
+
+__device__ __forceinline__ uint32_t smem_u32(const uint8_t* p) { return *reinterpret_cast<const uint32_t*>(p); }
+
+__global__ void __launch_bounds__(kMmaThreads)
+    mma_gemm_kernel(const int16_t* __restrict__ q, const int32_t* __restrict__ e, int T, int K,
+                    const int8_t* __restrict__ w, const int32_t* __restrict__ mant, const int32_t* __restrict__ shift,
+                    const int32_t* __restrict__ bias, int N, int32_t* __restrict__ out, int64_t ldo, int residual,
+                    int vec) {
+  __shared__ __align__(16) uint8_t Ah[kMmaM * kMmaRow];  // hi bytes of the activations [row][k]
+  __shared__ __align__(16) uint8_t Al[kMmaM * kMmaRow];  // lo bytes
+  __shared__ __align__(16) uint8_t Bs[kMmaN * kMmaRow];  // weights [channel][k]
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, tq = lane & 3;
+  const int wm = (warp & 1) * 32, wn = (warp >> 1) * 32;
+  const int64_t t0 = (int64_t)blockIdx.y * kMmaM, j0 = (int64_t)blockIdx.x * kMmaN;
+  int64_t acc[2][4][4];
+  int32_t ph[2][4][4], pl[2][4][4];
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) acc[mt][nt][r] = 0, ph[mt][nt][r] = 0, pl[mt][nt][r] = 0;
+  int64_t since = 0;
+  for (int64_t k0 = 0; k0 < K; k0 += kMmaK) {
+    if (vec) {  // K % 16 == 0: whole 8-element activation and 16-byte weight chunks are in or out
+#pragma unroll
+      for (int i = 0; i < (kMmaM * kMmaK / 8) / kMmaThreads; ++i) {
+        const int idx = tid + kMmaThreads * i, r = idx >> 3, c = (idx & 7) * 8;
+        const int64_t t = t0 + r;
+        int4 v = make_int4(0, 0, 0, 0);
+        if (t < T && k0 + c < K) v = load16(q + t * K + k0 + c);
+        // bytes of (v.x, v.y): lo(x0) hi(x0) lo(x1) hi(x1) lo(x2) ...: lo = bytes 0 2 4 6, hi = 1 3 5 7
+        uint32_t* lo = reinterpret_cast<uint32_t*>(Al + r * kMmaRow + c);
+        uint32_t* hi = reinterpret_cast<uint32_t*>(Ah + r * kMmaRow + c);
+        lo[0] = __byte_perm((unsigned)v.x, (unsigned)v.y, 0x6420);
+        lo[1] = __byte_perm((unsigned)v.z, (unsigned)v.w, 0x6420);
+        hi[0] = __byte_perm((unsigned)v.x, (unsigned)v.y, 0x7531);
+        hi[1] = __byte_perm((unsigned)v.z, (unsigned)v.w, 0x7531);
+      }
+#pragma unroll
+      for (int i = 0; i < (kMmaN * kMmaK / 16) / kMmaThreads; ++i) {
+        const int idx = tid + kMmaThreads * i, r = idx >> 2, c = (idx & 3) * 16;
+        const int64_t j = j0 + r;
+        int4 u = make_int4(0, 0, 0, 0);
+        if (j < N && k0 + c < K) u = load16(w + j * K + k0 + c);
+        *reinterpret_cast<int4*>(Bs + r * kMmaRow + c) = u;
+      }
+    } else {
+      for (int idx = tid; idx < kMmaM * kMmaK; idx += kMmaThreads) {
+        const int r = idx / kMmaK, c = idx % kMmaK;  // constant divisor: shifts
+        const int64_t k = k0 + c, t = t0 + r, j = j0 + r;
+        const int32_t x = (t < T && k < K) ? q[t * K + k] : 0;
+        Ah[r * kMmaRow + c] = (uint8_t)((x >> 8) & 0xff);
+        Al[r * kMmaRow + c] = (uint8_t)(x & 0xff);
+        Bs[r * kMmaRow + c] = (uint8_t)((j < N && k < K) ? w[j * K + k] : 0);
+      }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int kk = 0; kk < kMmaK; kk += 32) {
+      uint32_t b[4][2];
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt) {
+        const uint8_t* p = Bs + (wn + nt * 8 + g) * kMmaRow + kk + 4 * tq;
+        b[nt][0] = smem_u32(p);
+        b[nt][1] = smem_u32(p + 16);
+      }
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt) {
+        const int o0 = (wm + mt * 16 + g) * kMmaRow + kk + 4 * tq, o8 = o0 + 8 * kMmaRow;
+        const uint32_t ahi[4] = {smem_u32(Ah + o0), smem_u32(Ah + o8), smem_u32(Ah + o0 + 16), smem_u32(Ah + o8 + 16)};
+        const uint32_t alo[4] = {smem_u32(Al + o0), smem_u32(Al + o8), smem_u32(Al + o0 + 16), smem_u32(Al + o8 + 16)};
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt) {
+          mma_s8s8(ph[mt][nt], ahi, b[nt]);
+          mma_u8s8(pl[mt][nt], alo, b[nt]);
+        }
+      }
+    }
+    __syncthreads();
+    since += kMmaK;
+    if (since >= kMmaFlushK || k0 + kMmaK >= K) {  // block-uniform
+      since = 0;
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) {
+            acc[mt][nt][r] += (int64_t)ph[mt][nt][r] * 256 + pl[mt][nt][r];
+            ph[mt][nt][r] = 0, pl[mt][nt][r] = 0;
+          }
+    }
+  }
+  // C fragment: c[r] at row g (+ 8 for r >= 2), column 2 tq + (r & 1).
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int64_t t = t0 + wm + mt * 16 + g + (r >= 2 ? 8 : 0);
+      if (t >= T) continue;
+      const int32_t et = e[t];
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt) {
+        const int64_t j = j0 + wn + nt * 8 + 2 * tq + (r & 1);
+        if (j < N)
+          store_out(out + t * ldo + j, linear_epilogue(acc[mt][nt][r], mant[j], shift[j], et, bias, j), residual);
+      }
+    }
 }
 
 // ---------------------------------------------------------------- int4 (W4A16) linear layers
@@ -819,6 +1083,32 @@ __device__ __forceinline__ int32_t group_sum32(int32_t v, int L) {
 }
 
 // grid (nsplit, nkv, nrows).
+// What one block of attn_scores_kernel / attn_pv_kernel serves (grid:
+// chunks x kv heads x rows): row t = row0 + blockIdx.z, kv head blockIdx.y
+// and its grp query heads from h0, positions [i0, i1) of the row's n
+// (counted from lo, the window's first position), and the cache offset lay
+// of (layer, lo, kvh) in [L, P, nkv] rows (rs int8 elements between positions).
+struct AttnBlock {
+  int nsplit, split, kvh, h0;
+  int64_t tl, t, lo, n, i0, i1, lay, rs;
+  DevKV kv;
+};
+
+__device__ __forceinline__ AttnBlock attn_block(int row0, int nkv, int grp, int D, int layer,
+                                                const int32_t* __restrict__ seq, const int32_t* __restrict__ pos,
+                                                const DevKV* __restrict__ kvs, int chunk, int64_t window) {
+  AttnBlock b;
+  b.nsplit = gridDim.x, b.split = blockIdx.x, b.kvh = blockIdx.y, b.h0 = b.kvh * grp;
+  b.tl = blockIdx.z, b.t = row0 + b.tl;
+  b.kv = kvs[seq[b.t]];
+  attn_range(pos[b.t], window, &b.lo, &b.n);
+  b.i0 = (int64_t)b.split * chunk;
+  b.i1 = b.i0 + chunk < b.n ? b.i0 + chunk : b.n;
+  b.lay = ((int64_t)layer * b.kv.max_len + b.lo) * nkv + b.kvh;
+  b.rs = (int64_t)nkv * D;
+  return b;
+}
+
 __global__ void __launch_bounds__(kAttnThreads)
     attn_scores_kernel(const int32_t* __restrict__ qbuf, int row0, int nh, int nkv, int grp, int D, int layer,
                        const int32_t* __restrict__ seq, const int32_t* __restrict__ pos, const DevKV* __restrict__ kvs,
@@ -830,16 +1120,11 @@ __global__ void __launch_bounds__(kAttnThreads)
   __shared__ int64_t red[33];
   __shared__ int flag;
   const int tid = threadIdx.x, lane = tid & 31;
-  const int nsplit = gridDim.x, split = blockIdx.x, kvh = blockIdx.y;
-  const int64_t tl = blockIdx.z, t = row0 + tl;
-  const DevKV kv = kvs[seq[t]];
-  int64_t lo, n;
-  attn_range(pos[t], window, &lo, &n);
-  const int64_t i0 = (int64_t)split * chunk, i1 = i0 + chunk < n ? i0 + chunk : n;  // this block's positions
-  const int64_t lay = ((int64_t)layer * kv.max_len + lo) * nkv + kvh;  // (layer, position lo, kvh) in [L, P, nkv]
+  const AttnBlock ab = attn_block(row0, nkv, grp, D, layer, seq, pos, kvs, chunk, window);
+  const int nsplit = ab.nsplit, split = ab.split, kvh = ab.kvh, h0 = ab.h0;
+  const int64_t tl = ab.tl, t = ab.t, n = ab.n, i0 = ab.i0, i1 = ab.i1, lay = ab.lay, rs = ab.rs;
+  const DevKV kv = ab.kv;
   const int8_t* kb = kv.k + lay * D;
-  const int64_t rs = (int64_t)nkv * D;  // int8 elements between positions
-  const int h0 = kvh * grp;
 
   if (i0 < n) {  // block-uniform
     // 1. The group's query heads to int16 (quant16_row of each).
@@ -933,16 +1218,11 @@ __global__ void __launch_bounds__(kAttnThreads)
   __shared__ int64_t red[33];
   __shared__ int flag;
   const int tid = threadIdx.x, lane = tid & 31;
-  const int nsplit = gridDim.x, split = blockIdx.x, kvh = blockIdx.y;
-  const int64_t tl = blockIdx.z, t = row0 + tl;
-  const DevKV kv = kvs[seq[t]];
-  int64_t lo, n;
-  attn_range(pos[t], window, &lo, &n);
-  const int64_t i0 = (int64_t)split * chunk, i1 = i0 + chunk < n ? i0 + chunk : n;
-  const int64_t lay = ((int64_t)layer * kv.max_len + lo) * nkv + kvh;
+  const AttnBlock ab = attn_block(row0, nkv, grp, D, layer, seq, pos, kvs, chunk, window);
+  const int nsplit = ab.nsplit, split = ab.split, kvh = ab.kvh, h0 = ab.h0;
+  const int64_t tl = ab.tl, t = ab.t, n = ab.n, i0 = ab.i0, i1 = ab.i1, lay = ab.lay, rs = ab.rs;
+  const DevKV kv = ab.kv;
   const int8_t* vb = kv.v + lay * D;
-  const int64_t rs = (int64_t)nkv * D;
-  const int h0 = kvh * grp;
   const bool vec = D % 16 == 0;
   const int lg = attn_lanes_log2(D, vec), L = 1 << lg, sub = lane & (L - 1), slots = kAttnThreads >> lg, slot = tid >> lg;
 
@@ -1058,9 +1338,12 @@ void launch_gemv(const int16_t* q, const int32_t* e, int T, int K, GemvSegs segs
   if (T <= 0 || segs.n <= 0) return;
   if (na.counter && (segs.n != 1 || segs.glu || T > kNormFoldRows || segs.s[0].N != na.n || segs.s[0].ldo != na.n))
     throw std::invalid_argument("linear (GEMV): a folded norm needs one segment of N = n and at most 2 rows");
-  const size_t smem = na.counter ? (size_t)na.n * sizeof(int32_t) : 0;
   if (segs.n > 3 || (segs.glu && (segs.n != 2 || segs.s[0].N != segs.s[1].N)))
     throw std::invalid_argument("linear (GEMV): bad segments");
+  if (segs.quant_counter && (!segs.glu || na.counter || T > kNormFoldRows || segs.s[0].N > kQuantFoldN))
+    throw std::invalid_argument("linear (GEMV): a folded quant16 needs GLU mode, N <= 6144 and at most 2 rows");
+  const size_t smem = na.counter ? (size_t)na.n * sizeof(int32_t)
+                      : segs.quant_counter ? (size_t)segs.s[0].N * sizeof(int64_t) : 0;
   const int vec = K % 16 == 0;
   int maxN = 0;
   for (int i = 0; i < segs.n; ++i) maxN = std::max(maxN, segs.s[i].N);
@@ -1103,6 +1386,11 @@ void launch_linear(const int16_t* q, const int32_t* e, int T, int K, const int8_
     segs.n = 1;
     launch_gemv(q, e, T, K, segs, residual, st, NormAfter{});
     return;
+  } else if (path == kLinearGemm) {
+    const unsigned gy = (unsigned)((T + kMmaM - 1) / kMmaM);
+    if (gy > 65535) throw std::invalid_argument("linear (GEMM): too many rows");
+    INTDET_LAUNCH(mma_gemm_kernel, dim3((unsigned)((N + kMmaN - 1) / kMmaN), gy), kMmaThreads, 0, st, q, e, T, K, w,
+                  mant, shift, bias, N, out, ldo, residual, vec);
   } else {
     const unsigned gy = (unsigned)((T + kTileM - 1) / kTileM);
     if (gy > 65535) throw std::invalid_argument("linear (GEMM): too many rows");
@@ -1211,6 +1499,21 @@ void launch_geglu(const int32_t* g, const int32_t* u, int64_t count, int64_t* a,
   if (count <= 0) return;
   INTDET_LAUNCH(geglu_kernel, grid_1d(count, 256), 256, 0, st, g, u, count, a);
   check_launch("geglu");
+}
+
+void launch_argmax(const int32_t* logits, int V, unsigned long long* best, int* counter, int32_t* token,
+                   cudaStream_t st) {
+  if (V <= 0) throw std::invalid_argument("argmax: empty row");
+  const int blocks = (int)std::min<int64_t>(kArgmaxBlocks, ((int64_t)V + kArgmaxThreads - 1) / kArgmaxThreads);
+  INTDET_LAUNCH(argmax_kernel, blocks, kArgmaxThreads, 0, st, logits, V, best, counter, token);
+  check_launch("argmax");
+}
+
+void launch_sample(const int32_t* logits, int V, int64_t t_num, int64_t t_den, uint64_t draw, int32_t* wbuf,
+                   int32_t* token, cudaStream_t st) {
+  if (V <= 0 || t_num <= 0 || t_den <= 0) throw std::invalid_argument("sample: empty row or temperature <= 0");
+  INTDET_LAUNCH(sample_kernel, 1, kSampleThreads, 0, st, logits, V, t_num, t_den, (unsigned long long)draw, wbuf, token);
+  check_launch("sample");
 }
 
 void launch_round_div(const int64_t* a, const int64_t* b, int64_t count, int64_t* out, cudaStream_t st) {

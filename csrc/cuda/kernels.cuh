@@ -30,7 +30,9 @@ struct DevKV {
 
 // Linear kernel choice: auto (GEMV for T <= kGemvMaxRows, else tiled GEMM),
 // or forced (tests compare both against the CPU).
-enum LinearPath { kLinearAuto = 0, kLinearGemv = 1, kLinearGemm = 2 };
+// kLinearGemm is the tensor-core (IMMA) GEMM; kLinearGemmDp2a the older
+// __dp2a tiled GEMM, kept for comparison (int8 weights only).
+enum LinearPath { kLinearAuto = 0, kLinearGemv = 1, kLinearGemm = 2, kLinearGemmDp2a = 3 };
 constexpr int kGemvMaxRows = 32;
 
 // x [T, H] int32 Q R (the residual) = embedding rows of tokens [T] times their dyadic scale.
@@ -86,7 +88,15 @@ struct GemvSegs {
   int glu;
   int64_t* glu_out;
   int64_t glu_ldo;
+  // GLU mode, T <= kNormFoldRows, N <= kQuantFoldN: the last block to finish
+  // (quant_counter [1], zero before and after; null: not folded) also runs
+  // quant16 of each glu_out row into quant_q [T, N], quant_e [T] (the
+  // down-proj's input; launch_quant16_i64's steps).
+  int* quant_counter;
+  int16_t* quant_q;
+  int32_t* quant_e;
 };
+constexpr int kQuantFoldN = 6144;  // the row (int64) in at most 48 KB of shared memory
 // A GEMV that writes the residual x [T, n] (one segment, N = ldo = n, T <=
 // kNormFoldRows) can also run the next RMSNorm + quant16 of its rows
 // (launch_norm_quant16's steps): the last block to finish (counter, zero
@@ -163,6 +173,18 @@ void launch_attention(const int32_t* q, int row0, int nrows, int nh, int nkv, in
 void launch_swiglu(const int32_t* g, const int32_t* u, int64_t count, int64_t* a, cudaStream_t st);
 // a[i] = geglu(g[i], u[i]) (Q32 int64): tanh-GELU gate (geglu_row).
 void launch_geglu(const int32_t* g, const int32_t* u, int64_t count, int64_t* a, cudaStream_t st);
+
+// token[0] = the greedy choice of one logits row [V] int32: the largest
+// value, the lowest id among equal ones (the host Sampler's np.argmax).
+// best and counter: zero before the first launch; every launch leaves them zero.
+void launch_argmax(const int32_t* logits, int V, unsigned long long* best, int* counter, int32_t* token,
+                   cudaStream_t st);
+
+// token[0] = the host Sampler's choice for temperature t_num / t_den with
+// top-k, top-p and min-p off and no repetition penalty, from one logits row
+// [V] and the draw draw_u64(seed, position); wbuf: int32 [V] scratch.
+void launch_sample(const int32_t* logits, int V, int64_t t_num, int64_t t_den, uint64_t draw, int32_t* wbuf,
+                   int32_t* token, cudaStream_t st);
 
 // out[i] = round_div(a[i], b[i]) on the device (tests of the integer division).
 void launch_round_div(const int64_t* a, const int64_t* b, int64_t count, int64_t* out, cudaStream_t st);

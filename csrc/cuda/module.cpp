@@ -138,6 +138,50 @@ PYBIND11_MODULE(INTDET_CUDA_MODULE_NAME, mod) {
       "'cuda'). Names, order, shapes and values as intdet._core.forward_trace.");
 
   mod.def(
+      "submit_pick",
+      [](PyModel& pm, PyState& s, py::object tokens, int64_t start, int64_t t_num, int64_t t_den, uint64_t draw) {
+        if (start != s.n_past) throw std::invalid_argument("submit_pick: start must equal the number of cached positions");
+        Arr<int32_t> tk;
+        int64_t T = 1;
+        if (!tokens.is_none()) {
+          tk = tokens.cast<Arr<int32_t>>();
+          T = tk.size();
+          if (T == 0) throw std::invalid_argument("submit_pick: empty tokens");
+        }
+        if (start + T > s.max_len) throw std::invalid_argument("sequence longer than the KV cache");
+        {
+          py::gil_scoped_release nogil;
+          cuda::submit_pick(*pm.dev, *s.dev, tokens.is_none() ? nullptr : tk.data(), T, start,
+                            cuda::Pick{t_num, t_den, draw});
+        }
+        s.n_past = start + T;
+      },
+      py::arg("model"), py::arg("state"), py::arg("tokens"), py::arg("start"), py::arg("t_num") = 0,
+      py::arg("t_den") = 1, py::arg("draw") = 0,
+      "Enqueue a forward of tokens (int32 [T]; None: one row whose token is the one the previous submit_pick "
+      "chose, read on the device) at positions start.., the choice of the last row's token on the device "
+      "(t_num 0: greedy, the largest logit, the lowest id on ties; else temperature t_num / t_den sampling with "
+      "the 64-bit draw for position start + T, top-k/top-p/min-p off: Sampler.pick's token) and the copies of "
+      "that row's logits and the token into pinned host memory; returns without waiting (wait_pick).");
+  mod.def(
+      "wait_pick",
+      [](py::object model) {
+        PyModel& pm = model.cast<PyModel&>();
+        const int32_t* lg = nullptr;
+        int32_t tok = 0;
+        {
+          py::gil_scoped_release nogil;
+          tok = cuda::wait_pick(*pm.dev, &lg);
+        }
+        py::array_t<int32_t> view({(py::ssize_t)pm.cfg.vocab}, {(py::ssize_t)sizeof(int32_t)}, lg, model);
+        py::detail::array_proxy(view.ptr())->flags &= ~py::detail::npy_api::NPY_ARRAY_WRITEABLE_;
+        return py::make_tuple(tok, view);
+      },
+      py::arg("model"),
+      "Wait for the last submit_pick: (token, its logits int32 [V], a read-only view of pinned memory valid "
+      "until the second submit_pick after this one).");
+
+  mod.def(
       "profile",
       [](PyModel& pm, PyState& s, Arr<int32_t> tokens, int64_t start) {
         const int64_t T = tokens.size();
@@ -183,7 +227,8 @@ PYBIND11_MODULE(INTDET_CUDA_MODULE_NAME, mod) {
         return out;
       },
       py::arg("q"), py::arg("e"), py::arg("w"), py::arg("mant"), py::arg("shift"), py::arg("bias") = py::none(),
-      py::arg("path") = 0, "int64 [T, N]; path 0 auto, 1 GEMV, 2 tiled GEMM.");
+      py::arg("path") = 0,
+      "int64 [T, N]; path 0 auto, 1 GEMV, 2 tensor-core (IMMA) GEMM, 3 __dp2a tiled GEMM.");
   ops.def(
       "linear_w4",
       [](Arr<int16_t> q, Arr<int32_t> e, Arr<uint8_t> w4, Arr<int16_t> gd, Arr<int16_t> gm, Arr<int32_t> mant,
@@ -262,6 +307,16 @@ PYBIND11_MODULE(INTDET_CUDA_MODULE_NAME, mod) {
     py::array_t<int64_t> a(g.size());
     cuda::test::geglu(g.data(), u.data(), g.size(), a.mutable_data());
     return a;
+  });
+  ops.def("argmax", [](Arr<int32_t> logits) {
+    if (logits.ndim() != 2 || logits.shape(1) == 0) throw std::invalid_argument("argmax: logits must be [R, V], V > 0");
+    py::array_t<int32_t> out(logits.shape(0));
+    cuda::test::argmax(logits.data(), logits.shape(0), logits.shape(1), out.mutable_data());
+    return out;
+  });
+  ops.def("sample", [](Arr<int32_t> logits, int64_t t_num, int64_t t_den, uint64_t draw) {
+    if (logits.ndim() != 1 || logits.size() == 0) throw std::invalid_argument("sample: logits must be [V], V > 0");
+    return cuda::test::sample(logits.data(), logits.size(), t_num, t_den, draw);
   });
   ops.def("round_div", [](Arr<int64_t> a, Arr<int64_t> b) {
     if (a.size() != b.size()) throw std::invalid_argument("round_div: shape mismatch");

@@ -109,18 +109,33 @@ def generate(engine: Engine, prompt_ids, max_new_tokens: int, sampler: Sampler |
     seq = engine.new_sequence(n_total)
     eos = set(int(e) for e in eos_ids)
     history = list(prompt_ids) if sampler.penalized else None
+    # On the CUDA engine, greedy or plain temperature sampling: the token is
+    # chosen on the device and the next step is enqueued before this step's
+    # logits are hashed (they arrive in pinned memory), so the GPU never
+    # waits for the hash; the tokens and the chain hash are the host's.
+    device = sampler.device_ok and seq.device_pick
     try:
         t0 = time.perf_counter()
         step = prefill_chunk if prefill_chunk > 0 else len(prompt_ids)
         for i in range(0, len(prompt_ids), step):
-            logits = seq.forward(prompt_ids[i:i + step])[-1]
+            chunk = prompt_ids[i:i + step]
+            if device and i + step >= len(prompt_ids):
+                seq.submit_pick(chunk, sampler)
+                tok, logits = seq.wait_pick()
+            else:
+                logits = seq.forward(chunk)[-1]
             if on_prefill:
                 on_prefill(min(i + step, len(prompt_ids)), len(prompt_ids))
             signal_at(f"prefill-{i // step + 1}")  # test hook (testhook.py), inert unless its variable is set
         g.prefill_s = time.perf_counter() - t0
         t1 = time.perf_counter()
         while True:
-            tok = sampler.pick(logits, seq.n_past, history)
+            if not device:
+                tok = sampler.pick(logits, seq.n_past, history)
+            at_end = seq.n_past >= n_total
+            submitted = device and tok not in eos and len(g.tokens) + 1 < max_new_tokens and not at_end
+            if submitted:
+                seq.submit_pick(None, sampler)  # the next step runs on the device's token while the host hashes this one
             chain.update(logits, tok)
             g.tokens.append(tok)
             if history is not None:
@@ -129,17 +144,20 @@ def generate(engine: Engine, prompt_ids, max_new_tokens: int, sampler: Sampler |
             signal_at(f"token-{len(g.tokens)}")  # test hook (testhook.py), inert unless its variable is set
             if tok in eos:
                 g.stop = "eos"
-                break
-            if stop_now:
+            elif stop_now:
                 g.stop = "stop"
-                break
-            if len(g.tokens) >= max_new_tokens:
+            elif len(g.tokens) >= max_new_tokens:
                 g.stop = "length"
-                break
-            if seq.n_past >= n_total:
+            elif at_end:
                 g.stop = "context"
+            if g.stop:
+                if submitted:
+                    seq.wait_pick()  # the step enqueued ahead is not used
                 break
-            logits = seq.forward([tok])[-1]
+            if device:
+                tok, logits = seq.wait_pick()
+            else:
+                logits = seq.forward([tok])[-1]
         g.decode_s = time.perf_counter() - t1
     except KeyboardInterrupt:
         g.stop = "interrupted"

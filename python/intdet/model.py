@@ -19,6 +19,7 @@ import numpy as np
 from .convert.sources import sha256_file
 from .errors import IntdetError
 from .safetensors_io import SafetensorsFile
+from .sampling import draw_u64
 
 DEVICES = ("cpu", "ref", "cuda")
 NATIVE = ("cpu", "cuda")  # backends with the intdet._core API (Model, State, forward, forward_batch)
@@ -100,6 +101,41 @@ class Sequence:
             out = (out if all_logits else out[-1:]).astype(np.int32)
         self.n_past += len(tokens)
         return out
+
+    @property
+    def device_pick(self) -> bool:
+        """Whether this backend chooses tokens on the device (submit_pick /
+        wait_pick; the CUDA engine)."""
+        return self.engine.device == "cuda" and hasattr(self.engine._core, "submit_pick")
+
+    def submit_pick(self, tokens=None, sampler=None) -> None:
+        """CUDA only: enqueue a forward of ``tokens`` (int [T]; None: one row
+        whose token is the one the previous submit chose, never copied to the
+        host first), the choice of the next token on the device from the last
+        row's logits (``sampler`` None or greedy: the largest logit, the lowest
+        id on ties; else temperature sampling, which needs top-k, top-p,
+        min-p and the repetition penalty off: ``Sampler.pick``'s token for the
+        same seed and position) and the copy of those logits into pinned
+        memory; returns at once. Raises IntdetError when the tokens do not fit
+        the context or the sampler needs the host."""
+        n = 1 if tokens is None else len(tokens)
+        if self.n_past + n > self.max_len:
+            raise IntdetError(f"sequence of {self.n_past + n} tokens exceeds the context ({self.max_len})")
+        t_num, t_den, draw = 0, 1, 0
+        if sampler is not None and not sampler.greedy:
+            if not sampler.device_ok:
+                raise IntdetError("submit_pick: top-k, top-p, min-p and the repetition penalty are chosen on the host")
+            t_num, t_den, draw = sampler.t_num, sampler.t_den, draw_u64(sampler.seed, self.n_past + n)
+        toks = None if tokens is None else np.ascontiguousarray(tokens, dtype=np.int32)
+        self.engine._core.submit_pick(self.engine._model, self._state, toks, self.n_past, t_num, t_den, draw)
+        self.n_past += n
+
+    def wait_pick(self) -> tuple[int, np.ndarray]:
+        """Wait for the last submit_pick: (token, int32 logits [V] of the
+        row it was chosen from). The logits are a read-only view of pinned
+        memory, valid until the second submit_pick after this one."""
+        tok, logits = self.engine._core.wait_pick(self.engine._model)
+        return int(tok), logits
 
 
 def cuda_module():

@@ -115,6 +115,14 @@ class Sampler:
     def penalized(self) -> bool:
         return self.r_num != self.r_den and self.repeat_last_n != 0
 
+    @property
+    def device_ok(self) -> bool:
+        """Whether the CUDA engine can choose this sampler's tokens on the
+        device (greedy, or temperature alone: no top-k, top-p, min-p or
+        repetition penalty; kernels.cu sample_kernel)."""
+        return not self.penalized and (self.greedy or (self.top_k == 0 and self.p_num == self.p_den
+                                                      and self.m_num == 0))
+
     def recent(self, history) -> list:
         """The ids the repetition penalty looks at: the last repeat_last_n of ``history``."""
         if not self.penalized or not history:
