@@ -312,6 +312,8 @@ PYBIND11_MODULE(INTDET_CORE_MODULE_NAME, mod) {
     oa::shape(op, va, "va", {P, nkv});
     oa::shape(op, pos, "pos", {T});
     if (window < 0) oa::fail(op, "window must be >= 0");
+    for (int64_t i = 0; i < P * nkv; ++i)
+      if (va.data()[i] < 0) oa::fail(op, "va must be >= 0 (absmax scales)");
     Model m;
     m.cfg.n_layers = 1;
     m.cfg.n_heads = nh;

@@ -67,27 +67,133 @@ inline void pv_pass(const int16_t* w16, const int8_t* vc, int64_t stride, int64_
 // low 32 bits of each lane: every intermediate fits int32 and vpmuldq reads
 // exactly those bits; a logical right shift gives the same low 32 bits as
 // the arithmetic one. u >= 0; in place (p == u) is allowed.
-void exp2_neg_q30_row_avx2(const int64_t* u, int64_t n, int64_t* p) {
+namespace {
+
+inline __m256i exp2_lanes(__m256i uu) {
   const __m256i fmask = _mm256_set1_epi64x((1 << kExpFrac) - 1);
   const __m256i half = _mm256_set1_epi64x((int64_t)1 << (kExpFrac - 1)), lo32 = _mm256_set1_epi64x(0xffffffffLL);
   const __m256i one = _mm256_set1_epi64x(1), i30 = _mm256_set1_epi64x(30);
+  const __m256i ip = _mm256_srli_epi64(uu, kExpFrac), f = _mm256_and_si256(uu, fmask);
+  __m256i q = _mm256_set1_epi64x(kExp2Poly[6]);
+  for (int k = 5; k >= 0; --k) {
+    const __m256i prod = _mm256_add_epi64(_mm256_mul_epi32(q, f), half);
+    q = _mm256_add_epi32(_mm256_srli_epi64(prod, kExpFrac), _mm256_set1_epi64x(kExp2Poly[k]));
+  }
+  q = _mm256_and_si256(q, lo32);  // 2^-f in Q30 is positive: zero-extend
+  const __m256i past = _mm256_cmpgt_epi64(ip, i30);  // 2^-31 and below: 0
+  const __m256i ish = _mm256_blendv_epi8(ip, i30, past);
+  const __m256i bias = _mm256_srli_epi64(_mm256_sllv_epi64(one, ish), 1);
+  const __m256i r = _mm256_srlv_epi64(_mm256_add_epi64(q, bias), ish);
+  return _mm256_andnot_si256(past, r);
+}
+
+}  // namespace
+
+// exp2_neg_q30 on four int64 lanes (same bits). Horner steps keep p in the
+// low 32 bits of each lane: every intermediate fits int32 and vpmuldq reads
+// exactly those bits; a logical right shift gives the same low 32 bits as
+// the arithmetic one. u >= 0; in place (p == u) is allowed.
+void exp2_neg_q30_row_avx2(const int64_t* u, int64_t n, int64_t* p) {
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4)
+    _mm256_storeu_si256((__m256i*)(p + i), exp2_lanes(_mm256_loadu_si256((const __m256i*)(u + i))));
+  for (; i < n; ++i) p[i] = exp2_neg_q30(u[i]);
+}
+
+// The softmax's row passes (AttnRowFns; same bits as attn_*_generic).
+int64_t attn_row_max_avx2(const int64_t* z, int64_t n) {
+  int64_t i = 0, mx = z[0];
+  if (n >= 8) {
+    __m256i a = _mm256_loadu_si256((const __m256i*)z), b = _mm256_loadu_si256((const __m256i*)(z + 4));
+    for (i = 8; i + 8 <= n; i += 8) {
+      const __m256i x = _mm256_loadu_si256((const __m256i*)(z + i)), y = _mm256_loadu_si256((const __m256i*)(z + i + 4));
+      a = _mm256_blendv_epi8(a, x, _mm256_cmpgt_epi64(x, a));
+      b = _mm256_blendv_epi8(b, y, _mm256_cmpgt_epi64(y, b));
+    }
+    a = _mm256_blendv_epi8(a, b, _mm256_cmpgt_epi64(b, a));
+    alignas(32) int64_t m4[4];
+    _mm256_store_si256((__m256i*)m4, a);
+    mx = imax(imax(m4[0], m4[1]), imax(m4[2], m4[3]));
+  }
+  for (; i < n; ++i) mx = imax(mx, z[i]);
+  return mx;
+}
+
+// zmax - z < 2^32 (scores are int32), so the exp2 lanes' input is exact.
+int64_t attn_exp_sum_avx2(int64_t* z, int64_t n, int64_t zmax) {
+  const __m256i m = _mm256_set1_epi64x(zmax);
+  __m256i s = _mm256_setzero_si256();
   int64_t i = 0;
   for (; i + 4 <= n; i += 4) {
-    const __m256i uu = _mm256_loadu_si256((const __m256i*)(u + i));
-    const __m256i ip = _mm256_srli_epi64(uu, kExpFrac), f = _mm256_and_si256(uu, fmask);
-    __m256i q = _mm256_set1_epi64x(kExp2Poly[6]);
-    for (int k = 5; k >= 0; --k) {
-      const __m256i prod = _mm256_add_epi64(_mm256_mul_epi32(q, f), half);
-      q = _mm256_add_epi32(_mm256_srli_epi64(prod, kExpFrac), _mm256_set1_epi64x(kExp2Poly[k]));
-    }
-    q = _mm256_and_si256(q, lo32);  // 2^-f in Q30 is positive: zero-extend
-    const __m256i past = _mm256_cmpgt_epi64(ip, i30);  // 2^-31 and below: 0
-    const __m256i ish = _mm256_blendv_epi8(ip, i30, past);
-    const __m256i bias = _mm256_srli_epi64(_mm256_sllv_epi64(one, ish), 1);
-    const __m256i r = _mm256_srlv_epi64(_mm256_add_epi64(q, bias), ish);
-    _mm256_storeu_si256((__m256i*)(p + i), _mm256_andnot_si256(past, r));
+    const __m256i u = exp2_lanes(_mm256_sub_epi64(m, _mm256_loadu_si256((const __m256i*)(z + i))));
+    _mm256_storeu_si256((__m256i*)(z + i), u);
+    s = _mm256_add_epi64(s, u);
   }
-  for (; i < n; ++i) p[i] = exp2_neg_q30(u[i]);
+  alignas(32) int64_t s4[4];
+  _mm256_store_si256((__m256i*)s4, s);
+  int64_t sum = s4[0] + s4[1] + s4[2] + s4[3];
+  for (; i < n; ++i) sum += z[i] = exp2_neg_q30(zmax - z[i]);
+  return sum;
+}
+
+namespace {
+
+// p = round_shift(u * rr, 46) * va on four lanes: rr = rh 2^32 + rl with rh
+// in {0, 1} (rr <= 2^32), u <= 2^30, so u * rr = u * rl (vpmuludq) + (u << 32 if rh)
+// <= 2^62; the product is >= 0, so the rounding shift is a logical one;
+// then p0 <= 2^16 times va < 2^31 (vpmuludq again) < 2^47.
+struct ProbLanes {
+  __m256i rl, rh, half;
+  explicit ProbLanes(int64_t rr)
+      : rl(_mm256_set1_epi64x(rr & 0xffffffffLL)),
+        rh(_mm256_set1_epi64x(rr >> 32 ? -1 : 0)),
+        half(_mm256_set1_epi64x((int64_t)1 << (61 - kProbFrac))) {}
+  __m256i operator()(const int64_t* u, const int32_t* va) const {
+    const __m256i uu = _mm256_loadu_si256((const __m256i*)u);
+    const __m256i x = _mm256_add_epi64(_mm256_mul_epu32(uu, rl), _mm256_and_si256(_mm256_slli_epi64(uu, 32), rh));
+    const __m256i p0 = _mm256_srli_epi64(_mm256_add_epi64(x, half), 62 - kProbFrac);
+    return _mm256_mul_epu32(p0, _mm256_cvtepu32_epi64(_mm_loadu_si128((const __m128i*)va)));
+  }
+};
+
+// The lanes need rr in [0, 2^32] (else the scalar pass) and va >= 0 (absmax scales).
+bool prob_lanes_ok(int64_t rr) { return rr >= 0 && rr <= ((int64_t)1 << 32); }
+
+}  // namespace
+
+int64_t attn_prob_max_avx2(const int64_t* u, int64_t n, int64_t rr, const int32_t* va) {
+  if (!prob_lanes_ok(rr)) return attn_prob_max_generic(u, n, rr, va);
+  const ProbLanes pl(rr);
+  __m256i a = _mm256_setzero_si256();
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    const __m256i p = pl(u + i, va + i);
+    a = _mm256_blendv_epi8(a, p, _mm256_cmpgt_epi64(p, a));
+  }
+  alignas(32) int64_t m4[4];
+  _mm256_store_si256((__m256i*)m4, a);
+  const int64_t mx = imax(imax(m4[0], m4[1]), imax(m4[2], m4[3]));
+  return i < n ? imax(mx, attn_prob_max_generic(u + i, n - i, rr, va + i)) : mx;
+}
+
+// w16 = min(round_shift(p, e), 32767) (p >= 0; e <= 32, the rounded value
+// fits int32): vpackssdw saturates to 32767 exactly like the clamp.
+void attn_prob_w16_avx2(const int64_t* u, int64_t n, int64_t rr, const int32_t* va, int e, int16_t* w16) {
+  if (!prob_lanes_ok(rr) || e > 32) return attn_prob_w16_generic(u, n, rr, va, e, w16);
+  const ProbLanes pl(rr);
+  const __m256i half = _mm256_set1_epi64x(e ? (int64_t)1 << (e - 1) : 0);
+  const __m128i sh = _mm_cvtsi32_si128(e);
+  const __m256i pick = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256i a = _mm256_srl_epi64(_mm256_add_epi64(pl(u + i, va + i), half), sh);
+    const __m256i b = _mm256_srl_epi64(_mm256_add_epi64(pl(u + i + 4, va + i + 4), half), sh);
+    const __m256i ab = _mm256_permute2x128_si256(_mm256_permutevar8x32_epi32(a, pick),
+                                                 _mm256_permutevar8x32_epi32(b, pick), 0x20);
+    const __m256i p = _mm256_permute4x64_epi64(_mm256_packs_epi32(ab, ab), 0x08);
+    _mm_storeu_si128((__m128i*)(w16 + i), _mm256_castsi256_si128(p));
+  }
+  if (i < n) attn_prob_w16_generic(u + i, n - i, rr, va + i, e, w16 + i);
 }
 
 void softmax_q16_row_avx2(const int64_t* z, int64_t n, int64_t* p) {
@@ -364,6 +470,7 @@ constinit const Kernels kAvx2Kernels{
     .attend = attend_head_avx2,
     .qk_tile = qk_tile_avx2,
     .pv_tile = pv_tile_avx2,
+    .attn_row = {attn_row_max_avx2, attn_exp_sum_avx2, attn_prob_max_avx2, attn_prob_w16_avx2},
     .softmax = softmax_q16_row_avx2,
     .exp2_row = exp2_neg_q30_row_avx2,
     .quant16 = quant16_row_avx2,
