@@ -107,6 +107,56 @@ def test_extreme_values_match_the_spec(P, T, window):
             assert np.array_equal(out, want), (label, mant, shift)
 
 
+def row_passes_spec(z, rr, va, e):
+    """The softmax's row passes (attn_*_generic, ops.h) in numpy."""
+    from intdet.ref.intmath import exp2_neg_q30, round_shift
+
+    zmax = int(z.max())
+    u = exp2_neg_q30(zmax - z)
+    p = round_shift(u * I64(rr), 46) * va.astype(I64)
+    w16 = np.clip(round_shift(p, e), -32767, 32767)
+    return zmax, u, int(u.sum()), max(0, int(p.max())), w16
+
+
+@pytest.mark.parametrize("n", [1, 3, 4, 7, 8, 9, 16, 17, 100, 1000])
+def test_row_passes_match_the_spec(n):
+    """Every set's AttnRowFns on one row: short tails past the 4- and
+    8-lane loops, scores at the int32 limits (u = 0 far below the max), rr
+    at 2^32 (the vector split's high half) and past it (the scalar
+    fallback), the exponent from the row's largest weight and others (the
+    clamp to 32767), zero value scales."""
+    rng = np.random.default_rng(n)
+    for k in range(4):
+        z = rng.integers(-(2**31) + 1, 2**31, n, dtype=I64) if k == 3 else rng.integers(-(2**20), 2**20, n, dtype=I64)
+        va = rng.integers(0, 2**31, n, dtype=np.int32) if k else np.zeros(n, np.int32)
+        va[:: 5] = 0
+        u = row_passes_spec(z, 1, va, 0)[1]
+        natural = (1 << 62) // int(u.sum())
+        for rr in [natural, 2**32, 2**32 + 12345, 1]:
+            pmax = row_passes_spec(z, rr, va, 0)[3]
+            for e in sorted({max(int(pmax).bit_length() - 15, 0), 0, 7, 33, 40}):
+                want = row_passes_spec(z, rr, va, e)
+                for mod, isa in sets():
+                    before = mod.isa()
+                    try:
+                        mod.set_isa(isa)
+                        got = mod.ops.attn_row_passes(z, rr, va, e)
+                    finally:
+                        mod.set_isa(before)
+                    label = (isa, k, rr, e)
+                    assert got[0] == want[0] and got[2] == want[2] and got[3] == want[3], label
+                    assert np.array_equal(got[1], want[1]) and np.array_equal(got[4], want[4]), label
+
+
+def test_row_passes_refuse_bad_input():
+    z, va = np.zeros(4, I64), np.ones(4, np.int32)
+    for args, words in [((z, 0, va, 0), "rr must lie in"), ((z, 1, va, 41), "e must lie in"),
+                        ((z, 1, -va, 0), "va must be >= 0"), ((z + 2**31, 1, va, 0), "z must lie in"),
+                        ((z, 1, va[:3], 0), "va")]:
+        with pytest.raises(ValueError, match=words):
+            _core.ops.attn_row_passes(*args)
+
+
 def test_rows_a_ring_no_longer_holds_are_refused():
     q, kc, ka, vc, va, _ = make_case(3, 800, 2, 1, 32, 2)
     pos = np.array([10, 799], I64)  # window 8 + 512 slots: once 799 is in, 10's keys are gone
@@ -118,6 +168,7 @@ def test_rows_a_ring_no_longer_holds_are_refused():
     (dict(q=np.zeros((1, 3, 32), I64)), "multiple of kv heads"),
     (dict(pos=np.array([5], I64)), "pos must lie in"),
     (dict(window=-1), "window must be >= 0"),
+    (dict(va=-np.ones((4, 2), np.int32)), "va must be >= 0"),
 ])
 def test_attend_rows_refusals(bad, words):
     q, kc, ka, vc, va, pos = make_case(4, 4, 2, 2, 32, 1)

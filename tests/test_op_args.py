@@ -89,6 +89,8 @@ BAD = {
                                           1 << 14, 30, 0), ["attend_rows", "multiple"]),
     "attend_rows_va": ("attend_rows", (i64(2, 2, 16), i8(5, 1, 16), i32(5, 1), i8(5, 1, 16), i32(4, 1), i64(2),
                                        1 << 14, 30, 0), ["attend_rows", "va"]),
+    "attn_row_passes_va": ("attn_row_passes", (i64(4), 1, i32(3), 0), ["attn_row_passes", "va"]),
+    "attn_row_passes_rr": ("attn_row_passes", (i64(4), 0, i32(4), 0), ["attn_row_passes", "rr"]),
     "attend_rows_pos": ("attend_rows", (i64(2, 2, 16), i8(5, 1, 16), i32(5, 1), i8(5, 1, 16), i32(5, 1),
                                         np.array([0, 5], np.int64), 1 << 14, 30, 0), ["attend_rows", "pos"]),
     "attend_rows_window": ("attend_rows", (i64(2, 2, 16), i8(5, 1, 16), i32(5, 1), i8(5, 1, 16), i32(5, 1), i64(2),

@@ -289,6 +289,32 @@ PYBIND11_MODULE(INTDET_CORE_MODULE_NAME, mod) {
                      z.data(), p.data(), w.data(), out.mutable_data());
     return out;
   });
+  ops.def("attn_row_passes", [](const I64Arr& z, int64_t rr, py::array_t<int32_t, py::array::c_style> va, int e) {
+    // The active set's softmax row passes (AttnRowFns, kernels.h) on one
+    // row's scores z [n] (int32 range), with the caller's 2^62 / tot `rr`
+    // and exponent `e` (so a test reaches every case): returns (zmax, u [n],
+    // sum u, pmax, w16 [n]).
+    const char* op = "attn_row_passes";
+    oa::rank(op, z, "z", 1);
+    const int64_t n = z.shape(0);
+    if (n < 1) oa::fail(op, "z must not be empty");
+    oa::shape(op, va, "va", {n});
+    for (int64_t i = 0; i < n; ++i) {
+      if (z.data()[i] < -kInt32Max || z.data()[i] > kInt32Max) oa::fail(op, "z must lie in [-(2^31 - 1), 2^31 - 1]");
+      if (va.data()[i] < 0) oa::fail(op, "va must be >= 0 (absmax scales)");
+    }
+    if (rr < 1 || rr >= ((int64_t)1 << 33)) oa::fail(op, "rr must lie in [1, 2^33)");
+    if (e < 0 || e > 40) oa::fail(op, "e must lie in [0, 40]");
+    const AttnRowFns& f = kernels().attn_row;
+    I64Arr u((py::ssize_t)n);
+    std::copy(z.data(), z.data() + n, u.mutable_data());
+    const int64_t zmax = f.max(z.data(), n);
+    const int64_t tot = f.exp_sum(u.mutable_data(), n, zmax);
+    const int64_t pmax = f.prob_max(u.data(), n, rr, va.data());
+    std::vector<int16_t> w((size_t)n);
+    f.prob_w16(u.data(), n, rr, va.data(), e, w.data());
+    return py::make_tuple(zmax, u, tot, pmax, py::array_t<int16_t>((py::ssize_t)n, w.data()));
+  });
   ops.def("attend_rows", [](py::array_t<int64_t, py::array::c_style> q, py::array_t<int8_t, py::array::c_style> kc,
                             py::array_t<int32_t, py::array::c_style> ka, py::array_t<int8_t, py::array::c_style> vc,
                             py::array_t<int32_t, py::array::c_style> va, py::array_t<int64_t, py::array::c_style> pos,
@@ -312,6 +338,8 @@ PYBIND11_MODULE(INTDET_CORE_MODULE_NAME, mod) {
     oa::shape(op, va, "va", {P, nkv});
     oa::shape(op, pos, "pos", {T});
     if (window < 0) oa::fail(op, "window must be >= 0");
+    for (int64_t i = 0; i < P * nkv; ++i)
+      if (va.data()[i] < 0) oa::fail(op, "va must be >= 0 (absmax scales)");
     Model m;
     m.cfg.n_layers = 1;
     m.cfg.n_heads = nh;

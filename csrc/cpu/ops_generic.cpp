@@ -225,6 +225,29 @@ void pv_tile_generic(const int16_t* w16, int64_t ldw, int64_t R, const int8_t* v
   }
 }
 
+int64_t attn_row_max_generic(const int64_t* z, int64_t n) {
+  int64_t mx = z[0];
+  for (int64_t i = 1; i < n; ++i) mx = imax(mx, z[i]);
+  return mx;
+}
+
+int64_t attn_exp_sum_generic(int64_t* z, int64_t n, int64_t zmax) {
+  int64_t sum = 0;
+  for (int64_t i = 0; i < n; ++i) sum += z[i] = exp2_neg_q30(zmax - z[i]);
+  return sum;
+}
+
+int64_t attn_prob_max_generic(const int64_t* u, int64_t n, int64_t rr, const int32_t* va) {
+  int64_t mx = 0;
+  for (int64_t i = 0; i < n; ++i) mx = imax(mx, round_shift(u[i] * rr, 62 - kProbFrac) * va[i]);
+  return mx;
+}
+
+void attn_prob_w16_generic(const int64_t* u, int64_t n, int64_t rr, const int32_t* va, int e, int16_t* w16) {
+  for (int64_t i = 0; i < n; ++i)
+    w16[i] = (int16_t)clamp(round_shift(round_shift(u[i] * rr, 62 - kProbFrac) * va[i], e), -kInt16QMax, kInt16QMax);
+}
+
 // The portable kernel set: the functions above on row-major weights.
 extern const Kernels kScalarKernels;
 constinit const Kernels kScalarKernels{
@@ -238,6 +261,7 @@ constinit const Kernels kScalarKernels{
     .attend = attend_head,
     .qk_tile = qk_tile_generic,
     .pv_tile = pv_tile_generic,
+    .attn_row = kAttnRowGeneric,
     .softmax = softmax_q16_row,
     .exp2_row = exp2_neg_q30_row,
     .quant16 = quant16_row,

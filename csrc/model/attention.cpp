@@ -33,8 +33,9 @@ struct TileState {
   std::vector<int16_t> q;
   std::vector<int32_t> e_q;
   std::vector<int64_t> lo, hi;  // [R] row r reads key positions [lo, hi)
-  std::vector<int64_t> z;       // [R, span]: scores, then exp2, then weights p
+  std::vector<int64_t> z;       // [R, span]: scores, then exp2
   std::vector<int16_t> w16;     // [R, span]
+  std::vector<int32_t> va;      // [span]: the keys' value scales, contiguous
   std::vector<int64_t> cut, zmax, tot, pmax, out;
 };
 
@@ -80,6 +81,7 @@ struct Ctx {
     }
     s.z.resize((size_t)(R * span));
     s.w16.resize((size_t)(R * span));
+    s.va.resize((size_t)span);
     s.cut.resize((size_t)nc + 1);
     for (int64_t c = 0; c <= nc; ++c) s.cut[c] = tl.s0 + span * c / nc;
     s.zmax.assign((size_t)(nc * R), LLONG_MIN);
@@ -102,76 +104,87 @@ struct Ctx {
     segments(cv, s.cut[c], s.cut[c + 1], [&](int64_t p0, int64_t r0, int64_t n) {
       ks.qk_tile(s.q.data(), s.e_q.data(), R, cv.k.data() + (r0 * nkv + tl.g) * D, cv.ka.data() + r0 * nkv + tl.g,
                  n, st, D, L.score_mant, L.score_shift, s.z.data() + (p0 - tl.s0), span);
+      for (int64_t i = 0; i < n; ++i) s.va[p0 - tl.s0 + i] = cv.va[(r0 + i) * nkv + tl.g];
     });
+  }
+
+  // Pass 1b: each row's score maximum in the chunk.
+  void maxima(const Tile& tl, int64_t c, TileState& s) const {
+    const int64_t R = tl.P * grp, span = tl.s1 - tl.s0;
     for (int64_t r = 0; r < R; ++r) {
-      int64_t a, b, mx = LLONG_MIN;
+      int64_t a, b;
       range(s, c, r, &a, &b);
-      const int64_t* z = s.z.data() + r * span - tl.s0;
-      for (int64_t i = a; i < b; ++i) mx = imax(mx, z[i]);
-      s.zmax[c * R + r] = mx;
+      s.zmax[c * R + r] = a < b ? ks.attn_row.max(s.z.data() + r * span - tl.s0 + a, b - a) : LLONG_MIN;
     }
   }
 
   // Pass 2a: u = exp2(zmax - z) with the row's maximum over all chunks, and its chunk sum.
-  void exps(const Tile& tl, int64_t c, int64_t nc, TileState& s) const {
+  void exps(const Tile& tl, int64_t c, int64_t nc, TileState& s, int64_t r) const {
     const int64_t R = tl.P * grp, span = tl.s1 - tl.s0;
-    for (int64_t r = 0; r < R; ++r) {
-      int64_t a, b, mx = LLONG_MIN, sum = 0;
-      for (int64_t k = 0; k < nc; ++k) mx = imax(mx, s.zmax[k * R + r]);
-      range(s, c, r, &a, &b);
-      int64_t* z = s.z.data() + r * span - tl.s0;
-      if (a >= b) continue;
-      for (int64_t i = a; i < b; ++i) z[i] = mx - z[i];
-      ks.exp2_row(z + a, b - a, z + a);
-      for (int64_t i = a; i < b; ++i) sum += z[i];
-      s.tot[c * R + r] = sum;
-    }
+    int64_t a, b, mx = LLONG_MIN;
+    for (int64_t k = 0; k < nc; ++k) mx = imax(mx, s.zmax[k * R + r]);
+    range(s, c, r, &a, &b);
+    if (a < b) s.tot[c * R + r] = ks.attn_row.exp_sum(s.z.data() + r * span - tl.s0 + a, b - a, mx);
   }
 
-  // Pass 2b: p = round_shift(u * (2^62 / tot), 62 - kProbFrac) times the value
-  // scale (w_t = p_t * a_t < 2^47), and the chunk's largest.
-  void weights(const Tile& tl, int64_t c, int64_t nc, TileState& s) const {
-    const KVCache& cv = kv(tl);
-    const int64_t R = tl.P * grp, span = tl.s1 - tl.s0;
-    for (int64_t r = 0; r < R; ++r) {
-      int64_t a, b, tot = 0, mx = 0;
-      for (int64_t k = 0; k < nc; ++k) tot += s.tot[k * R + r];
-      range(s, c, r, &a, &b);
-      if (a >= b) continue;
-      const int64_t rr = ((int64_t)1 << 62) / tot;  // tot >= 2^30 - 4 > 0: the max term
-      int64_t* z = s.z.data() + r * span - tl.s0;
-      segments(cv, a, b, [&](int64_t p0, int64_t r0, int64_t n) {
-        const int32_t* va = cv.va.data() + r0 * nkv + tl.g;
-        for (int64_t i = 0; i < n; ++i) {
-          const int64_t p = round_shift(z[p0 + i] * rr, 62 - kProbFrac) * va[i * nkv];
-          z[p0 + i] = p;
-          mx = imax(mx, p);
-        }
-      });
-      s.pmax[c * R + r] = mx;
-    }
+  // 2^62 / tot for row r (tot >= 2^30 - 4 > 0: the max term).
+  static int64_t recip(const TileState& s, int64_t nc, int64_t R, int64_t r) {
+    int64_t tot = 0;
+    for (int64_t k = 0; k < nc; ++k) tot += s.tot[k * R + r];
+    return ((int64_t)1 << 62) / tot;
   }
 
-  // Pass 2c: int16 weights with the row's exponent (zero outside its range),
-  // then the chunk's P . V into out[c].
-  void pv(const Tile& tl, int64_t c, int64_t nc, TileState& s) const {
-    const KVCache& cv = kv(tl);
+  // Pass 2b: the chunk's largest weight p = round_shift(u * (2^62 / tot),
+  // 62 - kProbFrac) times the value scale (p < 2^47).
+  void weights(const Tile& tl, int64_t c, int64_t nc, TileState& s, int64_t r) const {
+    const int64_t R = tl.P * grp, span = tl.s1 - tl.s0;
+    int64_t a, b;
+    range(s, c, r, &a, &b);
+    if (a >= b) return;
+    s.pmax[c * R + r] = ks.attn_row.prob_max(s.z.data() + r * span - tl.s0 + a, b - a, recip(s, nc, R, r),
+                                             s.va.data() - tl.s0 + a);
+  }
+
+  // Pass 2c: row r's int16 weights in the chunk with the row's exponent
+  // (zero outside its range; p recomputed from u, the same integers).
+  void w16(const Tile& tl, int64_t c, int64_t nc, TileState& s, int64_t r) const {
     const int64_t R = tl.P * grp, span = tl.s1 - tl.s0;
     const int64_t c0 = s.cut[c], c1 = s.cut[c + 1];
-    for (int64_t r = 0; r < R; ++r) {
-      int64_t a, b, mx = 0;
-      for (int64_t k = 0; k < nc; ++k) mx = imax(mx, s.pmax[k * R + r]);
-      const int e = (int)imax(bitlen(mx) - 15, 0);
-      range(s, c, r, &a, &b);
-      const int64_t* z = s.z.data() + r * span - tl.s0;
-      int16_t* w = s.w16.data() + r * span - tl.s0;
-      for (int64_t i = c0; i < c1; ++i)
-        w[i] = i >= a && i < b ? (int16_t)clamp(round_shift(z[i], e), -kInt16QMax, kInt16QMax) : 0;
+    int64_t a, b, mx = 0;
+    for (int64_t k = 0; k < nc; ++k) mx = imax(mx, s.pmax[k * R + r]);
+    const int e = (int)imax(bitlen(mx) - 15, 0);
+    range(s, c, r, &a, &b);
+    int16_t* w = s.w16.data() + r * span - tl.s0;
+    if (a >= b) {
+      std::fill(w + c0, w + c1, (int16_t)0);
+      return;
     }
+    std::fill(w + c0, w + a, (int16_t)0);
+    ks.attn_row.prob_w16(s.z.data() + r * span - tl.s0 + a, b - a, recip(s, nc, R, r), s.va.data() - tl.s0 + a, e,
+                         w + a);
+    std::fill(w + b, w + c1, (int16_t)0);
+  }
+
+  // Pass 2c's P . V of the chunk into out[c].
+  void pv(const Tile& tl, int64_t c, TileState& s) const {
+    const KVCache& cv = kv(tl);
+    const int64_t R = tl.P * grp, span = tl.s1 - tl.s0;
     int64_t* out = s.out.data() + c * R * D;
-    segments(cv, c0, c1, [&](int64_t p0, int64_t r0, int64_t n) {
+    segments(cv, s.cut[c], s.cut[c + 1], [&](int64_t p0, int64_t r0, int64_t n) {
       ks.pv_tile(s.w16.data() + (p0 - tl.s0), span, R, cv.v.data() + (r0 * nkv + tl.g) * D, n, nkv * D, D, out);
     });
+  }
+
+  // One chunk (nc == 1): the softmax's passes row by row, so a row's scores
+  // stay in L1 from its maximum to its int16 weights.
+  void softmax_rows(const Tile& tl, TileState& s) const {
+    const int64_t R = tl.P * grp;
+    maxima(tl, 0, s);
+    for (int64_t r = 0; r < R; ++r) {
+      exps(tl, 0, 1, s, r);
+      weights(tl, 0, 1, s, r);
+      w16(tl, 0, 1, s, r);
+    }
   }
 
   // The chunks' sums, shifted by each row's exponent, into o.
@@ -231,9 +244,8 @@ void attend_layer(int nt, const Kernels& ks, const Model& m, int64_t l, KVCache*
       const Tile& tl = tiles[i];
       cx.setup(tl, 1, s);
       cx.scores(tl, 0, s);
-      cx.exps(tl, 0, 1, s);
-      cx.weights(tl, 0, 1, s);
-      cx.pv(tl, 0, 1, s);
+      cx.softmax_rows(tl, s);
+      cx.pv(tl, 0, s);
       cx.finish(tl, 1, s);
     });
     return;
@@ -287,18 +299,20 @@ void attend_layer(int nt, const Kernels& ks, const Model& m, int64_t l, KVCache*
   parallel_tasks(nt, ntask, [&](int64_t k) {
     const int64_t i = task_tile[k];
     cx.scores(tiles[i], k - first[i], st[i]);
+    cx.maxima(tiles[i], k - first[i], st[i]);
   });
   parallel_tasks(nt, ntask, [&](int64_t k) {
-    const int64_t i = task_tile[k];
-    cx.exps(tiles[i], k - first[i], nc[i], st[i]);
+    const int64_t i = task_tile[k], R = tiles[i].P * cx.grp;
+    for (int64_t r = 0; r < R; ++r) cx.exps(tiles[i], k - first[i], nc[i], st[i], r);
   });
   parallel_tasks(nt, ntask, [&](int64_t k) {
-    const int64_t i = task_tile[k];
-    cx.weights(tiles[i], k - first[i], nc[i], st[i]);
+    const int64_t i = task_tile[k], R = tiles[i].P * cx.grp;
+    for (int64_t r = 0; r < R; ++r) cx.weights(tiles[i], k - first[i], nc[i], st[i], r);
   });
   parallel_tasks(nt, ntask, [&](int64_t k) {
-    const int64_t i = task_tile[k];
-    cx.pv(tiles[i], k - first[i], nc[i], st[i]);
+    const int64_t i = task_tile[k], R = tiles[i].P * cx.grp;
+    for (int64_t r = 0; r < R; ++r) cx.w16(tiles[i], k - first[i], nc[i], st[i], r);
+    cx.pv(tiles[i], k - first[i], st[i]);
   });
   parallel_tasks(nt, ntiles, [&](int64_t i) { cx.finish(tiles[i], nc[i], st[i]); });
 }

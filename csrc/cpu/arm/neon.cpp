@@ -165,7 +165,7 @@ void pv_tile_neon(const int16_t* w16, int64_t ldw, int64_t R, const int8_t* vc, 
   }
 }
 
-// Row ops are the scalar ones; the weights stay row-major (no packing).
+// Row ops (and the softmax's row passes) are the scalar ones; the weights stay row-major (no packing).
 extern const Kernels kNeonKernels;
 constinit const Kernels kNeonKernels{
     .name = "neon",
@@ -178,6 +178,7 @@ constinit const Kernels kNeonKernels{
     .attend = attend_head_neon,
     .qk_tile = qk_tile_neon,
     .pv_tile = pv_tile_neon,
+    .attn_row = kAttnRowGeneric,
     .softmax = softmax_q16_row,
     .exp2_row = exp2_neg_q30_row,
     .quant16 = quant16_row,

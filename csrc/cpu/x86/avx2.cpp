@@ -3,6 +3,7 @@
 // Same bits as attend_head: dots are exact in any order.
 #include <immintrin.h>
 
+#include <cstring>
 #include <vector>
 
 #include "avx2.h"
@@ -67,27 +68,136 @@ inline void pv_pass(const int16_t* w16, const int8_t* vc, int64_t stride, int64_
 // low 32 bits of each lane: every intermediate fits int32 and vpmuldq reads
 // exactly those bits; a logical right shift gives the same low 32 bits as
 // the arithmetic one. u >= 0; in place (p == u) is allowed.
-void exp2_neg_q30_row_avx2(const int64_t* u, int64_t n, int64_t* p) {
+namespace {
+
+inline __m256i exp2_lanes(__m256i uu) {
   const __m256i fmask = _mm256_set1_epi64x((1 << kExpFrac) - 1);
   const __m256i half = _mm256_set1_epi64x((int64_t)1 << (kExpFrac - 1)), lo32 = _mm256_set1_epi64x(0xffffffffLL);
   const __m256i one = _mm256_set1_epi64x(1), i30 = _mm256_set1_epi64x(30);
+  const __m256i ip = _mm256_srli_epi64(uu, kExpFrac), f = _mm256_and_si256(uu, fmask);
+  __m256i q = _mm256_set1_epi64x(kExp2Poly[6]);
+  for (int k = 5; k >= 0; --k) {
+    const __m256i prod = _mm256_add_epi64(_mm256_mul_epi32(q, f), half);
+    q = _mm256_add_epi32(_mm256_srli_epi64(prod, kExpFrac), _mm256_set1_epi64x(kExp2Poly[k]));
+  }
+  q = _mm256_and_si256(q, lo32);  // 2^-f in Q30 is positive: zero-extend
+  const __m256i past = _mm256_cmpgt_epi64(ip, i30);  // 2^-31 and below: 0
+  const __m256i ish = _mm256_blendv_epi8(ip, i30, past);
+  const __m256i bias = _mm256_srli_epi64(_mm256_sllv_epi64(one, ish), 1);
+  const __m256i r = _mm256_srlv_epi64(_mm256_add_epi64(q, bias), ish);
+  return _mm256_andnot_si256(past, r);
+}
+
+}  // namespace
+
+// exp2_neg_q30 on four int64 lanes (same bits). Horner steps keep p in the
+// low 32 bits of each lane: every intermediate fits int32 and vpmuldq reads
+// exactly those bits; a logical right shift gives the same low 32 bits as
+// the arithmetic one. u >= 0; in place (p == u) is allowed.
+void exp2_neg_q30_row_avx2(const int64_t* u, int64_t n, int64_t* p) {
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4)
+    _mm256_storeu_si256((__m256i*)(p + i), exp2_lanes(_mm256_loadu_si256((const __m256i*)(u + i))));
+  for (; i < n; ++i) p[i] = exp2_neg_q30(u[i]);
+}
+
+// The softmax's row passes (AttnRowFns; same bits as attn_*_generic).
+int64_t attn_row_max_avx2(const int64_t* z, int64_t n) {
+  int64_t i = 0, mx = z[0];
+  if (n >= 8) {
+    __m256i a = _mm256_loadu_si256((const __m256i*)z), b = _mm256_loadu_si256((const __m256i*)(z + 4));
+    for (i = 8; i + 8 <= n; i += 8) {
+      const __m256i x = _mm256_loadu_si256((const __m256i*)(z + i)), y = _mm256_loadu_si256((const __m256i*)(z + i + 4));
+      a = _mm256_blendv_epi8(a, x, _mm256_cmpgt_epi64(x, a));
+      b = _mm256_blendv_epi8(b, y, _mm256_cmpgt_epi64(y, b));
+    }
+    a = _mm256_blendv_epi8(a, b, _mm256_cmpgt_epi64(b, a));
+    alignas(32) int64_t m4[4];
+    _mm256_store_si256((__m256i*)m4, a);
+    mx = imax(imax(m4[0], m4[1]), imax(m4[2], m4[3]));
+  }
+  for (; i < n; ++i) mx = imax(mx, z[i]);
+  return mx;
+}
+
+// zmax - z < 2^32 (scores are int32), so the exp2 lanes' input is exact.
+int64_t attn_exp_sum_avx2(int64_t* z, int64_t n, int64_t zmax) {
+  const __m256i m = _mm256_set1_epi64x(zmax);
+  __m256i s = _mm256_setzero_si256();
   int64_t i = 0;
   for (; i + 4 <= n; i += 4) {
-    const __m256i uu = _mm256_loadu_si256((const __m256i*)(u + i));
-    const __m256i ip = _mm256_srli_epi64(uu, kExpFrac), f = _mm256_and_si256(uu, fmask);
-    __m256i q = _mm256_set1_epi64x(kExp2Poly[6]);
-    for (int k = 5; k >= 0; --k) {
-      const __m256i prod = _mm256_add_epi64(_mm256_mul_epi32(q, f), half);
-      q = _mm256_add_epi32(_mm256_srli_epi64(prod, kExpFrac), _mm256_set1_epi64x(kExp2Poly[k]));
-    }
-    q = _mm256_and_si256(q, lo32);  // 2^-f in Q30 is positive: zero-extend
-    const __m256i past = _mm256_cmpgt_epi64(ip, i30);  // 2^-31 and below: 0
-    const __m256i ish = _mm256_blendv_epi8(ip, i30, past);
-    const __m256i bias = _mm256_srli_epi64(_mm256_sllv_epi64(one, ish), 1);
-    const __m256i r = _mm256_srlv_epi64(_mm256_add_epi64(q, bias), ish);
-    _mm256_storeu_si256((__m256i*)(p + i), _mm256_andnot_si256(past, r));
+    const __m256i u = exp2_lanes(_mm256_sub_epi64(m, _mm256_loadu_si256((const __m256i*)(z + i))));
+    _mm256_storeu_si256((__m256i*)(z + i), u);
+    s = _mm256_add_epi64(s, u);
   }
-  for (; i < n; ++i) p[i] = exp2_neg_q30(u[i]);
+  alignas(32) int64_t s4[4];
+  _mm256_store_si256((__m256i*)s4, s);
+  int64_t sum = s4[0] + s4[1] + s4[2] + s4[3];
+  for (; i < n; ++i) sum += z[i] = exp2_neg_q30(zmax - z[i]);
+  return sum;
+}
+
+namespace {
+
+// p = round_shift(u * rr, 46) * va on four lanes: rr = rh 2^32 + rl with rh
+// in {0, 1} (rr <= 2^32), u <= 2^30, so u * rr = u * rl (vpmuludq) + (u << 32 if rh)
+// <= 2^62; the product is >= 0, so the rounding shift is a logical one;
+// then p0 <= 2^16 times va < 2^31 (vpmuludq again) < 2^47.
+struct ProbLanes {
+  __m256i rl, rh, half;
+  explicit ProbLanes(int64_t rr)
+      : rl(_mm256_set1_epi64x(rr & 0xffffffffLL)),
+        rh(_mm256_set1_epi64x(rr >> 32 ? -1 : 0)),
+        half(_mm256_set1_epi64x((int64_t)1 << (61 - kProbFrac))) {}
+  __m256i operator()(const int64_t* u, const int32_t* va) const {
+    const __m256i uu = _mm256_loadu_si256((const __m256i*)u);
+    const __m256i x = _mm256_add_epi64(_mm256_mul_epu32(uu, rl), _mm256_and_si256(_mm256_slli_epi64(uu, 32), rh));
+    const __m256i p0 = _mm256_srli_epi64(_mm256_add_epi64(x, half), 62 - kProbFrac);
+    return _mm256_mul_epu32(p0, _mm256_cvtepu32_epi64(_mm_loadu_si128((const __m128i*)va)));
+  }
+};
+
+// The lanes need rr in [0, 2^32] (else the scalar pass) and va >= 0 (absmax scales).
+bool prob_lanes_ok(int64_t rr) { return rr >= 0 && rr <= ((int64_t)1 << 32); }
+
+}  // namespace
+
+int64_t attn_prob_max_avx2(const int64_t* u, int64_t n, int64_t rr, const int32_t* va) {
+  if (!prob_lanes_ok(rr)) return attn_prob_max_generic(u, n, rr, va);
+  const ProbLanes pl(rr);
+  __m256i a = _mm256_setzero_si256();
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    const __m256i p = pl(u + i, va + i);
+    a = _mm256_blendv_epi8(a, p, _mm256_cmpgt_epi64(p, a));
+  }
+  alignas(32) int64_t m4[4];
+  _mm256_store_si256((__m256i*)m4, a);
+  const int64_t mx = imax(imax(m4[0], m4[1]), imax(m4[2], m4[3]));
+  return i < n ? imax(mx, attn_prob_max_generic(u + i, n - i, rr, va + i)) : mx;
+}
+
+// w16 = min(round_shift(p, e), 32767) (p >= 0, so the lower clamp never
+// applies; p < 2^48, so p + 2^(e-1) cannot overflow).
+void attn_prob_w16_avx2(const int64_t* u, int64_t n, int64_t rr, const int32_t* va, int e, int16_t* w16) {
+  if (!prob_lanes_ok(rr) || e > 62) return attn_prob_w16_generic(u, n, rr, va, e, w16);
+  const ProbLanes pl(rr);
+  const __m256i half = _mm256_set1_epi64x(e ? (int64_t)1 << (e - 1) : 0), top = _mm256_set1_epi64x(kInt16QMax);
+  const __m128i sh = _mm_cvtsi32_si128(e);
+  const __m256i pick = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
+  auto four = [&](int64_t k) {
+    const __m256i y = _mm256_srl_epi64(_mm256_add_epi64(pl(u + k, va + k), half), sh);
+    return _mm256_blendv_epi8(y, top, _mm256_cmpgt_epi64(y, top));
+  };
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256i a = four(i), b = four(i + 4);
+    const __m256i ab = _mm256_permute2x128_si256(_mm256_permutevar8x32_epi32(a, pick),
+                                                 _mm256_permutevar8x32_epi32(b, pick), 0x20);
+    const __m256i p = _mm256_permute4x64_epi64(_mm256_packs_epi32(ab, ab), 0x08);
+    _mm_storeu_si128((__m128i*)(w16 + i), _mm256_castsi256_si128(p));
+  }
+  if (i < n) attn_prob_w16_generic(u + i, n - i, rr, va + i, e, w16 + i);
 }
 
 void softmax_q16_row_avx2(const int64_t* z, int64_t n, int64_t* p) {
@@ -277,22 +387,18 @@ void qk_tile_avx2(const int16_t* q, const int32_t* e_q, int64_t R, const int8_t*
   }
 }
 
-// P . V tiles (PvTileFn; same bits as pv_tile_generic): a block of 128
-// positions' values over 64 (else 16) dims is widened and interleaved in
-// pairs once into L1, then every row adds it with its int16 weights paired
-// in each 32-bit lane (vpmaddwd). int32 lanes gain at most 128 products
-// |w16 * v| <= 32767 * 127 per block (< 2^31), then go to int64.
-void pv_tile_avx2(const int16_t* w16, int64_t ldw, int64_t R, const int8_t* vc, int64_t n, int64_t stride, int64_t D,
+namespace {
+
+// One pass of pv_tile_avx2 over 16 * NC dims per block (NC a compile-time
+// constant, so the 2 * NC accumulators are named registers, not an array
+// on the stack).
+template <int NC>
+void pv_tile_pass(const int16_t* w16, int64_t ldw, int64_t R, const int8_t* vc, int64_t n, int64_t stride, int64_t D,
                   int64_t* out) {
-  if (D % 16) {
-    pv_tile_generic(w16, ldw, R, vc, n, stride, D, out);
-    return;
-  }
   constexpr int64_t kPairs = 64;
-  const int NC = D % 64 == 0 ? 4 : 1;  // 16-dim chunks per pass
-  alignas(32) int16_t vb[kPairs * 4 * 32];  // [pair][chunk][lo 16 | hi 16]
+  alignas(32) int16_t vb[kPairs * NC * 32];  // [pair][chunk][lo 16 | hi 16]
   for (int64_t t0 = 0; t0 < n; t0 += 2 * kPairs) {
-    const int64_t nk = n - t0 < 2 * kPairs ? n - t0 : 2 * kPairs, np = (nk + 1) / 2;
+    const int64_t nk = n - t0 < 2 * kPairs ? n - t0 : 2 * kPairs, np = (nk + 1) / 2, full = nk / 2;
     for (int64_t d0 = 0; d0 < D; d0 += 16 * NC) {
       for (int64_t p = 0; p < np; ++p) {
         const int8_t* v0 = vc + (t0 + 2 * p) * stride + d0;
@@ -308,33 +414,62 @@ void pv_tile_avx2(const int16_t* w16, int64_t ldw, int64_t R, const int8_t* vc, 
       }
       for (int64_t r = 0; r < R; ++r) {
         const int16_t* w = w16 + r * ldw + t0;
-        __m256i lo[4], hi[4];  // chunk c: lo d = 16c + {0-3, 8-11}, hi 16c + {4-7, 12-15}
-        for (int c = 0; c < NC; ++c) lo[c] = hi[c] = _mm256_setzero_si256();
-        for (int64_t p = 0; p < np; ++p) {
-          const uint16_t w1 = 2 * p + 1 < nk ? (uint16_t)w[2 * p + 1] : 0;
-          const __m256i wp = _mm256_set1_epi32((int32_t)(((uint32_t)w1 << 16) | (uint16_t)w[2 * p]));
+        // chunk c: lo d = 16c + {0-3, 8-11}, hi 16c + {4-7, 12-15}
+        __m256i l0 = _mm256_setzero_si256(), h0 = l0, l1 = l0, h1 = l0, l2 = l0, h2 = l0, l3 = l0, h3 = l0;
+        auto step = [&](int64_t p, __m256i wp) {
           const int16_t* src = vb + p * NC * 32;
-          for (int c = 0; c < NC; ++c) {
-            lo[c] = _mm256_add_epi32(lo[c], _mm256_madd_epi16(_mm256_load_si256((const __m256i*)(src + 32 * c)), wp));
-            hi[c] = _mm256_add_epi32(hi[c],
-                                     _mm256_madd_epi16(_mm256_load_si256((const __m256i*)(src + 32 * c + 16)), wp));
+          l0 = _mm256_add_epi32(l0, _mm256_madd_epi16(_mm256_load_si256((const __m256i*)src), wp));
+          h0 = _mm256_add_epi32(h0, _mm256_madd_epi16(_mm256_load_si256((const __m256i*)(src + 16)), wp));
+          if constexpr (NC == 4) {
+            l1 = _mm256_add_epi32(l1, _mm256_madd_epi16(_mm256_load_si256((const __m256i*)(src + 32)), wp));
+            h1 = _mm256_add_epi32(h1, _mm256_madd_epi16(_mm256_load_si256((const __m256i*)(src + 48)), wp));
+            l2 = _mm256_add_epi32(l2, _mm256_madd_epi16(_mm256_load_si256((const __m256i*)(src + 64)), wp));
+            h2 = _mm256_add_epi32(h2, _mm256_madd_epi16(_mm256_load_si256((const __m256i*)(src + 80)), wp));
+            l3 = _mm256_add_epi32(l3, _mm256_madd_epi16(_mm256_load_si256((const __m256i*)(src + 96)), wp));
+            h3 = _mm256_add_epi32(h3, _mm256_madd_epi16(_mm256_load_si256((const __m256i*)(src + 112)), wp));
           }
+        };
+        for (int64_t p = 0; p < full; ++p) {
+          int32_t pair;  // w[2p] in the low 16 bits, w[2p + 1] in the high (little endian)
+          std::memcpy(&pair, w + 2 * p, 4);
+          step(p, _mm256_set1_epi32(pair));
         }
+        if (full < np) step(full, _mm256_set1_epi32((int32_t)(uint16_t)w[2 * full]));
+        const __m256i acc[8] = {l0, h0, l1, h1, l2, h2, l3, h3};
         for (int c = 0; c < NC; ++c) {
-          alignas(32) int32_t l[8], h[8];
-          _mm256_store_si256((__m256i*)l, lo[c]);
-          _mm256_store_si256((__m256i*)h, hi[c]);
+          // int32 lanes to int64: lo holds d 0-3 | 8-11, hi 4-7 | 12-15
           int64_t* o = out + r * D + d0 + 16 * c;
-          for (int i = 0; i < 4; ++i) {
-            o[i] += l[i];
-            o[8 + i] += l[4 + i];
-            o[4 + i] += h[i];
-            o[12 + i] += h[4 + i];
-          }
+          const __m256i lo = acc[2 * c], hi = acc[2 * c + 1];
+          const __m256i d0_3 = _mm256_cvtepi32_epi64(_mm256_castsi256_si128(lo));
+          const __m256i d4_7 = _mm256_cvtepi32_epi64(_mm256_castsi256_si128(hi));
+          const __m256i d8_11 = _mm256_cvtepi32_epi64(_mm256_extracti128_si256(lo, 1));
+          const __m256i d12_15 = _mm256_cvtepi32_epi64(_mm256_extracti128_si256(hi, 1));
+          __m256i* ov = (__m256i*)o;
+          _mm256_storeu_si256(ov, _mm256_add_epi64(_mm256_loadu_si256(ov), d0_3));
+          _mm256_storeu_si256(ov + 1, _mm256_add_epi64(_mm256_loadu_si256(ov + 1), d4_7));
+          _mm256_storeu_si256(ov + 2, _mm256_add_epi64(_mm256_loadu_si256(ov + 2), d8_11));
+          _mm256_storeu_si256(ov + 3, _mm256_add_epi64(_mm256_loadu_si256(ov + 3), d12_15));
         }
       }
     }
   }
+}
+
+}  // namespace
+
+// P . V tiles (PvTileFn; same bits as pv_tile_generic): a block of 128
+// positions' values over 64 (else 16) dims is widened and interleaved in
+// pairs once into L1, then every row adds it with its int16 weights paired
+// in each 32-bit lane (vpmaddwd). int32 lanes gain at most 128 products
+// |w16 * v| <= 32767 * 127 per block (< 2^31), then go to int64.
+void pv_tile_avx2(const int16_t* w16, int64_t ldw, int64_t R, const int8_t* vc, int64_t n, int64_t stride, int64_t D,
+                  int64_t* out) {
+  if (D % 16)
+    pv_tile_generic(w16, ldw, R, vc, n, stride, D, out);
+  else if (D % 64 == 0)
+    pv_tile_pass<4>(w16, ldw, R, vc, n, stride, D, out);
+  else
+    pv_tile_pass<1>(w16, ldw, R, vc, n, stride, D, out);
 }
 
 namespace {
@@ -364,6 +499,7 @@ constinit const Kernels kAvx2Kernels{
     .attend = attend_head_avx2,
     .qk_tile = qk_tile_avx2,
     .pv_tile = pv_tile_avx2,
+    .attn_row = {attn_row_max_avx2, attn_exp_sum_avx2, attn_prob_max_avx2, attn_prob_w16_avx2},
     .softmax = softmax_q16_row_avx2,
     .exp2_row = exp2_neg_q30_row_avx2,
     .quant16 = quant16_row_avx2,

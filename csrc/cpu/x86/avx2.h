@@ -23,6 +23,11 @@ void attend_head_avx2(const int16_t* q, int e_q, const int8_t* kc, const int32_t
                       int64_t score_shift, int64_t* z, int64_t* p, int16_t* w16, int64_t* out);
 void qk_tile_avx2(const int16_t* q, const int32_t* e_q, int64_t R, const int8_t* kc, const int32_t* ka, int64_t n,
                   int64_t stride, int64_t D, int64_t score_mant, int64_t score_shift, int64_t* z, int64_t ldz);
+// The softmax's row passes (AttnRowFns; also the avx512 set's): va >= 0.
+int64_t attn_row_max_avx2(const int64_t* z, int64_t n);
+int64_t attn_exp_sum_avx2(int64_t* z, int64_t n, int64_t zmax);
+int64_t attn_prob_max_avx2(const int64_t* u, int64_t n, int64_t rr, const int32_t* va);
+void attn_prob_w16_avx2(const int64_t* u, int64_t n, int64_t rr, const int32_t* va, int e, int16_t* w16);
 void pv_tile_avx2(const int16_t* w16, int64_t ldw, int64_t R, const int8_t* vc, int64_t n, int64_t stride, int64_t D,
                   int64_t* out);
 

@@ -315,6 +315,8 @@ constinit const Kernels kAvx512Kernels{
     .attend = attend_head_avx512,
     .qk_tile = qk_tile_avx512,
     .pv_tile = pv_tile_avx512,
+    // AVX2 lanes for the softmax's row passes (AVX-512 twins: not written yet)
+    .attn_row = {attn_row_max_avx2, attn_exp_sum_avx2, attn_prob_max_avx2, attn_prob_w16_avx2},
     .softmax = softmax_q16_row_avx512,
     .exp2_row = exp2_neg_q30_row_avx512,
     .quant16 = quant16_row_avx512,

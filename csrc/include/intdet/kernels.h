@@ -33,6 +33,14 @@ using QkTileFn = void (*)(const int16_t* q, const int32_t* e_q, int64_t R, const
 // value t at vc + t * stride.
 using PvTileFn = void (*)(const int16_t* w16, int64_t ldw, int64_t R, const int8_t* vc, int64_t n, int64_t stride,
                           int64_t D, int64_t* out);
+// The integer softmax's passes over one row's keys (attention.cpp runs them
+// per row and key range; definitions: the *_generic functions in ops.h).
+struct AttnRowFns {
+  int64_t (*max)(const int64_t* z, int64_t n);                    // max z[i]; n >= 1
+  int64_t (*exp_sum)(int64_t* z, int64_t n, int64_t zmax);        // z[i] = exp2(zmax - z[i]); their sum
+  int64_t (*prob_max)(const int64_t* u, int64_t n, int64_t rr, const int32_t* va);  // max p[i]
+  void (*prob_w16)(const int64_t* u, int64_t n, int64_t rr, const int32_t* va, int e, int16_t* w16);
+};
 
 // Int4 linear layer (docs/format.md): the same output as LinearFn with the
 // effective weights w[j][k] = gd[j][k/32] * u[j][k] + gm[j][k/32], u the
@@ -81,6 +89,7 @@ struct Kernels {
   AttendFn attend;    // one (row, head) pair: attend_head; the reference the tiles are tested against
   QkTileFn qk_tile;   // prefill / decode attention's scores, many rows per key
   PvTileFn pv_tile;   // and its P . V
+  AttnRowFns attn_row;  // and its softmax, row by row
   RowFn softmax;   // softmax_q16_row; the attend kernel uses its own set's
   RowFn exp2_row;  // y[i] = exp2_neg_q30(x[i]), x >= 0
   int (*quant16)(const int64_t* x, int64_t n, int16_t* q);                    // quant16_row

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "intdet/intmath.h"
+#include "intdet/kernels.h"
 
 namespace intdet {
 
@@ -68,6 +69,22 @@ void qk_tile_generic(const int16_t* q, const int32_t* e_q, int64_t R, const int8
                      int64_t stride, int64_t D, int64_t score_mant, int64_t score_shift, int64_t* z, int64_t ldz);
 void pv_tile_generic(const int16_t* w16, int64_t ldw, int64_t R, const int8_t* vc, int64_t n, int64_t stride,
                      int64_t D, int64_t* out);
+// The softmax's row passes (AttnRowFns in kernels.h), scalar reference, over
+// n keys of one row (docs/long-context.md, attend_head's steps):
+// the scores' maximum (n >= 1);
+int64_t attn_row_max_generic(const int64_t* z, int64_t n);
+// in place u[i] = exp2_neg_q30(zmax - z[i]) (Q30, zmax >= every z[i], scores
+// in int32 range), returns sum u[i];
+int64_t attn_exp_sum_generic(int64_t* z, int64_t n, int64_t zmax);
+// the weights p[i] = round_shift(u[i] * rr, 62 - kProbFrac) * va[i] (rr =
+// 2^62 / tot with tot >= 2^30 the row's exp sum, so rr <= 2^32; u[i] <= 2^30;
+// va[i] >= 0 the value scales, contiguous), returns max(0, max p[i]) (< 2^47);
+int64_t attn_prob_max_generic(const int64_t* u, int64_t n, int64_t rr, const int32_t* va);
+// and w16[i] = clamp(round_shift(p[i], e), -32767, 32767) with p as above.
+void attn_prob_w16_generic(const int64_t* u, int64_t n, int64_t rr, const int32_t* va, int e, int16_t* w16);
+// The scalar set's row passes.
+constexpr AttnRowFns kAttnRowGeneric{attn_row_max_generic, attn_exp_sum_generic, attn_prob_max_generic,
+                                     attn_prob_w16_generic};
 
 // The output transform shared by every linear kernel (CPU and CUDA): exact dot -> int32 Q F_out.
 INTDET_HD int64_t linear_epilogue(int64_t acc, int32_t mant, int32_t shift, int32_t e, const int32_t* bias, int64_t j) {
