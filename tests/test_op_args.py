@@ -64,6 +64,8 @@ BAD = {
     "linear_q_rank": ("linear", (i16(8), i32(1), i8(3, 8), i32(3), i32(3)), ["linear", "q", "2 dimensions"]),
     "linear_w_rank": ("linear", (i16(2, 8), i32(2), i8(24), i32(3), i32(3)), ["linear", "w", "2 dimensions"]),
     "linear_empty": ("linear", (i16(2, 0), i32(2), i8(3, 0), i32(3), i32(3)), ["linear", "empty"]),
+    "packed_rows_rank": ("packed_rows", (i8(24),), ["packed_rows", "w", "2 dimensions"]),
+    "packed_rows_empty": ("packed_rows", (i8(0, 4),), ["packed_rows", "empty"]),
     "linear_w4_k": ("linear_w4", (i16(2, 48), i32(2), u8(3, 24), i16(3, 1), i16(3, 1), i32(3), i32(3)),
                     ["linear_w4", "multiple of 32"]),
     "linear_w4_short_e": ("linear_w4", (i16(2, 64), i32(1), u8(3, 32), i16(3, 2), i16(3, 2), i32(3), i32(3)),

@@ -240,6 +240,21 @@ PYBIND11_MODULE(INTDET_CORE_MODULE_NAME, mod) {
     }
     return out;
   });
+  ops.def("packed_rows", [](py::array_t<int8_t, py::array::c_style> w) -> py::object {
+    // w [N, K] packed in the active kernel set's int8 layout, then every row
+    // read back with its row reader (W8Packer::row, how the embedding reads a
+    // tied head's packed copy); None when the set reads row-major weights.
+    oa::rank("packed_rows", w, "w", 2);
+    const int64_t N = w.shape(0), K = w.shape(1);
+    if (N < 1 || K < 1) oa::fail("packed_rows", "w must not be empty");
+    const Kernels& k = kernels();
+    if (!k.packing || !k.packing->w8.pack || !k.packing->w8.row) return py::none();
+    std::vector<int8_t> wp((size_t)k.packing->w8.size(N, K));
+    k.packing->w8.pack(w.data(), N, K, wp.data());
+    py::array_t<int8_t> out({N, K});
+    for (int64_t n = 0; n < N; ++n) k.packing->w8.row(wp.data(), K, n, out.mutable_data() + n * K);
+    return std::move(out);
+  });
   ops.def("linear_w4", [](py::array_t<int16_t, py::array::c_style> q, py::array_t<int32_t, py::array::c_style> e,
                           py::array_t<uint8_t, py::array::c_style> w4, py::array_t<int16_t, py::array::c_style> gd,
                           py::array_t<int16_t, py::array::c_style> gm, py::array_t<int32_t, py::array::c_style> mant,

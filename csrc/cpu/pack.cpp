@@ -6,6 +6,8 @@
 #include <cstring>
 #include <memory>
 #include <new>
+#include <utility>
+#include <vector>
 
 #if defined(__linux__)
 #include <sys/mman.h>
@@ -28,6 +30,12 @@ void pack_w8x2(const int8_t* w, int64_t N, int64_t K, int8_t* out) {
           const int64_t n = 8 * g + c, k = 2 * p + i;
           out[(g * Kp + p) * 16 + 2 * c + i] = (n < N && k < K) ? w[n * K + k] : 0;
         }
+}
+
+void row_w8x2(const int8_t* packed, int64_t K, int64_t n, int8_t* out) {
+  const int64_t Kp = (K + 1) / 2;
+  const int8_t* g = packed + (n / 8) * Kp * 16 + 2 * (n % 8);
+  for (int64_t k = 0; k < K; ++k) out[k] = g[(k / 2) * 16 + (k & 1)];
 }
 
 int64_t packed_size_w4(int64_t N, int64_t K) { return (N + 7) / 8 * (K / kW4Group) * kW4Block; }
@@ -66,7 +74,7 @@ int64_t channel_bytes_w4(int64_t K) { return K / kW4Group * (kW4Block / 8); }
 constinit const Packing kPackG8{
     .name = "g8",
     .id = 0,
-    .w8 = {.size = packed_size_w8x2, .channel_bytes = channel_bytes_w8x2, .pack = pack_w8x2},
+    .w8 = {.size = packed_size_w8x2, .channel_bytes = channel_bytes_w8x2, .pack = pack_w8x2, .row = row_w8x2},
     .w4 = {.size = packed_size_w4, .channel_bytes = channel_bytes_w4, .pack = pack_w4},
 };
 
@@ -117,29 +125,56 @@ void pack_model(Model& m, bool release_source) {
   if (total == 0) return;
   std::shared_ptr<void> mem = arena(total);
   int8_t* next = static_cast<int8_t*>(mem.get());
+  // Each weight is packed in blocks of kPackChunk output channels (a multiple
+  // of 16, so a block's packed bytes start at j * channel_bytes(K),
+  // kernels.h), and each block's file pages are dropped right after it: the
+  // source pages of a large weight (Gemma 3's 160 MiB tied embedding) are
+  // never all resident next to its packed copy. Only the packed copies are
+  // read unless a row-major set is chosen; then the pages fault back in from
+  // the file.
+  constexpr int64_t kPackChunk = 4096;
   for (Linear* L : linears) {
-    bool packed = false;
+    std::vector<std::pair<const Packing*, int8_t*>> outs;
     for (const Packing* p : layouts) {
       const int64_t bytes = copy_bytes(p, *L);
       if (bytes == 0) continue;
-      int8_t* out = next;
+      outs.emplace_back(p, next);
+      L->packed[p->id] = next;
       next += padded(bytes);
-      if (L->w4)
-        p->w4.pack(L->w4, L->gd, L->gm, L->N, L->K, reinterpret_cast<uint8_t*>(out));
-      else
-        p->w8.pack(L->w, L->N, L->K, out);
-      L->packed[p->id] = out;
-      packed = true;
     }
-    // Only the packed copies are read unless a row-major set is chosen; then
-    // the pages fault back in from the file.
-    if (packed && release_source) {
+    if (outs.empty()) continue;
+    const int64_t G = L->K / kW4Group;
+    for (int64_t j0 = 0; j0 < L->N; j0 += kPackChunk) {
+      const int64_t n = std::min(kPackChunk, L->N - j0);
+      for (auto [p, out] : outs) {
+        if (L->w4)
+          p->w4.pack(L->w4 + j0 * (L->K / 2), L->gd + j0 * G, L->gm + j0 * G, n, L->K,
+                     reinterpret_cast<uint8_t*>(out + j0 * p->w4.channel_bytes(L->K)));
+        else
+          p->w8.pack(L->w + j0 * L->K, n, L->K, out + j0 * p->w8.channel_bytes(L->K));
+      }
+      if (release_source) {
+        if (L->w4)
+          release_pages(L->w4 + j0 * (L->K / 2), n * L->K / 2);
+        else
+          release_pages(L->w + j0 * L->K, n * L->K);
+      }
+    }
+    if (release_source) {  // and the pages that straddle two blocks
       if (L->w4)
         release_pages(L->w4, L->N * L->K / 2);
       else
         release_pages(L->w, L->N * L->K);
     }
   }
+  // Tied head: the embedding reads its rows from the head's packed copy.
+  if (m.output.w && m.output.w == m.tok_embd)
+    for (const Packing* p : layouts)
+      if (p->w8.row && m.output.packed[p->id]) {
+        m.tok_embd_packed = static_cast<const int8_t*>(m.output.packed[p->id]);
+        m.tok_embd_row = p->w8.row;
+        break;
+      }
   m.owned = std::move(mem);
 }
 

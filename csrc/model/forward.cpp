@@ -249,10 +249,15 @@ void forward_impl(const Model& m, KVCache* const* caches, const Row* rows, int64
 
   // Embedding: int8 row times its dyadic scale -> residual Q R.
   over_rows(nt, T, [&](int64_t t0, int64_t t1) {
+    std::vector<int8_t> buf(m.tok_embd_packed ? (size_t)H : 0);
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t tok = rows[t].token;
-      for (int64_t i = 0; i < H; ++i)
-        x[t * H + i] = shift_round_sat32((int64_t)m.tok_embd[tok * H + i] * m.embd_mant[tok], m.embd_shift[tok]);
+      const int8_t* e = m.tok_embd + tok * H;
+      if (m.tok_embd_packed) {
+        m.tok_embd_row(m.tok_embd_packed, H, tok, buf.data());
+        e = buf.data();
+      }
+      for (int64_t i = 0; i < H; ++i) x[t * H + i] = shift_round_sat32((int64_t)e[i] * m.embd_mant[tok], m.embd_shift[tok]);
     }
   });
   if (tr) rec("tok_embd", x, {T, H});

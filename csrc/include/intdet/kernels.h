@@ -61,6 +61,10 @@ struct W8Packer {
   int64_t (*size)(int64_t N, int64_t K);
   int64_t (*channel_bytes)(int64_t K);
   void (*pack)(const int8_t* w, int64_t N, int64_t K, int8_t* out);
+  // Channel n of a packed [N, K] copy back as K int8 (the inverse of pack
+  // for one row): the embedding reads its rows from the tied output head's
+  // packed copy, so the file's pages of tok_embd stay out of memory.
+  void (*row)(const int8_t* packed, int64_t K, int64_t n, int8_t* out);
 };
 struct W4Packer {
   int64_t (*size)(int64_t N, int64_t K);

@@ -57,6 +57,11 @@ struct Config {
 struct Model {
   Config cfg;
   const int8_t* tok_embd = nullptr;  // [V, H]
+  // With a tied head packed by pack_model: its packed copy and the layout's
+  // row reader (W8Packer::row); the embedding then reads rows there, not
+  // from tok_embd's file pages. Null otherwise.
+  const int8_t* tok_embd_packed = nullptr;
+  void (*tok_embd_row)(const int8_t* packed, int64_t K, int64_t n, int8_t* out) = nullptr;
   const int32_t* embd_mant = nullptr;
   const int32_t* embd_shift = nullptr;
   const int16_t* rope_cos = nullptr;  // [ctx, D/2] Q14
