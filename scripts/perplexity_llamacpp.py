@@ -48,10 +48,13 @@ llm = llama_cpp.Llama(spec["gguf"], n_ctx=spec["ctx"], n_batch=spec["ctx"], logi
 for i, w in zip(spec["index"], spec["windows"]):
     llm.reset()
     llm.eval(w)
-    lg = np.array(llm.scores[: len(w)], dtype=np.float64)
-    lg -= lg.max(-1, keepdims=True)
-    lp = lg - np.log(np.exp(lg).sum(-1, keepdims=True))
-    nll = -lp[np.arange(len(w) - 1), np.array(w[1:])]
+    tgt = np.array(w[1:])
+    nll = np.empty(len(tgt))
+    for r0 in range(0, len(tgt), 32):  # float64 in row blocks: a whole-window copy costs more than the eval
+        lg = np.array(llm.scores[r0:min(r0 + 32, len(tgt))], dtype=np.float64)
+        lg -= lg.max(-1, keepdims=True)
+        lp = lg - np.log(np.exp(lg).sum(-1, keepdims=True))
+        nll[r0:r0 + len(lg)] = -lp[np.arange(len(lg)), tgt[r0:r0 + len(lg)]]
     h = len(w) // 2
     print(json.dumps({"i": i, "nll": float(nll.sum()), "tokens": len(nll),
                       "nll_half": float(nll[h:].sum()), "tokens_half": len(nll) - h}), flush=True)
@@ -101,11 +104,12 @@ def report(paths):
 
 
 def window_record(engine, i, logits, w):
-    from intdet.perplexity import window_nll
+    from intdet.perplexity import position_nll
 
     h = len(w) // 2
-    return {"engine": engine, "i": i, "nll": window_nll(logits, w), "tokens": len(w) - 1,
-            "nll_half": window_nll(logits, w, h), "tokens_half": len(w) - 1 - h}
+    nll = position_nll(logits, w)
+    return {"engine": engine, "i": i, "nll": float(nll.sum()), "tokens": len(w) - 1,
+            "nll_half": float(nll[h:].sum()), "tokens_half": len(w) - 1 - h}
 
 
 def main():

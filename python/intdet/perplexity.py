@@ -69,16 +69,34 @@ def windows_of(ids, ctx: int, max_windows: int | None = None, bos: int | None = 
     return [head + list(ids[i * step:(i + 1) * step]) for i in range(n)]
 
 
+def position_nll(logits: np.ndarray, window, rows: int = 32) -> np.ndarray:
+    """float64 [len(window) - 1]: -log p(window[j+1] | window[:j+1]) for every j.
+
+    logits: [T, V], float (natural-log units) or the integer engine's int32
+    Q16 logits (integer dtype: divided by 2^16). The log-softmax runs in
+    float64 over ``rows`` rows at a time, so a [512, 262144] window never
+    needs a float64 copy of the whole array (that copy cost more than the
+    forward pass for Gemma 3's vocabulary)."""
+    logits = np.asarray(logits)
+    scale = 1.0 / 65536.0 if np.issubdtype(logits.dtype, np.integer) else 1.0
+    tgt = np.asarray(window[1:], dtype=np.int64)
+    out = np.empty(len(tgt), dtype=np.float64)
+    for r0 in range(0, len(tgt), rows):
+        r1 = min(r0 + rows, len(tgt))
+        lp = log_softmax(logits[r0:r1].astype(np.float64) * scale)
+        out[r0:r1] = -lp[np.arange(r1 - r0), tgt[r0:r1]]
+    return out
+
+
 def window_nll(logits: np.ndarray, window, first: int = 0) -> float:
-    """Sum of -log p(window[j+1] | window[:j+1]) for first <= j < len-1;
-    logits float [T, V]."""
-    lp = log_softmax(np.asarray(logits, dtype=np.float64)[first:-1])
-    tgt = np.asarray(window[first + 1:])
-    return float(-lp[np.arange(len(tgt)), tgt].sum())
+    """Sum of -log p(window[j+1] | window[:j+1]) for first <= j < len-1
+    (logits as position_nll takes them)."""
+    return float(position_nll(logits, window)[first:].sum())
 
 
 def perplexity(logits_fn, windows, n_bytes_fn, progress: bool = True, second_half: bool = False) -> PplResult:
-    """logits_fn(window) -> float64 logits [len, V] in natural-log units.
+    """logits_fn(window) -> logits [len, V]: float in natural-log units, or
+    int32 Q16 (the integer engine's; see window_nll).
     n_bytes_fn(window) -> UTF-8 bytes of that window's text. second_half
     scores only predictions from position ctx/2 on (llama.cpp's protocol)."""
     from tqdm import tqdm
@@ -88,12 +106,12 @@ def perplexity(logits_fn, windows, n_bytes_fn, progress: bool = True, second_hal
     t0 = time.perf_counter()
     bar = tqdm(windows, desc="perplexity", unit="win", disable=not progress)
     for w in bar:
-        logits = logits_fn(w)
+        nll_w = position_nll(logits_fn(w), w)
         first = len(w) // 2 if second_half else 0
-        total_nll += window_nll(logits, w, first)
+        total_nll += float(nll_w[first:].sum())
         total_tok += len(w) - 1 - first
         total_bytes += n_bytes_fn(w[first + 1:])
-        half_nll += window_nll(logits, w, len(w) // 2)
+        half_nll += float(nll_w[len(w) // 2:].sum())
         half_tok += len(w) - 1 - len(w) // 2
         bar.set_postfix(ppl=f"{math.exp(total_nll / total_tok):.4f}")
     nll = total_nll / total_tok
@@ -105,11 +123,12 @@ def perplexity(logits_fn, windows, n_bytes_fn, progress: bool = True, second_hal
 
 
 def integer_logits_fn(engine):
-    """Window -> float64 logits of the integer engine (Q16 int32 / 2^16)."""
+    """Window -> the integer engine's int32 Q16 logits [len, V] (window_nll
+    divides by 2^16 row block by row block)."""
 
     def fn(w):
         seq = engine.new_sequence(len(w))
-        return seq.forward(w, all_logits=True).astype(np.float64) / 65536.0
+        return seq.forward(w, all_logits=True)
 
     return fn
 
