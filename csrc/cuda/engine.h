@@ -111,6 +111,14 @@ void linear_w4(const int16_t* q, const int32_t* e, int64_t T, int64_t K, const u
 void attend(const int32_t* q, int64_t nh, int64_t nkv, int64_t D, const int8_t* kc, const int32_t* ka,
             const int8_t* vc, const int32_t* va, int64_t n, int64_t score_mant, int64_t score_shift, int chunk,
             int64_t* out);
+// Attention of T rows of one sequence (queries q [T, nh, D] int32 after RoPE;
+// row t at position pos[t] < n, window > 0: only its last `window`
+// positions) over the cache kc, vc [n, nkv, D], ka, va [n, nkv]: out [T, nh,
+// D] int64 (attn_out), act [T, nh * D] int16 and act_e [T] its quant16.
+// path: kAttnAuto / kAttnSplit / kAttnMma (kernels.cuh).
+void attend_rows(const int32_t* q, int64_t T, int64_t nh, int64_t nkv, int64_t D, const int8_t* kc, const int32_t* ka,
+                 const int8_t* vc, const int32_t* va, int64_t n, const int32_t* pos, int64_t window,
+                 int64_t score_mant, int64_t score_shift, int path, int64_t* out, int16_t* act, int32_t* act_e);
 // RMSNorm then quant16 of rows x [R, n] int32: q [R, n], e [R].
 void norm_quant16(const int32_t* x, const int16_t* g, int64_t R, int64_t n, int64_t eps_q60, int16_t* q, int32_t* e);
 void swiglu(const int32_t* g, const int32_t* u, int64_t count, int64_t* a);

@@ -164,10 +164,36 @@ int attn_chunk(int64_t sstride, int nkv, int nrows);
 // quant16 per row into act [T, nh * D] int16, act_e [T]. Split over
 // positions in chunks (chunk 0: attn_chunk's choice); the bits never depend
 // on the split. nrows <= sc.rows.
+//
+// path: kAttnSplit, the flash-decoding split above (2 launches: scores with
+// the softmax by each (row, kv head)'s last block, then P.V with the
+// quant16 by each row's last block); kAttnMma, tiles of up to 16 query rows
+// (consecutive rows times the query heads of one KV head, as the CPU's
+// attention tiles) with QK^T and P.V on the tensor cores (mma.m16n8k32,
+// int16 split into s8 hi and u8 lo bytes; 2 launches: the tiles, then
+// quant16 of the rows); kAttnAuto: kAttnMma for more than kGemvMaxRows rows
+// (prefill), else kAttnSplit. Every path gives the same bits.
+enum AttnPath { kAttnAuto = 0, kAttnSplit = 1, kAttnMma = 2 };
+// rope_append folded into the split path's scores kernel (on: launch_rope_append
+// is not called): every block runs q norm + RoPE of its group's heads from q
+// (left unrotated in memory), and the block whose chunk holds a row's own
+// position runs k norm + RoPE of kb and the quant8 append of K and vb first.
+// Only when every row of the launch is a different sequence's (decode: no
+// row reads a K or V row another block of this launch appends).
+struct RopeFold {
+  int on;
+  const int16_t* q_norm;
+  const int16_t* k_norm;
+  int64_t eps_q60;
+  const int16_t* cos;
+  const int16_t* sin;
+  const int32_t* kb;  // [T, nkv, D] before k norm + RoPE
+  const int32_t* vb;  // [T, nkv, D]
+};
 void launch_attention(const int32_t* q, int row0, int nrows, int nh, int nkv, int D, int layer, const int32_t* seq,
                       const int32_t* pos, const DevKV* kvs, int64_t score_mant, int64_t score_shift,
                       const AttnScratch& sc, int64_t* out, int16_t* act, int32_t* act_e, cudaStream_t st,
-                      int64_t window = 0, int chunk = 0);
+                      int64_t window = 0, int chunk = 0, int path = kAttnAuto, const RopeFold& rope = RopeFold{});
 
 // a[i] = swiglu(g[i], u[i]) (Q32 int64) for count elements of int32 Q16 inputs.
 void launch_swiglu(const int32_t* g, const int32_t* u, int64_t count, int64_t* a, cudaStream_t st);

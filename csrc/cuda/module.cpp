@@ -286,6 +286,32 @@ PYBIND11_MODULE(INTDET_CUDA_MODULE_NAME, mod) {
       py::arg("q"), py::arg("kc"), py::arg("ka"), py::arg("vc"), py::arg("va"), py::arg("score_mant"),
       py::arg("score_shift"), py::arg("chunk") = 0,
       "nh int32 query heads over an nkv-head cache (GQA), split in chunks of positions; int64 [nh, D].");
+  ops.def(
+      "attend_rows",
+      [](Arr<int32_t> q, Arr<int8_t> kc, Arr<int32_t> ka, Arr<int8_t> vc, Arr<int32_t> va, Arr<int32_t> pos,
+         int64_t window, int64_t score_mant, int64_t score_shift, int path) {
+        if (q.ndim() != 3 || kc.ndim() != 3 || vc.ndim() != 3 || ka.ndim() != 2 || va.ndim() != 2 || pos.ndim() != 1)
+          throw std::invalid_argument("attend_rows: q [T, nh, D], kc/vc [n, nkv, D], ka/va [n, nkv], pos [T]");
+        const int64_t T = q.shape(0), nh = q.shape(1), D = q.shape(2), n = kc.shape(0), nkv = kc.shape(1);
+        if (kc.shape(2) != D || vc.shape(0) != n || vc.shape(1) != nkv || vc.shape(2) != D || ka.shape(0) != n ||
+            ka.shape(1) != nkv || va.shape(0) != n || va.shape(1) != nkv || pos.shape(0) != T || D > 256 || n < 1 ||
+            nkv < 1 || nh % nkv || T < 1 || window < 0)
+          throw std::invalid_argument("attend_rows: shape mismatch");
+        for (int64_t t = 0; t < T; ++t)
+          if (pos.data()[t] < 0 || pos.data()[t] >= n) throw std::invalid_argument("attend_rows: pos out of [0, n)");
+        if (path < 0 || path > 2) throw std::invalid_argument("attend_rows: path must be 0, 1 or 2");
+        py::array_t<int64_t> out({T, nh, D});
+        py::array_t<int16_t> act({T, nh * D});
+        py::array_t<int32_t> act_e(T);
+        cuda::test::attend_rows(q.data(), T, nh, nkv, D, kc.data(), ka.data(), vc.data(), va.data(), n, pos.data(),
+                                window, score_mant, score_shift, path, out.mutable_data(), act.mutable_data(),
+                                act_e.mutable_data());
+        return py::make_tuple(out, act, act_e);
+      },
+      py::arg("q"), py::arg("kc"), py::arg("ka"), py::arg("vc"), py::arg("va"), py::arg("pos"), py::arg("window"),
+      py::arg("score_mant"), py::arg("score_shift"), py::arg("path") = 0,
+      "T query rows of one sequence (row t at position pos[t]) over an nkv-head cache; path 0 auto (tensor cores "
+      "for > 32 rows), 1 flash-decoding split, 2 tensor cores; (out int64 [T, nh, D], act int16 [T, nh*D], act_e [T]).");
   ops.def("set_gemv_split", &cuda::test::set_gemv_split, py::arg("wlg"),
           "Force the GEMV's warps per channel to 2**wlg (0..2; -1: the launcher's choice). Tests only.");
   ops.def("norm_quant16", [](Arr<int32_t> x, Arr<int16_t> g, int64_t eps_q60) {
