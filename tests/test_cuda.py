@@ -748,6 +748,34 @@ def test_profile_steps(backend, converted):
     assert steps[1][2] == 4 * lm.cfg["hidden_size"] and steps[4][2] == 4 * lm.cfg["num_kv_heads"] * (2 * lm.cfg["head_dim"] + 8)
 
 
+@pytest.mark.parametrize("name", ["qwen3", "gemma3"])
+def test_prefill_attention_paths_match_cpu(backend, converted, name):
+    """A 45-token prefill (all logits) with the attention forced onto the
+    flash-decoding split and onto the tensor cores (set_attn_path), then a
+    prefill split at 20 and a decode step: the CPU's logits on both paths
+    (Gemma 3: the sliding window of 5 and two RoPE tables)."""
+    lm = converted[name]
+    rng = np.random.default_rng(45)
+    prompt = [int(t) for t in rng.integers(0, lm.cfg["vocab_size"], size=45)]
+    cpu = Engine(lm)
+    ref = cpu.new_sequence(64)
+    want = ref.forward(prompt, all_logits=True)
+    want_next = ref.forward([3])
+    m = backend.Model(lm.cfg, lm.tensors, False)
+    try:
+        for path in (1, 2):
+            backend.ops.set_attn_path(path)
+            s = backend.State(m, 64)
+            assert np.array_equal(backend.forward(m, s, np.array(prompt, np.int32), 0, True), want), path
+            assert np.array_equal(backend.forward(m, s, np.array([3], np.int32), 45, False), want_next), path
+            s2 = backend.State(m, 64)
+            backend.forward(m, s2, np.array(prompt[:20], np.int32), 0, False)
+            got = backend.forward(m, s2, np.array(prompt[20:], np.int32), 20, True)
+            assert np.array_equal(got, want[20:]), path
+    finally:
+        backend.ops.set_attn_path(0)
+
+
 @pytest.mark.parametrize("graphs", [False, True])
 def test_int4_model_matches_cpu(backend, converted_int4, graphs):
     """Int4 weights: prefill (GEMM for > 32 rows), decode, chunks and batches

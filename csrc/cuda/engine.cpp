@@ -993,6 +993,7 @@ void round_div(const int64_t* a, const int64_t* b, int64_t count, int64_t* out) 
 }
 
 void set_gemv_split(int wlg) { set_gemv_split_override(wlg); }
+void set_attn_path(int path) { set_attn_path_override(path); }
 
 }  // namespace test
 

@@ -130,6 +130,8 @@ void argmax(const int32_t* logits, int64_t R, int64_t V, int32_t* out);
 int32_t sample(const int32_t* logits, int64_t V, int64_t t_num, int64_t t_den, uint64_t draw);
 // Force the GEMV's warps per output channel to 2^wlg (0..2; -1: automatic).
 void set_gemv_split(int wlg);
+// kernels.cuh set_attn_path_override: 1 split, 2 tensor cores, else auto.
+void set_attn_path(int path);
 }  // namespace test
 
 }  // namespace cuda

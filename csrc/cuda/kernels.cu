@@ -1609,6 +1609,9 @@ void launch_quant16_i64(const int64_t* x, int R, int n, int16_t* q, int32_t* e, 
 int g_gemv_split = -1;  // tests: force the split
 void set_gemv_split_override(int wlg) { g_gemv_split = wlg < 0 ? -1 : wlg > 2 ? 2 : wlg; }
 
+int g_attn_path = kAttnAuto;  // tests and the device check: force kAttnAuto's choice
+void set_attn_path_override(int path) { g_attn_path = path == kAttnSplit || path == kAttnMma ? path : kAttnAuto; }
+
 int gemv_split_log2(int K, int N) {
   // Warps per output channel (1, 2 or 4; split-K inside a block): enough
   // that a lane makes at most two passes of kGemvUnroll loads, and one pass
@@ -1760,7 +1763,8 @@ void launch_attention(const int32_t* q, int row0, int nrows, int nh, int nkv, in
     throw std::invalid_argument("attention: shape out of range");
   const int grp = nh / nkv;  // host-side division
   if (grp > kMaxGroup || grp * D > kMaxGroupDim) throw std::invalid_argument("attention: more than 16 query heads per kv head");
-  if (path == kAttnAuto) path = nrows > kGemvMaxRows && !rope.on ? kAttnMma : kAttnSplit;
+  if (path == kAttnAuto) path = rope.on ? kAttnSplit : g_attn_path != kAttnAuto ? g_attn_path
+                                                    : nrows > kGemvMaxRows ? kAttnMma : kAttnSplit;
   if (rope.on && path == kAttnMma) throw std::invalid_argument("attention: rope_append folds into the split path only");
   if (path == kAttnMma) {  // prefill: tiles on the tensor cores, then quant16 of the rows
     const int P = kAmRows / grp;  // rows per tile (grp <= kMaxGroup = kAmRows; host-side division)

@@ -190,6 +190,10 @@ struct RopeFold {
   const int32_t* kb;  // [T, nkv, D] before k norm + RoPE
   const int32_t* vb;  // [T, nkv, D]
 };
+// What kAttnAuto takes from now on (kAttnSplit or kAttnMma; anything else:
+// the choice above), except under a RopeFold; tests and the device check's
+// A/B timing only. The bits never change.
+void set_attn_path_override(int path);
 void launch_attention(const int32_t* q, int row0, int nrows, int nh, int nkv, int D, int layer, const int32_t* seq,
                       const int32_t* pos, const DevKV* kvs, int64_t score_mant, int64_t score_shift,
                       const AttnScratch& sc, int64_t* out, int16_t* act, int32_t* act_e, cudaStream_t st,

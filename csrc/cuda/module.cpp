@@ -312,6 +312,9 @@ PYBIND11_MODULE(INTDET_CUDA_MODULE_NAME, mod) {
       py::arg("score_mant"), py::arg("score_shift"), py::arg("path") = 0,
       "T query rows of one sequence (row t at position pos[t]) over an nkv-head cache; path 0 auto (tensor cores "
       "for > 32 rows), 1 flash-decoding split, 2 tensor cores; (out int64 [T, nh, D], act int16 [T, nh*D], act_e [T]).");
+  ops.def("set_attn_path", &cuda::test::set_attn_path, py::arg("path"),
+          "Force the attention path of launches that would choose (1 flash-decoding split, 2 tensor cores; "
+          "0 or anything else: more than 32 rows on the tensor cores). Tests and the device check.");
   ops.def("set_gemv_split", &cuda::test::set_gemv_split, py::arg("wlg"),
           "Force the GEMV's warps per channel to 2**wlg (0..2; -1: the launcher's choice). Tests only.");
   ops.def("norm_quant16", [](Arr<int32_t> x, Arr<int16_t> g, int64_t eps_q60) {
