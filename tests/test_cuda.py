@@ -839,19 +839,25 @@ def test_generate_device_pick(monkeypatch, converted):
     g, w = generate(Engine(small, "cuda"), long_prompt, 10), generate(Engine(small, "cpu"), long_prompt, 10)
     assert g.stop == w.stop == "context" and g.tokens == w.tokens and g.hash == w.hash
     for samp, on_device in ((dict(temperature="0.8", seed=5), True), (dict(temperature="3", seed=2**64 - 1), True),
-                            (dict(temperature="0.8", top_k=3), False), (dict(temperature="1", min_p="0.1"), False)):
+                            (dict(temperature="0.8", top_k=3), True), (dict(temperature="1", min_p="0.1"), True),
+                            (dict(temperature="2", top_p="0.5", top_k=40, min_p="0.01"), True),
+                            (dict(temperature="0.8", repeat_penalty="1.3"), False)):
         calls.clear()
         g, w = generate(gpu, prompt, 5, Sampler(**samp)), generate(cpu, prompt, 5, Sampler(**samp))
         assert g.tokens == w.tokens and g.hash == w.hash and bool(calls) == on_device, samp
 
 
 @given(V=st.integers(1, 700), spread=st.sampled_from([0, 3, 2**16, 2**22, 2**31]), temp=st.sampled_from(
-    ["0.8", "1", "0.05", "3.7", "100", "0.000001"]), seed=st.integers(0, 2**64 - 1), pos=st.integers(0, 2**20))
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-def test_sample_is_the_host_sampler(backend, V, spread, temp, seed, pos):
-    """The device sampler (no sort: a binary search over logit values, then
-    over ids of the chosen value) picks Sampler.pick's token: ties, logits
-    spread from all-equal to the whole int32 range, tiny and huge temperatures."""
+    ["0.8", "1", "0.05", "3.7", "100", "0.000001"]), seed=st.integers(0, 2**64 - 1), pos=st.integers(0, 2**20),
+    top_k=st.sampled_from([0, 0, 1, 2, 5, 64, 10**6]), top_p=st.sampled_from(["1", "1", "0.9", "0.5", "0.000001",
+    "0.999999"]), min_p=st.sampled_from(["0", "0", "0.05", "0.5", "1", "0.000001"]))
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_sample_is_the_host_sampler(backend, V, spread, temp, seed, pos, top_k, top_p, min_p):
+    """The device sampler (no sort: binary searches over logit values for the
+    cuts and the pick, then over ids of the chosen value) picks Sampler.pick's
+    token: ties, logits spread from all-equal to the whole int32 range, tiny
+    and huge temperatures, top-k (1 to more than the vocabulary), top-p and
+    min-p (a millionth to 1) alone and together."""
     from intdet.sampling import Sampler, draw_u64
 
     rng = np.random.default_rng(seed % 2**32)
@@ -859,9 +865,26 @@ def test_sample_is_the_host_sampler(backend, V, spread, temp, seed, pos):
     logits = rng.integers(lo, hi, size=V).astype(np.int32)
     if V > 3:
         logits[rng.integers(0, V, size=3)] = logits.max()  # ties at the top
-    samp = Sampler(temperature=temp, seed=seed)
+    if V > 8:
+        logits[rng.integers(0, V, size=5)] = logits[rng.integers(0, V)]  # ties inside the order (cut points)
+    samp = Sampler(temperature=temp, seed=seed, top_k=top_k, top_p=top_p, min_p=min_p)
     want = samp.pick(logits, pos)
-    assert backend.ops.sample(logits, samp.t_num, samp.t_den, draw_u64(seed, pos)) == want
+    assert backend.ops.sample(logits, samp.t_num, samp.t_den, draw_u64(seed, pos), samp.top_k, samp.p_num,
+                              samp.p_den, samp.m_num, samp.m_den) == want
+
+
+@pytest.mark.parametrize("k,p,m", [(3, "1", "0"), (0, "0.6", "0"), (0, "1", "0.2"), (4, "0.7", "0.1")])
+def test_sample_cuts_inside_ties(backend, k, p, m):
+    """Cuts that fall inside a run of equal logits (top-k in the middle of
+    ties, top-p and min-p at a tie group): every seed picks the host's token."""
+    from intdet.sampling import Sampler, draw_u64
+
+    logits = np.array([5 << 16, 5 << 16, 4 << 16, 4 << 16, 4 << 16, 4 << 16, 3 << 16, 0, -(40 << 16)], np.int32)
+    for seed in range(30):
+        samp = Sampler(temperature="1.5", seed=seed, top_k=k, top_p=p, min_p=m)
+        got = backend.ops.sample(logits, samp.t_num, samp.t_den, draw_u64(seed, 7), samp.top_k, samp.p_num,
+                                 samp.p_den, samp.m_num, samp.m_den)
+        assert got == samp.pick(logits, 7), seed
 
 
 # ------------------------------------------------------------------ GPU only

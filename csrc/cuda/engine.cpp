@@ -497,7 +497,8 @@ void enqueue_head(DeviceModel& m, int64_t r0, int64_t nr) {
 // and its pinned slot.
 void enqueue_pick(DeviceModel& m, GreedyPipe& g) {
   if (g.how.t_num)
-    launch_sample(m.ws.logits.p, (int)m.cfg.vocab, g.how.t_num, g.how.t_den, g.how.draw, g.wbuf.p, g.pick.p, m.stream);
+    launch_sample(m.ws.logits.p, (int)m.cfg.vocab, g.how.t_num, g.how.t_den, g.how.draw, g.wbuf.p, g.pick.p, m.stream,
+                  SampleCuts{g.how.top_k, g.how.p_num, g.how.p_den, g.how.m_num, g.how.m_den});
   else
     launch_argmax(m.ws.logits.p, (int)m.cfg.vocab, g.best.p, g.counter.p, g.pick.p, m.stream);
   ck(cudaMemcpyAsync(g.h_pick.p + g.slot, g.pick.p, sizeof(int32_t), cudaMemcpyDeviceToHost, m.stream),
@@ -776,6 +777,9 @@ void submit_pick(DeviceModel& m, DeviceState& s, const int32_t* tokens, int64_t 
   GreedyPipe& g = m.greedy;
   if (T <= 0) throw std::invalid_argument("submit_pick: no rows");
   if (how.t_num < 0 || how.t_den <= 0) throw std::invalid_argument("submit_pick: temperature must be >= 0");
+  if (how.top_k < 0 || how.p_num <= 0 || how.p_den <= 0 || how.p_num > how.p_den || how.m_num < 0 || how.m_den <= 0 ||
+      how.m_num > how.m_den || how.m_den > 1000000)
+    throw std::invalid_argument("submit_pick: top-k < 0, top-p outside (0, 1] or min-p outside [0, 1]");
   if (!tokens && (T != 1 || !g.have_pick))
     throw std::invalid_argument("submit_pick: no token was chosen on the device yet (give the tokens)");
   ck(cudaSetDevice(m.device), "cudaSetDevice");
@@ -881,10 +885,11 @@ void argmax(const int32_t* logits, int64_t R, int64_t V, int32_t* out) {
   from_dev(out, o, R);
 }
 
-int32_t sample(const int32_t* logits, int64_t V, int64_t t_num, int64_t t_den, uint64_t draw) {
+int32_t sample(const int32_t* logits, int64_t V, const Pick& how) {
   Keep k;
   int32_t* o = to_dev<int32_t>(k.p, nullptr, 1);
-  launch_sample(to_dev(k.p, logits, V), (int)V, t_num, t_den, draw, to_dev<int32_t>(k.p, nullptr, V), o, 0);
+  launch_sample(to_dev(k.p, logits, V), (int)V, how.t_num, how.t_den, how.draw, to_dev<int32_t>(k.p, nullptr, V), o, 0,
+                SampleCuts{how.top_k, how.p_num, how.p_den, how.m_num, how.m_den});
   int32_t tok = 0;
   from_dev(&tok, o, 1);
   return tok;

@@ -72,6 +72,9 @@ void forward_rows_traced(DeviceModel& m, DeviceState* const* states, int64_t n_s
 struct Pick {
   int64_t t_num = 0, t_den = 1;
   uint64_t draw = 0;
+  int64_t top_k = 0;  // Sampler.pick's cuts (0 / 1 / 0: off); kernels.cuh SampleCuts
+  int64_t p_num = 1, p_den = 1;
+  int64_t m_num = 0, m_den = 1;
 };
 void submit_pick(DeviceModel& m, DeviceState& s, const int32_t* tokens, int64_t T, int64_t start,
                  const Pick& how = Pick{});
@@ -127,7 +130,7 @@ void round_div(const int64_t* a, const int64_t* b, int64_t count, int64_t* out);
 // out [R] = the device argmax of each logits row (logits [R, V]).
 void argmax(const int32_t* logits, int64_t R, int64_t V, int32_t* out);
 // The device sampler's token for one logits row [V] (launch_sample).
-int32_t sample(const int32_t* logits, int64_t V, int64_t t_num, int64_t t_den, uint64_t draw);
+int32_t sample(const int32_t* logits, int64_t V, const Pick& how);
 // Force the GEMV's warps per output channel to 2^wlg (0..2; -1: automatic).
 void set_gemv_split(int wlg);
 // kernels.cuh set_attn_path_override: 1 split, 2 tensor cores, else auto.

@@ -210,11 +210,20 @@ void launch_geglu(const int32_t* g, const int32_t* u, int64_t count, int64_t* a,
 void launch_argmax(const int32_t* logits, int V, unsigned long long* best, int* counter, int32_t* token,
                    cudaStream_t st);
 
+// Sampler.pick's cuts (python/intdet/sampling.py): top_k 0 = off; top-p
+// p_num / p_den in (0, 1] (equal: off); min-p m_num / m_den in [0, 1]
+// (m_num 0: off; m_den <= 10^6, as parse_fraction allows).
+struct SampleCuts {
+  int64_t top_k = 0;
+  int64_t p_num = 1, p_den = 1;
+  int64_t m_num = 0, m_den = 1;
+};
 // token[0] = the host Sampler's choice for temperature t_num / t_den with
-// top-k, top-p and min-p off and no repetition penalty, from one logits row
-// [V] and the draw draw_u64(seed, position); wbuf: int32 [V] scratch.
+// those cuts (no repetition penalty: the host applies it to the logits
+// first), from one logits row [V] and the draw draw_u64(seed, position);
+// wbuf: int32 [V] scratch.
 void launch_sample(const int32_t* logits, int V, int64_t t_num, int64_t t_den, uint64_t draw, int32_t* wbuf,
-                   int32_t* token, cudaStream_t st);
+                   int32_t* token, cudaStream_t st, const SampleCuts& cuts = SampleCuts{});
 
 // out[i] = round_div(a[i], b[i]) on the device (tests of the integer division).
 void launch_round_div(const int64_t* a, const int64_t* b, int64_t count, int64_t* out, cudaStream_t st);

@@ -139,7 +139,8 @@ PYBIND11_MODULE(INTDET_CUDA_MODULE_NAME, mod) {
 
   mod.def(
       "submit_pick",
-      [](PyModel& pm, PyState& s, py::object tokens, int64_t start, int64_t t_num, int64_t t_den, uint64_t draw) {
+      [](PyModel& pm, PyState& s, py::object tokens, int64_t start, int64_t t_num, int64_t t_den, uint64_t draw,
+         int64_t top_k, int64_t p_num, int64_t p_den, int64_t m_num, int64_t m_den) {
         if (start != s.n_past) throw std::invalid_argument("submit_pick: start must equal the number of cached positions");
         Arr<int32_t> tk;
         int64_t T = 1;
@@ -152,16 +153,18 @@ PYBIND11_MODULE(INTDET_CUDA_MODULE_NAME, mod) {
         {
           py::gil_scoped_release nogil;
           cuda::submit_pick(*pm.dev, *s.dev, tokens.is_none() ? nullptr : tk.data(), T, start,
-                            cuda::Pick{t_num, t_den, draw});
+                            cuda::Pick{t_num, t_den, draw, top_k, p_num, p_den, m_num, m_den});
         }
         s.n_past = start + T;
       },
       py::arg("model"), py::arg("state"), py::arg("tokens"), py::arg("start"), py::arg("t_num") = 0,
-      py::arg("t_den") = 1, py::arg("draw") = 0,
+      py::arg("t_den") = 1, py::arg("draw") = 0, py::arg("top_k") = 0, py::arg("p_num") = 1, py::arg("p_den") = 1,
+      py::arg("m_num") = 0, py::arg("m_den") = 1,
       "Enqueue a forward of tokens (int32 [T]; None: one row whose token is the one the previous submit_pick "
       "chose, read on the device) at positions start.., the choice of the last row's token on the device "
       "(t_num 0: greedy, the largest logit, the lowest id on ties; else temperature t_num / t_den sampling with "
-      "the 64-bit draw for position start + T, top-k/top-p/min-p off: Sampler.pick's token) and the copies of "
+      "the 64-bit draw for position start + T, top-k, top-p p_num / p_den, min-p m_num / m_den: Sampler.pick's "
+      "token without a repetition penalty) and the copies of "
       "that row's logits and the token into pinned host memory; returns without waiting (wait_pick).");
   mod.def(
       "wait_pick",
@@ -343,10 +346,18 @@ PYBIND11_MODULE(INTDET_CUDA_MODULE_NAME, mod) {
     cuda::test::argmax(logits.data(), logits.shape(0), logits.shape(1), out.mutable_data());
     return out;
   });
-  ops.def("sample", [](Arr<int32_t> logits, int64_t t_num, int64_t t_den, uint64_t draw) {
-    if (logits.ndim() != 1 || logits.size() == 0) throw std::invalid_argument("sample: logits must be [V], V > 0");
-    return cuda::test::sample(logits.data(), logits.size(), t_num, t_den, draw);
-  });
+  ops.def(
+      "sample",
+      [](Arr<int32_t> logits, int64_t t_num, int64_t t_den, uint64_t draw, int64_t top_k, int64_t p_num,
+         int64_t p_den, int64_t m_num, int64_t m_den) {
+        if (logits.ndim() != 1 || logits.size() == 0) throw std::invalid_argument("sample: logits must be [V], V > 0");
+        return cuda::test::sample(logits.data(), logits.size(),
+                                  cuda::Pick{t_num, t_den, draw, top_k, p_num, p_den, m_num, m_den});
+      },
+      py::arg("logits"), py::arg("t_num"), py::arg("t_den"), py::arg("draw"), py::arg("top_k") = 0,
+      py::arg("p_num") = 1, py::arg("p_den") = 1, py::arg("m_num") = 0, py::arg("m_den") = 1,
+      "Sampler.pick's token on the device (temperature t_num / t_den, the 64-bit draw, top-k, top-p "
+      "p_num / p_den, min-p m_num / m_den).");
   ops.def("round_div", [](Arr<int64_t> a, Arr<int64_t> b) {
     if (a.size() != b.size()) throw std::invalid_argument("round_div: shape mismatch");
     py::array_t<int64_t> out(a.size());
