@@ -267,12 +267,16 @@ PYEOF
 gpu && run bench-intdet 240 $PY "$BENCH_PY" intdet "$INT" "$HF" "$ROWS"
 
 # Per-kernel cudaEvent timing of one decode token (batch 1, after a 64- and a
-# 1024-token prompt), next to the bandwidth bound; in the results file as soon
-# as it is measured.
+# 1024-token prompt) and of a 2048-token prefill with either attention path,
+# next to the bandwidth bound; in the results file as soon as it is measured.
 PROF_PY=$WORK/profile.py
 PROF_OUT=$WORK/profile.md
 cat >"$PROF_PY" <<'PYEOF'
-"""Per-step cudaEvent table for device-check.sh: python profile.py MODEL_INT [BW_BYTES_PER_S [CTX,CTX...]]"""
+"""Per-step cudaEvent tables for device-check.sh: python profile.py MODEL_INT [BW_BYTES_PER_S [CTX,CTX... [PREFILL]]]
+
+Decode (batch 1) after each prompt length, then a PREFILL-token (2048) prefill with the
+attention on the tensor cores (attn_mma_kernel) and on the flash-decoding
+split (set_attn_path), the same logits checked equal."""
 import sys
 from collections import OrderedDict
 
@@ -284,14 +288,13 @@ from intdet.model import load_model
 INT = sys.argv[1]
 BW = float(sys.argv[2]) if len(sys.argv) > 2 else 4.8e12  # H200 HBM3e
 CTXS = [int(c) for c in sys.argv[3].split(",")] if len(sys.argv) > 3 else [64, 1024]
+PRE = int(sys.argv[4]) if len(sys.argv) > 4 else 2048
 lm = load_model(INT)
 m = _cuda.Model(lm.cfg, lm.tensors, False)
 rng = np.random.default_rng(0)
-for ctx in CTXS:
-    s = _cuda.State(m, ctx + 8)
-    _cuda.forward(m, s, rng.integers(0, 302, ctx).astype(np.int32), 0, False)
-    _cuda.profile(m, s, np.array([1], np.int32), ctx)  # warm-up
-    _, steps = _cuda.profile(m, s, np.array([2], np.int32), ctx + 1)
+
+
+def table(title, steps, rows):
     agg = OrderedDict()
     for name, ns, nbytes, launches in steps:
         a = agg.setdefault(name, [0, 0, 0])
@@ -300,7 +303,7 @@ for ctx in CTXS:
         a[2] += launches
     tot_ns = sum(a[0] for a in agg.values())
     tot_b = sum(a[1] for a in agg.values())
-    print(f"\n### decode, batch 1, position {ctx + 1} ({len(steps)} steps, {sum(a[2] for a in agg.values())} launches)\n")
+    print(f"\n### {title} ({len(steps)} steps, {sum(a[2] for a in agg.values())} launches)\n")
     print("| step | launches | time (us) | share | bytes read (MB) | GB/s | bound at %.1f TB/s (us) |" % (BW / 1e12))
     print("|---|---|---|---|---|---|---|")
     for name, (ns, nbytes, launches) in agg.items():
@@ -308,8 +311,30 @@ for ctx in CTXS:
         print(f"| {name} | {launches} | {ns / 1e3:.1f} | {100 * ns / tot_ns:.1f}% | {nbytes / 1e6:.2f} | {gbs:.0f} | "
               f"{nbytes / BW * 1e6:.1f} |")
     print(f"| **total** | | {tot_ns / 1e3:.1f} | | {tot_b / 1e6:.1f} | {tot_b / tot_ns:.0f} | {tot_b / BW * 1e6:.1f} |")
-    print(f"\nevent-timed token: {1e9 / tot_ns:.0f} tok/s; bandwidth bound {BW / tot_b:.0f} tok/s "
-          "(events add a little per step; graphs remove launch gaps)")
+    print(f"\nevent-timed: {rows * 1e9 / tot_ns:.0f} tok/s; bandwidth bound {rows * BW / tot_b:.0f} tok/s "
+          "(events add a little per step; graphs remove launch gaps)", flush=True)
+
+
+for ctx in CTXS:
+    s = _cuda.State(m, ctx + 8)
+    _cuda.forward(m, s, rng.integers(0, 302, ctx).astype(np.int32), 0, False)
+    _cuda.profile(m, s, np.array([1], np.int32), ctx)  # warm-up
+    _, steps = _cuda.profile(m, s, np.array([2], np.int32), ctx + 1)
+    table(f"decode, batch 1, position {ctx + 1}", steps, 1)
+
+prompt = rng.integers(0, 302, PRE).astype(np.int32)
+ref = None
+try:
+    for path, label in ((2, "tensor cores (attn_mma_kernel)"), (1, "flash-decoding split")):
+        _cuda.ops.set_attn_path(path)
+        _cuda.profile(m, _cuda.State(m, PRE + 8), prompt, 0)  # warm-up
+        logits, steps = _cuda.profile(m, _cuda.State(m, PRE + 8), prompt, 0)
+        if ref is None:
+            ref = logits
+        print(f"\nlast-row logits equal to the tensor-core path's: {np.array_equal(logits, ref)}")
+        table(f"prefill {PRE} tokens, attention: {label}", steps, PRE)
+finally:
+    _cuda.ops.set_attn_path(0)
 PYEOF
 if gpu; then
   run profile 120 bash -c "set -o pipefail; $PY $PROF_PY $INT 2>&1 | tee $PROF_OUT"

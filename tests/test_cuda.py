@@ -458,6 +458,88 @@ def test_attend_gqa_checks_its_arguments(backend):
         backend.ops.attend_gqa(np.zeros((3, 16), np.int32), z8, z32, z8, z32, 1, 0, 0)
 
 
+def _attend_rows_want(q, kc, ka, vc, va, pos, window, sm, ss):
+    """The CPU's attend_head per (row, head) over the row's positions."""
+    T, nh, D = q.shape
+    nkv = kc.shape[1]
+    grp = nh // nkv
+    want = np.zeros((T, nh, D), np.int64)
+    for t in range(T):
+        p = int(pos[t])
+        lo = p + 1 - window if window and p + 1 > window else 0
+        for h in range(nh):
+            kvh = h // grp
+            qq, qe = C.ops.quant16(q[t, h].astype(np.int64))
+            want[t, h] = C.ops.attend(qq.astype(np.int16), int(qe[0]), np.ascontiguousarray(kc[lo:p + 1, kvh]),
+                                      np.ascontiguousarray(ka[lo:p + 1, kvh]), np.ascontiguousarray(vc[lo:p + 1, kvh]),
+                                      np.ascontiguousarray(va[lo:p + 1, kvh]), sm, ss)
+    return want
+
+
+# (T rows, start position, nh, nkv, D, window): contexts across the 64-key
+# steps and the 16-row tiles, GQA groups 1..16 (3: tiles of 15 rows), a
+# prefill split (start > 0), sliding windows, D % 32 != 0 and the scalar D = 30.
+ATTEND_ROWS = [(40, 0, 2, 1, 64, 0), (33, 31, 3, 1, 48, 0), (70, 130, 4, 2, 128, 0), (17, 0, 16, 1, 16, 0),
+               (35, 60, 6, 3, 30, 0), (50, 20, 2, 2, 256, 0), (45, 100, 4, 1, 32, 37), (20, 5, 1, 1, 96, 9)]
+
+
+@pytest.mark.parametrize("T,start,nh,nkv,D,window", ATTEND_ROWS)
+def test_attend_rows_tensor_cores(backend, T, start, nh, nkv, D, window):
+    """Prefill attention on the tensor cores (attn_mma_kernel: tiles of rows
+    times the KV group's heads, QK^T and P.V as s8 hi / u8 lo mma.m16n8k32):
+    every (row, head) is the CPU's attend_head, bit for bit, and the same as
+    the flash-decoding split path; act / act_e are quant16 of each row."""
+    rng = np.random.default_rng(T * 31 + start + nh + D)
+    n = start + T
+    pos = np.arange(start, n, dtype=np.int32)
+    q = rng.integers(-2**30, 2**30, size=(T, nh, D)).astype(np.int32)
+    q[0, 0, :] = 0  # an all-zero head: flat scores
+    q[-1, -1, :] = -2**31 + 1
+    kc = rng.integers(-127, 128, size=(n, nkv, D)).astype(np.int8)
+    vc = rng.integers(-127, 128, size=(n, nkv, D)).astype(np.int8)
+    ka = rng.integers(0, 2**31 - 1, size=(n, nkv)).astype(np.int32)
+    va = rng.integers(0, 2**31 - 1, size=(n, nkv)).astype(np.int32)
+    want = _attend_rows_want(q, kc, ka, vc, va, pos, window, 23456, 40)
+    out, act, act_e = backend.ops.attend_rows(q, kc, ka, vc, va, pos, window, 23456, 40, 2)
+    assert np.array_equal(out, want)
+    for t in range(T):
+        wq, we = C.ops.quant16(want[t].reshape(-1))
+        assert np.array_equal(act[t], wq) and act_e[t] == we[0], t
+    out1, act1, e1 = backend.ops.attend_rows(q, kc, ka, vc, va, pos, window, 23456, 40, 1)
+    assert np.array_equal(out1, out) and np.array_equal(act1, act) and np.array_equal(e1, act_e)
+
+
+def test_attend_rows_tensor_cores_extremes(backend):
+    """Maximal value weights (flat scores) and |v| = 127 over 700 keys per row,
+    queries at the int16 bound (hi bytes -128 / 127, lo bytes 255): the s32
+    hi / lo sums at their largest, still the CPU's bits."""
+    T, nh, nkv, D, n = 34, 2, 1, 64, 700
+    pos = np.arange(n - T, n, dtype=np.int32)
+    q = np.full((T, nh, D), 2**30, np.int32)
+    q[:, 1, ::2] = -2**30
+    kc = np.full((n, nkv, D), 127, np.int8)
+    kc[:, :, 1::3] = -127
+    vc = np.full((n, nkv, D), 127, np.int8)
+    vc[:, :, ::3] = -127
+    ka = np.full((n, nkv), 1000, np.int32)
+    va = np.full((n, nkv), 2**31 - 1, np.int32)
+    want = _attend_rows_want(q, kc, ka, vc, va, pos, 0, 23456, 40)
+    out, _, _ = backend.ops.attend_rows(q, kc, ka, vc, va, pos, 0, 23456, 40, 2)
+    assert np.array_equal(out, want)
+
+
+def test_attend_rows_checks_its_arguments(backend):
+    z8 = np.zeros((4, 2, 16), np.int8)
+    z32 = np.zeros((4, 2), np.int32)
+    q = np.zeros((2, 2, 16), np.int32)
+    with pytest.raises(ValueError, match="pos"):
+        backend.ops.attend_rows(q, z8, z32, z8, z32, np.array([0, 4], np.int32), 0, 1, 0, 2)
+    with pytest.raises(ValueError, match="shape"):
+        backend.ops.attend_rows(np.zeros((2, 3, 16), np.int32), z8, z32, z8, z32, np.array([0, 1], np.int32), 0, 1, 0)
+    with pytest.raises(ValueError, match="path"):
+        backend.ops.attend_rows(q, z8, z32, z8, z32, np.array([0, 1], np.int32), 0, 1, 0, 3)
+
+
 def test_norm_quant16(backend):
     rng = np.random.default_rng(3)
     for n in (72, 1024, 8192):
@@ -616,18 +698,19 @@ def test_model_matches_cpu(backend, converted, name, graphs):
 
 
 # Kernel launches per decode token (one row, no graph): embedding, final norm
-# and lm_head, layer 0's attn_norm, plus per layer: q+k+v (one GEMV), q/k
-# norm + RoPE + KV append, attention (scores, P.V), o-proj with the ffn_norm
-# after it (the GEMV's last block), gate+up with SwiGLU, quant16, down-proj
-# with the next layer's attn_norm (the last layer's goes to the final norm).
-# Before: 16 per layer (norm, q, k, v, norm_rope x2, kv_append, attention,
-# quant16, o, norm, gate, up, swiglu, quant16, down) + 3, so 451 for
-# Qwen3-0.6B's 28 layers; now 8 per layer + 4, 228.
+# and lm_head, layer 0's attn_norm, plus per layer: q+k+v (one GEMV),
+# attention scores (with q/k norm, RoPE and the KV append: RopeFold), P.V,
+# o-proj with the ffn_norm after it (the GEMV's last block), gate+up with
+# SwiGLU and quant16, down-proj with the next layer's attn_norm (the last
+# layer's goes to the final norm). Before: 16 per layer (norm, q, k, v,
+# norm_rope x2, kv_append, attention, quant16, o, norm, gate, up, swiglu,
+# quant16, down) + 3, so 451 for Qwen3-0.6B's 28 layers; then 8, then 7 per
+# layer; now 6 per layer + 4, 172.
 def decode_launches(n_layers):
-    """Per layer: q+k+v, rope_append, attn_scores, attn_pv, o-proj (+ ffn_norm),
-    gate+up (+ GLU + quant16), down-proj (+ the next attn_norm); then embed,
-    layer 0's attn_norm, out_norm, lm_head."""
-    return 7 * n_layers + 4
+    """Per layer: q+k+v, attn_scores (+ rope_append), attn_pv, o-proj (+
+    ffn_norm), gate+up (+ GLU + quant16), down-proj (+ the next attn_norm);
+    then embed, layer 0's attn_norm, out_norm, lm_head."""
+    return 6 * n_layers + 4
 
 
 @pytest.mark.parametrize("name", ["qwen3", "wide", "llama"])
@@ -663,6 +746,34 @@ def test_profile_steps(backend, converted):
     assert sum(p[3] for p in steps) == decode_launches(lm.cfg["num_layers"])
     assert all(p[1] >= 0 and p[2] >= 0 for p in steps)
     assert steps[1][2] == 4 * lm.cfg["hidden_size"] and steps[4][2] == 4 * lm.cfg["num_kv_heads"] * (2 * lm.cfg["head_dim"] + 8)
+
+
+@pytest.mark.parametrize("name", ["qwen3", "gemma3"])
+def test_prefill_attention_paths_match_cpu(backend, converted, name):
+    """A 45-token prefill (all logits) with the attention forced onto the
+    flash-decoding split and onto the tensor cores (set_attn_path), then a
+    prefill split at 20 and a decode step: the CPU's logits on both paths
+    (Gemma 3: the sliding window of 5 and two RoPE tables)."""
+    lm = converted[name]
+    rng = np.random.default_rng(45)
+    prompt = [int(t) for t in rng.integers(0, lm.cfg["vocab_size"], size=45)]
+    cpu = Engine(lm)
+    ref = cpu.new_sequence(64)
+    want = ref.forward(prompt, all_logits=True)
+    want_next = ref.forward([3])
+    m = backend.Model(lm.cfg, lm.tensors, False)
+    try:
+        for path in (1, 2):
+            backend.ops.set_attn_path(path)
+            s = backend.State(m, 64)
+            assert np.array_equal(backend.forward(m, s, np.array(prompt, np.int32), 0, True), want), path
+            assert np.array_equal(backend.forward(m, s, np.array([3], np.int32), 45, False), want_next), path
+            s2 = backend.State(m, 64)
+            backend.forward(m, s2, np.array(prompt[:20], np.int32), 0, False)
+            got = backend.forward(m, s2, np.array(prompt[20:], np.int32), 20, True)
+            assert np.array_equal(got, want[20:]), path
+    finally:
+        backend.ops.set_attn_path(0)
 
 
 @pytest.mark.parametrize("graphs", [False, True])
@@ -728,19 +839,25 @@ def test_generate_device_pick(monkeypatch, converted):
     g, w = generate(Engine(small, "cuda"), long_prompt, 10), generate(Engine(small, "cpu"), long_prompt, 10)
     assert g.stop == w.stop == "context" and g.tokens == w.tokens and g.hash == w.hash
     for samp, on_device in ((dict(temperature="0.8", seed=5), True), (dict(temperature="3", seed=2**64 - 1), True),
-                            (dict(temperature="0.8", top_k=3), False), (dict(temperature="1", min_p="0.1"), False)):
+                            (dict(temperature="0.8", top_k=3), True), (dict(temperature="1", min_p="0.1"), True),
+                            (dict(temperature="2", top_p="0.5", top_k=40, min_p="0.01"), True),
+                            (dict(temperature="0.8", repeat_penalty="1.3"), False)):
         calls.clear()
         g, w = generate(gpu, prompt, 5, Sampler(**samp)), generate(cpu, prompt, 5, Sampler(**samp))
         assert g.tokens == w.tokens and g.hash == w.hash and bool(calls) == on_device, samp
 
 
 @given(V=st.integers(1, 700), spread=st.sampled_from([0, 3, 2**16, 2**22, 2**31]), temp=st.sampled_from(
-    ["0.8", "1", "0.05", "3.7", "100", "0.000001"]), seed=st.integers(0, 2**64 - 1), pos=st.integers(0, 2**20))
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-def test_sample_is_the_host_sampler(backend, V, spread, temp, seed, pos):
-    """The device sampler (no sort: a binary search over logit values, then
-    over ids of the chosen value) picks Sampler.pick's token: ties, logits
-    spread from all-equal to the whole int32 range, tiny and huge temperatures."""
+    ["0.8", "1", "0.05", "3.7", "100", "0.000001"]), seed=st.integers(0, 2**64 - 1), pos=st.integers(0, 2**20),
+    top_k=st.sampled_from([0, 0, 1, 2, 5, 64, 10**6]), top_p=st.sampled_from(["1", "1", "0.9", "0.5", "0.000001",
+    "0.999999"]), min_p=st.sampled_from(["0", "0", "0.05", "0.5", "1", "0.000001"]))
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_sample_is_the_host_sampler(backend, V, spread, temp, seed, pos, top_k, top_p, min_p):
+    """The device sampler (no sort: binary searches over logit values for the
+    cuts and the pick, then over ids of the chosen value) picks Sampler.pick's
+    token: ties, logits spread from all-equal to the whole int32 range, tiny
+    and huge temperatures, top-k (1 to more than the vocabulary), top-p and
+    min-p (a millionth to 1) alone and together."""
     from intdet.sampling import Sampler, draw_u64
 
     rng = np.random.default_rng(seed % 2**32)
@@ -748,9 +865,26 @@ def test_sample_is_the_host_sampler(backend, V, spread, temp, seed, pos):
     logits = rng.integers(lo, hi, size=V).astype(np.int32)
     if V > 3:
         logits[rng.integers(0, V, size=3)] = logits.max()  # ties at the top
-    samp = Sampler(temperature=temp, seed=seed)
+    if V > 8:
+        logits[rng.integers(0, V, size=5)] = logits[rng.integers(0, V)]  # ties inside the order (cut points)
+    samp = Sampler(temperature=temp, seed=seed, top_k=top_k, top_p=top_p, min_p=min_p)
     want = samp.pick(logits, pos)
-    assert backend.ops.sample(logits, samp.t_num, samp.t_den, draw_u64(seed, pos)) == want
+    assert backend.ops.sample(logits, samp.t_num, samp.t_den, draw_u64(seed, pos), samp.top_k, samp.p_num,
+                              samp.p_den, samp.m_num, samp.m_den) == want
+
+
+@pytest.mark.parametrize("k,p,m", [(3, "1", "0"), (0, "0.6", "0"), (0, "1", "0.2"), (4, "0.7", "0.1")])
+def test_sample_cuts_inside_ties(backend, k, p, m):
+    """Cuts that fall inside a run of equal logits (top-k in the middle of
+    ties, top-p and min-p at a tie group): every seed picks the host's token."""
+    from intdet.sampling import Sampler, draw_u64
+
+    logits = np.array([5 << 16, 5 << 16, 4 << 16, 4 << 16, 4 << 16, 4 << 16, 3 << 16, 0, -(40 << 16)], np.int32)
+    for seed in range(30):
+        samp = Sampler(temperature="1.5", seed=seed, top_k=k, top_p=p, min_p=m)
+        got = backend.ops.sample(logits, samp.t_num, samp.t_den, draw_u64(seed, 7), samp.top_k, samp.p_num,
+                                 samp.p_den, samp.m_num, samp.m_den)
+        assert got == samp.pick(logits, 7), seed
 
 
 # ------------------------------------------------------------------ GPU only

@@ -123,6 +123,7 @@ struct Workspace {
   Buf<int32_t> shifts;
   Buf<int> counters;
   Buf<unsigned long long> oacc;
+  bool fold_rope = false;  // this call's rows: at most kGemvMaxRows, each of a different sequence
   Buf<int> gemv_cnt;  // [8]: a residual GEMV's arrival counters for the norm it runs after (zero)
   Buf<int32_t> traced;  // [rows, H]: a normed row or a projection before its residual add (trace only)
   int32_t* tokens() { return meta.p; }
@@ -229,7 +230,7 @@ struct DeviceModel {
   bool use_graphs = false;
   Profiler* prof = nullptr;  // set only during forward_rows_profiled
   GreedyPipe greedy;
-  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t>, cudaGraphExec_t> graphs;
+  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, bool>, cudaGraphExec_t> graphs;  // (T, Tout, sstride, rows_per, fold_rope)
 
   void drop_graphs() {
     for (auto& kv : graphs) cudaGraphExecDestroy(kv.second);
@@ -395,12 +396,19 @@ void enqueue_body(DeviceModel& m, int64_t T, int64_t sstride, int64_t rows_per, 
     }
     // q_norm / k_norm are null unless the block has per-head q/k RMSNorm.
     // q/k norm + RoPE of q and k, and the KV append: one launch.
-    launch_rope_append(w.qb.p, w.kb.p, w.vb.p, (int)T, nh, nkv, D, L.q_norm, L.k_norm, c.eps_head, w.pos(),
-                       L.rope_cos, L.rope_sin, (int)l, w.seq(), w.kvs.p, st);
+    // Decode rows of distinct sequences (w.fold_rope): the attention's scores
+    // kernel runs it instead (RopeFold), one launch fewer.
+    RopeFold rf{};
+    if (w.fold_rope && !tr)
+      rf = RopeFold{1, L.q_norm, L.k_norm, c.eps_head, L.rope_cos, L.rope_sin, w.kb.p, w.vb.p};
+    else
+      launch_rope_append(w.qb.p, w.kb.p, w.vb.p, (int)T, nh, nkv, D, L.q_norm, L.k_norm, c.eps_head, w.pos(),
+                         L.rope_cos, L.rope_sin, (int)l, w.seq(), w.kvs.p, st);
     mark(m, "rope_append", T * (nh + 2 * nkv) * D * 4);
     for (int64_t r0 = 0; r0 < T; r0 += rows_per)
       launch_attention(w.qb.p, (int)r0, (int)std::min(rows_per, T - r0), nh, nkv, D, (int)l, w.seq(), w.pos(),
-                       w.kvs.p, L.score_mant, L.score_shift, asc, w.o.p, w.act.p, w.act_e.p, st, L.window);
+                       w.kvs.p, L.score_mant, L.score_shift, asc, w.o.p, w.act.p, w.act_e.p, st, L.window, 0,
+                       kAttnAuto, rf);
     mark(m, "attention", m.prof ? m.prof->attn_bytes : 0);
     if (tr) tr->rec(blk + "attn_out", w.o.p, {T, nh * D});
     if (L.post_attn_norm) {  // o-proj (Q16), its RMSNorm, then into the residual
@@ -489,7 +497,8 @@ void enqueue_head(DeviceModel& m, int64_t r0, int64_t nr) {
 // and its pinned slot.
 void enqueue_pick(DeviceModel& m, GreedyPipe& g) {
   if (g.how.t_num)
-    launch_sample(m.ws.logits.p, (int)m.cfg.vocab, g.how.t_num, g.how.t_den, g.how.draw, g.wbuf.p, g.pick.p, m.stream);
+    launch_sample(m.ws.logits.p, (int)m.cfg.vocab, g.how.t_num, g.how.t_den, g.how.draw, g.wbuf.p, g.pick.p, m.stream,
+                  SampleCuts{g.how.top_k, g.how.p_num, g.how.p_den, g.how.m_num, g.how.m_den});
   else
     launch_argmax(m.ws.logits.p, (int)m.cfg.vocab, g.best.p, g.counter.p, g.pick.p, m.stream);
   ck(cudaMemcpyAsync(g.h_pick.p + g.slot, g.pick.p, sizeof(int32_t), cudaMemcpyDeviceToHost, m.stream),
@@ -563,6 +572,13 @@ void forward_chunk(DeviceModel& m, DeviceState* const* states, int64_t n_states,
     if (rows[t].want_logits) hm[3 * w.rows + r++] = (int32_t)t;
   }
   for (int64_t i = 0; i < n_states; ++i) w.h_kvs.p[i] = states[i]->kv;
+  w.fold_rope = T <= kGemvMaxRows && !tr;
+  for (int64_t t = 1; t < T && w.fold_rope; ++t)
+    for (int64_t u = 0; u < t; ++u)
+      if (rows[u].seq == rows[t].seq) {
+        w.fold_rope = false;
+        break;
+      }
   for (int k = 0; k < 4; ++k)
     ck(cudaMemcpyAsync(w.meta.p + k * w.rows, hm + k * w.rows, (size_t)T * sizeof(int32_t), cudaMemcpyHostToDevice,
                        m.stream),
@@ -574,7 +590,7 @@ void forward_chunk(DeviceModel& m, DeviceState* const* states, int64_t n_states,
        "cudaMemcpyAsync (device token)");
 
   if (graph && Tout <= group) {
-    const auto key = std::make_tuple(T, Tout, sstride, rows_per);
+    const auto key = std::make_tuple(T, Tout, sstride, rows_per, w.fold_rope);
     auto it = m.graphs.find(key);
     if (it == m.graphs.end()) {
       cudaGraph_t g = nullptr;
@@ -761,6 +777,9 @@ void submit_pick(DeviceModel& m, DeviceState& s, const int32_t* tokens, int64_t 
   GreedyPipe& g = m.greedy;
   if (T <= 0) throw std::invalid_argument("submit_pick: no rows");
   if (how.t_num < 0 || how.t_den <= 0) throw std::invalid_argument("submit_pick: temperature must be >= 0");
+  if (how.top_k < 0 || how.p_num <= 0 || how.p_den <= 0 || how.p_num > how.p_den || how.m_num < 0 || how.m_den <= 0 ||
+      how.m_num > how.m_den || how.m_den > 1000000)
+    throw std::invalid_argument("submit_pick: top-k < 0, top-p outside (0, 1] or min-p outside [0, 1]");
   if (!tokens && (T != 1 || !g.have_pick))
     throw std::invalid_argument("submit_pick: no token was chosen on the device yet (give the tokens)");
   ck(cudaSetDevice(m.device), "cudaSetDevice");
@@ -866,10 +885,11 @@ void argmax(const int32_t* logits, int64_t R, int64_t V, int32_t* out) {
   from_dev(out, o, R);
 }
 
-int32_t sample(const int32_t* logits, int64_t V, int64_t t_num, int64_t t_den, uint64_t draw) {
+int32_t sample(const int32_t* logits, int64_t V, const Pick& how) {
   Keep k;
   int32_t* o = to_dev<int32_t>(k.p, nullptr, 1);
-  launch_sample(to_dev(k.p, logits, V), (int)V, t_num, t_den, draw, to_dev<int32_t>(k.p, nullptr, V), o, 0);
+  launch_sample(to_dev(k.p, logits, V), (int)V, how.t_num, how.t_den, how.draw, to_dev<int32_t>(k.p, nullptr, V), o, 0,
+                SampleCuts{how.top_k, how.p_num, how.p_den, how.m_num, how.m_den});
   int32_t tok = 0;
   from_dev(&tok, o, 1);
   return tok;
@@ -923,6 +943,30 @@ void attend(const int32_t* q, int64_t nh, int64_t nkv, int64_t D, const int8_t* 
     if (v) throw std::logic_error("attention left its P.V sums non-zero");
 }
 
+void attend_rows(const int32_t* q, int64_t T, int64_t nh, int64_t nkv, int64_t D, const int8_t* kc, const int32_t* ka,
+                 const int8_t* vc, const int32_t* va, int64_t n, const int32_t* pos, int64_t window,
+                 int64_t score_mant, int64_t score_shift, int path, int64_t* out, int16_t* act, int32_t* act_e) {
+  Keep k;
+  DevKV kv{to_dev(k.p, kc, n * nkv * D), to_dev(k.p, vc, n * nkv * D), to_dev(k.p, ka, n * nkv),
+           to_dev(k.p, va, n * nkv), n};
+  const std::vector<int32_t> seq((size_t)T, 0);
+  const int64_t sstride = (n + 255) / 256 * 256;
+  AttnScratch sc{to_dev<int32_t>(k.p, nullptr, T * nh * sstride), sstride,
+                 to_dev<int64_t>(k.p, nullptr, T * nh * attn_max_splits(sstride)), to_dev<int32_t>(k.p, nullptr, T * nh),
+                 to_dev<int>(k.p, nullptr, T * (nkv + 1)), to_dev<unsigned long long>(k.p, nullptr, T * nh * D), T,
+                 attn_max_splits(sstride)};
+  ck(cudaMemset(sc.counters, 0, (size_t)(T * (nkv + 1)) * sizeof(int)), "cudaMemset");
+  ck(cudaMemset(sc.oacc, 0, (size_t)(T * nh * D) * sizeof(unsigned long long)), "cudaMemset");
+  int64_t* o = to_dev<int64_t>(k.p, nullptr, T * nh * D);
+  int16_t* a = to_dev<int16_t>(k.p, nullptr, T * nh * D);
+  int32_t* ae = to_dev<int32_t>(k.p, nullptr, T);
+  launch_attention(to_dev(k.p, q, T * nh * D), 0, (int)T, (int)nh, (int)nkv, (int)D, 0, to_dev(k.p, seq.data(), T),
+                   to_dev(k.p, pos, T), to_dev(k.p, &kv, 1), score_mant, score_shift, sc, o, a, ae, 0, window, 0, path);
+  from_dev(out, o, T * nh * D);
+  from_dev(act, a, T * nh * D);
+  from_dev(act_e, ae, T);
+}
+
 void norm_quant16(const int32_t* x, const int16_t* g, int64_t R, int64_t n, int64_t eps_q60, int16_t* q, int32_t* e) {
   Keep k;
   int16_t* dq = to_dev<int16_t>(k.p, nullptr, R * n);
@@ -954,6 +998,7 @@ void round_div(const int64_t* a, const int64_t* b, int64_t count, int64_t* out) 
 }
 
 void set_gemv_split(int wlg) { set_gemv_split_override(wlg); }
+void set_attn_path(int path) { set_attn_path_override(path); }
 
 }  // namespace test
 

@@ -72,6 +72,9 @@ void forward_rows_traced(DeviceModel& m, DeviceState* const* states, int64_t n_s
 struct Pick {
   int64_t t_num = 0, t_den = 1;
   uint64_t draw = 0;
+  int64_t top_k = 0;  // Sampler.pick's cuts (0 / 1 / 0: off); kernels.cuh SampleCuts
+  int64_t p_num = 1, p_den = 1;
+  int64_t m_num = 0, m_den = 1;
 };
 void submit_pick(DeviceModel& m, DeviceState& s, const int32_t* tokens, int64_t T, int64_t start,
                  const Pick& how = Pick{});
@@ -111,6 +114,14 @@ void linear_w4(const int16_t* q, const int32_t* e, int64_t T, int64_t K, const u
 void attend(const int32_t* q, int64_t nh, int64_t nkv, int64_t D, const int8_t* kc, const int32_t* ka,
             const int8_t* vc, const int32_t* va, int64_t n, int64_t score_mant, int64_t score_shift, int chunk,
             int64_t* out);
+// Attention of T rows of one sequence (queries q [T, nh, D] int32 after RoPE;
+// row t at position pos[t] < n, window > 0: only its last `window`
+// positions) over the cache kc, vc [n, nkv, D], ka, va [n, nkv]: out [T, nh,
+// D] int64 (attn_out), act [T, nh * D] int16 and act_e [T] its quant16.
+// path: kAttnAuto / kAttnSplit / kAttnMma (kernels.cuh).
+void attend_rows(const int32_t* q, int64_t T, int64_t nh, int64_t nkv, int64_t D, const int8_t* kc, const int32_t* ka,
+                 const int8_t* vc, const int32_t* va, int64_t n, const int32_t* pos, int64_t window,
+                 int64_t score_mant, int64_t score_shift, int path, int64_t* out, int16_t* act, int32_t* act_e);
 // RMSNorm then quant16 of rows x [R, n] int32: q [R, n], e [R].
 void norm_quant16(const int32_t* x, const int16_t* g, int64_t R, int64_t n, int64_t eps_q60, int16_t* q, int32_t* e);
 void swiglu(const int32_t* g, const int32_t* u, int64_t count, int64_t* a);
@@ -119,9 +130,11 @@ void round_div(const int64_t* a, const int64_t* b, int64_t count, int64_t* out);
 // out [R] = the device argmax of each logits row (logits [R, V]).
 void argmax(const int32_t* logits, int64_t R, int64_t V, int32_t* out);
 // The device sampler's token for one logits row [V] (launch_sample).
-int32_t sample(const int32_t* logits, int64_t V, int64_t t_num, int64_t t_den, uint64_t draw);
+int32_t sample(const int32_t* logits, int64_t V, const Pick& how);
 // Force the GEMV's warps per output channel to 2^wlg (0..2; -1: automatic).
 void set_gemv_split(int wlg);
+// kernels.cuh set_attn_path_override: 1 split, 2 tensor cores, else auto.
+void set_attn_path(int path);
 }  // namespace test
 
 }  // namespace cuda

@@ -327,16 +327,32 @@ __global__ void __launch_bounds__(kArgmaxThreads)
   }
 }
 
-// Temperature sampling without top-k, top-p or min-p (python/intdet/
+// Temperature sampling with top-k, top-p and min-p (python/intdet/
 // sampling.py Sampler.pick): w_i = exp2_neg_q30(round_div(round_shift(
-// min(top - l_i, 2^26) * log2(e) Q30, 30) * t_den, t_num)), the order is
-// logit descending then id ascending, and the pick is the first token of
-// that order whose running sum of w exceeds target = (draw * total) >> 64.
-// No sort: with S(v) = sum of w over l >= v (non-increasing in v), the
-// chosen token's logit is v* = max{v : S(v) > target} (a binary search over
-// the int32 range, one block sum per step); its place among the tokens of
-// logit v* (equal weights w*, ids ascending) is j = (target - S(v* + 1)) /
-// w*, and the j-th smallest such id is found by a binary search over ids.
+// min(top - l_i, 2^26) * log2(e) Q30, 30) * t_den, t_num)) (zero exactly for
+// the tokens the host's "live" filter drops), the order is logit descending
+// then id ascending, and the pick is the first token of that order whose
+// running sum of w exceeds target = (draw * total) >> 64, total being the sum
+// over the prefix the cuts keep. No sort: with S(v) = sum of w over l >= v
+// and C(v) = the live tokens with l >= v (both non-increasing in v), each
+// question about the order is a binary search over the int32 range, one
+// block pass (S and C together) per step:
+// - the running sum at rank n (cum(n), n >= 1): the rank's logit is
+//   v = max{v : C(v) >= n}, cum(n) = S(v + 1) + (n - C(v + 1)) w(v) (the ties
+//   of logit v have equal weights);
+// - top-k: the prefix of min(k, live) ranks, total_k = cum of it;
+// - top-p: the shortest prefix with cum(n) p_den >= total_k p_num (128-bit
+//   products, the host's cross-multiplication): v_p = max{v : S(v) p_den >=
+//   total_k p_num}, then the fewest m of its ties that reach it (a search
+//   over m, no pass); n_p <= the top-k prefix since p <= 1;
+// - min-p: the live tokens with w_i m_den >= m_num 2^30 form a prefix of the
+//   order (one counting pass); the host keeps min(prefix, that count), at
+//   least 1;
+// - the pick: the chosen token's logit is v* = max{v : S(v) > target}; since
+//   target < total = cum(n), the first rank whose cum exceeds it lies inside
+//   the kept prefix, so the same search over the whole order finds it; its
+//   place among the tokens of logit v* is j = (target - S(v* + 1)) / w*, and
+//   the j-th smallest such id is a binary search over ids.
 // One block; w goes to wbuf [V] once. Every sum is an exact int64 (total <=
 // V 2^30), so the result is the host's for any thread order.
 constexpr int kSampleThreads = 1024;
@@ -348,28 +364,99 @@ __device__ __forceinline__ int64_t sample_weight(int64_t top, int64_t l, int64_t
   return exp2_neg_q30(round_div(round_shift(d * kLog2eQ30, 30) * t_den, t_num));
 }
 
+__device__ __forceinline__ uint64_t mul_hi64(uint64_t a, uint64_t b) {
+#if defined(INTDET_CUDA_EMU)
+  return (uint64_t)(((unsigned __int128)a * b) >> 64);
+#else
+  return __umul64hi(a, b);
+#endif
+}
+
+// a b >= c d for non-negative int64 (exact 128-bit products).
+__device__ __forceinline__ bool mul_ge(int64_t a, int64_t b, int64_t c, int64_t d) {
+  const uint64_t h1 = mul_hi64((uint64_t)a, (uint64_t)b), h2 = mul_hi64((uint64_t)c, (uint64_t)d);
+  return h1 != h2 ? h1 > h2 : (uint64_t)a * (uint64_t)b >= (uint64_t)c * (uint64_t)d;
+}
+
+// S(v) and C(v) of the block's row in one pass (every thread gets both).
+__device__ __forceinline__ void sample_pass(const int32_t* logits, const int32_t* wbuf, int V, int64_t v, int64_t* S,
+                                            int64_t* Cn, int64_t* red) {
+  int64_t sm = 0, c = 0;
+  for (int i = threadIdx.x; i < V; i += kSampleThreads)
+    if (logits[i] >= v) sm += wbuf[i], c += wbuf[i] > 0 ? 1 : 0;
+  *S = block_sum(sm, red);
+  *Cn = block_sum(c, red);
+}
+
+// cum(n) for 1 <= n <= the live count.
+__device__ int64_t sample_cum(const int32_t* logits, const int32_t* wbuf, int V, int64_t bot, int64_t top, int64_t n,
+                              int64_t t_num, int64_t t_den, int64_t* red) {
+  int64_t lo = bot, hi = top + 1, s_hi = 0, c_hi = 0;  // C(lo) >= n > C(hi)
+  while (hi - lo > 1) {  // block-uniform
+    const int64_t mid = lo + ((hi - lo) >> 1);
+    int64_t sm, c;
+    sample_pass(logits, wbuf, V, mid, &sm, &c, red);
+    if (c >= n)
+      lo = mid;
+    else
+      hi = mid, s_hi = sm, c_hi = c;
+  }
+  return s_hi + (n - c_hi) * sample_weight(top, lo, t_num, t_den);
+}
+
 __global__ void __launch_bounds__(kSampleThreads)
     sample_kernel(const int32_t* __restrict__ logits, int V, int64_t t_num, int64_t t_den, unsigned long long draw,
+                  int64_t top_k, int64_t p_num, int64_t p_den, int64_t m_num, int64_t m_den,
                   int32_t* __restrict__ wbuf, int32_t* __restrict__ token) {
   __shared__ int64_t red[33];
   const int tid = threadIdx.x;
-  int64_t top = kI64Min, bot = -kI64Min - 1;
+  int64_t top = kI64Min, bot = INT64_MAX;
   for (int i = tid; i < V; i += kSampleThreads) top = imax(top, logits[i]), bot = imin(bot, logits[i]);
   top = block_max(top, kI64Min, red);
   bot = -block_max(-bot, kI64Min, red);
-  int64_t total = 0;
+  int64_t total = 0, live = 0, keep_m = 0;
   for (int i = tid; i < V; i += kSampleThreads) {
     const int64_t w = sample_weight(top, logits[i], t_num, t_den);  // <= 2^30
     wbuf[i] = (int32_t)w;
     total += w;
+    live += w > 0 ? 1 : 0;
+    keep_m += w > 0 && w * m_den >= (m_num << 30) ? 1 : 0;  // min-p (w m_den < 2^50)
   }
   total = block_sum(total, red);  // >= 2^30 (the top token)
-#if defined(INTDET_CUDA_EMU)
-  const int64_t target = (int64_t)(((unsigned __int128)draw * (unsigned long long)total) >> 64);
-#else
-  const int64_t target = (int64_t)__umul64hi(draw, (unsigned long long)total);
-#endif
-  // v* in [bot, top]: S(bot) = total > target, S(top + 1) = 0 <= target.
+  live = block_sum(live, red);
+  keep_m = block_sum(keep_m, red);
+  // The cuts: n ranks of the order kept, total their weight.
+  int64_t n = top_k > 0 && top_k < live ? top_k : live;
+  if (n < live) total = sample_cum(logits, wbuf, V, bot, top, n, t_num, t_den, red);
+  if (p_num != p_den) {  // S(bot) p_den >= total p_num > S(top + 1) p_den = 0
+    int64_t lo = bot, hi = top + 1, s_hi = 0, c_hi = 0, c_lo = live;
+    while (hi - lo > 1) {  // block-uniform
+      const int64_t mid = lo + ((hi - lo) >> 1);
+      int64_t sm, c;
+      sample_pass(logits, wbuf, V, mid, &sm, &c, red);
+      if (mul_ge(sm, p_den, total, p_num))
+        lo = mid, c_lo = c;
+      else
+        hi = mid, s_hi = sm, c_hi = c;
+    }
+    const int64_t wp = sample_weight(top, lo, t_num, t_den);
+    int64_t a = 0, b = c_lo - c_hi;  // the fewest m in (a, b] of logit lo's ties: (s_hi + m wp) p_den >= X
+    while (b - a > 1) {
+      const int64_t mid = a + ((b - a) >> 1);
+      if (mul_ge(s_hi + mid * wp, p_den, total, p_num))
+        b = mid;
+      else
+        a = mid;
+    }
+    const int64_t np = c_hi + b;
+    if (np < n) n = np, total = s_hi + b * wp;
+  }
+  if (m_num) {
+    const int64_t nm = keep_m > 1 ? keep_m : 1;
+    if (nm < n) n = nm, total = sample_cum(logits, wbuf, V, bot, top, n, t_num, t_den, red);
+  }
+  const int64_t target = (int64_t)mul_hi64(draw, (unsigned long long)total);
+  // v* in [bot, top]: S(bot) >= total > target, S(top + 1) = 0 <= target.
   int64_t lo = bot, hi = top + 1, s_hi = 0;
   while (hi - lo > 1) {  // block-uniform
     const int64_t mid = lo + ((hi - lo) >> 1);
@@ -432,6 +519,16 @@ __device__ __forceinline__ int4 load16(const void* p) {
   return ::emu::load16_checked(p);
 #else
   return __ldg(reinterpret_cast<const int4*>(p));
+#endif
+}
+
+// 16-byte load from shared memory. Never load16 there: __ldg is
+// ld.global.nc, and a shared address used as a global one faults.
+__device__ __forceinline__ int4 load16_shared(const void* p) {
+#if defined(INTDET_CUDA_EMU)
+  return ::emu::load16_checked(p);
+#else
+  return *reinterpret_cast<const int4*>(p);
 #endif
 }
 
@@ -705,26 +802,31 @@ __global__ void __launch_bounds__(256)
 constexpr int kMmaM = 64, kMmaN = 64, kMmaK = 64, kMmaThreads = 128, kMmaRow = kMmaK + 16;
 constexpr int64_t kMmaFlushK = 32768;
 
-__device__ __forceinline__ void mma_s8s8(int32_t (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+// D += A B for one m16n8k32 tile: A s8 (kUnsigned false: the high bytes of
+// int16 values) or u8 (true: the low bytes), B s8, C/D s32. One definition
+// for both forms: only the A type differs.
+template <bool kUnsigned>
+__device__ __forceinline__ void mma_m16n8k32(int32_t (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
 #if defined(INTDET_CUDA_EMU)
-  ::emu::mma_m16n8k32(d, a, b, d, false);
+  ::emu::mma_m16n8k32(d, a, b, d, kUnsigned);
 #else
-  asm volatile(
-      "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#define INTDET_MMA_M16N8K32(AT)                                                                                    \
+  asm volatile("mma.sync.aligned.m16n8k32.row.col.s32." AT ".s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "     \
+               "{%0,%1,%2,%3};\n"                                                                                 \
+               : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])                                                  \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]))
+  if constexpr (kUnsigned)
+    INTDET_MMA_M16N8K32("u8");
+  else
+    INTDET_MMA_M16N8K32("s8");
+#undef INTDET_MMA_M16N8K32
 #endif
 }
-
+__device__ __forceinline__ void mma_s8s8(int32_t (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  mma_m16n8k32<false>(d, a, b);
+}
 __device__ __forceinline__ void mma_u8s8(int32_t (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
-#if defined(INTDET_CUDA_EMU)
-  ::emu::mma_m16n8k32(d, a, b, d, true);
-#else
-  asm volatile(
-      "mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-#endif
+  mma_m16n8k32<true>(d, a, b);
 }
 
 __device__ __forceinline__ uint32_t smem_u32(const uint8_t* p) { return *reinterpret_cast<const uint32_t*>(p); }
@@ -1109,27 +1211,86 @@ __device__ __forceinline__ AttnBlock attn_block(int row0, int nkv, int grp, int 
   return b;
 }
 
+// softmax_q16_row and the value weights of one (row, head), by the whole
+// block: sc [n] holds the row's int32 scores (written by any block of this
+// kernel: read through L2) and is left holding the int16 value weights w16;
+// va [i * vstride] is position i's value scale, zmax the scores' maximum.
+// Returns the weights' shift s (out = (sum w16 v) << s). Every thread
+// touches the same positions i = tid + k blockDim.x in every pass.
+__device__ int softmax_value_weights(int32_t* sc, int64_t n, const int32_t* __restrict__ va, int64_t vstride,
+                                     int64_t zmax, int64_t* red) {
+  const int tid = threadIdx.x, nt = blockDim.x;
+  int64_t tot = 0;
+  for (int64_t i = tid; i < n; i += nt) {
+    const int64_t ev = exp2_neg_q30(zmax - load_cg(sc + i));  // <= 2^30
+    sc[i] = (int32_t)ev;
+    tot += ev;
+  }
+  tot = block_sum(tot, red);  // >= 2^30 - 4: the max term
+  const int64_t R = floor_div((int64_t)1 << 62, tot);
+  int64_t wmax = 0;
+  for (int64_t i = tid; i < n; i += nt) {
+    const int64_t p = round_shift((int64_t)sc[i] * R, 62 - kProbFrac);  // <= 2^16
+    sc[i] = (int32_t)p;
+    wmax = imax(wmax, p * va[i * vstride]);  // < 2^47
+  }
+  wmax = block_max(wmax, 0, red);
+  const int s = (int)imax(bitlen(wmax) - 15, 0);
+  for (int64_t i = tid; i < n; i += nt)
+    sc[i] = (int32_t)clamp(round_shift((int64_t)sc[i] * va[i * vstride], s), -kInt16QMax, kInt16QMax);
+  return s;
+}
+
 __global__ void __launch_bounds__(kAttnThreads)
     attn_scores_kernel(const int32_t* __restrict__ qbuf, int row0, int nh, int nkv, int grp, int D, int layer,
                        const int32_t* __restrict__ seq, const int32_t* __restrict__ pos, const DevKV* __restrict__ kvs,
                        int64_t score_mant, int64_t score_shift, int32_t* __restrict__ scratch, int64_t sstride,
                        int64_t* __restrict__ zpart, int chunk, int* __restrict__ cnt, int32_t* __restrict__ sarr,
-                       int64_t window) {
+                       int64_t window, RopeFold rf) {
   __shared__ __align__(16) int16_t qq[kMaxGroupDim];
   __shared__ int eq[kMaxGroup];
   __shared__ int64_t red[33];
   __shared__ int flag;
+  __shared__ int32_t hrow[kMaxHeadDim], hy[kMaxHeadDim];  // rf.on: a head after q/k norm + RoPE; norm_rope's y
+  __shared__ __align__(16) int8_t k8[kMaxHeadDim];  // rf.on: the appended K row (this block's own position)
+  __shared__ int32_t k8a;
   const int tid = threadIdx.x, lane = tid & 31;
   const AttnBlock ab = attn_block(row0, nkv, grp, D, layer, seq, pos, kvs, chunk, window);
   const int nsplit = ab.nsplit, split = ab.split, kvh = ab.kvh, h0 = ab.h0;
   const int64_t tl = ab.tl, t = ab.t, n = ab.n, i0 = ab.i0, i1 = ab.i1, lay = ab.lay, rs = ab.rs;
   const DevKV kv = ab.kv;
   const int8_t* kb = kv.k + lay * D;
+  // rope_append folded in (decode, one row per sequence): the block whose
+  // chunk holds the row's own position appends K and V there first, and
+  // reads that K row from shared memory (never through __ldg: it wrote it).
+  const bool own = rf.on && i0 <= n - 1 && n - 1 < i1;  // block-uniform
 
+  if (own) {
+    const int64_t base = ((int64_t)layer * kv.max_len + pos[t]) * nkv + kvh;  // [L, P, nkv] index
+    const int64_t src = (t * nkv + kvh) * D;
+    for (int d = tid; d < D; d += blockDim.x) hrow[d] = rf.kb[src + d];
+    __syncthreads();
+    norm_rope_head(hrow, D, rf.k_norm, rf.eps_q60, pos[t], rf.cos, rf.sin, hy, red);
+    __syncthreads();
+    const int32_t a = quant8_block(hrow, D, k8, red);
+    __syncthreads();
+    for (int d = tid; d < D; d += blockDim.x) kv.k[base * D + d] = k8[d];
+    const int32_t av = quant8_block(rf.vb + src, D, kv.v + base * D, red);
+    if (tid == 0) kv.ka[base] = a, kv.va[base] = av, k8a = a;
+    __syncthreads();
+  }
   if (i0 < n) {  // block-uniform
-    // 1. The group's query heads to int16 (quant16_row of each).
+    // 1. The group's query heads to int16 (quant16_row of each; rf.on: after q norm + RoPE).
     for (int g = 0; g < grp; ++g) {
       const int32_t* qr = qbuf + (t * nh + h0 + g) * D;
+      if (rf.on) {
+        __syncthreads();  // the previous head's reads of hrow are done
+        for (int d = tid; d < D; d += blockDim.x) hrow[d] = qr[d];
+        __syncthreads();
+        norm_rope_head(hrow, D, rf.q_norm, rf.eps_q60, pos[t], rf.cos, rf.sin, hy, red);
+        __syncthreads();
+        qr = hrow;
+      }
       int64_t m = 0;
       for (int d = tid; d < D; d += blockDim.x) m = imax(m, iabs(qr[d]));
       m = block_max(m, 0, red);
@@ -1144,15 +1305,16 @@ __global__ void __launch_bounds__(kAttnThreads)
     for (int64_t ib = i0; ib < i1; ib += slots) {  // block-uniform bounds: every lane shuffles
       const int64_t i = ib + slot;
       const bool ok = i < i1;
-      const int8_t* kr = kb + (ok ? i : i0) * rs;
+      const bool mine = own && i == n - 1;  // the K row this block appended: from shared memory
+      const int8_t* kr = mine ? k8 : kb + (ok ? i : i0) * rs;
       int4 kv16 = make_int4(0, 0, 0, 0);
-      if (vec && ok && sub * 16 < D) kv16 = load16(kr + sub * 16);
+      if (vec && ok && sub * 16 < D) kv16 = mine ? load16_shared(kr + sub * 16) : load16(kr + sub * 16);
       for (int g = 0; g < grp; ++g) {
         int32_t raw = 0;
         if (vec) {
           if (ok && sub * 16 < D) {
             const int16_t* qp = qq + g * D + sub * 16;
-            raw = dot16(load16(qp), load16(qp + 8), kv16);
+            raw = dot16(load16_shared(qp), load16_shared(qp + 8), kv16);
           }
         } else if (ok) {
           for (int d = sub; d < D; d += 32) raw += (int32_t)qq[g * D + d] * (int32_t)kr[d];
@@ -1160,7 +1322,7 @@ __global__ void __launch_bounds__(kAttnThreads)
         raw = group_sum32(raw, L);  // |q . k| <= 2^15 * 127 * 256 < 2^31
         if (ok && sub == 0)
           scratch[(tl * nh + h0 + g) * sstride + i] =
-              (int32_t)attn_score(raw, kv.ka[lay + i * nkv], eq[g], score_mant, score_shift);  // sat32
+              (int32_t)attn_score(raw, mine ? k8a : kv.ka[lay + i * nkv], eq[g], score_mant, score_shift);  // sat32
       }
     }
     __syncthreads();  // the block's scores are visible to the block
@@ -1183,24 +1345,7 @@ __global__ void __launch_bounds__(kAttnThreads)
     for (int b = tid; b < nsplit; b += kAttnThreads)
       if ((int64_t)b * chunk < n) zmax = imax(zmax, load_cg(zpart + hr * nsplit + b));
     zmax = block_max(zmax, kI64Min, red);
-    int64_t tot = 0;
-    for (int64_t i = tid; i < n; i += kAttnThreads) {
-      const int64_t ev = exp2_neg_q30(zmax - load_cg(sc + i));  // <= 2^30
-      sc[i] = (int32_t)ev;
-      tot += ev;
-    }
-    tot = block_sum(tot, red);  // >= 2^30 - 4: the max term
-    const int64_t R = floor_div((int64_t)1 << 62, tot);
-    int64_t wmax = 0;
-    for (int64_t i = tid; i < n; i += kAttnThreads) {
-      const int64_t p = round_shift((int64_t)sc[i] * R, 62 - kProbFrac);  // <= 2^16
-      sc[i] = (int32_t)p;
-      wmax = imax(wmax, p * vab[i * nkv]);  // < 2^47
-    }
-    wmax = block_max(wmax, 0, red);
-    const int s = (int)imax(bitlen(wmax) - 15, 0);
-    for (int64_t i = tid; i < n; i += kAttnThreads)
-      sc[i] = (int32_t)clamp(round_shift((int64_t)sc[i] * vab[i * nkv], s), -kInt16QMax, kInt16QMax);
+    const int s = softmax_value_weights(sc, n, vab, nkv, zmax, red);
     if (tid == 0) sarr[hr] = s;
     __syncthreads();  // before red and the next head's loops reuse shared state
   }
@@ -1285,6 +1430,232 @@ __global__ void __launch_bounds__(kAttnThreads)
   if (tid == 0) act_e[t] = ex;
 }
 
+// ---------------------------------------------------------------- prefill attention on the tensor cores
+//
+// attn_mma_kernel: grid (tiles, nkv), one block per tile of the CPU's form
+// (csrc/model/attention.cpp): P consecutive rows of the launch times the grp
+// query heads of one KV head, tile row r = i grp + j (row i, head h0 + j),
+// at most kAmRows = 16 (the mma's M). Rows of different sequences in one
+// tile are served one run of equal sequence after another. Per run:
+//  1. each tile row's query quant16 (quant16_row) into shared memory, split
+//     exactly into hi = q >> 8 (s8) and lo = q & 255 (u8);
+//  2. QK^T: keys in steps of kAmKeys; mma.m16n8k32 hi x K (s8.s8) and lo x K
+//     (u8.s8) over D (padded to 32 with zeros), raw = 256 hi + lo, then
+//     attn_score, stored for the row's own positions [lo, pos] in the
+//     scratch (the split kernels' layout);
+//  3. per tile row, softmax_value_weights (the same function as the split
+//     kernels): the int16 value weights w16 in the scratch, the shift s;
+//  4. P.V: w16 split the same way (hi s8, lo u8; zero outside the row's
+//     positions) against V^T (s8, staged transposed in shared memory so a B
+//     fragment is 4 consecutive bytes), into s32, 256 hi + lo into int64;
+//  5. out = acc << s (attn_out). quant16 of each row follows in its own launch.
+//
+// Exact: q . k = 256 sum hi k + sum lo k, with |sum| <= 256 * 255 * 128 in
+// s32 for D <= 256; the P.V products are at most 128 * 128 (hi) and
+// 255 * 128 < 2^15 (lo) in magnitude, so 65536 keys keep each s32 sum below
+// 2^31 (65536 * 255 * 128 < 2^31); the kernel adds 256 hi + lo into int64
+// every kAmFlush = 32768 keys and after the last step, half the bound.
+// Scores, the softmax and the weights are the split kernels' per-position
+// formulas, so the bits are attend_head's (tests: test_attend_rows_*).
+constexpr int kAmRows = 16;                     // tile rows (mma M)
+constexpr int kAmKeys = 64;                     // keys per step (two k32 of P.V, eight n8 of QK^T)
+constexpr int kAmQRow = kMaxHeadDim + 16;       // bytes per query / key row in shared memory
+constexpr int kAmVRow = kAmKeys + 16;           // bytes per V^T row (one dimension's keys)
+constexpr int kAmKvBytes = kMaxHeadDim * kAmVRow > kAmKeys * kAmQRow ? kMaxHeadDim * kAmVRow : kAmKeys * kAmQRow;
+constexpr int64_t kAmFlush = 32768;             // P.V keys per s32 flush (65536 keep it exact)
+constexpr int kAmMaxNt = kMaxHeadDim / 32;      // P.V n8 tiles per warp (4 warps over D)
+
+__global__ void __launch_bounds__(kAttnThreads)
+    attn_mma_kernel(const int32_t* __restrict__ qbuf, int row0, int nrows, int nh, int nkv, int grp, int P, int D,
+                    int layer, const int32_t* __restrict__ seq, const int32_t* __restrict__ pos,
+                    const DevKV* __restrict__ kvs, int64_t score_mant, int64_t score_shift,
+                    int32_t* __restrict__ scratch, int64_t sstride, int64_t* __restrict__ out, int64_t window) {
+  __shared__ __align__(16) uint8_t Qh[kAmRows * kAmQRow];  // hi bytes of the queries [tile row][d]
+  __shared__ __align__(16) uint8_t Ql[kAmRows * kAmQRow];  // lo bytes
+  __shared__ __align__(16) uint8_t KV[kAmKvBytes];         // K [key][d], then V^T [d][key]
+  __shared__ __align__(16) uint8_t Wh[kAmRows * kAmVRow];  // hi bytes of the value weights [tile row][key]
+  __shared__ __align__(16) uint8_t Wl[kAmRows * kAmVRow];
+  __shared__ int64_t rlo[kAmRows], rhi[kAmRows], rbase[kAmRows], red[33];
+  __shared__ int rtl[kAmRows], rh[kAmRows], eq[kAmRows], sh[kAmRows], nR;
+  __shared__ int64_t s01[2];
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, tq = lane & 3;
+  const int kvh = blockIdx.y, h0 = kvh * grp;
+  const int tl0 = blockIdx.x * P;
+  const int np = nrows - tl0 < P ? nrows - tl0 : P;
+  const int Dp = (D + 31) & ~31;
+  const bool vec = D % 16 == 0;
+  const int HD = nh * D;
+  for (int i0 = 0; i0 < np;) {  // one run of rows of the same sequence
+    const int sq = seq[row0 + tl0 + i0];
+    int i1 = i0 + 1;
+    while (i1 < np && seq[row0 + tl0 + i1] == sq) ++i1;
+    const DevKV kv = kvs[sq];
+    const int64_t lay0 = (int64_t)layer * kv.max_len;  // cache row of (layer, position 0)
+    if (tid == 0) {
+      int r = 0;
+      int64_t a = INT64_MAX, b = 0;
+      for (int i = i0; i < i1; ++i)
+        for (int j = 0; j < grp; ++j, ++r) {
+          const int tl = tl0 + i;
+          int64_t lo, n;
+          attn_range(pos[row0 + tl], window, &lo, &n);
+          rtl[r] = tl, rh[r] = h0 + j, rlo[r] = lo, rhi[r] = lo + n;
+          rbase[r] = ((int64_t)tl * nh + h0 + j) * sstride;
+          a = lo < a ? lo : a, b = lo + n > b ? lo + n : b;
+        }
+      nR = r, s01[0] = a, s01[1] = b;
+    }
+    __syncthreads();
+    const int R = nR;
+    const int64_t s0 = s01[0], s1 = s01[1];
+    // 1. quant16 of each tile row's query (a warp per row), split into bytes.
+    for (int r = warp; r < kAmRows; r += kAttnThreads / 32) {
+      const int32_t* qr = r < R ? qbuf + ((int64_t)(row0 + rtl[r]) * nh + rh[r]) * D : nullptr;
+      int64_t m = 0;
+      if (qr)
+        for (int d = lane; d < D; d += 32) m = imax(m, iabs((int64_t)qr[d]));
+      m = warp_max(m);
+      const int e_q = (int)imax(bitlen(m) - 15, 0);
+      for (int d = lane; d < Dp; d += 32) {
+        const int32_t x = qr && d < D ? (int32_t)clamp(round_shift((int64_t)qr[d], e_q), -kInt16QMax, kInt16QMax) : 0;
+        Qh[r * kAmQRow + d] = (uint8_t)((x >> 8) & 0xff);
+        Ql[r * kAmQRow + d] = (uint8_t)(x & 0xff);
+      }
+      if (lane == 0) eq[r] = e_q;
+    }
+    // 2. QK^T: eight n8 tiles (keys) per step, two per warp.
+    for (int64_t k0 = s0; k0 < s1; k0 += kAmKeys) {
+      __syncthreads();  // the queries are in (first step); the last step's K reads are done
+      if (vec) {
+        for (int idx = tid; idx < kAmKeys * (kMaxHeadDim / 16); idx += kAttnThreads) {
+          const int pp = idx >> 4, c = (idx & 15) * 16;
+          if (c >= Dp) continue;
+          int4 v = make_int4(0, 0, 0, 0);
+          if (k0 + pp < s1 && c < D) v = load16(kv.k + ((lay0 + k0 + pp) * nkv + kvh) * D + c);
+          *reinterpret_cast<int4*>(KV + pp * kAmQRow + c) = v;
+        }
+      } else {
+        for (int idx = tid; idx < kAmKeys * kMaxHeadDim; idx += kAttnThreads) {
+          const int pp = idx >> 8, d = idx & 255;
+          if (d >= Dp) continue;
+          KV[pp * kAmQRow + d] =
+              (uint8_t)(k0 + pp < s1 && d < D ? kv.k[((lay0 + k0 + pp) * nkv + kvh) * D + d] : 0);
+        }
+      }
+      __syncthreads();
+#pragma unroll
+      for (int u = 0; u < 2; ++u) {
+        const int nt = warp * 2 + u;
+        int32_t ph[4] = {0, 0, 0, 0}, pl[4] = {0, 0, 0, 0};
+        for (int kk = 0; kk < Dp; kk += 32) {
+          const int o0 = g * kAmQRow + kk + 4 * tq, o8 = o0 + 8 * kAmQRow;
+          const uint32_t ahi[4] = {smem_u32(Qh + o0), smem_u32(Qh + o8), smem_u32(Qh + o0 + 16), smem_u32(Qh + o8 + 16)};
+          const uint32_t alo[4] = {smem_u32(Ql + o0), smem_u32(Ql + o8), smem_u32(Ql + o0 + 16), smem_u32(Ql + o8 + 16)};
+          const uint8_t* bp = KV + (nt * 8 + g) * kAmQRow + kk + 4 * tq;
+          const uint32_t b[2] = {smem_u32(bp), smem_u32(bp + 16)};
+          mma_s8s8(ph, ahi, b);
+          mma_u8s8(pl, alo, b);
+        }
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          const int r = g + (c >= 2 ? 8 : 0);
+          const int64_t p = k0 + nt * 8 + 2 * tq + (c & 1);
+          if (r < R && p >= rlo[r] && p < rhi[r]) {
+            const int64_t raw = (int64_t)ph[c] * 256 + pl[c];  // |q . k| < 2^31
+            scratch[rbase[r] + p - rlo[r]] =
+                (int32_t)attn_score(raw, kv.ka[(lay0 + p) * nkv + kvh], eq[r], score_mant, score_shift);
+          }
+        }
+      }
+    }
+    __syncthreads();  // the scores are visible to the block
+    // 3. Softmax and value weights per tile row (the split kernels' function).
+    for (int r = 0; r < R; ++r) {
+      int32_t* sc = scratch + rbase[r];
+      const int64_t n = rhi[r] - rlo[r];
+      int64_t m = kI64Min;
+      for (int64_t i = tid; i < n; i += kAttnThreads) m = imax(m, (int64_t)sc[i]);
+      m = block_max(m, kI64Min, red);
+      const int s = softmax_value_weights(sc, n, kv.va + (lay0 + rlo[r]) * nkv + kvh, nkv, m, red);
+      if (tid == 0) sh[r] = s;
+      __syncthreads();
+    }
+    // 4. P.V: warp w takes the n8 tiles (dimensions) w, w + 4, ...
+    const int ntw = Dp >> 5;  // n8 tiles per warp
+    int64_t acc[kAmMaxNt][4];
+    int32_t ph[kAmMaxNt][4], pl[kAmMaxNt][4];
+#pragma unroll
+    for (int i = 0; i < kAmMaxNt; ++i)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) acc[i][c] = 0, ph[i][c] = 0, pl[i][c] = 0;
+    int64_t since = 0;
+    for (int64_t k0 = s0; k0 < s1; k0 += kAmKeys) {
+      for (int idx = tid; idx < kAmRows * kAmKeys; idx += kAttnThreads) {
+        const int r = idx >> 6, pp = idx & (kAmKeys - 1);
+        const int64_t p = k0 + pp;
+        const int32_t w = r < R && p >= rlo[r] && p < rhi[r] ? load_cg(scratch + rbase[r] + p - rlo[r]) : 0;
+        Wh[r * kAmVRow + pp] = (uint8_t)((w >> 8) & 0xff);
+        Wl[r * kAmVRow + pp] = (uint8_t)(w & 0xff);
+      }
+      if (vec) {
+        for (int idx = tid; idx < kAmKeys * (kMaxHeadDim / 16); idx += kAttnThreads) {
+          const int pp = idx >> 4, c = (idx & 15) * 16;
+          if (c >= Dp) continue;
+          int4 v = make_int4(0, 0, 0, 0);
+          if (k0 + pp < s1 && c < D) v = load16(kv.v + ((lay0 + k0 + pp) * nkv + kvh) * D + c);
+          const uint32_t wd[4] = {(uint32_t)v.x, (uint32_t)v.y, (uint32_t)v.z, (uint32_t)v.w};
+#pragma unroll
+          for (int b = 0; b < 16; ++b) KV[(c + b) * kAmVRow + pp] = (uint8_t)(wd[b >> 2] >> (8 * (b & 3)));
+        }
+      } else {
+        for (int idx = tid; idx < kAmKeys * kMaxHeadDim; idx += kAttnThreads) {
+          const int pp = idx >> 8, d = idx & 255;
+          if (d >= Dp) continue;
+          KV[d * kAmVRow + pp] = (uint8_t)(k0 + pp < s1 && d < D ? kv.v[((lay0 + k0 + pp) * nkv + kvh) * D + d] : 0);
+        }
+      }
+      __syncthreads();
+#pragma unroll
+      for (int kk = 0; kk < kAmKeys; kk += 32) {
+        const int o0 = g * kAmVRow + kk + 4 * tq, o8 = o0 + 8 * kAmVRow;
+        const uint32_t ahi[4] = {smem_u32(Wh + o0), smem_u32(Wh + o8), smem_u32(Wh + o0 + 16), smem_u32(Wh + o8 + 16)};
+        const uint32_t alo[4] = {smem_u32(Wl + o0), smem_u32(Wl + o8), smem_u32(Wl + o0 + 16), smem_u32(Wl + o8 + 16)};
+#pragma unroll
+        for (int i = 0; i < kAmMaxNt; ++i)
+          if (i < ntw) {  // warp-uniform
+            const uint8_t* bp = KV + ((warp + 4 * i) * 8 + g) * kAmVRow + kk + 4 * tq;
+            const uint32_t b[2] = {smem_u32(bp), smem_u32(bp + 16)};
+            mma_s8s8(ph[i], ahi, b);
+            mma_u8s8(pl[i], alo, b);
+          }
+      }
+      __syncthreads();  // before the next step overwrites W and V^T
+      since += kAmKeys;
+      if (since >= kAmFlush || k0 + kAmKeys >= s1) {  // block-uniform
+        since = 0;
+#pragma unroll
+        for (int i = 0; i < kAmMaxNt; ++i)
+#pragma unroll
+          for (int c = 0; c < 4; ++c) {
+            acc[i][c] += (int64_t)ph[i][c] * 256 + pl[i][c];
+            ph[i][c] = 0, pl[i][c] = 0;
+          }
+      }
+    }
+    // 5. out = acc << s; C fragment c at row g (+ 8 for c >= 2), dimension 2 tq + (c & 1).
+#pragma unroll
+    for (int i = 0; i < kAmMaxNt; ++i)
+      if (i < ntw)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          const int r = g + (c >= 2 ? 8 : 0), d = (warp + 4 * i) * 8 + 2 * tq + (c & 1);
+          if (r < R && d < D) out[(int64_t)(row0 + rtl[r]) * HD + (int64_t)rh[r] * D + d] = shl(acc[i][c], sh[r]);
+        }
+    __syncthreads();  // before the next run rewrites the tile's shared state
+    i0 = i1;
+  }
+}
+
 unsigned grid_1d(int64_t count, int threads) {
   int64_t b = (count + threads - 1) / threads;
   if (b > 65535) b = 65535;  // grid-stride loops cover the rest
@@ -1324,6 +1695,9 @@ void launch_quant16_i64(const int64_t* x, int R, int n, int16_t* q, int32_t* e, 
 
 int g_gemv_split = -1;  // tests: force the split
 void set_gemv_split_override(int wlg) { g_gemv_split = wlg < 0 ? -1 : wlg > 2 ? 2 : wlg; }
+
+int g_attn_path = kAttnAuto;  // tests and the device check: force kAttnAuto's choice
+void set_attn_path_override(int path) { g_attn_path = path == kAttnSplit || path == kAttnMma ? path : kAttnAuto; }
 
 int gemv_split_log2(int K, int N) {
   // Warps per output channel (1, 2 or 4; split-K inside a block): enough
@@ -1470,19 +1844,35 @@ int attn_chunk(int64_t sstride, int nkv, int nrows) {
 void launch_attention(const int32_t* q, int row0, int nrows, int nh, int nkv, int D, int layer, const int32_t* seq,
                       const int32_t* pos, const DevKV* kvs, int64_t score_mant, int64_t score_shift,
                       const AttnScratch& sc, int64_t* out, int16_t* act, int32_t* act_e, cudaStream_t st,
-                      int64_t window, int chunk) {
+                      int64_t window, int chunk, int path, const RopeFold& rope) {
   if (nrows <= 0) return;
   if (D > kMaxHeadDim || nrows > 65535 || nkv > 65535 || nkv <= 0 || nh % nkv)
     throw std::invalid_argument("attention: shape out of range");
   const int grp = nh / nkv;  // host-side division
   if (grp > kMaxGroup || grp * D > kMaxGroupDim) throw std::invalid_argument("attention: more than 16 query heads per kv head");
+  if (path == kAttnAuto) path = rope.on ? kAttnSplit : g_attn_path != kAttnAuto ? g_attn_path
+                                                    : nrows > kGemvMaxRows ? kAttnMma : kAttnSplit;
+  if (rope.on && path == kAttnMma) throw std::invalid_argument("attention: rope_append folds into the split path only");
+  if (path == kAttnMma) {  // prefill: tiles on the tensor cores, then quant16 of the rows
+    const int P = kAmRows / grp;  // rows per tile (grp <= kMaxGroup = kAmRows; host-side division)
+    const unsigned tiles = (unsigned)((nrows + P - 1) / P);
+    if (nrows > sc.rows) throw std::invalid_argument("attention: scratch too small");
+    INTDET_LAUNCH(attn_mma_kernel, dim3(tiles, (unsigned)nkv), kAttnThreads, 0, st, q, row0, nrows, nh, nkv, grp, P, D,
+                  layer, seq, pos, kvs, score_mant, score_shift, sc.scores, sc.sstride, out, window);
+    check_launch("attention (tensor cores)");
+    const int64_t HD = (int64_t)nh * D;
+    launch_quant16_i64(out + row0 * HD, nrows, (int)HD, act + row0 * HD, act_e + row0, st);
+    return;
+  }
+  if (rope.on && (D > kMaxHeadDim)) throw std::invalid_argument("attention: head_dim > 256");
   if (chunk <= 0) chunk = attn_chunk(sc.sstride, nkv, nrows);
   if (chunk > kPvBlock) throw std::invalid_argument("attention: chunk over 512 positions");
   const int64_t nsplit = (sc.sstride + chunk - 1) / chunk;
   if (nrows > sc.rows || nsplit > sc.max_splits) throw std::invalid_argument("attention: scratch too small");
   const dim3 grid((unsigned)nsplit, (unsigned)nkv, (unsigned)nrows);
   INTDET_LAUNCH(attn_scores_kernel, grid, kAttnThreads, 0, st, q, row0, nh, nkv, grp, D, layer, seq, pos, kvs,
-                score_mant, score_shift, sc.scores, sc.sstride, sc.zpart, chunk, sc.counters, sc.shifts, window);
+                score_mant, score_shift, sc.scores, sc.sstride, sc.zpart, chunk, sc.counters, sc.shifts, window,
+                rope);
   check_launch("attention (scores)");
   INTDET_LAUNCH(attn_pv_kernel, grid, kAttnThreads, 0, st, row0, nh, nkv, grp, D, layer, seq, pos, kvs, sc.scores,
                 sc.sstride, sc.shifts, chunk, sc.oacc, sc.counters + (int64_t)nrows * nkv, out, act, act_e, window);
@@ -1510,9 +1900,13 @@ void launch_argmax(const int32_t* logits, int V, unsigned long long* best, int* 
 }
 
 void launch_sample(const int32_t* logits, int V, int64_t t_num, int64_t t_den, uint64_t draw, int32_t* wbuf,
-                   int32_t* token, cudaStream_t st) {
+                   int32_t* token, cudaStream_t st, const SampleCuts& cuts) {
   if (V <= 0 || t_num <= 0 || t_den <= 0) throw std::invalid_argument("sample: empty row or temperature <= 0");
-  INTDET_LAUNCH(sample_kernel, 1, kSampleThreads, 0, st, logits, V, t_num, t_den, (unsigned long long)draw, wbuf, token);
+  if (cuts.top_k < 0 || cuts.p_num <= 0 || cuts.p_den <= 0 || cuts.p_num > cuts.p_den || cuts.m_num < 0 ||
+      cuts.m_den <= 0 || cuts.m_num > cuts.m_den || cuts.m_den > 1000000)
+    throw std::invalid_argument("sample: top-k < 0, top-p outside (0, 1] or min-p outside [0, 1] (denominator <= 1e6)");
+  INTDET_LAUNCH(sample_kernel, 1, kSampleThreads, 0, st, logits, V, t_num, t_den, (unsigned long long)draw, cuts.top_k,
+                cuts.p_num, cuts.p_den, cuts.m_num, cuts.m_den, wbuf, token);
   check_launch("sample");
 }
 

@@ -164,10 +164,40 @@ int attn_chunk(int64_t sstride, int nkv, int nrows);
 // quant16 per row into act [T, nh * D] int16, act_e [T]. Split over
 // positions in chunks (chunk 0: attn_chunk's choice); the bits never depend
 // on the split. nrows <= sc.rows.
+//
+// path: kAttnSplit, the flash-decoding split above (2 launches: scores with
+// the softmax by each (row, kv head)'s last block, then P.V with the
+// quant16 by each row's last block); kAttnMma, tiles of up to 16 query rows
+// (consecutive rows times the query heads of one KV head, as the CPU's
+// attention tiles) with QK^T and P.V on the tensor cores (mma.m16n8k32,
+// int16 split into s8 hi and u8 lo bytes; 2 launches: the tiles, then
+// quant16 of the rows); kAttnAuto: kAttnMma for more than kGemvMaxRows rows
+// (prefill), else kAttnSplit. Every path gives the same bits.
+enum AttnPath { kAttnAuto = 0, kAttnSplit = 1, kAttnMma = 2 };
+// rope_append folded into the split path's scores kernel (on: launch_rope_append
+// is not called): every block runs q norm + RoPE of its group's heads from q
+// (left unrotated in memory), and the block whose chunk holds a row's own
+// position runs k norm + RoPE of kb and the quant8 append of K and vb first.
+// Only when every row of the launch is a different sequence's (decode: no
+// row reads a K or V row another block of this launch appends).
+struct RopeFold {
+  int on;
+  const int16_t* q_norm;
+  const int16_t* k_norm;
+  int64_t eps_q60;
+  const int16_t* cos;
+  const int16_t* sin;
+  const int32_t* kb;  // [T, nkv, D] before k norm + RoPE
+  const int32_t* vb;  // [T, nkv, D]
+};
+// What kAttnAuto takes from now on (kAttnSplit or kAttnMma; anything else:
+// the choice above), except under a RopeFold; tests and the device check's
+// A/B timing only. The bits never change.
+void set_attn_path_override(int path);
 void launch_attention(const int32_t* q, int row0, int nrows, int nh, int nkv, int D, int layer, const int32_t* seq,
                       const int32_t* pos, const DevKV* kvs, int64_t score_mant, int64_t score_shift,
                       const AttnScratch& sc, int64_t* out, int16_t* act, int32_t* act_e, cudaStream_t st,
-                      int64_t window = 0, int chunk = 0);
+                      int64_t window = 0, int chunk = 0, int path = kAttnAuto, const RopeFold& rope = RopeFold{});
 
 // a[i] = swiglu(g[i], u[i]) (Q32 int64) for count elements of int32 Q16 inputs.
 void launch_swiglu(const int32_t* g, const int32_t* u, int64_t count, int64_t* a, cudaStream_t st);
@@ -180,11 +210,20 @@ void launch_geglu(const int32_t* g, const int32_t* u, int64_t count, int64_t* a,
 void launch_argmax(const int32_t* logits, int V, unsigned long long* best, int* counter, int32_t* token,
                    cudaStream_t st);
 
+// Sampler.pick's cuts (python/intdet/sampling.py): top_k 0 = off; top-p
+// p_num / p_den in (0, 1] (equal: off); min-p m_num / m_den in [0, 1]
+// (m_num 0: off; m_den <= 10^6, as parse_fraction allows).
+struct SampleCuts {
+  int64_t top_k = 0;
+  int64_t p_num = 1, p_den = 1;
+  int64_t m_num = 0, m_den = 1;
+};
 // token[0] = the host Sampler's choice for temperature t_num / t_den with
-// top-k, top-p and min-p off and no repetition penalty, from one logits row
-// [V] and the draw draw_u64(seed, position); wbuf: int32 [V] scratch.
+// those cuts (no repetition penalty: the host applies it to the logits
+// first), from one logits row [V] and the draw draw_u64(seed, position);
+// wbuf: int32 [V] scratch.
 void launch_sample(const int32_t* logits, int V, int64_t t_num, int64_t t_den, uint64_t draw, int32_t* wbuf,
-                   int32_t* token, cudaStream_t st);
+                   int32_t* token, cudaStream_t st, const SampleCuts& cuts = SampleCuts{});
 
 // out[i] = round_div(a[i], b[i]) on the device (tests of the integer division).
 void launch_round_div(const int64_t* a, const int64_t* b, int64_t count, int64_t* out, cudaStream_t st);

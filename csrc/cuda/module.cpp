@@ -139,7 +139,8 @@ PYBIND11_MODULE(INTDET_CUDA_MODULE_NAME, mod) {
 
   mod.def(
       "submit_pick",
-      [](PyModel& pm, PyState& s, py::object tokens, int64_t start, int64_t t_num, int64_t t_den, uint64_t draw) {
+      [](PyModel& pm, PyState& s, py::object tokens, int64_t start, int64_t t_num, int64_t t_den, uint64_t draw,
+         int64_t top_k, int64_t p_num, int64_t p_den, int64_t m_num, int64_t m_den) {
         if (start != s.n_past) throw std::invalid_argument("submit_pick: start must equal the number of cached positions");
         Arr<int32_t> tk;
         int64_t T = 1;
@@ -152,16 +153,18 @@ PYBIND11_MODULE(INTDET_CUDA_MODULE_NAME, mod) {
         {
           py::gil_scoped_release nogil;
           cuda::submit_pick(*pm.dev, *s.dev, tokens.is_none() ? nullptr : tk.data(), T, start,
-                            cuda::Pick{t_num, t_den, draw});
+                            cuda::Pick{t_num, t_den, draw, top_k, p_num, p_den, m_num, m_den});
         }
         s.n_past = start + T;
       },
       py::arg("model"), py::arg("state"), py::arg("tokens"), py::arg("start"), py::arg("t_num") = 0,
-      py::arg("t_den") = 1, py::arg("draw") = 0,
+      py::arg("t_den") = 1, py::arg("draw") = 0, py::arg("top_k") = 0, py::arg("p_num") = 1, py::arg("p_den") = 1,
+      py::arg("m_num") = 0, py::arg("m_den") = 1,
       "Enqueue a forward of tokens (int32 [T]; None: one row whose token is the one the previous submit_pick "
       "chose, read on the device) at positions start.., the choice of the last row's token on the device "
       "(t_num 0: greedy, the largest logit, the lowest id on ties; else temperature t_num / t_den sampling with "
-      "the 64-bit draw for position start + T, top-k/top-p/min-p off: Sampler.pick's token) and the copies of "
+      "the 64-bit draw for position start + T, top-k, top-p p_num / p_den, min-p m_num / m_den: Sampler.pick's "
+      "token without a repetition penalty) and the copies of "
       "that row's logits and the token into pinned host memory; returns without waiting (wait_pick).");
   mod.def(
       "wait_pick",
@@ -286,6 +289,35 @@ PYBIND11_MODULE(INTDET_CUDA_MODULE_NAME, mod) {
       py::arg("q"), py::arg("kc"), py::arg("ka"), py::arg("vc"), py::arg("va"), py::arg("score_mant"),
       py::arg("score_shift"), py::arg("chunk") = 0,
       "nh int32 query heads over an nkv-head cache (GQA), split in chunks of positions; int64 [nh, D].");
+  ops.def(
+      "attend_rows",
+      [](Arr<int32_t> q, Arr<int8_t> kc, Arr<int32_t> ka, Arr<int8_t> vc, Arr<int32_t> va, Arr<int32_t> pos,
+         int64_t window, int64_t score_mant, int64_t score_shift, int path) {
+        if (q.ndim() != 3 || kc.ndim() != 3 || vc.ndim() != 3 || ka.ndim() != 2 || va.ndim() != 2 || pos.ndim() != 1)
+          throw std::invalid_argument("attend_rows: q [T, nh, D], kc/vc [n, nkv, D], ka/va [n, nkv], pos [T]");
+        const int64_t T = q.shape(0), nh = q.shape(1), D = q.shape(2), n = kc.shape(0), nkv = kc.shape(1);
+        if (kc.shape(2) != D || vc.shape(0) != n || vc.shape(1) != nkv || vc.shape(2) != D || ka.shape(0) != n ||
+            ka.shape(1) != nkv || va.shape(0) != n || va.shape(1) != nkv || pos.shape(0) != T || D > 256 || n < 1 ||
+            nkv < 1 || nh % nkv || T < 1 || window < 0)
+          throw std::invalid_argument("attend_rows: shape mismatch");
+        for (int64_t t = 0; t < T; ++t)
+          if (pos.data()[t] < 0 || pos.data()[t] >= n) throw std::invalid_argument("attend_rows: pos out of [0, n)");
+        if (path < 0 || path > 2) throw std::invalid_argument("attend_rows: path must be 0, 1 or 2");
+        py::array_t<int64_t> out({T, nh, D});
+        py::array_t<int16_t> act({T, nh * D});
+        py::array_t<int32_t> act_e(T);
+        cuda::test::attend_rows(q.data(), T, nh, nkv, D, kc.data(), ka.data(), vc.data(), va.data(), n, pos.data(),
+                                window, score_mant, score_shift, path, out.mutable_data(), act.mutable_data(),
+                                act_e.mutable_data());
+        return py::make_tuple(out, act, act_e);
+      },
+      py::arg("q"), py::arg("kc"), py::arg("ka"), py::arg("vc"), py::arg("va"), py::arg("pos"), py::arg("window"),
+      py::arg("score_mant"), py::arg("score_shift"), py::arg("path") = 0,
+      "T query rows of one sequence (row t at position pos[t]) over an nkv-head cache; path 0 auto (tensor cores "
+      "for > 32 rows), 1 flash-decoding split, 2 tensor cores; (out int64 [T, nh, D], act int16 [T, nh*D], act_e [T]).");
+  ops.def("set_attn_path", &cuda::test::set_attn_path, py::arg("path"),
+          "Force the attention path of launches that would choose (1 flash-decoding split, 2 tensor cores; "
+          "0 or anything else: more than 32 rows on the tensor cores). Tests and the device check.");
   ops.def("set_gemv_split", &cuda::test::set_gemv_split, py::arg("wlg"),
           "Force the GEMV's warps per channel to 2**wlg (0..2; -1: the launcher's choice). Tests only.");
   ops.def("norm_quant16", [](Arr<int32_t> x, Arr<int16_t> g, int64_t eps_q60) {
@@ -314,10 +346,18 @@ PYBIND11_MODULE(INTDET_CUDA_MODULE_NAME, mod) {
     cuda::test::argmax(logits.data(), logits.shape(0), logits.shape(1), out.mutable_data());
     return out;
   });
-  ops.def("sample", [](Arr<int32_t> logits, int64_t t_num, int64_t t_den, uint64_t draw) {
-    if (logits.ndim() != 1 || logits.size() == 0) throw std::invalid_argument("sample: logits must be [V], V > 0");
-    return cuda::test::sample(logits.data(), logits.size(), t_num, t_den, draw);
-  });
+  ops.def(
+      "sample",
+      [](Arr<int32_t> logits, int64_t t_num, int64_t t_den, uint64_t draw, int64_t top_k, int64_t p_num,
+         int64_t p_den, int64_t m_num, int64_t m_den) {
+        if (logits.ndim() != 1 || logits.size() == 0) throw std::invalid_argument("sample: logits must be [V], V > 0");
+        return cuda::test::sample(logits.data(), logits.size(),
+                                  cuda::Pick{t_num, t_den, draw, top_k, p_num, p_den, m_num, m_den});
+      },
+      py::arg("logits"), py::arg("t_num"), py::arg("t_den"), py::arg("draw"), py::arg("top_k") = 0,
+      py::arg("p_num") = 1, py::arg("p_den") = 1, py::arg("m_num") = 0, py::arg("m_den") = 1,
+      "Sampler.pick's token on the device (temperature t_num / t_den, the 64-bit draw, top-k, top-p "
+      "p_num / p_den, min-p m_num / m_den).");
   ops.def("round_div", [](Arr<int64_t> a, Arr<int64_t> b) {
     if (a.size() != b.size()) throw std::invalid_argument("round_div: shape mismatch");
     py::array_t<int64_t> out(a.size());

@@ -113,21 +113,23 @@ class Sequence:
         whose token is the one the previous submit chose, never copied to the
         host first), the choice of the next token on the device from the last
         row's logits (``sampler`` None or greedy: the largest logit, the lowest
-        id on ties; else temperature sampling, which needs top-k, top-p,
-        min-p and the repetition penalty off: ``Sampler.pick``'s token for the
-        same seed and position) and the copy of those logits into pinned
+        id on ties; else temperature sampling with top-k, top-p and min-p,
+        which needs the repetition penalty off: ``Sampler.pick``'s token for
+        the same seed and position) and the copy of those logits into pinned
         memory; returns at once. Raises IntdetError when the tokens do not fit
         the context or the sampler needs the host."""
         n = 1 if tokens is None else len(tokens)
         if self.n_past + n > self.max_len:
             raise IntdetError(f"sequence of {self.n_past + n} tokens exceeds the context ({self.max_len})")
-        t_num, t_den, draw = 0, 1, 0
+        cuts = dict(t_num=0, t_den=1, draw=0)
+        if sampler is not None and not sampler.device_ok:
+            raise IntdetError("submit_pick: the repetition penalty is applied on the host")
         if sampler is not None and not sampler.greedy:
-            if not sampler.device_ok:
-                raise IntdetError("submit_pick: top-k, top-p, min-p and the repetition penalty are chosen on the host")
-            t_num, t_den, draw = sampler.t_num, sampler.t_den, draw_u64(sampler.seed, self.n_past + n)
+            cuts = dict(t_num=sampler.t_num, t_den=sampler.t_den, draw=draw_u64(sampler.seed, self.n_past + n),
+                        top_k=sampler.top_k, p_num=sampler.p_num, p_den=sampler.p_den, m_num=sampler.m_num,
+                        m_den=sampler.m_den)
         toks = None if tokens is None else np.ascontiguousarray(tokens, dtype=np.int32)
-        self.engine._core.submit_pick(self.engine._model, self._state, toks, self.n_past, t_num, t_den, draw)
+        self.engine._core.submit_pick(self.engine._model, self._state, toks, self.n_past, **cuts)
         self.n_past += n
 
     def wait_pick(self) -> tuple[int, np.ndarray]:

@@ -118,10 +118,10 @@ class Sampler:
     @property
     def device_ok(self) -> bool:
         """Whether the CUDA engine can choose this sampler's tokens on the
-        device (greedy, or temperature alone: no top-k, top-p, min-p or
-        repetition penalty; kernels.cu sample_kernel)."""
-        return not self.penalized and (self.greedy or (self.top_k == 0 and self.p_num == self.p_den
-                                                      and self.m_num == 0))
+        device: greedy, or temperature with any top-k, top-p and min-p
+        (kernels.cu sample_kernel); not with a repetition penalty (it changes
+        the logits first; the host applies it)."""
+        return not self.penalized
 
     def recent(self, history) -> list:
         """The ids the repetition penalty looks at: the last repeat_last_n of ``history``."""
