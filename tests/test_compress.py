@@ -160,6 +160,7 @@ def test_bytes_without_a_token_are_stored(eng, monkeypatch):
         self.byte_ids[0xFF] = None
 
     monkeypatch.setattr(TokenBytes, "__init__", patched)
+    monkeypatch.setattr(eng, "_compress_token_bytes", None, raising=False)  # rebuilt patched, restored after
     data = TEXT.encode() + b"\xff" + TEXT.encode()
     blob, st = comp(eng, data, ctx=64)
     assert st.stored_chunks >= 1 and st.stored_chunks < st.chunks
@@ -259,3 +260,11 @@ def test_cli(tiny, tmp_path):
     assert r.returncode == 1 and b"missing: cannot read" in r.stderr
     r = run_cli("compress", str(src), "-o", str(tmp_path / "f"), "-m", tiny, "--ctx", "100000", env=env)
     assert r.returncode == 1 and b"--ctx: 100000 must be in" in r.stderr and not (tmp_path / "f").exists()
+
+
+def test_token_bytes_built_once_per_engine(eng):
+    """compress and decompress share the engine's TokenBytes (built once)."""
+    tb = codec._token_bytes(eng)
+    assert codec._token_bytes(eng) is tb
+    blob, _ = comp(eng, TEXT.encode())
+    assert decomp(eng, blob) == TEXT.encode() and codec._token_bytes(eng) is tb

@@ -114,3 +114,26 @@ def test_corrupt_streams_are_caught():
                 assert C.decode_rows([cd], [z], p)[0] == -1
                 break
             assert C.decode_rows([cd], [z], p)[0] == s
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.integers(1, 1200), st.sampled_from([24, 28, 30]),
+       st.sampled_from([0.0, 2.0, 8.0, 40.0]))
+def test_slot_drivers_match_spec_at_block_edges(seed, V, p, skew):
+    """encode_rows / decode_rows find a symbol's slot from block sums of 256
+    ids (freq_table.h SlotTable) without the whole table: same bytes as the
+    spec coder on table.py's tables, for vocabularies below, at and across
+    block edges, targets on the argmax, next to it and at block edges."""
+    rng = np.random.default_rng(seed)
+    T = 24
+    tables, z = random_tables(rng, T, V, p, skew)
+    arg = np.argmax(z, axis=1)
+    picks = [arg, np.minimum(arg + 1, V - 1), np.maximum(arg - 1, 0), np.full(T, min(255, V - 1)),
+             np.full(T, min(256, V - 1)), np.full(T, V - 1), np.zeros(T, np.int64), rng.integers(0, V, T)]
+    tgt = np.array([picks[t % len(picks)][t] for t in range(T)], np.int32)
+    e = C.RangeEncoder()
+    e.encode_rows(np.ascontiguousarray(z), tgt, p)
+    data = e.finish()
+    assert data == code_both(tgt, tables, p)
+    dec = C.RangeDecoder(data)
+    assert [int(C.decode_rows([dec], [z[t]], p)[0]) for t in range(T)] == tgt.tolist()
