@@ -36,7 +36,10 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "python"))
+try:  # an installed intdet (CI installs the wheel: the source tree has no compiled _core)
+    import intdet._core  # noqa: F401
+except ImportError:  # a source checkout built in place
+    sys.path.insert(0, os.path.join(ROOT, "python"))
 
 PEERS = {
     "gzip -9": (["gzip", "-9", "-c"], ["gzip", "-d", "-c"]),
