@@ -9,6 +9,16 @@ import pytest  # noqa: E402
 import models  # noqa: E402  (tests/models.py: deterministic tiny checkpoints)
 from intdet import _core  # noqa: E402
 
+# A suite started from a background job without job control (nohup, `cmd &`
+# in a script, some CI runners) inherits SIGINT ignored, and an ignored
+# signal stays ignored across exec: the interrupt tests' subprocesses then
+# never see the Ctrl-C they send themselves. Catching it here (Python's own
+# handler) leaves every child the default disposition again.
+import signal  # noqa: E402
+
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
 # ---- every CPU kernel set (x thread count): the one definition the tests share
 
 ISAS = _core.available_isas()  # this build's sets that this CPU runs
