@@ -53,8 +53,9 @@ for i, w in zip(spec["index"], spec["windows"]):
     for r0 in range(0, len(tgt), 32):  # float64 in row blocks: a whole-window copy costs more than the eval
         lg = np.array(llm.scores[r0:min(r0 + 32, len(tgt))], dtype=np.float64)
         lg -= lg.max(-1, keepdims=True)
-        lp = lg - np.log(np.exp(lg).sum(-1, keepdims=True))
-        nll[r0:r0 + len(lg)] = -lp[np.arange(len(lg)), tgt[r0:r0 + len(lg)]]
+        t = lg[np.arange(len(lg)), tgt[r0:r0 + len(lg)]]
+        np.exp(lg, out=lg)  # in place: the same bits as log_softmax(lg)[tgt] (intdet.perplexity._block_nll)
+        nll[r0:r0 + len(lg)] = -(t - np.log(lg.sum(-1)))
     h = len(w) // 2
     print(json.dumps({"i": i, "nll": float(nll.sum()), "tokens": len(nll),
                       "nll_half": float(nll[h:].sum()), "tokens_half": len(nll) - h}), flush=True)

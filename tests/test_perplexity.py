@@ -83,3 +83,26 @@ def test_real_model_quality_guard():
                     progress=False).perplexity
     assert pi <= 1.01 * pf, (pi, pf)
     assert pf < 60  # the float reference itself is sane on this text
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.float32, np.float64])
+@pytest.mark.parametrize("rows,threads", [(32, 1), (32, 2), (7, 3), (1000, 2)])
+def test_position_nll_has_log_softmax_bits(dtype, rows, threads):
+    """The in-place, threaded position_nll gives the bits of the plain
+    -log_softmax(logits * scale)[target] (the committed perplexity logs were
+    written with the plain form)."""
+    from intdet.perplexity import log_softmax, position_nll
+
+    rng = np.random.default_rng(rows * 7 + threads)
+    T, V = 97, 1531
+    if dtype is np.int32:
+        logits = rng.integers(-(60 << 16), 60 << 16, (T, V)).astype(np.int32)
+        x = logits.astype(np.float64) / 65536.0
+    else:
+        logits = (rng.standard_normal((T, V)) * 9).astype(dtype)
+        x = logits.astype(np.float64)
+    window = list(rng.integers(0, V, T + 1))
+    want = -log_softmax(x[:T])[np.arange(T), np.asarray(window[1:])]
+    got = position_nll(logits, window, rows=rows, threads=threads)
+    assert got.dtype == np.float64
+    assert np.array_equal(got.view(np.int64), want.view(np.int64))

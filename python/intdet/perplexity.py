@@ -69,22 +69,51 @@ def windows_of(ids, ctx: int, max_windows: int | None = None, bos: int | None = 
     return [head + list(ids[i * step:(i + 1) * step]) for i in range(n)]
 
 
-def position_nll(logits: np.ndarray, window, rows: int = 32) -> np.ndarray:
+def _block_nll(logits, tgt, r0, r1, scale, buf, out):
+    """Rows r0..r1-1 of position_nll into out, in buf (float64 [>= r1 - r0, V]).
+
+    The same float64 operations as ``-log_softmax(x)[tgt]`` with x =
+    logits * scale, in place: x - max, exp, the row's pairwise sum (numpy
+    sums a contiguous row in the same order whatever array holds it), and
+    x[tgt] - log(sum) for the target only, so the bits equal log_softmax's."""
+    x = buf[: r1 - r0]
+    np.multiply(logits[r0:r1], scale, out=x, dtype=np.float64)
+    x -= x.max(axis=-1, keepdims=True)
+    t = x[np.arange(r1 - r0), tgt[r0:r1]]
+    np.exp(x, out=x)
+    out[r0:r1] = -(t - np.log(x.sum(axis=-1)))
+
+
+def position_nll(logits: np.ndarray, window, rows: int = 32, threads: int = 2) -> np.ndarray:
     """float64 [len(window) - 1]: -log p(window[j+1] | window[:j+1]) for every j.
 
     logits: [T, V], float (natural-log units) or the integer engine's int32
     Q16 logits (integer dtype: divided by 2^16). The log-softmax runs in
-    float64 over ``rows`` rows at a time, so a [512, 262144] window never
-    needs a float64 copy of the whole array (that copy cost more than the
-    forward pass for Gemma 3's vocabulary)."""
+    float64 over ``rows`` rows at a time in a reused buffer, so a [512,
+    262144] window never needs a float64 copy of the whole array (that copy
+    cost more than the forward pass for Gemma 3's vocabulary), with the row
+    blocks split over ``threads`` threads (numpy's ufuncs release the GIL;
+    each row's result does not depend on the split)."""
     logits = np.asarray(logits)
     scale = 1.0 / 65536.0 if np.issubdtype(logits.dtype, np.integer) else 1.0
     tgt = np.asarray(window[1:], dtype=np.int64)
-    out = np.empty(len(tgt), dtype=np.float64)
-    for r0 in range(0, len(tgt), rows):
-        r1 = min(r0 + rows, len(tgt))
-        lp = log_softmax(logits[r0:r1].astype(np.float64) * scale)
-        out[r0:r1] = -lp[np.arange(r1 - r0), tgt[r0:r1]]
+    n = len(tgt)
+    out = np.empty(n, dtype=np.float64)
+    starts = list(range(0, n, rows))
+    nthreads = max(1, min(threads, len(starts)))
+
+    def work(k):
+        buf = np.empty((min(rows, n), logits.shape[1]), dtype=np.float64)
+        for r0 in starts[k::nthreads]:
+            _block_nll(logits, tgt, r0, min(r0 + rows, n), scale, buf, out)
+
+    if nthreads == 1:
+        work(0)
+    else:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(nthreads) as ex:
+            list(ex.map(work, range(nthreads)))
     return out
 
 
