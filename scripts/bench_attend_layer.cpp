@@ -59,6 +59,6 @@ int main(int argc, char** argv) {
   }
   int64_t h = 0;
   for (auto x : o) h = h * 31 + x;
-  printf("%s ctx %lld rows %lld threads %d: %.2f ms (min of %d)\nhash %lld\n", isa, (long long)ctx, (long long)T,
+  printf("%s ctx %lld rows %lld threads %d: %.3f ms (min of %d)\nhash %lld\n", isa, (long long)ctx, (long long)T,
          nt, best * 1e3, N, (long long)h);
 }

@@ -45,17 +45,22 @@ import llama_cpp
 spec = json.load(open(sys.argv[1]))
 llm = llama_cpp.Llama(spec["gguf"], n_ctx=spec["ctx"], n_batch=spec["ctx"], logits_all=True,
                       n_threads=spec["threads"], verbose=False)
+from concurrent.futures import ThreadPoolExecutor
+ex = ThreadPoolExecutor(max(1, spec["threads"]))
+
+def block(r0, tgt, nll):  # float64 in row blocks: a whole-window copy costs more than the eval
+    lg = np.array(llm.scores[r0:min(r0 + 32, len(tgt))], dtype=np.float64)
+    lg -= lg.max(-1, keepdims=True)
+    t = lg[np.arange(len(lg)), tgt[r0:r0 + len(lg)]]
+    np.exp(lg, out=lg)  # in place: the same bits as log_softmax(lg)[tgt] (intdet.perplexity._block_nll)
+    nll[r0:r0 + len(lg)] = -(t - np.log(lg.sum(-1)))
+
 for i, w in zip(spec["index"], spec["windows"]):
     llm.reset()
     llm.eval(w)
     tgt = np.array(w[1:])
     nll = np.empty(len(tgt))
-    for r0 in range(0, len(tgt), 32):  # float64 in row blocks: a whole-window copy costs more than the eval
-        lg = np.array(llm.scores[r0:min(r0 + 32, len(tgt))], dtype=np.float64)
-        lg -= lg.max(-1, keepdims=True)
-        t = lg[np.arange(len(lg)), tgt[r0:r0 + len(lg)]]
-        np.exp(lg, out=lg)  # in place: the same bits as log_softmax(lg)[tgt] (intdet.perplexity._block_nll)
-        nll[r0:r0 + len(lg)] = -(t - np.log(lg.sum(-1)))
+    list(ex.map(lambda r0: block(r0, tgt, nll), range(0, len(tgt), 32)))  # rows are independent: any split, same bits
     h = len(w) // 2
     print(json.dumps({"i": i, "nll": float(nll.sum()), "tokens": len(nll),
                       "nll_half": float(nll[h:].sum()), "tokens_half": len(nll) - h}), flush=True)

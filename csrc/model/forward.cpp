@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <cstdlib>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -52,14 +53,33 @@ struct Act16 {
 // once per block, and with 64-channel blocks 512 rows (590 KB at K = 576)
 // were re-read from L3 24 times per layer by both cores at once.
 constexpr int64_t kPrefillRows = 64;
-inline int64_t block_rows(int64_t N, int nt, int64_t T) {
-  if (T >= kPrefillRows) {
+
+// The channel blocks of one linear op: block b is [lo(b), hi(b)), 16-aligned.
+// Prefill cuts the 16-channel groups into n blocks as equal as possible (a
+// block of 80 channels beside one of 16 left a thread with 1.25x the other's
+// work: N = 576 at 2 threads); decode keeps power-of-two blocks.
+struct Blocks {
+  int64_t N, n, groups, rows;  // rows > 0: fixed blocks of `rows` channels
+  int64_t lo(int64_t b) const { return rows ? b * rows : 16 * (groups * b / n); }
+  int64_t hi(int64_t b) const { return std::min(N, rows ? lo(b) + rows : 16 * (groups * (b + 1) / n)); }
+};
+
+inline Blocks channel_blocks(int64_t N, int nt, int64_t T) {
+  const int64_t groups = (N + 15) / 16;
+  static const bool old_blocks = getenv("INTDET_OLD_BLOCKS") != nullptr;  // TEMP A/B
+  if (T >= kPrefillRows && old_blocks) {
     const int64_t per = (N + 4 * nt - 1) / (4 * nt);
-    return std::min<int64_t>(512, std::max<int64_t>(64, (per + 15) / 16 * 16));
+    const int64_t rows = std::min<int64_t>(512, std::max<int64_t>(64, (per + 15) / 16 * 16));
+    return {N, (N + rows - 1) / rows, groups, rows};
+  }
+  if (T >= kPrefillRows) {
+    // about 4 per thread, 64 to 512 channels each
+    const int64_t n = std::max<int64_t>(1, std::min(std::max<int64_t>(4 * nt, (groups + 31) / 32), groups / 4));
+    return {N, n, groups, 0};
   }
   int64_t rows = 64;
   while (rows > 16 && (N + rows - 1) / rows < 8 * (int64_t)nt) rows /= 2;
-  return rows;
+  return {N, (N + rows - 1) / rows, groups, rows};
 }
 
 // Whether k's linear kernel for L's weight format reads a packed copy.
@@ -117,9 +137,9 @@ void run_linears(int nt, const Kernels& k, const std::array<const Linear*, NL>& 
   const int64_t N = Ls[0]->N;
   for (const Linear* L : Ls)
     if (L->N != N) throw std::logic_error("run_linears: layers of different output sizes");
-  const int64_t rows = block_rows(N, nt, T), nblk = (N + rows - 1) / rows;
-  parallel_tasks(nt, nblk, [&](int64_t b) {
-    const int64_t lo = b * rows, hi = std::min(N, lo + rows);
+  const Blocks bl = channel_blocks(N, nt, T);
+  parallel_tasks(nt, bl.n, [&](int64_t b) {
+    const int64_t lo = bl.lo(b), hi = bl.hi(b);
     for (size_t i = 0; i < NL; ++i) linear_range(k, *Ls[i], a, T, outs[i], lo, hi);
     post(lo, hi);
   });
@@ -131,14 +151,15 @@ void run_qkv(int nt, const Kernels& k, const Layer& L, const Act16& a, int64_t T
              int64_t* v) {
   const Linear* Ls[3] = {&L.q, &L.k, &L.v};
   int64_t* outs[3] = {q, kk, v};
-  int64_t rows[3], first[4] = {0, 0, 0, 0};  // blocks of layer i are [first[i], first[i+1])
+  Blocks bl[3];
+  int64_t first[4] = {0, 0, 0, 0};  // blocks of layer i are [first[i], first[i+1])
   for (int i = 0; i < 3; ++i) {
-    rows[i] = block_rows(Ls[i]->N, nt, T);
-    first[i + 1] = first[i] + (Ls[i]->N + rows[i] - 1) / rows[i];
+    bl[i] = channel_blocks(Ls[i]->N, nt, T);
+    first[i + 1] = first[i] + bl[i].n;
   }
   parallel_tasks(nt, first[3], [&](int64_t b) {
     const int i = b < first[1] ? 0 : b < first[2] ? 1 : 2;
-    const int64_t lo = (b - first[i]) * rows[i], hi = std::min(Ls[i]->N, lo + rows[i]);
+    const int64_t lo = bl[i].lo(b - first[i]), hi = bl[i].hi(b - first[i]);
     linear_range(k, *Ls[i], a, T, outs[i], lo, hi);
   });
 }
