@@ -245,3 +245,17 @@ def test_gemma3_ring_cache_matches_the_spec(tmp_path):
     V = lm.cfg["vocab_size"]
     assert np.array_equal(np.concatenate([g.reshape(-1, V) for g in got]),
                           np.concatenate([w.reshape(-1, V) for w in want]))
+
+
+@pytest.mark.parametrize("nh,nkv,T", [(1, 1, 1), (1, 1, 2), (2, 2, 1), (3, 1, 1)])
+@pytest.mark.parametrize("window", [0, 1200])
+def test_key_split_path_matches_the_spec(nh, nkv, T, window):
+    """Decode rows with fewer tiles and head parts than threads at a long
+    context: attend_layer splits each tile's keys across threads (one head
+    and one KV head at 2 or 3 threads; two single-head tiles at 3 threads;
+    three heads, one KV head, one row at 3+ threads splits only heads)."""
+    P = 1500
+    case = make_case(P + 31 * nh + T + window, P, nh, nkv, 64, T)
+    want = reference(*case, 23170, 47, window)
+    for label, out in run_everywhere((*case, 23170, 47, window)).items():
+        assert np.array_equal(out, want), label

@@ -19,11 +19,13 @@
 namespace intdet {
 namespace {
 
-// Rows t0..t0+P-1 (consecutive positions of one sequence) times the query
-// heads of KV head g: R = P * grp query rows, row r = i * grp + j is row
-// t0 + i, query head g * grp + j. Keys [s0, s1) cover every row's range.
+// Rows t0..t0+P-1 (consecutive positions of one sequence) times nj query
+// heads of KV head g, from head g * grp + j0: R = P * nj query rows, row
+// r = i * nj + j is row t0 + i, query head g * grp + j0 + j. Keys [s0, s1)
+// cover every row's range.
 struct Tile {
-  int64_t t0, P, g, s0, s1;
+  int64_t t0, P, g, s0, s1, j0, nj;
+  int64_t R() const { return P * nj; }
 };
 
 // Per-tile state of the two-pass softmax; chunk c of nc covers keys
@@ -64,7 +66,7 @@ struct Ctx {
   }
 
   void setup(const Tile& tl, int64_t nc, TileState& s) const {
-    const int64_t R = tl.P * grp, span = tl.s1 - tl.s0;
+    const int64_t R = tl.R(), span = tl.s1 - tl.s0;
     s.q.resize((size_t)(R * D));
     s.e_q.resize((size_t)R);
     s.lo.resize((size_t)R);
@@ -72,8 +74,8 @@ struct Ctx {
     for (int64_t i = 0; i < tl.P; ++i) {
       const int64_t t = tl.t0 + i, pos = rows[t].pos;
       const int64_t lo = L.window && pos + 1 > L.window ? pos + 1 - L.window : 0;
-      for (int64_t j = 0; j < grp; ++j) {
-        const int64_t r = i * grp + j, hd = tl.g * grp + j;
+      for (int64_t j = 0; j < tl.nj; ++j) {
+        const int64_t r = i * tl.nj + j, hd = tl.g * grp + tl.j0 + j;
         s.e_q[r] = ks.quant16(q + (t * nh + hd) * D, D, s.q.data() + r * D);
         s.lo[r] = lo;
         s.hi[r] = pos + 1;
@@ -100,7 +102,7 @@ struct Ctx {
   // their range are computed and never read), and each row's maximum.
   void scores(const Tile& tl, int64_t c, TileState& s) const {
     const KVCache& cv = kv(tl);
-    const int64_t R = tl.P * grp, span = tl.s1 - tl.s0, st = nkv * D;
+    const int64_t R = tl.R(), span = tl.s1 - tl.s0, st = nkv * D;
     segments(cv, s.cut[c], s.cut[c + 1], [&](int64_t p0, int64_t r0, int64_t n) {
       ks.qk_tile(s.q.data(), s.e_q.data(), R, cv.k.data() + (r0 * nkv + tl.g) * D, cv.ka.data() + r0 * nkv + tl.g,
                  n, st, D, L.score_mant, L.score_shift, s.z.data() + (p0 - tl.s0), span);
@@ -110,7 +112,7 @@ struct Ctx {
 
   // Pass 1b: each row's score maximum in the chunk.
   void maxima(const Tile& tl, int64_t c, TileState& s) const {
-    const int64_t R = tl.P * grp, span = tl.s1 - tl.s0;
+    const int64_t R = tl.R(), span = tl.s1 - tl.s0;
     for (int64_t r = 0; r < R; ++r) {
       int64_t a, b;
       range(s, c, r, &a, &b);
@@ -120,7 +122,7 @@ struct Ctx {
 
   // Pass 2a: u = exp2(zmax - z) with the row's maximum over all chunks, and its chunk sum.
   void exps(const Tile& tl, int64_t c, int64_t nc, TileState& s, int64_t r) const {
-    const int64_t R = tl.P * grp, span = tl.s1 - tl.s0;
+    const int64_t R = tl.R(), span = tl.s1 - tl.s0;
     int64_t a, b, mx = LLONG_MIN;
     for (int64_t k = 0; k < nc; ++k) mx = imax(mx, s.zmax[k * R + r]);
     range(s, c, r, &a, &b);
@@ -137,7 +139,7 @@ struct Ctx {
   // Pass 2b: the chunk's largest weight p = round_shift(u * (2^62 / tot),
   // 62 - kProbFrac) times the value scale (p < 2^47).
   void weights(const Tile& tl, int64_t c, int64_t nc, TileState& s, int64_t r) const {
-    const int64_t R = tl.P * grp, span = tl.s1 - tl.s0;
+    const int64_t R = tl.R(), span = tl.s1 - tl.s0;
     int64_t a, b;
     range(s, c, r, &a, &b);
     if (a >= b) return;
@@ -148,7 +150,7 @@ struct Ctx {
   // Pass 2c: row r's int16 weights in the chunk with the row's exponent
   // (zero outside its range; p recomputed from u, the same integers).
   void w16(const Tile& tl, int64_t c, int64_t nc, TileState& s, int64_t r) const {
-    const int64_t R = tl.P * grp, span = tl.s1 - tl.s0;
+    const int64_t R = tl.R(), span = tl.s1 - tl.s0;
     const int64_t c0 = s.cut[c], c1 = s.cut[c + 1];
     int64_t a, b, mx = 0;
     for (int64_t k = 0; k < nc; ++k) mx = imax(mx, s.pmax[k * R + r]);
@@ -168,7 +170,7 @@ struct Ctx {
   // Pass 2c's P . V of the chunk into out[c].
   void pv(const Tile& tl, int64_t c, TileState& s) const {
     const KVCache& cv = kv(tl);
-    const int64_t R = tl.P * grp, span = tl.s1 - tl.s0;
+    const int64_t R = tl.R(), span = tl.s1 - tl.s0;
     int64_t* out = s.out.data() + c * R * D;
     segments(cv, s.cut[c], s.cut[c + 1], [&](int64_t p0, int64_t r0, int64_t n) {
       ks.pv_tile(s.w16.data() + (p0 - tl.s0), span, R, cv.v.data() + (r0 * nkv + tl.g) * D, n, nkv * D, D, out);
@@ -178,7 +180,7 @@ struct Ctx {
   // One chunk (nc == 1): the softmax's passes row by row, so a row's scores
   // stay in L1 from its maximum to its int16 weights.
   void softmax_rows(const Tile& tl, TileState& s) const {
-    const int64_t R = tl.P * grp;
+    const int64_t R = tl.R();
     maxima(tl, 0, s);
     for (int64_t r = 0; r < R; ++r) {
       exps(tl, 0, 1, s, r);
@@ -189,12 +191,12 @@ struct Ctx {
 
   // The chunks' sums, shifted by each row's exponent, into o.
   void finish(const Tile& tl, int64_t nc, const TileState& s) const {
-    const int64_t R = tl.P * grp;
+    const int64_t R = tl.R();
     for (int64_t r = 0; r < R; ++r) {
       int64_t mx = 0;
       for (int64_t k = 0; k < nc; ++k) mx = imax(mx, s.pmax[k * R + r]);
       const int e = (int)imax(bitlen(mx) - 15, 0);
-      const int64_t t = tl.t0 + r / grp, hd = tl.g * grp + r % grp;
+      const int64_t t = tl.t0 + r / tl.nj, hd = tl.g * grp + tl.j0 + r % tl.nj;
       int64_t* dst = o + (t * nh + hd) * D;
       for (int64_t d = 0; d < D; ++d) {
         int64_t acc = 0;
@@ -230,7 +232,7 @@ void attend_layer(int nt, const Kernels& ks, const Model& m, int64_t l, KVCache*
     const KVCache& c = *caches[rows[t].seq];
     if (last[(size_t)rows[t].seq] + 1 - s0 > c.cap[(size_t)l])
       throw std::logic_error("attention reads positions the KV cache no longer holds");
-    for (int64_t g = 0; g < cx.nkv; ++g) tiles.push_back({t, n, g, s0, pos1 + 1});
+    for (int64_t g = 0; g < cx.nkv; ++g) tiles.push_back({t, n, g, s0, pos1 + 1, 0, cx.grp});
     t += n;
   }
   // Longest spans first, so the last tiles a thread takes are short.
@@ -238,8 +240,8 @@ void attend_layer(int nt, const Kernels& ks, const Model& m, int64_t l, KVCache*
   const int64_t ntiles = (int64_t)tiles.size(), threads = nt > 1 ? nt : 1;
   // Tasks run on the pool (pool.h); scratch is per OS thread (thread_local),
   // used whole by one task before that thread takes the next.
-  if (ntiles >= 4 * threads) {  // prefill: whole tiles per task
-    parallel_tasks(nt, ntiles, [&](int64_t i) {
+  auto whole = [&](const std::vector<Tile>& tiles) {
+    parallel_tasks(nt, (int64_t)tiles.size(), [&](int64_t i) {
       thread_local TileState s;
       const Tile& tl = tiles[i];
       cx.setup(tl, 1, s);
@@ -248,39 +250,32 @@ void attend_layer(int nt, const Kernels& ks, const Model& m, int64_t l, KVCache*
       cx.pv(tl, 0, s);
       cx.finish(tl, 1, s);
     });
+  };
+  if (ntiles >= 4 * threads) {  // prefill: whole tiles per task
+    whole(tiles);
     return;
   }
-  // Few rows at a short context: one (row, head) per task with the set's
-  // attend (attend_head's bits), unless a ring wraps inside a row's range.
-  int64_t longest = 0;
-  bool wrapped = false;
-  for (int64_t t = 0; t < T; ++t) {
-    const int64_t pos = rows[t].pos, lo = L.window && pos + 1 > L.window ? pos + 1 - L.window : 0;
-    const KVCache& kv = *caches[rows[t].seq];
-    longest = std::max(longest, pos + 1 - lo);
-    wrapped = wrapped || kv.row(l, lo) + (pos + 1 - lo) > kv.off[(size_t)l] + kv.cap[(size_t)l];
+  {
+    // Few tiles (decode): whole tiles, each tile's query heads split into
+    // parts when there are fewer tiles than threads (one KV head, as in
+    // Gemma 3), since a tile that keeps its heads together widens and
+    // scales each key once for all of them (2x faster per key at 512 keys
+    // than one (row, head) at a time). Only when that still leaves threads
+    // idle and the keys are many does each tile's key range split (below).
+    std::vector<Tile> parts;
+    const int64_t want = ntiles < threads ? std::min(cx.grp, (threads + ntiles - 1) / ntiles) : 1;
+    const int64_t nj = (cx.grp + want - 1) / want;
+    for (const Tile& tl : tiles)
+      for (int64_t j = 0; j < cx.grp; j += nj) parts.push_back({tl.t0, tl.P, tl.g, tl.s0, tl.s1, j, std::min(nj, cx.grp - j)});
+    int64_t longest = 0;
+    for (const Tile& tl : tiles) longest = std::max(longest, tl.s1 - tl.s0);
+    if ((int64_t)parts.size() >= threads || longest < kShortKeys) {
+      whole(parts);
+      return;
+    }
   }
-  if (longest < kShortKeys && !wrapped) {
-    const int64_t nh = cx.nh, D = cx.D, nkv = cx.nkv;
-    parallel_tasks(nt, T * nh, [&](int64_t th) {
-      thread_local std::vector<int64_t> z, p;
-      thread_local std::vector<int16_t> qq, w16;
-      const int64_t t = th / nh, hd = th % nh, g = hd / cx.grp, pos = rows[t].pos;
-      const KVCache& kv = *caches[rows[t].seq];
-      const int64_t lo = L.window && pos + 1 > L.window ? pos + 1 - L.window : 0, n = pos + 1 - lo;
-      z.resize((size_t)n);
-      p.resize((size_t)n);
-      w16.resize((size_t)n);
-      qq.resize((size_t)D);
-      const int64_t r0 = kv.row(l, lo);
-      const int e_q = ks.quant16(q + (t * nh + hd) * D, D, qq.data());
-      ks.attend(qq.data(), e_q, kv.k.data() + (r0 * nkv + g) * D, kv.ka.data() + r0 * nkv + g,
-                kv.v.data() + (r0 * nkv + g) * D, kv.va.data() + r0 * nkv + g, n, nkv * D, D, L.score_mant,
-                L.score_shift, z.data(), p.data(), w16.data(), o + (t * nh + hd) * D);
-    });
-    return;
-  }
-  // Few tiles (decode): each tile's keys in chunks across threads, the
+  // Fewer tiles and head parts than threads at a long context (a decode
+  // row on many cores): each tile's keys in chunks across threads, the
   // passes one after another (each parallel_tasks call completes).
   std::vector<TileState> st((size_t)ntiles);
   std::vector<int64_t> nc((size_t)ntiles), first((size_t)ntiles + 1, 0);
@@ -302,15 +297,15 @@ void attend_layer(int nt, const Kernels& ks, const Model& m, int64_t l, KVCache*
     cx.maxima(tiles[i], k - first[i], st[i]);
   });
   parallel_tasks(nt, ntask, [&](int64_t k) {
-    const int64_t i = task_tile[k], R = tiles[i].P * cx.grp;
+    const int64_t i = task_tile[k], R = tiles[i].R();
     for (int64_t r = 0; r < R; ++r) cx.exps(tiles[i], k - first[i], nc[i], st[i], r);
   });
   parallel_tasks(nt, ntask, [&](int64_t k) {
-    const int64_t i = task_tile[k], R = tiles[i].P * cx.grp;
+    const int64_t i = task_tile[k], R = tiles[i].R();
     for (int64_t r = 0; r < R; ++r) cx.weights(tiles[i], k - first[i], nc[i], st[i], r);
   });
   parallel_tasks(nt, ntask, [&](int64_t k) {
-    const int64_t i = task_tile[k], R = tiles[i].P * cx.grp;
+    const int64_t i = task_tile[k], R = tiles[i].R();
     for (int64_t r = 0; r < R; ++r) cx.w16(tiles[i], k - first[i], nc[i], st[i], r);
     cx.pv(tiles[i], k - first[i], st[i]);
   });

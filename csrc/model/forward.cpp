@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
-#include <cstdlib>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -55,9 +54,10 @@ struct Act16 {
 constexpr int64_t kPrefillRows = 64;
 
 // The channel blocks of one linear op: block b is [lo(b), hi(b)), 16-aligned.
-// Prefill cuts the 16-channel groups into n blocks as equal as possible (a
-// block of 80 channels beside one of 16 left a thread with 1.25x the other's
-// work: N = 576 at 2 threads); decode keeps power-of-two blocks.
+// Prefill cuts the 16-channel groups into n blocks as equal as possible
+// (fixed 80-channel blocks of N = 576 at 2 threads, seven of 80 and one of
+// 16, gave one thread 320 channels and the other 256); decode keeps
+// power-of-two blocks.
 struct Blocks {
   int64_t N, n, groups, rows;  // rows > 0: fixed blocks of `rows` channels
   int64_t lo(int64_t b) const { return rows ? b * rows : 16 * (groups * b / n); }
@@ -66,12 +66,6 @@ struct Blocks {
 
 inline Blocks channel_blocks(int64_t N, int nt, int64_t T) {
   const int64_t groups = (N + 15) / 16;
-  static const bool old_blocks = getenv("INTDET_OLD_BLOCKS") != nullptr;  // TEMP A/B
-  if (T >= kPrefillRows && old_blocks) {
-    const int64_t per = (N + 4 * nt - 1) / (4 * nt);
-    const int64_t rows = std::min<int64_t>(512, std::max<int64_t>(64, (per + 15) / 16 * 16));
-    return {N, (N + rows - 1) / rows, groups, rows};
-  }
   if (T >= kPrefillRows) {
     // about 4 per thread, 64 to 512 channels each
     const int64_t n = std::max<int64_t>(1, std::min(std::max<int64_t>(4 * nt, (groups + 31) / 32), groups / 4));

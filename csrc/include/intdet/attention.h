@@ -13,9 +13,9 @@ namespace intdet {
 constexpr int64_t kTileRows = 32;
 // Fewest keys per thread's share when one sequence's keys are split.
 constexpr int64_t kSplitKeys = 256;
-// Few tiles whose rows read fewer keys than this run one (row, head) pair per
-// task with the set's attend (the reference's own kernel): at a short
-// context the split's passes cost more than they save.
+// Few tiles (decode) whose rows read fewer keys than this run whole, one
+// per task, even when there are fewer of them than threads: at a short
+// context the key split's passes cost more than they save.
 constexpr int64_t kShortKeys = 1024;
 
 // o [T, nh, D] int64 for the layer l of m: for each row t and query head,
