@@ -67,7 +67,7 @@ inline void pv_pass(const int16_t* w16, const int8_t* vc, int64_t stride, int64_
 // exp2_neg_q30 on four int64 lanes (same bits). Horner steps keep p in the
 // low 32 bits of each lane: every intermediate fits int32 and vpmuldq reads
 // exactly those bits; a logical right shift gives the same low 32 bits as
-// the arithmetic one. u >= 0; in place (p == u) is allowed.
+// the arithmetic one. u >= 0.
 namespace {
 
 inline __m256i exp2_lanes(__m256i uu) {
@@ -90,10 +90,8 @@ inline __m256i exp2_lanes(__m256i uu) {
 
 }  // namespace
 
-// exp2_neg_q30 on four int64 lanes (same bits). Horner steps keep p in the
-// low 32 bits of each lane: every intermediate fits int32 and vpmuldq reads
-// exactly those bits; a logical right shift gives the same low 32 bits as
-// the arithmetic one. u >= 0; in place (p == u) is allowed.
+// exp2_neg_q30 over a row, four lanes at a time (exp2_lanes above); in place
+// (p == u) is allowed.
 void exp2_neg_q30_row_avx2(const int64_t* u, int64_t n, int64_t* p) {
   int64_t i = 0;
   for (; i + 4 <= n; i += 4)
