@@ -319,11 +319,97 @@ inline __m256i score4(__m128i raw, __m256i mkm, __m256i s) {
 
 }  // namespace
 
-// Attention tiles (QkTileFn, kernels.h; same bits as qk_tile_generic). Eight
-// keys at a time are widened to int16 once into a block in L1, then every
-// row's eight dot vectors are reduced by vphaddd into eight scores.
-// |q . k| < 2^31 (D <= 256), so int32 wrap-around in partial sums cannot
-// change the value. The key's scale split (attn_score) is done once per key.
+namespace {
+
+// a[0..7] (eight rows of eight int32) transposed in place.
+inline void transpose8x8_epi32(__m256i* a) {
+  __m256i t[8], u[8];
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = _mm256_unpacklo_epi32(a[i], a[i + 1]);
+    t[i + 1] = _mm256_unpackhi_epi32(a[i], a[i + 1]);
+  }
+  for (int i = 0; i < 8; i += 4) {
+    u[i] = _mm256_unpacklo_epi64(t[i], t[i + 2]);
+    u[i + 1] = _mm256_unpackhi_epi64(t[i], t[i + 2]);
+    u[i + 2] = _mm256_unpacklo_epi64(t[i + 1], t[i + 3]);
+    u[i + 3] = _mm256_unpackhi_epi64(t[i + 1], t[i + 3]);
+  }
+  for (int i = 0; i < 4; ++i) {
+    a[i] = _mm256_permute2x128_si256(u[i], u[i + 4], 0x20);
+    a[i + 4] = _mm256_permute2x128_si256(u[i], u[i + 4], 0x31);
+  }
+}
+
+// One block of up to 8 * NV keys (qk_tile_avx2): the keys widened to int16
+// and transposed into kt [D/2 pairs][8 * NV keys] of int32 pairs (k[2p],
+// k[2p+1]), keys past nk zero; then each row's scores are NV vectors of
+// eight keys, one vpmaddwd per pair and vector with the row's broadcast
+// query pair (keys are the lanes: no horizontal sums).
+template <int NV>
+void qk_block(const int16_t* q, const int32_t* e_q, int64_t R, const int8_t* kc, const int32_t* ka, int64_t nk,
+              int64_t stride, int64_t sstride, int64_t D, int64_t score_mant, int64_t score_shift, int64_t* z,
+              int64_t ldz, int32_t* kt) {
+  constexpr int KB = 8 * NV;
+  const int64_t np = D / 2;
+  for (int64_t t0 = 0; t0 < KB; t0 += 8) {
+    for (int64_t d0 = 0; d0 < D; d0 += 16) {  // 8 keys x 8 pairs per transpose
+      __m256i a[8];
+      for (int j = 0; j < 8; ++j)
+        a[j] = t0 + j < nk ? _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(kc + (t0 + j) * stride + d0)))
+                           : _mm256_setzero_si256();
+      // row j held key j's pairs 0..7 in its lanes: now row i holds pair i of keys 0..7
+      transpose8x8_epi32(a);
+      for (int i = 0; i < 8; ++i) _mm256_store_si256((__m256i*)(kt + (d0 / 2 + i) * KB + t0), a[i]);
+    }
+  }
+  alignas(32) int64_t mk[KB], mkm[KB], ek[KB];
+  int64_t ekmin = 0, ekmax = 0;
+  for (int64_t j = 0; j < nk; ++j) {
+    normalize_scale15(ka[j * sstride], &mk[j], &ek[j]);
+    mkm[j] = mk[j] * score_mant;
+    ekmin = j ? imin(ekmin, ek[j]) : ek[j];
+    ekmax = j ? imax(ekmax, ek[j]) : ek[j];
+  }
+  // The vector epilogue needs mk * score_mant < 2^31 (mk <= 2^15).
+  const bool vec = score_mant >= 0 && score_mant <= (1 << 15);
+  const int64_t nv4 = nk / 4 * 4;  // keys scored four at a time in the vector epilogue
+  for (int64_t r = 0; r < R; ++r) {
+    const int16_t* qr = q + r * D;
+    __m256i acc[NV];
+    for (int v = 0; v < NV; ++v) acc[v] = _mm256_setzero_si256();
+    for (int64_t p = 0; p < np; ++p) {
+      int32_t pair;  // q[2p] low, q[2p + 1] high (little endian), as kt's pairs
+      std::memcpy(&pair, qr + 2 * p, 4);
+      const __m256i b = _mm256_set1_epi32(pair);
+      const int32_t* kp = kt + p * KB;
+      for (int v = 0; v < NV; ++v)
+        acc[v] = _mm256_add_epi32(acc[v], _mm256_madd_epi16(b, _mm256_load_si256((const __m256i*)(kp + 8 * v))));
+    }
+    alignas(32) int32_t raw[KB];
+    for (int v = 0; v < NV; ++v) _mm256_store_si256((__m256i*)(raw + 8 * v), acc[v]);
+    int64_t* zr = z + r * ldz;
+    const int64_t s0 = score_shift - e_q[r];
+    int64_t j = 0;
+    if (vec && nk && s0 - ekmax >= 1 && s0 - ekmin <= 62) {
+      const __m256i sv = _mm256_set1_epi64x(s0);
+      for (; j < nv4; j += 4)
+        _mm256_storeu_si256((__m256i*)(zr + j),
+                            score4(_mm_load_si128((const __m128i*)(raw + j)), _mm256_load_si256((const __m256i*)(mkm + j)),
+                                   _mm256_sub_epi64(sv, _mm256_load_si256((const __m256i*)(ek + j)))));
+    }
+    for (; j < nk; ++j) zr[j] = shift_round_sat32((int64_t)raw[j] * mk[j] * score_mant, s0 - ek[j]);
+  }
+}
+
+}  // namespace
+
+// Attention tiles (QkTileFn, kernels.h; same bits as qk_tile_generic).
+// Blocks of 64 keys (32 at D > 128, so the block stays 16 KB in L1) are
+// widened and transposed once, then every row's scores come eight keys per
+// vector (qk_block). |q . k| < 2^31 (D <= 256), so int32 wrap-around in
+// partial sums cannot change the value. The key's scale split (attn_score)
+// is done once per key. The scalar epilogue (shift_round_sat32 of
+// raw * mk * score_mant) is attn_score's own arithmetic.
 void qk_tile_avx2(const int16_t* q, const int32_t* e_q, int64_t R, const int8_t* kc, const int32_t* ka, int64_t n,
                   int64_t stride, int64_t D, int64_t score_mant, int64_t score_shift, int64_t* z, int64_t ldz) {
   if (D % 16) {
@@ -331,57 +417,16 @@ void qk_tile_avx2(const int16_t* q, const int32_t* e_q, int64_t R, const int8_t*
     return;
   }
   const int64_t sstride = stride / D;
-  alignas(32) int16_t kb[8 * 256];
-  int64_t mk[8], ek[8];
-  for (int64_t t = 0; t < n; t += 8) {
-    const int nk = n - t < 8 ? (int)(n - t) : 8;  // a short last block: the missing keys are zero
-    for (int j = 0; j < 8; ++j) {
-      const int8_t* k = kc + (t + j) * stride;
-      for (int64_t d = 0; d < D; d += 16)
-        _mm256_store_si256((__m256i*)(kb + j * D + d),
-                           j < nk ? _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(k + d)))
-                                  : _mm256_setzero_si256());
-      if (j < nk) normalize_scale15(ka[(t + j) * sstride], &mk[j], &ek[j]);
-    }
-    // The vector epilogue needs mk * score_mant < 2^31 (mk <= 2^15) and a full block.
-    const bool vec = nk == 8 && score_mant >= 0 && score_mant <= (1 << 15);
-    int64_t ekmin = 0, ekmax = 0;
-    __m256i mkm_lo = _mm256_setzero_si256(), mkm_hi = mkm_lo, ek_lo = mkm_lo, ek_hi = mkm_lo;
-    if (vec) {
-      ekmin = ekmax = ek[0];
-      for (int j = 1; j < 8; ++j) ekmin = imin(ekmin, ek[j]), ekmax = imax(ekmax, ek[j]);
-      mkm_lo = _mm256_setr_epi64x(mk[0] * score_mant, mk[1] * score_mant, mk[2] * score_mant, mk[3] * score_mant);
-      mkm_hi = _mm256_setr_epi64x(mk[4] * score_mant, mk[5] * score_mant, mk[6] * score_mant, mk[7] * score_mant);
-      ek_lo = _mm256_setr_epi64x(ek[0], ek[1], ek[2], ek[3]);
-      ek_hi = _mm256_setr_epi64x(ek[4], ek[5], ek[6], ek[7]);
-    }
-    for (int64_t r = 0; r < R; ++r) {
-      const int16_t* qr = q + r * D;
-      __m256i s[8];
-      for (int j = 0; j < 8; ++j) s[j] = _mm256_setzero_si256();
-      for (int64_t d = 0; d < D; d += 16) {
-        const __m256i qv = _mm256_loadu_si256((const __m256i*)(qr + d));
-        for (int j = 0; j < 8; ++j)
-          s[j] = _mm256_add_epi32(s[j], _mm256_madd_epi16(qv, _mm256_load_si256((const __m256i*)(kb + j * D + d))));
-      }
-      const __m256i h0 = _mm256_hadd_epi32(_mm256_hadd_epi32(s[0], s[1]), _mm256_hadd_epi32(s[2], s[3]));
-      const __m256i h1 = _mm256_hadd_epi32(_mm256_hadd_epi32(s[4], s[5]), _mm256_hadd_epi32(s[6], s[7]));
-      const __m256i v =
-          _mm256_add_epi32(_mm256_permute2x128_si256(h0, h1, 0x20), _mm256_permute2x128_si256(h0, h1, 0x31));
-      int64_t* zr = z + r * ldz + t;
-      const int64_t s0 = score_shift - e_q[r];
-      if (vec && s0 - ekmax >= 1 && s0 - ekmin <= 62) {
-        const __m256i sv = _mm256_set1_epi64x(s0);
-        _mm256_storeu_si256((__m256i*)zr, score4(_mm256_castsi256_si128(v), mkm_lo, _mm256_sub_epi64(sv, ek_lo)));
-        _mm256_storeu_si256((__m256i*)(zr + 4),
-                            score4(_mm256_extracti128_si256(v, 1), mkm_hi, _mm256_sub_epi64(sv, ek_hi)));
-        continue;
-      }
-      alignas(32) int32_t raw[8];
-      _mm256_store_si256((__m256i*)raw, v);
-      for (int j = 0; j < nk; ++j)
-        zr[j] = shift_round_sat32((int64_t)raw[j] * mk[j] * score_mant, s0 - ek[j]);
-    }
+  alignas(32) int32_t kt[128 * 64];  // [D/2 <= 128 pairs][block keys], 16 KB used at most
+  const int64_t kb = D > 128 ? 32 : 64;
+  for (int64_t t = 0; t < n; t += kb) {
+    const int64_t nk = n - t < kb ? n - t : kb;
+    if (kb == 64)
+      qk_block<8>(q, e_q, R, kc + t * stride, ka + t * sstride, nk, stride, sstride, D, score_mant, score_shift, z + t,
+                  ldz, kt);
+    else
+      qk_block<4>(q, e_q, R, kc + t * stride, ka + t * sstride, nk, stride, sstride, D, score_mant, score_shift, z + t,
+                  ldz, kt);
   }
 }
 
