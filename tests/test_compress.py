@@ -268,3 +268,25 @@ def test_token_bytes_built_once_per_engine(eng):
     assert codec._token_bytes(eng) is tb
     blob, _ = comp(eng, TEXT.encode())
     assert decomp(eng, blob) == TEXT.encode() and codec._token_bytes(eng) is tb
+
+
+def test_cli_defaults_and_refusals(tiny, tmp_path):
+    """The default --ctx fits a model with a shorter context; the output may
+    not be the input; a missing -o is named."""
+    env = dict(os.environ, INTDET_CACHE=str(tmp_path / "cache"))
+    assert Engine(load_model(tiny)).context_length < 2048
+    src = tmp_path / "a.txt"
+    src.write_bytes(TEXT.encode())
+    r = run_cli("compress", str(src), "-o", str(tmp_path / "a.idz"), "-m", tiny, "--json", env=env)
+    assert r.returncode == 0, r.stderr
+    r = run_cli("decompress", str(tmp_path / "a.idz"), "-o", "-", env=env)
+    assert r.returncode == 0 and r.stdout == src.read_bytes()
+    for cmd, other in (("compress", ["-m", tiny]), ("decompress", [])):
+        target = src if cmd == "compress" else tmp_path / "a.idz"
+        before = target.read_bytes()
+        r = run_cli(cmd, str(target), "-o", str(target), "--force", *other, env=env)
+        assert r.returncode == 1 and b"is the input file" in r.stderr and r.stderr.count(b"\n") == 1, r.stderr
+        assert target.read_bytes() == before
+    r = run_cli("compress", str(src), env=env)
+    assert r.returncode == 1 and r.stderr.strip().endswith(b"(see 'intdet compress --help')"), r.stderr
+    assert b"Missing option '-o'" in r.stderr

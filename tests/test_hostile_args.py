@@ -156,3 +156,15 @@ def test_largest_seed_accepted(model, cache):
 ])
 def test_extreme_option_values(model, cache, args, needle):
     one_error(cli(["generate", "-m", model[0], "--ids", "1", "-n", "2", *args], cache), needle)
+
+
+@pytest.mark.parametrize("key", ["", "   "])
+def test_serve_refuses_an_empty_api_key(model, tmp_path, key):
+    """An empty --api-key would silently turn authentication off."""
+    one_error(cli(["serve", "-m", model[0], "--port", "1", "--api-key", key], tmp_path), "--api-key", "empty")
+
+
+@pytest.mark.parametrize("cmd", [["perplexity", "x.txt"], ["convert", "x"], ["batch", "in.jsonl"]])
+def test_missing_required_option_is_named(tmp_path, cmd):
+    """click's MissingParameter has no message of its own: the line names the option."""
+    one_error(cli(cmd, tmp_path), "Missing option", f"(see 'intdet {cmd[0]} --help')")

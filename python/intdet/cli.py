@@ -155,6 +155,8 @@ class IntdetGroup(click.Group):
             name = "/".join(e.param.opts) if isinstance(e.param, click.Option) else (
                 e.param.human_readable_name if e.param is not None else "")
             msg = " ".join(e.message.split())
+            if isinstance(e, click.MissingParameter) or not msg:  # no message of its own: "Missing option '-o'."
+                _fail(" ".join(e.format_message().split()) + where)
             _fail((f"{name}: {msg}" if name else " ".join(e.format_message().split())) + where)
         except click.UsageError as e:
             where = f" (see '{e.ctx.command_path} --help')" if e.ctx is not None else ""

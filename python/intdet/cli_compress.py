@@ -65,12 +65,15 @@ def _open_input(path: str):
 
 
 @contextlib.contextmanager
-def _output(path: str, force: bool):
+def _output(path: str, force: bool, inp: str = "-"):
     """Yield a seekable binary temp file; on success it becomes ``path``
-    (``-``: is copied to stdout); on any error it is removed."""
+    (``-``: is copied to stdout); on any error it is removed. ``inp``: the
+    input path, which the output may not replace."""
     if path != "-":
         if os.path.isdir(path):
             raise IntdetError(f"-o {path}: is a directory")
+        if inp != "-" and os.path.exists(path) and os.path.samefile(path, inp):
+            raise IntdetError(f"-o {path}: is the input file (write the output elsewhere)")
         if os.path.lexists(path) and not force:
             raise IntdetError(f"-o {path}: exists (use --force to replace it)")
         d = os.path.dirname(os.path.abspath(path))
@@ -131,8 +134,9 @@ def _report(st, as_json, inp, out, verb):
 @click.option("-o", "--output", required=True, metavar="OUT", help="Compressed file ('-' = stdout).")
 @click.option("-m", "--model", default=None, metavar="MODEL", help="Model (default: SmolLM2-135M-Instruct).")
 @click.option("--weights", type=WEIGHTS, default=None, help="Linear weights when -m needs converting: int8 or int4.")
-@click.option("--ctx", default=2048, show_default=True, type=int,
-              help="Most tokens per chunk: the model's context (chunks are coded independently).")
+@click.option("--ctx", default=None, type=int,
+              help="Most tokens per chunk (chunks are coded independently)  [default: 2048, or the model's "
+                   "context length if shorter].")
 @click.option("--device", type=click.Choice(["cpu", "cuda", "ref"]), default="cpu", show_default=True,
               help="Backend (the bytes are the same on each).")
 @click.option("--threads", default=0, type=int, metavar="N", callback=_cap_threads, help=THREADS_HELP)
@@ -144,9 +148,11 @@ def compress(inp, output, model, weights, ctx, device, threads, force, as_json):
     from .compress.codec import compress_stream
 
     fin, name, size = _open_input(inp)
-    with fin as f, _output(output, force) as out:
+    with fin as f, _output(output, force, inp) as out:
         lm = _load(model, weights)
         eng = _engine(lm, device, threads)
+        if ctx is None:
+            ctx = min(2048, eng.context_length)
         bar = _bar(size, as_json, "compress")
         try:
             st = compress_stream(eng, f.read, out, ctx=ctx, model_name=model or "", weights=weights or "",
@@ -180,7 +186,7 @@ def decompress(inp, output, model, batch, device, threads, force, as_json):
     fin, name, _ = _open_input(inp)
     with fin as f:
         h = read_header(f, name)
-        with _output(output, force) as out:
+        with _output(output, force, inp) as out:
             lm = _load(model or h.model_name or None, None if model else (h.weights or None))
             eng = _engine(lm, device, threads)
             bar = _bar(h.orig_len, as_json, "decompress")

@@ -73,6 +73,8 @@ def serve(model, revision, weights, device, threads, host, port, max_batch, step
             raise IntdetError(f"{name}: {v} must be >= {lo}")
     if port > 65535:
         raise IntdetError(f"--port: {port} must be <= 65535")
+    if api_key is not None and not api_key.strip():
+        raise IntdetError("--api-key: empty (an empty key would turn authentication off; omit the option instead)")
     api_key = api_key if api_key is not None else (os.environ.get("INTDET_API_KEY") or None)
     try:
         fam = socket.AF_INET6 if ":" in host else socket.AF_INET
