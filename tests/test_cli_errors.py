@@ -501,3 +501,16 @@ def test_convert_each_fixture(request, tmp_path, cache, fixture):
     assert r.rc == 0, r
     last_hash(r)
     assert cache_models(cache) == []  # a converted dir is used in place
+
+
+@pytest.mark.parametrize("cmd", [["convert", "SRC", "-o", "/proc/intdet-no/out"],
+                                 ["random-model", "/proc/intdet-no/out", "--shape", "tiny-llama"]])
+def test_unwritable_output_is_named_not_its_temporary(cmd, tiny_llama_gguf, cache):
+    """A write error names the OUT the user gave, not the hidden temporary
+    directory beside it."""
+    args = [tiny_llama_gguf if a == "SRC" else a for a in cmd]
+    r = subprocess.run([sys.executable, "-m", "intdet", *args], capture_output=True, text=True,
+                       env=dict(os.environ, INTDET_CACHE=str(cache)))
+    assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.startswith("intdet: error: /proc/intdet-no/out: cannot write"), r.stderr
+    assert ".partial-" not in r.stderr and ".intdet-convert-" not in r.stderr

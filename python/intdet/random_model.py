@@ -333,7 +333,7 @@ def write_random_model(out_dir: str, shape: str = "qwen3-0.6b", seed: int = 0, l
     gets one line per tensor. Returns out_dir.
 
     Raises IntdetError for an unknown shape or an out_dir that exists and is
-    not an empty directory; OSError when the parent cannot be written."""
+    not an empty directory, or OUT cannot be written (naming OUT)."""
     if shape not in SHAPES:
         raise IntdetError(f"--shape {shape!r}: choose one of {', '.join(SHAPES)}")
     out_dir = os.path.abspath(out_dir)
@@ -341,6 +341,14 @@ def write_random_model(out_dir: str, shape: str = "qwen3-0.6b", seed: int = 0, l
                                          and not os.listdir(out_dir)):
         raise IntdetError(f"{out_dir}: exists and is not an empty directory")
     parent = os.path.dirname(out_dir)
+    try:
+        _write_into(out_dir, parent, shape, seed, log)
+    except OSError as e:  # named by OUT, not by the temporary directory
+        raise IntdetError(f"{out_dir}: cannot write the checkpoint ({e.strerror or e})") from None
+    return out_dir
+
+
+def _write_into(out_dir: str, parent: str, shape: str, seed: int, log) -> None:
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}.partial-", dir=parent)
     try:
@@ -354,7 +362,6 @@ def write_random_model(out_dir: str, shape: str = "qwen3-0.6b", seed: int = 0, l
         os.replace(tmp, out_dir)  # rename(2) onto an absent or empty directory
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return out_dir
 
 
 def _readable_by_all(d: str) -> None:

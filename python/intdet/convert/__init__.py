@@ -30,7 +30,8 @@ def convert(src: str, out_dir: str, force: bool = False, progress: bool = True, 
 
     Raises IntdetError if the source is unreadable or unsupported, or if
     ``out_dir`` exists and is not empty, unless force and out_dir is an
-    intdet model directory (output.check_output); KeyboardInterrupt (SIGINT)
+    intdet model directory (output.check_output), or if writing fails (an
+    OSError, reported as IntdetError naming out_dir); KeyboardInterrupt (SIGINT)
     or signals.Terminated (SIGTERM, in the main thread) after removing the
     temporary directory. Returns out_dir.
     """
@@ -39,8 +40,6 @@ def convert(src: str, out_dir: str, force: bool = False, progress: bool = True, 
 
 
 def _convert(src: str, out_dir: str, force: bool, progress: bool, weights: str) -> str:
-    from ..tokenizer import save_tokenizer
-
     out_dir = os.path.abspath(out_dir)
     check_output(out_dir, src, force)
     if weights not in WEIGHT_FORMATS:
@@ -51,6 +50,17 @@ def _convert(src: str, out_dir: str, force: bool, progress: bool, weights: str) 
     signal_at("read")
     watch_quantize(fm)
     tensors, cfg = quantize_model(fm, progress=progress, weights=weights)
+    try:
+        _write(fm, tensors, cfg, src, out_dir, force)
+    except OSError as e:  # named by the output the user gave, not by the temporary directory
+        raise IntdetError(f"{out_dir}: cannot write the converted model ({e.strerror or e})") from None
+    return out_dir
+
+
+def _write(fm, tensors, cfg, src: str, out_dir: str, force: bool) -> None:
+    """Write the model into a temporary sibling of out_dir, then install it there."""
+    from ..tokenizer import save_tokenizer
+
     parent = os.path.dirname(out_dir) or "."
     os.makedirs(parent, exist_ok=True)
     sweep_stale(parent)
@@ -78,7 +88,6 @@ def _convert(src: str, out_dir: str, force: bool, progress: bool, weights: str) 
         remove_tree(tmp)  # the old model after a swap, or the partial new one
         remove_tree(old_path(tmp))
         release(lock)
-    return out_dir
 
 
 def _readable_by_all(d: str):
