@@ -127,6 +127,7 @@ def test_ctrl_c_after_a_prefill_call(conv, cache):
     assert r.rc == 130 and "Traceback" not in r.stderr, r
     last = r.stderr.splitlines()[-1]
     assert "generated 0 tok" in last and last.endswith("(interrupted)"), r
+    assert "prefill - tok/s" in last, r  # the prompt did not finish: no rate over all of it
     assert last_hash(r) == last_hash(ok(cli(args[:-1] + ["0"], cache)))
 
 
@@ -473,3 +474,22 @@ def test_chat_under_a_pty(conv, cache):
         os.close(master)
     one = ok(cli(["generate", "-m", conv, "-n", "4", "--chat", "hi"], cache))
     assert last_hash(one).encode() in buf and b"Traceback" not in buf
+
+
+def test_generate_interrupted_in_decode_keeps_its_decode_rate(conv):
+    """Ctrl-C during decode (chat's path, intdet.generate.generate): the
+    tokens made so far and the rate they were made at, not '-'."""
+    from intdet.generate import generate
+    from intdet.model import Engine, load_model
+    from intdet.sampling import Sampler
+
+    def on_token(t, n=[0]):
+        n[0] += 1
+        if n[0] == 5:
+            raise KeyboardInterrupt
+        return False
+
+    g = generate(Engine(load_model(conv)), [7, 8, 9], 20, Sampler(), on_token=on_token)
+    st = g.stats()
+    assert g.stop == "interrupted" and len(g.tokens) == 5
+    assert st["prefill_tok_s"] and st["decode_tok_s"] and st["decode_tok_s"] > 0

@@ -94,6 +94,7 @@ def test_ctrl_c_during_generate(converted, tmp_path, device, sampling):
     assert "Traceback" not in err, err
     last = err.splitlines()[-1]
     assert "(interrupted)" in last and int(GEN_RE.search(last).group(1)) == 7, err
+    assert re.search(r"prefill [0-9.]+ tok/s, decode [0-9.]+ tok/s", last), last  # rates of what ran
     assert out.endswith("\n"), out[-200:]
     # The hash and text are those of exactly the 7 tokens generated: a run
     # stopped by -n 7 gives the same chain hash and the same text.

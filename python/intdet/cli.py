@@ -550,7 +550,8 @@ def generate(ctx, prompt, prompt_opt, file, ids, chat, system, truncate, model, 
     if c.finish_reason == "error":
         raise IntdetError(c.error)
     g = Generation(prompt_ids=c.prompt_ids, tokens=c.tokens, hash=c.hash, hashes=c.hashes,
-                   prefill_s=(t_first or time.perf_counter()) - t0, decode_s=(t_last - t_first) if t_first else 0.0,
+                   # interrupted before the first token: the prompt's rate is unknown (shown as "-")
+                   prefill_s=(t_first - t0) if t_first else 0.0, decode_s=(t_last - t_first) if t_first else 0.0,
                    stop="interrupted" if c.finish_reason == "cancelled" else c.finish_reason,
                    truncated=n_given - len(prompt_ids))
     if max_new_tokens == 0:

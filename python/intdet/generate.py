@@ -114,6 +114,7 @@ def generate(engine: Engine, prompt_ids, max_new_tokens: int, sampler: Sampler |
     # logits are hashed (they arrive in pinned memory), so the GPU never
     # waits for the hash; the tokens and the chain hash are the host's.
     device = sampler.device_ok and seq.device_pick
+    t1 = None  # decode start: set once the prompt is in
     try:
         t0 = time.perf_counter()
         step = prefill_chunk if prefill_chunk > 0 else len(prompt_ids)
@@ -161,6 +162,8 @@ def generate(engine: Engine, prompt_ids, max_new_tokens: int, sampler: Sampler |
         g.decode_s = time.perf_counter() - t1
     except KeyboardInterrupt:
         g.stop = "interrupted"
+        if t1 is not None:  # during decode: the rate of the tokens made (interrupted in prefill: none, prefill_s 0)
+            g.decode_s = time.perf_counter() - t1
     g.hash = chain.hex()
     g.hashes = dict(chain.at)
     return g
