@@ -279,7 +279,8 @@ HOSTILE = [
     ({"prompt": "x", "max_tokens": 1.5}, 400, "max_tokens"),
     ({"prompt": "x", "max_tokens": 300}, 400, "maximum context length is 256"),
     ({"prompt": [5] * 300, "max_tokens": 1}, 400, "maximum context length"),
-    ({"prompt": "x", "temperature": "hot"}, 400, "temperature"),
+    ({"prompt": "x", "temperature": "hot"}, 400, "temperature: must be a number"),
+    ({"prompt": "x", "temperature": "0.5"}, 400, "temperature: must be a number (got '0.5')"),
     ({"prompt": "x", "temperature": 1e308}, 400, "temperature"),
     ({"prompt": "x", "temperature": True}, 400, "temperature"),
     ({"prompt": "x", "temperature": 0.1234567}, 400, "more than 6 decimal places"),
@@ -317,6 +318,7 @@ def test_hostile_completions(server, body, status, msg):
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": "x"}]}]}, "messages"),
     ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 10**6}, "maximum context length"),
     ({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 99, "logprobs": True}, "top_logprobs"),
+    ({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 3}, "top_logprobs: needs \"logprobs\": true"),
     ({"messages": [{"role": "user", "content": "x" * 2000}]}, "maximum context length"),
 ])
 def test_hostile_chat(server, body, msg):

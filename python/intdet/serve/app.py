@@ -367,6 +367,8 @@ class Server:
                 self.check_room(ids, 1, "messages")
             mt = self.llm.context_length - len(ids)
         self.check_room(ids, mt, "messages")
+        if r.top_logprobs is not None and not r.logprobs:  # as OpenAI: top_logprobs needs logprobs
+            raise BadRequest("top_logprobs: needs \"logprobs\": true", param="top_logprobs")
         k = (r.top_logprobs or 0) if r.logprobs else None
         seed = self.new_seed(r.seed)
         jobs = [(ids, self.sampling(r, mt, derive_seed(seed, c), k, None)) for c in range(r.n)]

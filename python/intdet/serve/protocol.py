@@ -114,6 +114,8 @@ def validation_message(e: ValidationError) -> tuple:
     loc = [str(x) for x in first["loc"]]
     field = loc[0] if loc else ""
     same = [x for x in errs if x["loc"] and str(x["loc"][0]) == field]
+    if len(same) > 1 and {x["type"] for x in same} == {"int_type", "float_type"}:  # a Num field (int or float)
+        return f"{field}: must be a number (got {first.get('input')!r})"[:120], field
     last_name = next((p for p in reversed(loc) if p in UNION_HELP), None)
     if len(same) > 1 and last_name:
         return f"{'.'.join(loc[:loc.index(last_name) + 1])}: {UNION_HELP[last_name]}", field
