@@ -127,9 +127,15 @@ def test_stream_close_keeps_what_was_made(llm):
 def test_stream_refuses_bad_input_before_running(llm):
     """A bad prompt or parameter is an IntdetError naming it, raised by
     stream() itself: nothing is queued, the scheduler stays idle."""
+    def bad(**kw):  # SamplingParams refuses these when made: set them after, as a caller might
+        sp = intdet.SamplingParams()
+        for k, v in kw.items():
+            setattr(sp, k, v)
+        return sp
+
     for prompt, sp, word in (([], intdet.SamplingParams(), "prompt"), ([10**9], intdet.SamplingParams(), "vocabulary"),
-                             ("hi", intdet.SamplingParams(max_tokens=-1), "max_tokens"),
-                             ("hi", intdet.SamplingParams(temperature="hot"), "temperature")):
+                             ("hi", bad(max_tokens=-1), "max_tokens"),
+                             ("hi", bad(temperature="hot"), "temperature")):
         with pytest.raises(IntdetError, match=word):
             llm.stream(prompt, sp)
         assert llm.scheduler.idle and llm.scheduler.kv_used == 0
@@ -189,11 +195,28 @@ def test_score(llm):
     (dict(max_tokens=True), "max_tokens"),
     (dict(logprobs=-1), "logprobs"),
     (dict(stop="x"), "stop: must be a list"),
+    (dict(stop=5), "stop: must be a list of strings \\(got int\\)"),
     (dict(truncate="middle"), "truncate"),
 ])
 def test_bad_params_name_the_field(llm, kw, msg):
+    """Refused where the SamplingParams is made (and so before anything runs)."""
     with pytest.raises(IntdetError, match=msg):
-        llm.generate("x", intdet.SamplingParams(**kw))
+        intdet.SamplingParams(**kw)
+    sp = intdet.SamplingParams()
+    for k, v in kw.items():  # fields changed after construction: refused at generate
+        setattr(sp, k, v)
+    with pytest.raises(IntdetError, match=msg):
+        llm.generate("x", sp)
+
+
+def test_wrong_argument_types_are_intdet_errors(llm):
+    for call, msg in ((lambda: llm.generate("a", {"max_tokens": 2}), "params: expected intdet.SamplingParams"),
+                      (lambda: llm.generate(None), "prompts: expected a string"),
+                      (lambda: llm.stream("a", 5), "params: expected intdet.SamplingParams"),
+                      (lambda: llm.chat([{"role": "wizard", "content": "x"}]), "messages\\[0\\].role: 'wizard'"),
+                      (lambda: intdet.load(threads=-1), "threads: -1 must be in \\[0, 1024\\] \\(0 = auto\\)")):
+        with pytest.raises(IntdetError, match=msg):
+            call()
 
 
 def test_bad_prompts(llm):
@@ -205,7 +228,7 @@ def test_bad_prompts(llm):
     assert c.truncated == 300 - len(c.prompt_ids) > 0
     with pytest.raises(IntdetError, match="messages"):
         llm.chat([{"role": "user"}])
-    with pytest.raises(IntdetError, match="missing: no such file"):
+    with pytest.raises(IntdetError, match="^model: .*missing: no such file"):
         intdet.load(os.path.join(os.path.dirname(llm.lm.path), "missing"))
 
 

@@ -39,6 +39,29 @@ Prompt = Union[str, Sequence[int]]
 FINISH_REASONS = ("eos", "stop", "length", "context", "cancelled", "error")
 
 
+CHAT_ROLES = ("system", "user", "assistant")
+
+
+def _api_names(msg: str, pairs) -> str:
+    """msg with a leading CLI option name ("--top-p: ...", "(0 = all cores)") as the API's argument name."""
+    for opt, name in pairs:
+        if msg.startswith(opt + ":"):
+            msg = name + msg[len(opt):]
+    return msg.replace("(0 = all cores)", "(0 = auto)")
+
+
+def _check_params(params, n: int) -> list:
+    """One SamplingParams per prompt (None: the defaults), or IntdetError."""
+    params = SamplingParams() if params is None else params
+    per = list(params) if isinstance(params, (list, tuple)) else [params] * n
+    for p in per:
+        if not isinstance(p, SamplingParams):
+            raise IntdetError(f"params: expected intdet.SamplingParams (or a list of them), got {type(p).__name__}")
+    if len(per) != n:
+        raise IntdetError(f"params: {len(per)} SamplingParams for {n} prompts")
+    return per
+
+
 def derive_seed(seed: int, index: int) -> int:
     """The seed of choice ``index`` of a request seeded ``seed`` (n > 1):
     choice 0 keeps ``seed``, choice i > 0 gets SplitMix64(seed + i), so
@@ -91,13 +114,13 @@ class SamplingParams:
                            seed=self.seed, min_p=str(self.min_p), repeat_penalty=str(self.repeat_penalty),
                            repeat_last_n=self.repeat_last_n)
         except IntdetError as e:  # the sampler names CLI options: name the field instead
-            msg = str(e)
-            for opt, name in (("--temperature", "temperature"), ("--top-p", "top_p"), ("--top-k", "top_k"),
-                              ("--min-p", "min_p"), ("--repeat-penalty", "repeat_penalty"),
-                              ("--repeat-last-n", "repeat_last_n"), ("--seed", "seed")):
-                if msg.startswith(opt + ":"):
-                    msg = name + msg[len(opt):]
-            raise IntdetError(msg) from None
+            raise IntdetError(_api_names(str(e), (
+                ("--temperature", "temperature"), ("--top-p", "top_p"), ("--top-k", "top_k"), ("--min-p", "min_p"),
+                ("--repeat-penalty", "repeat_penalty"), ("--repeat-last-n", "repeat_last_n"),
+                ("--seed", "seed")))) from None
+
+    def __post_init__(self):
+        self.check()  # a bad value fails where it is written, not at generate()
 
     def check(self) -> None:
         if not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool) or self.max_tokens < 0:
@@ -108,8 +131,8 @@ class SamplingParams:
                 raise IntdetError(f"{name}: {v!r} must be None or an integer in [0, 1000]")
         if self.truncate not in (None, "left", "right"):
             raise IntdetError(f"truncate: {self.truncate!r}: choose None, 'left' or 'right'")
-        if isinstance(self.stop, str) or not all(isinstance(s, str) for s in self.stop):
-            raise IntdetError("stop: must be a list of strings")
+        if not isinstance(self.stop, (list, tuple)) or not all(isinstance(s, str) for s in self.stop):
+            raise IntdetError(f"stop: must be a list of strings (got {type(self.stop).__name__})")
         self.sampler()
 
 
@@ -214,11 +237,16 @@ class LLM:
         from .model import Engine, LoadedModel, load_model
         from .resolve import resolve_model
 
-        if isinstance(model, LoadedModel):
-            self.lm = model
-        else:
-            self.lm = load_model(resolve_model(model, revision, progress=progress, weights=weights))
-        self.engine = Engine(self.lm, device, threads)
+        try:
+            if isinstance(model, LoadedModel):
+                self.lm = model
+            else:
+                self.lm = load_model(resolve_model(model, revision, progress=progress, weights=weights))
+            self.engine = Engine(self.lm, device, threads)
+        except IntdetError as e:  # the loaders name CLI options: name the arguments instead
+            raise IntdetError(_api_names(str(e), (("-m", "model"), ("--threads", "threads"),
+                                                  ("--device", "device"), ("--weights", "weights"),
+                                                  ("--revision", "revision")))) from None
         self.scheduler = Scheduler(self.engine, max_batch=max_batch, step_tokens=step_tokens, kv_bytes=kv_bytes)
         self.tokenizer, self.meta = self.lm.tokenizer, self.lm.tok_meta
         self.eos_ids = tuple(self.meta.get("eos_token_ids") or ())
@@ -275,6 +303,9 @@ class LLM:
                 isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
                 for m in messages):
             raise IntdetError("messages: must be a non-empty list of {\"role\": str, \"content\": str}")
+        for i, m in enumerate(messages):  # the roles chat templates know (and the server accepts)
+            if m["role"] not in CHAT_ROLES:
+                raise IntdetError(f"messages[{i}].role: {m['role']!r}: choose one of {', '.join(CHAT_ROLES)}")
         return conversation_ids(self.lm, messages)
 
     def _check_ids(self, ids, what: str) -> None:
@@ -342,14 +373,14 @@ class LLM:
         or for a list of prompts -> [Completion] (run batched). ``params``:
         one SamplingParams for all, or one per prompt. Raises IntdetError for
         a bad prompt or parameter before anything runs."""
+        if not isinstance(prompts, (str, list, tuple)):
+            raise IntdetError(f"prompts: expected a string, a list of token ids or a list of those, "
+                              f"got {type(prompts).__name__}")
         single = isinstance(prompts, str) or _is_ids(prompts) and len(prompts) > 0
         plist = [prompts] if single else list(prompts)
         if not plist:
             raise IntdetError("prompts: empty list")
-        params = params or SamplingParams()
-        per = list(params) if isinstance(params, (list, tuple)) else [params] * len(plist)
-        if len(per) != len(plist):
-            raise IntdetError(f"params: {len(per)} SamplingParams for {len(plist)} prompts")
+        per = _check_params(params, len(plist))
         reqs = [self.request(self.prompt_ids(p), sp) for p, sp in zip(plist, per)]
         self._run(reqs)
         outs = [self.completion(r) for r in reqs]
@@ -371,7 +402,7 @@ class LLM:
         generation; ``Stream.completion`` then holds what was made
         (finish_reason "cancelled"). Raises IntdetError for a bad prompt or
         parameter before anything runs."""
-        params = params or SamplingParams()
+        (params,) = _check_params(params, 1)
         events: deque = deque()
         req = self.request(self.prompt_ids(prompt), params, on_event=events.append, on_prefill=on_prefill)
         self.scheduler.submit(req)

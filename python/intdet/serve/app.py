@@ -111,13 +111,12 @@ class Server:
         if len(stops) > self.limits.max_stop:
             raise BadRequest(f"stop: at most {self.limits.max_stop} strings", "stop")
         temperature = 1 if r.temperature is None else r.temperature
-        sp = SamplingParams(max_tokens=max_tokens, temperature=_dec(temperature), top_p=_dec(r.top_p or 1),
-                            top_k=max(r.top_k or 0, 0), min_p=_dec(r.min_p or 0),
-                            repeat_penalty=_dec(r.repetition_penalty or 1), repeat_last_n=-1 if
-                            r.repetition_penalty not in (None, 1) else 64, seed=seed, stop=stops,
-                            logprobs=logprobs, prompt_logprobs=prompt_logprobs)
-        try:
-            sp.check()
+        try:  # SamplingParams checks every field when made
+            sp = SamplingParams(max_tokens=max_tokens, temperature=_dec(temperature), top_p=_dec(r.top_p or 1),
+                                top_k=max(r.top_k or 0, 0), min_p=_dec(r.min_p or 0),
+                                repeat_penalty=_dec(r.repetition_penalty or 1), repeat_last_n=-1 if
+                                r.repetition_penalty not in (None, 1) else 64, seed=seed, stop=stops,
+                                logprobs=logprobs, prompt_logprobs=prompt_logprobs)
         except IntdetError as e:
             raise BadRequest(str(e), str(e).split(":")[0]) from None
         return sp
