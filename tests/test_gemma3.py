@@ -234,3 +234,10 @@ def test_hash_check_float_matrix_on_gemma3(tiny_gemma3_hf, tmp_path):
     assert out["all_equal"]
     floats = [x["config"] for x in out["runs"] if x["group"] == "float"]
     assert floats and all(c.startswith("numpy float32") for c in floats)
+    # the table says why there are no torch rows
+    r = subprocess.run([sys.executable, "-m", "intdet.cli", "hash-check", "-m", tiny_gemma3_hf, "--prompt", "hello world",
+                        "--steps", "2", "--float"], capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr
+    last = r.stdout.rstrip().splitlines()[-1]
+    assert last in ("(no torch float32 rows: torch's float reference does not run this architecture)",
+                    "(no torch float32 rows: torch is not installed)"), last

@@ -820,6 +820,12 @@ def hash_check(model, prompt, steps, seed, temperature, expect, with_ref, with_f
         if fruns:
             nf = sum(r.diverges_at is not None for r in fruns)
             click.echo(f"float runs: {nf} of {len(fruns) - 1} differ from the first float run")
+            if not any(r.config.startswith("torch") for r in fruns):
+                import importlib.util
+
+                why = ("torch is not installed" if importlib.util.find_spec("torch") is None
+                       else "torch's float reference does not run this architecture")
+                click.echo(f"(no torch float32 rows: {why})")
         if expect:
             click.echo(f"--expect {expect}: {'matches' if expect_ok else 'DIFFERS from ' + greedy[0].hash}")
     if not ok or not expect_ok:
