@@ -375,3 +375,16 @@ def test_ctrl_c_stops_with_one_line_and_resumes(serial, model_dir, items_file, t
     assert first.count(b"\n") == 20 and serial[1].startswith(first)
     r = _cli(*args)
     assert r.returncode == 0 and open(out, "rb").read() == serial[1]
+
+
+def test_resume_refuses_the_output_of_another_input(model_dir, tmp_path):
+    """OUT holding records of ids the input lacks is another input's output:
+    refused before anything runs or is appended (resuming would count them)."""
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    inp.write_text(json.dumps({"id": "q1", "prompt": "hello", "max_tokens": 2}) + "\n")
+    old = json.dumps({"id": "other", "task": "generate", "result": None, "error": "x"}, sort_keys=True) + "\n"
+    out.write_text(old)
+    r = _cli(str(inp), "-o", str(out), "-m", model_dir)
+    assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
+    assert "holds 1 record(s) whose ids are not in" in r.stderr and 'id:"other"' in r.stderr, r.stderr
+    assert out.read_text() == old

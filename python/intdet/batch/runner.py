@@ -67,6 +67,10 @@ def run_job(input_path: str, output_path: str, model=None, task: str = "generate
         require()  # a missing extra is an error before the output file is touched
     f, done = open_output(output_path)
     try:
+        foreign = done - {it.key for it in items}
+        if foreign:  # resuming would mix another input's results into this one's
+            raise IntdetError(f"-o {output_path}: holds {len(foreign)} record(s) whose ids are not in {input_path} "
+                              f"(e.g. {sorted(foreign)[0]}): the output of another input? Give another -o")
         todo = [it for it in items if it.key not in done]
         if threads is None:
             threads = default_threads(workers) if engine == "local" else 1
