@@ -383,7 +383,8 @@ def test_cache_list_and_clean(tiny_llama_hf, tiny_llama_gguf, cache):
     entries = cache_models(cache)
     assert len(entries) == 2
     r = ok(cli(["cache", "list"], cache))
-    lines = r.stdout.splitlines()
+    head, *lines = r.stdout.splitlines()
+    assert head.split() == ["entry", "size", "weights", "source"], r
     assert sorted(line.split()[0] for line in lines) == entries
     assert all(" MiB " in line and " int8 " in line for line in lines), r
     assert any(os.path.abspath(tiny_llama_hf) in line for line in lines), r

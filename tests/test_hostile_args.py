@@ -168,3 +168,9 @@ def test_serve_refuses_an_empty_api_key(model, tmp_path, key):
 def test_missing_required_option_is_named(tmp_path, cmd):
     """click's MissingParameter has no message of its own: the line names the option."""
     one_error(cli(cmd, tmp_path), "Missing option", f"(see 'intdet {cmd[0]} --help')")
+
+
+def test_random_model_seed_range(tmp_path):
+    """Seeds are in [0, 2^64) here as everywhere else."""
+    one_error(cli(["random-model", tmp_path / "x", "--shape", "tiny-llama", "--seed", "-1"], tmp_path), "--seed")
+    assert not (tmp_path / "x").exists()

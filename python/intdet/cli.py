@@ -616,10 +616,12 @@ def cache_list(as_json):
     if not entries:
         _err(f"no entries in {os.path.join(cache_dir(), 'models')}")
         return
+    w = max(len(e["name"]) for e in entries)
+    click.echo(f"{'entry':<{w}}  {'size':>12}  {'weights':7}  source")
     for e in entries:
         src = e["source_path"] or e["source"] or "?"
         state = "" if e["complete"] else "  (incomplete)"
-        click.echo(f"{e['name']}  {e['bytes'] / 2**20:8.1f} MiB  {e['weights'] or '?':4}  {src}{state}")
+        click.echo(f"{e['name']:<{w}}  {e['bytes'] / 2**20:8.1f} MiB  {e['weights'] or '?':7}  {src}{state}")
 
 
 @cache.command("clean")
@@ -689,7 +691,7 @@ def perplexity(model, file, ctx, max_windows, use_float, second_half, device, th
         click.echo(json.dumps({**r.as_dict(), "model": os.path.basename(src or model), "kind": kind, "file": file}))
     else:
         click.echo(f"{kind}: perplexity {r.perplexity:.4f}, mean NLL {r.nll:.5f} nats/token, "
-                   f"{r.bits_per_byte:.5f} bits/byte over {r.tokens} tokens ({r.windows} windows of {r.ctx}) "
+                   f"{r.bits_per_byte:.5f} bits/byte over {r.tokens} tokens ({r.windows} window{'s' if r.windows != 1 else ''} of {r.ctx}) "
                    f"in {r.seconds:.1f} s; second half of each window only (llama.cpp's protocol): "
                    f"{r.perplexity_second_half:.4f}")
 
@@ -737,7 +739,8 @@ def _cuda_hash_runs(lm, cpu, ids, steps, seed, temperature, with_ref, progress):
 # the choices are random_model.SHAPES, spelled out so that importing the CLI does not import numpy
 @click.option("--shape", type=click.Choice(list(RANDOM_MODEL_SHAPES)), default="qwen3-0.6b",
               show_default=True, help="Architecture and size of the checkpoint.")
-@click.option("--seed", default=0, type=int, show_default=True, help="Seed of the random weights.")
+@click.option("--seed", default=0, type=click.IntRange(0, 2**64 - 1), show_default=True,
+              help="Seed of the random weights, in [0, 2^64).")
 @user_errors
 def random_model(out_dir, shape, seed):
     """Write a Hugging Face checkpoint with deterministic random weights (then `intdet convert` it)."""
