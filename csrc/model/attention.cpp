@@ -207,6 +207,21 @@ struct Ctx {
   }
 };
 
+// The tiles with each one's query heads cut into parts of about equal size
+// when there are fewer tiles than threads (Gemma 3's one KV head: two parts
+// of 2 heads at 2 threads), else the tiles themselves. A part still widens
+// and scales each key once for all its heads, which is why whole tiles beat
+// one (row, head) per task by about 2x per key at 512 keys.
+std::vector<Tile> head_parts(const std::vector<Tile>& tiles, int64_t grp, int64_t threads) {
+  const int64_t ntiles = (int64_t)tiles.size();
+  if (ntiles >= threads) return tiles;
+  const int64_t want = std::min(grp, (threads + ntiles - 1) / ntiles), nj = (grp + want - 1) / want;
+  std::vector<Tile> parts;
+  for (const Tile& tl : tiles)
+    for (int64_t j = 0; j < grp; j += nj) parts.push_back({tl.t0, tl.P, tl.g, tl.s0, tl.s1, j, std::min(nj, grp - j)});
+  return parts;
+}
+
 }  // namespace
 
 void attend_layer(int nt, const Kernels& ks, const Model& m, int64_t l, KVCache* const* caches, const Row* rows,
@@ -255,24 +270,15 @@ void attend_layer(int nt, const Kernels& ks, const Model& m, int64_t l, KVCache*
     whole(tiles);
     return;
   }
-  {
-    // Few tiles (decode): whole tiles, each tile's query heads split into
-    // parts when there are fewer tiles than threads (one KV head, as in
-    // Gemma 3), since a tile that keeps its heads together widens and
-    // scales each key once for all of them (2x faster per key at 512 keys
-    // than one (row, head) at a time). Only when that still leaves threads
-    // idle and the keys are many does each tile's key range split (below).
-    std::vector<Tile> parts;
-    const int64_t want = ntiles < threads ? std::min(cx.grp, (threads + ntiles - 1) / ntiles) : 1;
-    const int64_t nj = (cx.grp + want - 1) / want;
-    for (const Tile& tl : tiles)
-      for (int64_t j = 0; j < cx.grp; j += nj) parts.push_back({tl.t0, tl.P, tl.g, tl.s0, tl.s1, j, std::min(nj, cx.grp - j)});
-    int64_t longest = 0;
-    for (const Tile& tl : tiles) longest = std::max(longest, tl.s1 - tl.s0);
-    if ((int64_t)parts.size() >= threads || longest < kShortKeys) {
-      whole(parts);
-      return;
-    }
+  // Few tiles (decode): whole tiles, split into head parts when there are
+  // fewer tiles than threads (head_parts); only when that still leaves
+  // threads idle and the keys are many does each tile's key range split (below).
+  int64_t longest = 0;
+  for (const Tile& tl : tiles) longest = std::max(longest, tl.s1 - tl.s0);
+  const std::vector<Tile> parts = head_parts(tiles, cx.grp, threads);
+  if ((int64_t)parts.size() >= threads || longest < kShortKeys) {
+    whole(parts);
+    return;
   }
   // Fewer tiles and head parts than threads at a long context (a decode
   // row on many cores): each tile's keys in chunks across threads, the

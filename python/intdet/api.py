@@ -43,11 +43,11 @@ CHAT_ROLES = ("system", "user", "assistant")
 
 
 def _api_names(msg: str, pairs) -> str:
-    """msg with a leading CLI option name ("--top-p: ...", "(0 = all cores)") as the API's argument name."""
+    """msg with its leading CLI option name ("--top-p: ...") as the API's argument name."""
     for opt, name in pairs:
         if msg.startswith(opt + ":"):
-            msg = name + msg[len(opt):]
-    return msg.replace("(0 = all cores)", "(0 = auto)")
+            return name + msg[len(opt):]
+    return msg
 
 
 def _check_params(params, n: int) -> list:

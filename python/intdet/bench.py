@@ -73,7 +73,7 @@ def _warm_up(engine: Engine, ids: list) -> None:
 def run_bench(lm: LoadedModel, prompt_tokens: int = 512, gen_tokens: int = 128, threads=(0,), batch: int = 1,
               prompt_ids=None, progress=None, keep_tokens: bool = False) -> list:
     """Measure prompt processing and decode for each thread count in
-    ``threads`` (0 = all cores); returns one dict per setting (keys
+    ``threads`` (0 = auto); returns one dict per setting (keys
     ``ROW_KEYS``). ``prompt_ids`` overrides the default prompt (its length
     then sets ``prompt_tokens``). ``progress(msg)`` is called between phases.
     ``keep_tokens`` adds ``decode_tokens``, the greedy ids of the batch-1 decode.
@@ -98,7 +98,7 @@ def run_bench(lm: LoadedModel, prompt_tokens: int = 512, gen_tokens: int = 128, 
         raise IntdetError(f"token id {bad[0]} is outside the vocabulary [0, {lm.cfg['vocab_size']})")
     for t in threads:
         if not 0 <= t <= 1024:
-            raise IntdetError(f"--threads: {t} must be in [0, 1024] (0 = all cores)")
+            raise IntdetError(f"--threads: {t} must be in [0, 1024] (0 = auto)")
     say = progress or (lambda msg: None)
     engine = Engine(lm, "cpu")
     sampler = Sampler()

@@ -171,7 +171,7 @@ class Engine:
         if device not in DEVICES:
             raise IntdetError(f"--device {device!r} is not available (choose from {', '.join(DEVICES)})")
         if threads is not None and not 0 <= threads <= 1024:
-            raise IntdetError(f"--threads: {threads} must be in [0, 1024] (0 = all cores)")
+            raise IntdetError(f"--threads: {threads} must be in [0, 1024] (0 = auto)")
         self.lm = lm
         self.device = device
         if device == "cpu":

@@ -390,7 +390,7 @@ void qk_block(const int16_t* q, const int32_t* e_q, int64_t R, const int8_t* kc,
     int64_t* zr = z + r * ldz;
     const int64_t s0 = score_shift - e_q[r];
     int64_t j = 0;
-    if (vec && nk && s0 - ekmax >= 1 && s0 - ekmin <= 62) {
+    if (vec && s0 - ekmax >= 1 && s0 - ekmin <= 62) {  // nk >= 1: qk_tile_avx2 passes no empty block
       const __m256i sv = _mm256_set1_epi64x(s0);
       for (; j < nv4; j += 4)
         _mm256_storeu_si256((__m256i*)(zr + j),
