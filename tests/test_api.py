@@ -183,6 +183,9 @@ def test_score(llm):
     both = llm.score([(ctx, g.tokens), ("the quick brown", " fox")])
     assert both[0].logprob_q == s.logprob_q and both[0].hash == s.hash
     assert both[1].context_ids == ctx and both[1].continuation_ids == llm.encode(" fox", add_bos=False)
+    for top in (-1, 21, "2", True):
+        with pytest.raises(IntdetError, match=r"top: .* must be an integer in \[0, 20\]"):
+            llm.score(ctx, g.tokens, top=top)
 
 
 @pytest.mark.parametrize("kw,msg", [
@@ -194,6 +197,8 @@ def test_score(llm):
     (dict(max_tokens=-2), "max_tokens"),
     (dict(max_tokens=True), "max_tokens"),
     (dict(logprobs=-1), "logprobs"),
+    (dict(logprobs=21), r"logprobs: 21 must be None or an integer in \[0, 20\]"),  # the server's cap too
+    (dict(prompt_logprobs=1000), r"prompt_logprobs: 1000 must be None or an integer in \[0, 20\]"),
     (dict(stop="x"), "stop: must be a list"),
     (dict(stop=5), "stop: must be a list of strings \\(got int\\)"),
     (dict(truncate="middle"), "truncate"),

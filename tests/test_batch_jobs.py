@@ -313,7 +313,7 @@ def test_open_output_refuses_a_foreign_file(tmp_path):
     p.write_bytes(rec + b'{"id": "b", "err')
     f, done = open_output(str(p))
     f.close()
-    assert done == {'id:"a"'} and p.read_bytes() == rec
+    assert done == {'id:"a"': None} and p.read_bytes() == rec
     assert summarize(str(p))["items"] == 1
 
 
@@ -388,3 +388,30 @@ def test_resume_refuses_the_output_of_another_input(model_dir, tmp_path):
     assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
     assert "holds 1 record(s) whose ids are not in" in r.stderr and 'id:"other"' in r.stderr, r.stderr
     assert out.read_text() == old
+
+
+def test_resume_refuses_a_record_of_a_changed_line(model_dir, tmp_path):
+    """A record carries its item's digest (item_sha256): an input line that
+    changed under the same id since its record was written is refused on
+    resume, before anything runs or is appended; the unchanged input resumes
+    (nothing left to do) and a record without a digest (older files) is
+    taken as it is."""
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    line = {"id": "q1", "prompt": "hello", "max_tokens": 2}
+    inp.write_text(json.dumps(line) + "\n")
+    r = _cli(str(inp), "-o", str(out), "-m", model_dir, "--workers", "0")
+    assert r.returncode == 0, r.stderr
+    rec = json.loads(out.read_text())
+    assert len(rec["item_sha256"]) == 16 and rec["error"] is None
+    first = out.read_text()
+    assert _cli(str(inp), "-o", str(out), "-m", model_dir, "--workers", "0").returncode == 0
+    assert out.read_text() == first
+    inp.write_text(json.dumps(dict(line, prompt="goodbye")) + "\n")
+    r = _cli(str(inp), "-o", str(out), "-m", model_dir, "--workers", "0")
+    assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
+    assert 'the record of id:"q1" was made from a different item than line 1' in r.stderr, r.stderr
+    assert out.read_text() == first
+    del rec["item_sha256"]  # a record from before digests: resumed as done
+    out.write_text(json.dumps(rec, sort_keys=True) + "\n")
+    r = _cli(str(inp), "-o", str(out), "-m", model_dir, "--workers", "0")
+    assert r.returncode == 0 and out.read_text().count("\n") == 1, r.stderr

@@ -258,6 +258,18 @@ def test_seed_random_is_printed_and_repeatable(conv, cache):
 # ------------------------------------------------------------ -q, -v, warnings
 
 
+def test_first_conversion_says_so_without_v(tiny_llama_hf, tiny_qwen2_hf, cache):
+    """Converting takes tens of seconds on a real model: the first run says
+    so on stderr (one line), a later run does not, and -q keeps it silent."""
+    base = ["generate", "--ids", "1,5", "-n", "3"]
+    r = ok(cli(base + ["-m", tiny_llama_hf], cache))
+    notes = [l for l in r.stderr.splitlines() if l.startswith("intdet: converting")]
+    assert len(notes) == 1 and tiny_llama_hf in notes[0] and "into the cache" in notes[0], r.stderr
+    assert "converting" not in ok(cli(base + ["-m", tiny_llama_hf], cache)).stderr
+    q = ok(cli(base + ["-m", tiny_qwen2_hf, "-q"], cache))  # a first conversion too, quiet
+    assert q.stderr == "", q.stderr
+
+
 def test_quiet_and_verbose(tiny_llama_hf, cache):
     base = ["generate", "-m", tiny_llama_hf, "--ids", "1,5", "-n", "3"]
     v = ok(cli(base + ["-v"], cache))

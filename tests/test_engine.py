@@ -57,6 +57,37 @@ def test_prefill_split_invariance(converted):
     assert np.array_equal(whole, run_all(eng, PROMPT, [len(PROMPT)]))  # same run twice
 
 
+@pytest.mark.parametrize("device", ["cpu", "ref"])
+def test_logits_into_a_reused_buffer(converted, device):
+    """forward(out=...) and forward_batch(out=...) write the same bits into
+    the caller's array (returned as is, or views of it) as a new array gets;
+    a wrong shape, dtype or layout is refused before anything runs."""
+    _, out = converted
+    eng = Engine(load_model(out), device)
+    want = run_all(eng, PROMPT, [len(PROMPT)])
+    buf = np.full((len(PROMPT) + 3, eng.vocab_size), 7, np.int32)
+    seq = eng.new_sequence(64)
+    got = seq.forward(PROMPT, all_logits=True, out=buf[:len(PROMPT)])
+    assert np.shares_memory(got, buf) and np.array_equal(got, want)
+    assert (buf[len(PROMPT):] == 7).all()  # rows past the call untouched
+    for bad in (np.zeros((len(PROMPT), eng.vocab_size), np.int64),  # dtype
+                np.zeros((len(PROMPT) - 1, eng.vocab_size), np.int32),  # shape
+                np.zeros((eng.vocab_size, len(PROMPT)), np.int32).T):  # not C-contiguous
+        s2 = eng.new_sequence(64)
+        with pytest.raises((ValueError, TypeError)):
+            s2.forward(PROMPT, all_logits=True, out=bad)
+        if device == "cpu":
+            assert s2.n_past == 0
+    if device == "cpu":
+        a, b = eng.new_sequence(64), eng.new_sequence(64)
+        alone = [run_all(eng, PROMPT[:5], [5])[-1:], run_all(eng, PROMPT[:3], [3])]
+        res = eng.forward_batch([a, b], [PROMPT[:5], PROMPT[:3]], all_logits=[False, True], out=buf[:4])
+        assert all(np.shares_memory(r, buf) for r in res)
+        assert np.array_equal(res[0], alone[0]) and np.array_equal(res[1], alone[1])
+        with pytest.raises(ValueError, match="out: shape"):
+            eng.forward_batch([eng.new_sequence(64)], [PROMPT[:2]], out=buf[:2])
+
+
 def test_close_to_float_reference(converted):
     """Integer logits (Q16) against float64 on the same dequantized weights:
     RMS error under 4% of the logits' RMS and max |diff| under 0.4 (int8

@@ -165,13 +165,27 @@ void bind_forward(py::module_& mod) {
     }
     return call;
   };
+  // The logits buffer of a call: a new [rows, V] array, or the caller's
+  // (reused across calls, so a prefill's 50 MB of logits is not mapped and
+  // faulted in afresh each time), checked before anything runs.
+  auto logits_out = [](const py::object& o, int64_t rows, int64_t V) -> py::array_t<int32_t> {
+    if (o.is_none()) return py::array_t<int32_t>({rows, V});
+    if (!py::isinstance<py::array_t<int32_t>>(o))
+      throw std::invalid_argument("out: an int32 numpy array expected");
+    py::array a = o.cast<py::array>();
+    if (a.ndim() != 2 || a.shape(0) != rows || a.shape(1) != V)
+      throw std::invalid_argument("out: shape [" + std::to_string(rows) + ", " + std::to_string(V) + "] expected");
+    if (!(a.flags() & py::array::c_style) || !a.writeable())
+      throw std::invalid_argument("out: a writable C-contiguous array expected");
+    return py::reinterpret_borrow<py::array_t<int32_t>>(a);
+  };
   mod.def(
       "forward",
-      [plan](PM& pm, PS& s, Arr<int32_t> tokens, int64_t start, bool all_logits) {
+      [plan, logits_out](PM& pm, PS& s, Arr<int32_t> tokens, int64_t start, bool all_logits, py::object out_arg) {
         if (start != s.n_past) throw std::invalid_argument("start must equal the number of cached positions");
         std::vector<PS*> states{&s};
         const Call call = plan(pm.cfg, states, {tokens}, {all_logits});
-        py::array_t<int32_t> out({call.total, pm.cfg.vocab});
+        py::array_t<int32_t> out = logits_out(out_arg, call.total, pm.cfg.vocab);
         int32_t* o = out.mutable_data();
         {
           py::gil_scoped_release nogil;
@@ -181,10 +195,13 @@ void bind_forward(py::module_& mod) {
         return out;
       },
       py::arg("model"), py::arg("state"), py::arg("tokens"), py::arg("start"), py::arg("all_logits") = false,
-      "Prefill or decode tokens (int32 [T]) at positions start..start+T-1; returns int32 logits [T or 1, V] (Q16).");
+      py::arg("out") = py::none(),
+      "Prefill or decode tokens (int32 [T]) at positions start..start+T-1; returns int32 logits [T or 1, V] (Q16), "
+      "written into out (a writable C-contiguous int32 array of that shape) when given.");
   mod.def(
       "forward_batch",
-      [plan](PM& pm, std::vector<PS*> states, std::vector<Arr<int32_t>> toks, py::object all_logits) {
+      [plan, logits_out](PM& pm, std::vector<PS*> states, std::vector<Arr<int32_t>> toks, py::object all_logits,
+                         py::object out_arg) {
         std::vector<bool> flags;
         if (py::isinstance<py::bool_>(all_logits))
           flags.assign(states.size(), all_logits.cast<bool>());
@@ -194,7 +211,7 @@ void bind_forward(py::module_& mod) {
         const int64_t V = pm.cfg.vocab;
         // One array for the whole call; each sequence gets a view of its rows
         // (no copy: the logits of a decode step are V int32 per row).
-        py::array_t<int32_t> out({call.total, V});
+        py::array_t<int32_t> out = logits_out(out_arg, call.total, V);
         int32_t* o = out.mutable_data();
         {
           py::gil_scoped_release nogil;
@@ -211,9 +228,11 @@ void bind_forward(py::module_& mod) {
         return res;
       },
       py::arg("model"), py::arg("states"), py::arg("tokens"), py::arg("all_logits") = false,
+      py::arg("out") = py::none(),
       "Advance several sequences in one call (batched decode / mixed prefill); all_logits: a bool for every "
       "sequence or one per sequence. Returns one int32 logits array per sequence ([T_i or 1, V], views of one "
-      "buffer), each identical to running that sequence alone.");
+      "buffer: out, a writable C-contiguous int32 array of [sum of the rows, V], when given), each identical "
+      "to running that sequence alone.");
 }
 
 }  // namespace pybind

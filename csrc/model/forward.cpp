@@ -96,9 +96,10 @@ void check_packed(const Model& m, const Kernels& k) {
 
 // Output channels [lo, hi) of the kernel set's linear layer for L's weight
 // format (int8 or int4), on its packed layout when the set reads one: one
-// kernel call, on the calling thread.
-void linear_range(const Kernels& k, const Linear& L, const Act16& a, int64_t T, int64_t* out, int64_t lo,
-                  int64_t hi) {
+// kernel call, on the calling thread. out points at row 0's channel lo;
+// rows are ldo apart.
+void linear_range(const Kernels& k, const Linear& L, const Act16& a, int64_t T, int64_t* out, int64_t ldo,
+                  int64_t lo, int64_t hi) {
   const int16_t* q = a.q.data();
   const int32_t* e = a.e.data();
   const int64_t K = L.K, j0 = lo, n = hi - lo;
@@ -107,16 +108,16 @@ void linear_range(const Kernels& k, const Linear& L, const Act16& a, int64_t T, 
   if (L.w4 && packed) {
     const uint8_t* w = static_cast<const uint8_t*>(packed);
     const int64_t row = k.packing->w4.channel_bytes(K);
-    k.linear_w4_packed(q, e, T, K, w + j0 * row, nullptr, nullptr, L.mant + j0, L.shift + j0, bias, n, out + j0, L.N);
+    k.linear_w4_packed(q, e, T, K, w + j0 * row, nullptr, nullptr, L.mant + j0, L.shift + j0, bias, n, out, ldo);
   } else if (L.w4) {
     const int64_t G = K / kW4Group;
     k.linear_w4(q, e, T, K, L.w4 + j0 * (K / 2), L.gd + j0 * G, L.gm + j0 * G, L.mant + j0, L.shift + j0, bias, n,
-                out + j0, L.N);
+                out, ldo);
   } else {
     const LinearFn fn = packed ? k.linear_packed : k.linear;
     const int8_t* w = packed ? static_cast<const int8_t*>(packed) : L.w;
     const int64_t row = packed ? k.packing->w8.channel_bytes(K) : K;  // bytes per channel
-    fn(q, e, T, K, w + j0 * row, L.mant + j0, L.shift + j0, bias, n, out + j0, L.N);
+    fn(q, e, T, K, w + j0 * row, L.mant + j0, L.shift + j0, bias, n, out, ldo);
   }
 }
 
@@ -134,7 +135,7 @@ void run_linears(int nt, const Kernels& k, const std::array<const Linear*, NL>& 
   const Blocks bl = channel_blocks(N, nt, T);
   parallel_tasks(nt, bl.n, [&](int64_t b) {
     const int64_t lo = bl.lo(b), hi = bl.hi(b);
-    for (size_t i = 0; i < NL; ++i) linear_range(k, *Ls[i], a, T, outs[i], lo, hi);
+    for (size_t i = 0; i < NL; ++i) linear_range(k, *Ls[i], a, T, outs[i] + lo, N, lo, hi);
     post(lo, hi);
   });
 }
@@ -154,7 +155,7 @@ void run_qkv(int nt, const Kernels& k, const Layer& L, const Act16& a, int64_t T
   parallel_tasks(nt, first[3], [&](int64_t b) {
     const int i = b < first[1] ? 0 : b < first[2] ? 1 : 2;
     const int64_t lo = bl[i].lo(b - first[i]), hi = bl[i].hi(b - first[i]);
-    linear_range(k, *Ls[i], a, T, outs[i], lo, hi);
+    linear_range(k, *Ls[i], a, T, outs[i] + lo, Ls[i]->N, lo, hi);
   });
 }
 
@@ -371,13 +372,21 @@ void forward_impl(const Model& m, KVCache* const* caches, const Row* rows, int64
     for (int64_t i = 0; i < H; ++i) xs[r * H + i] = x[sel[r] * H + i];
   norm_quant_rows(nt, ks, xs.data(), m.out_norm, Tout, H, c.eps_hidden, R, h, act);
   const int64_t V = c.vocab;
-  std::vector<int64_t> lg((size_t)(Tout * V));
-  // [Tout, V] Q16; each block of logits copied out as int32 by the thread that made it
-  run_linears<1>(nt, ks, {&m.output}, act, Tout, {lg.data()}, [&](int64_t lo, int64_t hi) {
+  // Logits [Tout, V] Q16, int32 (the epilogue saturates to int32): each
+  // block of channels made into the task's own Tout x block scratch and
+  // copied out by the thread that made it. A whole [Tout, V] int64 array
+  // (100 MB at 256 rows of a 49k vocab, as compression's prefill asks)
+  // was zero-filled by one thread, then written and read once more.
+  const Blocks bl = channel_blocks(V, nt, Tout);
+  parallel_tasks(nt, bl.n, [&](int64_t b) {
+    const int64_t lo = bl.lo(b), hi = bl.hi(b), n = hi - lo;
+    thread_local std::vector<int64_t> blk;
+    if ((int64_t)blk.size() < Tout * n) blk.resize((size_t)(Tout * n));
+    linear_range(ks, m.output, act, Tout, blk.data(), n, lo, hi);
     for (int64_t r = 0; r < Tout; ++r)
-      for (int64_t i = lo; i < hi; ++i) logits[r * V + i] = (int32_t)lg[r * V + i];
+      for (int64_t i = 0; i < n; ++i) logits[r * V + lo + i] = (int32_t)blk[r * n + i];
   });
-  if (tr) rec("output", lg, {Tout, V});
+  if (tr) rec("output", std::vector<int64_t>(logits, logits + Tout * V), {Tout, V});
   clk.mark("output", -1);
 }
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Iterator, Sequence, Union
 
 from .errors import IntdetError
-from .logprobs import to_float
+from .logprobs import MAX_LOGPROBS, to_float
 from .sampling import MASK64, Sampler, splitmix64
 from .scheduler import DEFAULT_KV_BYTES, DEFAULT_MAX_BATCH, DEFAULT_STEP_TOKENS, Event, Request, Scheduler, TokenLogprob
 
@@ -85,10 +85,10 @@ class SamplingParams:
     seed: int in [0, 2^64): keys the draws with the position (default 0,
         as ``intdet generate``).
     stop: strings that end the generation (not included in the text).
-    logprobs: None, or k >= 0: each generated token's log-probability and
-        the k most likely tokens at its position.
-    prompt_logprobs: None, or k >= 0: the same for each prompt token after
-        the first.
+    logprobs: None, or k in [0, 20] (MAX_LOGPROBS): each generated token's
+        log-probability and the k most likely tokens at its position.
+    prompt_logprobs: None, or k in [0, 20]: the same for each prompt token
+        after the first.
     truncate: None (a prompt that does not fit is an error), "left" or
         "right" (as ``intdet generate --truncate``).
     Raises IntdetError (naming the field) for a value out of range.
@@ -127,8 +127,9 @@ class SamplingParams:
             raise IntdetError(f"max_tokens: {self.max_tokens!r} must be an integer >= 0")
         for name in ("logprobs", "prompt_logprobs"):
             v = getattr(self, name)
-            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= 1000):
-                raise IntdetError(f"{name}: {v!r} must be None or an integer in [0, 1000]")
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= MAX_LOGPROBS):
+                raise IntdetError(f"{name}: {v!r} must be None or an integer in [0, {MAX_LOGPROBS}] "
+                                  "(as the server's, vLLM's default max_logprobs)")
         if self.truncate not in (None, "left", "right"):
             raise IntdetError(f"truncate: {self.truncate!r}: choose None, 'left' or 'right'")
         if not isinstance(self.stop, (list, tuple)) or not all(isinstance(s, str) for s in self.stop):
@@ -227,13 +228,16 @@ class LLM:
         weights: "int8" or "int4" when the source needs converting.
         revision: Hub revision for a repo id.
         max_batch, step_tokens, kv_bytes: the scheduler's limits (scheduler.py).
+        progress: a conversion progress bar on stderr; notice: None or a
+            callable given a one-line message when the model is converted
+            into the cache (or waits for another process converting it).
     Raises IntdetError for a model or option that cannot be used.
     """
 
     def __init__(self, model=None, device: str = "cpu", threads: Union[int, None] = None,
                  weights: Union[str, None] = None, revision: Union[str, None] = None,
                  max_batch: int = DEFAULT_MAX_BATCH, step_tokens: int = DEFAULT_STEP_TOKENS,
-                 kv_bytes: int = DEFAULT_KV_BYTES, progress: bool = False):
+                 kv_bytes: int = DEFAULT_KV_BYTES, progress: bool = False, notice=None):
         from .model import Engine, LoadedModel, load_model
         from .resolve import resolve_model
 
@@ -241,7 +245,7 @@ class LLM:
             if isinstance(model, LoadedModel):
                 self.lm = model
             else:
-                self.lm = load_model(resolve_model(model, revision, progress=progress, weights=weights))
+                self.lm = load_model(resolve_model(model, revision, progress=progress, weights=weights, notice=notice))
             self.engine = Engine(self.lm, device, threads)
         except IntdetError as e:  # the loaders name CLI options: name the arguments instead
             raise IntdetError(_api_names(str(e), (("-m", "model"), ("--threads", "threads"),
@@ -416,6 +420,8 @@ class LLM:
         most likely tokens at each continuation position. A list of pairs,
         ``score([(ctx, cont), ...])``, is scored batched -> [Score]."""
         pairs = context if continuation is None else [(context, continuation)]
+        if not isinstance(top, int) or isinstance(top, bool) or not 0 <= top <= MAX_LOGPROBS:
+            raise IntdetError(f"top: {top!r} must be an integer in [0, {MAX_LOGPROBS}]")
         if not isinstance(pairs, (list, tuple)) or not pairs:
             raise IntdetError("score: give (context, continuation) or a non-empty list of such pairs")
         reqs, shapes = [], []

@@ -423,13 +423,14 @@ def _log(verbose):
     return (lambda m: _err(f"intdet: {m}")) if verbose else None
 
 
-def _load(model, revision, weights, verbose):
+def _load(model, revision, weights, verbose, quiet=False):
     from .model import load_model
     from .resolve import resolve_model
 
     _warn_revision(revision, model)
     log = _log(verbose)
-    path = resolve_model(model, revision, progress=sys.stderr.isatty(), weights=weights, log=log)
+    path = resolve_model(model, revision, progress=sys.stderr.isatty() and not quiet, weights=weights, log=log,
+                         notice=None if quiet else lambda m: _err(f"intdet: {m}"))
     if log:
         log(f"loading {path}")
     return load_model(path)
@@ -494,7 +495,7 @@ def generate(ctx, prompt, prompt_opt, file, ids, chat, system, truncate, model, 
         raise IntdetError("-q and -v: choose one")
     sampler = _make_sampler(ctx, ctx.params, as_json)
     text, prompt_ids = _read_prompt(prompt, prompt_opt, file, ids)
-    lm = _load(model, revision, weights, verbose)
+    lm = _load(model, revision, weights, verbose, quiet)
     tok, meta = lm.tokenizer, lm.tok_meta
     if prompt_ids is None:
         if chat:
@@ -590,7 +591,7 @@ def chat(ctx, system, model, revision, weights, device, threads, max_new_tokens,
     if quiet and verbose:
         raise IntdetError("-q and -v: choose one")
     sampler = _make_sampler(ctx, ctx.params)
-    lm = _load(model, revision, weights, verbose)
+    lm = _load(model, revision, weights, verbose, quiet)
     engine = Engine(lm, device, threads)
     run_chat(engine, lm, sampler, max_new_tokens, system=system, stop=stops, quiet=quiet or _STREAMS["stderr_closed"],
              stats_line=stats_line)
@@ -853,7 +854,8 @@ def bench(model, prompt_tokens, gen_tokens, threads, batch, revision, as_json, w
     from .model import load_model
     from .resolve import resolve_model
 
-    lm = load_model(resolve_model(model, revision, progress=sys.stderr.isatty(), weights=weights))
+    lm = load_model(resolve_model(model, revision, progress=sys.stderr.isatty(), weights=weights,
+                                  notice=lambda m: _err(f"intdet: {m}")))
     show = (lambda msg: click.echo(f"  {msg}", err=True)) if sys.stderr.isatty() and not as_json else None
     rows = run_bench(lm, prompt_tokens, gen_tokens, threads or (0,), batch, progress=show)
     click.echo(json.dumps({"model": lm.path, "rows": rows}) if as_json else format_table(rows))

@@ -42,6 +42,7 @@ def batch(input_path, output_path, model, revision, weights, device, threads, ta
     summary = run_job(input_path, output_path, model=model, task=task, engine=engine, workers=workers,
                       address=address, batch_size=batch_size, threads=threads or None, device=device,
                       unordered=unordered, progress=sys.stderr.isatty() and not no_progress, revision=revision,
+                      notice=lambda m: click.echo(f"intdet: {m}", err=True),
                       weights=weights)
     click.echo(json.dumps(summary, sort_keys=True))
 

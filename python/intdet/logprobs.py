@@ -45,6 +45,7 @@ import numpy as np
 from .ref.intmath import LOG2E_Q30, exp2_neg_q30, round_shift
 
 LOGPROB_FRAC_BITS = 24  # output format: log-probability in nats = q / 2^24
+MAX_LOGPROBS = 20  # top tokens per position at most, in the API and the server (vLLM's default max_logprobs)
 W_BITS = 46  # weights w_j in Q46
 LOG2_FRAC_BITS = 40  # log2(Z) digits
 LN2_Q64 = 12786308645202655660  # round(ln(2) * 2^64), checked against Decimal in the tests

@@ -74,7 +74,10 @@ def load_model(path: str) -> LoadedModel:
 
 class Sequence:
     """One sequence's KV cache on a backend. ``forward(tokens, all_logits)``
-    appends tokens (int [T]) and returns int32 logits [T or 1, vocab] (Q16)."""
+    appends tokens (int [T]) and returns int32 logits [T or 1, vocab] (Q16);
+    ``out`` (a writable C-contiguous int32 array of that shape) receives them
+    instead of a new array, so a caller that runs many pieces reuses one
+    buffer."""
 
     def __init__(self, engine: "Engine", max_len: int):
         self.engine = engine
@@ -90,15 +93,24 @@ class Sequence:
             t["rope.cos"], t["rope.sin"] = t["rope.cos"][:max_len], t["rope.sin"][:max_len]
             self._ref = RefModel(cfg, t)
 
-    def forward(self, tokens, all_logits: bool = False) -> np.ndarray:
+    def forward(self, tokens, all_logits: bool = False, out: np.ndarray | None = None) -> np.ndarray:
         tokens = np.ascontiguousarray(tokens, dtype=np.int32)
         if self.n_past + len(tokens) > self.max_len:
             raise IntdetError(f"sequence of {self.n_past + len(tokens)} tokens exceeds the context ({self.max_len})")
         if self.engine.device in NATIVE:
-            out = self.engine._core.forward(self.engine._model, self._state, tokens, self.n_past, all_logits)
+            out = self.engine._core.forward(self.engine._model, self._state, tokens, self.n_past, all_logits, out)
         else:
-            out = self._ref.forward(tokens, self.n_past)
-            out = (out if all_logits else out[-1:]).astype(np.int32)
+            z = self._ref.forward(tokens, self.n_past)
+            z = (z if all_logits else z[-1:]).astype(np.int32)
+            if out is not None:
+                if not isinstance(out, np.ndarray) or out.dtype != np.int32:
+                    raise ValueError("out: an int32 numpy array expected")  # the core's messages
+                if out.shape != z.shape:
+                    raise ValueError(f"out: shape [{z.shape[0]}, {z.shape[1]}] expected")
+                if not (out.flags.c_contiguous and out.flags.writeable):
+                    raise ValueError("out: a writable C-contiguous array expected")
+                out[...] = z
+            out = z if out is None else out
         self.n_past += len(tokens)
         return out
 
@@ -202,12 +214,15 @@ class Engine:
             except RuntimeError as e:  # out of device memory, a driver error
                 raise IntdetError(f"--device cuda: {e}") from None
 
-    def forward_batch(self, seqs, tokens, all_logits=False):
+    def forward_batch(self, seqs, tokens, all_logits=False, out: np.ndarray | None = None):
         """Advance several sequences in one call (their rows share every linear
         layer); returns one int32 logits array per sequence, bit-identical to
         ``seq.forward(tokens_i, all_logits_i)`` run alone. ``all_logits``: one
-        bool for all sequences or a list of one per sequence. cpu and cuda
-        backends (ref runs the sequences one by one)."""
+        bool for all sequences or a list of one per sequence. ``out``: a
+        writable C-contiguous int32 array of [rows, vocab] (rows: the logits
+        rows of the call, in sequence order) that the results are views of,
+        reused instead of a new one (cpu and cuda). cpu and cuda backends
+        (ref runs the sequences one by one)."""
         flags = [bool(all_logits)] * len(seqs) if isinstance(all_logits, bool) else [bool(f) for f in all_logits]
         if len(flags) != len(seqs):
             raise IntdetError(f"forward_batch: {len(flags)} all_logits flags for {len(seqs)} sequences")
@@ -217,7 +232,7 @@ class Engine:
             if s.n_past + len(t) > s.max_len:
                 raise IntdetError(f"sequence of {s.n_past + len(t)} tokens exceeds the context ({s.max_len})")
         outs = self._core.forward_batch(self._model, [s._state for s in seqs],
-                                        [np.ascontiguousarray(t, dtype=np.int32) for t in tokens], flags)
+                                        [np.ascontiguousarray(t, dtype=np.int32) for t in tokens], flags, out)
         for s, t in zip(seqs, tokens):
             s.n_past += len(t)
         return outs

@@ -93,18 +93,19 @@ def resolve_source(spec: str | None, revision: str | None = None) -> str | None:
 
 
 def resolve_model(spec: str | None, revision: str | None = None, progress: bool = True, weights: str | None = None,
-                  log=None) -> str:
+                  log=None, notice=None) -> str:
     """Return a converted model directory for ``spec``, converting into the
-    cache when needed (weights: "int8" or "int4", None = int8). Raises
-    IntdetError when spec names nothing usable, or when ``weights`` is given
-    with an already converted directory in another weight format."""
+    cache when needed (weights: "int8" or "int4", None = int8). ``log`` and
+    ``notice``: as converted_path. Raises IntdetError when spec names nothing
+    usable, or when ``weights`` is given with an already converted directory
+    in another weight format."""
     if weights is not None:
         _valid_weights(weights)
     src = resolve_source(spec, revision)
     if src is None:
         check_weights(spec, weights)
         return spec
-    return converted_path(src, progress, weights or "int8", log=log)
+    return converted_path(src, progress, weights or "int8", log=log, notice=notice)
 
 
 def check_weights(converted: str, weights: str | None):
@@ -201,12 +202,15 @@ def _entry_name(key: str, weights: str) -> str:
     return f"{key[:32]}-v{FORMAT_VERSION}{suffix}"
 
 
-def converted_path(src: str, progress: bool = True, weights: str = "int8", log=None) -> str:
+def converted_path(src: str, progress: bool = True, weights: str = "int8", log=None, notice=None) -> str:
     """The cache entry for a source checkpoint, converting it on first use
     (and again when the entry holds another weight format). Conversions of
     one entry are serialized by an flock on ``locks/<entry>.lock``: a second
     process waits for the first and then uses its result. ``log(msg)`` gets
-    what is being done (hashing, waiting, converting)."""
+    what is being done (hashing, waiting, converting); ``notice(msg)`` only
+    the waits and conversions, the steps that take seconds (the CLI prints
+    them without -v, so a first run does not look hung)."""
+    tell = log or notice
     from .convert import convert
 
     _valid_weights(weights)
@@ -221,13 +225,13 @@ def converted_path(src: str, progress: bool = True, weights: str = "int8", log=N
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            if log:
-                log(f"waiting for another intdet converting {src} into the cache...")
+            if tell:
+                tell(f"waiting for another intdet converting {src} into the cache...")
             fcntl.flock(lock, fcntl.LOCK_EX)
         if is_converted(out) and _weight_format(out) == weights:  # the other process made it
             return out
-        if log:
-            log(f"converting {src} into the cache ({weights}) at {out}...")
+        if tell:
+            tell(f"converting {src} into the cache ({weights}, once; tens of seconds) at {out}...")
         return convert(src, out, force=True, progress=progress, weights=weights)
 
 

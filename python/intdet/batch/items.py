@@ -26,6 +26,7 @@ model (vocabulary, context length) is checked by the worker, per item.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 
@@ -54,6 +55,14 @@ class Item:
     task: str
     fields: dict
     error: str = ""
+
+    def digest(self) -> str:
+        """16 hex digits of the sha256 of the item's task and fields (not its
+        id, the resume key): a record carries it as ``item_sha256``, so a
+        resumed job sees an input line that changed under the same id."""
+        body = json.dumps({"task": self.task, "fields": self.fields}, sort_keys=True, ensure_ascii=False,
+                          separators=(",", ":"))
+        return hashlib.sha256(body.encode("utf-8")).hexdigest()[:16]
 
     def to_json(self) -> str:
         return json.dumps({"index": self.index, "id": self.id, "task": self.task, "fields": self.fields})

@@ -25,10 +25,11 @@ Q24 = 1 << 24
 
 
 def open_output(path: str):
-    """Open ``path`` for appending; return (file, set of done record keys).
+    """Open ``path`` for appending; return (file, {done record key: its
+    item_sha256, or None in a record written before records carried it}).
     A last line without its newline (a crash mid-write) is cut off; a
     complete line that is not a record is an error naming the line."""
-    done = set()
+    done = {}
     if os.path.exists(path):
         with open(path, "rb") as f:
             data = f.read()
@@ -38,7 +39,7 @@ def open_output(path: str):
                 rec = json.loads(line)
                 if not isinstance(rec, dict) or not {"id", "task", "result", "error"} <= rec.keys():
                     raise ValueError
-                done.add(record_key(rec))
+                done[record_key(rec)] = rec.get("item_sha256")
             except (ValueError, KeyError, TypeError, AttributeError):
                 raise IntdetError(f"{path}: line {n} is not an intdet batch record; "
                                   "give a new output file or remove it") from None

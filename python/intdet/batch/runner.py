@@ -35,11 +35,12 @@ def read_items(path: str, task: str) -> list:
 
 def run_job(input_path: str, output_path: str, model=None, task: str = "generate", engine: str = "local",
             workers: int = 1, address=None, batch_size: int = 16, threads=None, device: str = "cpu",
-            unordered: bool = False, progress: bool = False, revision=None, weights=None) -> dict:
+            unordered: bool = False, progress: bool = False, revision=None, weights=None, notice=None) -> dict:
     """Run the items of ``input_path`` into ``output_path`` (resuming it) and
     return output.summarize of the finished file. ``workers`` 0 with the
     local engine runs in this process. ``threads``: CPU threads per worker
     (None: the cores shared out among local workers, 1 per Ray/Dask worker).
+    ``notice(msg)``: told when the model is converted into the cache.
     Raises IntdetError for a bad argument, file or model."""
     from tqdm import tqdm
 
@@ -67,10 +68,16 @@ def run_job(input_path: str, output_path: str, model=None, task: str = "generate
         require()  # a missing extra is an error before the output file is touched
     f, done = open_output(output_path)
     try:
-        foreign = done - {it.key for it in items}
+        foreign = done.keys() - {it.key for it in items}
         if foreign:  # resuming would mix another input's results into this one's
             raise IntdetError(f"-o {output_path}: holds {len(foreign)} record(s) whose ids are not in {input_path} "
                               f"(e.g. {sorted(foreign)[0]}): the output of another input? Give another -o")
+        changed = [it for it in items if done.get(it.key) not in (None, it.digest())]
+        if changed:  # the record was made from another version of this line
+            it = changed[0]
+            raise IntdetError(f"-o {output_path}: the record of {it.key} was made from a different item than line "
+                              f"{it.index + 1} of {input_path} now holds ({len(changed)} such record(s)): the input "
+                              "changed since? Give another -o, or remove those records to rerun them")
         todo = [it for it in items if it.key not in done]
         if threads is None:
             threads = default_threads(workers) if engine == "local" else 1
@@ -96,8 +103,8 @@ def run_job(input_path: str, output_path: str, model=None, task: str = "generate
             if address:  # the nodes of a cluster resolve (and convert) the model themselves
                 cfg = WorkerConfig(model, device, threads, batch_size, revision, weights)
             else:  # converted once here; every worker loads the converted directory
-                cfg = WorkerConfig(resolve_model(model, revision, progress=progress, weights=weights), device,
-                                   threads, batch_size)
+                path = resolve_model(model, revision, progress=progress, weights=weights, notice=notice)
+                cfg = WorkerConfig(path, device, threads, batch_size)
             if engine == "local":
                 results = run_pool(cfg, batches, workers)
             elif engine == "ray":

@@ -60,14 +60,14 @@ def record_line(rec: dict) -> str:
 
 
 def error_record(item: Item, msg: str) -> dict:
-    rec = {"id": item.id, "task": item.task, "result": None, "error": msg}
+    rec = {"id": item.id, "task": item.task, "result": None, "error": msg, "item_sha256": item.digest()}
     if item.key.startswith("line:"):
         rec["line"] = item.index + 1
     return rec
 
 
 def ok_record(item: Item, result: dict) -> dict:
-    return {"id": item.id, "task": item.task, "result": result, "error": None}
+    return {"id": item.id, "task": item.task, "result": result, "error": None, "item_sha256": item.digest()}
 
 
 def _one_line(e: BaseException) -> str:

@@ -71,15 +71,27 @@ def _token_bytes(engine, where="model") -> TokenBytes:
     return tb
 
 
-def code_chunk(engine, core, ids, start: int, precision: int = PRECISION) -> bytes:
-    """Range-coded bytes of token ids (list of int, 1..ctx of them)."""
+def logits_buffer(engine, rows: int) -> np.ndarray:
+    """An int32 [rows, V] array the forwards write their logits into, one per
+    compress or decompress call: a new 50 MB array for every 256-row piece
+    was mapped and faulted in afresh each time (on a virtual machine the
+    first touch of new pages cost up to several times the lm_head itself)."""
+    return np.empty((rows, engine.vocab_size), dtype=np.int32)
+
+
+def code_chunk(engine, core, ids, start: int, precision: int = PRECISION, buf: np.ndarray | None = None) -> bytes:
+    """Range-coded bytes of token ids (list of int, 1..ctx of them); ``buf``:
+    a logits_buffer of at least min(len(ids), PREFILL_PIECE) rows."""
     seq = engine.new_sequence(len(ids))
     inputs = np.asarray([start] + list(ids[:-1]), dtype=np.int32)
     targets = np.asarray(ids, dtype=np.int32)
+    if buf is None:
+        buf = logits_buffer(engine, min(len(ids), PREFILL_PIECE))
     enc = core.RangeEncoder()
     for i in range(0, len(ids), PREFILL_PIECE):
-        logits = seq.forward(inputs[i:i + PREFILL_PIECE], all_logits=True)
-        enc.encode_rows(np.ascontiguousarray(logits, dtype=np.int32), targets[i:i + PREFILL_PIECE], precision)
+        n = min(PREFILL_PIECE, len(ids) - i)
+        logits = seq.forward(inputs[i:i + n], all_logits=True, out=buf[:n])
+        enc.encode_rows(logits, targets[i:i + n], precision)
     return enc.finish()
 
 
@@ -103,9 +115,12 @@ def compress_stream(engine, read, out, ctx: int = DEFAULT_CTX, model_name: str =
     t0 = time.perf_counter()
     out.write(h.pack())  # rewritten at the end with the length, checksum and chunk count
     st, sha = Stats(), hashlib.sha256()
+    buf = None
     for data, ids, fallback in chunks(read, ctx, tb):
         sha.update(data)
-        payload = code_chunk(engine, core, ids, h.start_id) if ids else data
+        if ids and buf is None:
+            buf = logits_buffer(engine, min(ctx, PREFILL_PIECE))
+        payload = code_chunk(engine, core, ids, h.start_id, buf=buf) if ids else data
         if ids is None or (store_larger and len(payload) >= len(data)):
             c = Chunk(MODE_STORED, len(data), 0, zlib.crc32(data), data)
             st.stored_chunks += 1
@@ -164,6 +179,7 @@ def decompress_stream(engine, f, out, where: str, batch: int = DEFAULT_BATCH, pr
     done: dict[int, bytes] = {}  # finished chunks not yet written (out of order)
     next_write, next_read = 0, 0
     rows: list[dict] = []  # active coded chunks
+    buf = None  # as many rows as the batch has held (chunks read, not the header's count)
 
     def finish(i: int, c: Chunk, data: bytes | None):
         if data is None or len(data) != c.orig_len or zlib.crc32(data) != c.orig_crc32:
@@ -182,7 +198,10 @@ def decompress_stream(engine, f, out, where: str, batch: int = DEFAULT_BATCH, pr
                                  dec=core.RangeDecoder(c.payload), ids=[], last=h.start_id))
             next_read += 1
         if rows:
-            logits = engine.forward_batch([r["seq"] for r in rows], [np.array([r["last"]], np.int32) for r in rows])
+            if buf is None or len(buf) < len(rows):
+                buf = logits_buffer(engine, len(rows))
+            logits = engine.forward_batch([r["seq"] for r in rows], [np.array([r["last"]], np.int32) for r in rows],
+                                          out=buf[:len(rows)] if engine.device != "ref" else None)
             syms = core.decode_rows([r["dec"] for r in rows], [np.ascontiguousarray(x, np.int32) for x in logits],
                                     h.precision)
             keep = []

@@ -15,7 +15,8 @@ from typing import Annotated, List, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, ValidationError
 
-MAX_LOGPROBS = 20  # vLLM's default max_logprobs
+from ..logprobs import MAX_LOGPROBS
+
 U64 = 2**64 - 1
 
 Num = Union[StrictInt, StrictFloat]
