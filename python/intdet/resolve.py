@@ -209,7 +209,9 @@ def converted_path(src: str, progress: bool = True, weights: str = "int8", log=N
     process waits for the first and then uses its result. ``log(msg)`` gets
     what is being done (hashing, waiting, converting); ``notice(msg)`` only
     the waits and conversions, the steps that take seconds (the CLI prints
-    them without -v, so a first run does not look hung)."""
+    them without -v, so a first run does not look hung), a conversion once
+    its source has been read (a file that is no model gets its one-line
+    error alone)."""
     tell = log or notice
     from .convert import convert
 
@@ -230,9 +232,12 @@ def converted_path(src: str, progress: bool = True, weights: str = "int8", log=N
             fcntl.flock(lock, fcntl.LOCK_EX)
         if is_converted(out) and _weight_format(out) == weights:  # the other process made it
             return out
-        if tell:
-            tell(f"converting {src} into the cache ({weights}, once; tens of seconds) at {out}...")
-        return convert(src, out, force=True, progress=progress, weights=weights)
+        msg = f"converting {src} into the cache ({weights}) at {out}..."
+        if log:
+            log(msg)
+        on_read = (lambda: notice(f"converting {src} into the cache ({weights}, once: tens of seconds on a real "
+                                  f"model)...")) if notice and not log else None
+        return convert(src, out, force=True, progress=progress, weights=weights, on_read=on_read)
 
 
 def _dir_size(path: str) -> int:

@@ -24,7 +24,8 @@ from .quantize import quantize_model
 from .sources import read_source
 
 
-def convert(src: str, out_dir: str, force: bool = False, progress: bool = True, weights: str = "int8") -> str:
+def convert(src: str, out_dir: str, force: bool = False, progress: bool = True, weights: str = "int8",
+            on_read=None) -> str:
     """Convert ``src`` (GGUF file or Hugging Face directory) into ``out_dir``
     with "int8" or "int4" linear weights (quantize.quantize_model).
 
@@ -33,13 +34,15 @@ def convert(src: str, out_dir: str, force: bool = False, progress: bool = True, 
     intdet model directory (output.check_output), or if writing fails (an
     OSError, reported as IntdetError naming out_dir); KeyboardInterrupt (SIGINT)
     or signals.Terminated (SIGTERM, in the main thread) after removing the
-    temporary directory. Returns out_dir.
+    temporary directory. ``on_read()``: called once the source's header,
+    config and tensor table have been read and checked (a file that is no
+    model fails before it, with nothing said). Returns out_dir.
     """
     with sigterm_raises():  # `kill PID` cleans up as Ctrl-C does
-        return _convert(src, out_dir, force, progress, weights)
+        return _convert(src, out_dir, force, progress, weights, on_read)
 
 
-def _convert(src: str, out_dir: str, force: bool, progress: bool, weights: str) -> str:
+def _convert(src: str, out_dir: str, force: bool, progress: bool, weights: str, on_read=None) -> str:
     out_dir = os.path.abspath(out_dir)
     check_output(out_dir, src, force)
     if weights not in WEIGHT_FORMATS:
@@ -47,6 +50,8 @@ def _convert(src: str, out_dir: str, force: bool, progress: bool, weights: str) 
     if os.path.isdir(src) and is_converted(src):
         raise IntdetError(f"{src}: already a converted intdet model (convert its source instead)")
     fm = read_source(src)
+    if on_read:
+        on_read()
     signal_at("read")
     watch_quantize(fm)
     tensors, cfg = quantize_model(fm, progress=progress, weights=weights)
