@@ -150,7 +150,10 @@ def test_signal_during_conversion_into_cache(tiny_llama_hf, tmp_path, sig):
     args = ["generate", "-m", tiny_llama_hf, "--ids", "1,2", "-n", "2"]
     for stage in STAGES_BEFORE_INSTALL:
         rc, _, err = run(args, cache, at=f"{stage}:{sig}")
-        assert_ended_by(sig, rc, err)
+        # the conversion's notice (printed once the source is read, before every stage here) comes first
+        note, _, rest = err.partition("\n")
+        assert note.startswith(f"intdet: converting {tiny_llama_hf} into the cache"), (stage, err)
+        assert_ended_by(sig, rc, rest)
         assert not models_dir.is_dir() or os.listdir(models_dir) == [], (stage, os.listdir(models_dir))
     rc, _, err = run(args, cache)
     assert rc == 0 and HASH_RE.search(err.splitlines()[-1]), err
@@ -162,7 +165,9 @@ def test_signal_after_conversion_into_cache_keeps_the_entry(tiny_llama_hf, tmp_p
     cache = tmp_path / "cache"
     args = ["generate", "-m", tiny_llama_hf, "--ids", "1,2", "-n", "2"]
     rc, _, err = run(args, cache, at="installed:SIGTERM")
-    assert_ended_by("SIGTERM", rc, err)
+    note, _, rest = err.partition("\n")  # the conversion's notice first
+    assert note.startswith("intdet: converting "), err
+    assert_ended_by("SIGTERM", rc, rest)
     (entry,) = os.listdir(cache / "models")
     assert complete(cache / "models" / entry)
 
