@@ -1,11 +1,12 @@
-// Microbenchmark: one prefill attention tile's passes (csrc/model/attention.cpp,
-// docs/long-context.md) at SmolLM2-135M's shape: 30 query rows (10 positions
-// x 3 query heads of one KV group), head size 64, `span` keys; min of N runs
-// per pass, in the driver's order (qk_tile, the AttnRowFns passes, pv_tile).
+// Microbenchmark: one attention tile's passes (csrc/model/attention.cpp,
+// docs/long-context.md) at SmolLM2-135M's shape: `rows` query rows (default
+// 30: 10 positions x 3 query heads of one KV group, a prefill tile; 3: one
+// decode row's tile), head size 64, `span` keys; min of N runs per pass, in
+// the driver's order (qk_tile, the AttnRowFns passes, pv_tile).
 //
 //   g++ -O2 -std=c++20 -Icsrc/include scripts/bench_attention_tile.cpp \
 //       build/<wheel tag>/libintdet_core.a -fopenmp -o /tmp/bench_attention_tile
-//   /tmp/bench_attention_tile [ISA=avx2] [span=2048] [N=21]
+//   /tmp/bench_attention_tile [ISA=avx2] [span=2048] [N=21] [rows=30, at most 64]
 //
 // The last line hashes the P.V output: every set must print the same one.
 #include <chrono>
@@ -25,7 +26,11 @@ int main(int argc, char** argv) {
   const int64_t span = argc > 2 ? atoll(argv[2]) : 2048;
   const int N = argc > 3 ? atoi(argv[3]) : 21;
   const Kernels& ks = kernel_set(isa);
-  const int64_t nkv = 3, D = 64, R = 30, st = nkv * D;
+  const int64_t nkv = 3, D = 64, R = argc > 4 ? atoll(argv[4]) : 30, st = nkv * D;
+  if (R < 1 || R > 64 || span < 16 || N < 1) {
+    fprintf(stderr, "usage: bench_attention_tile [ISA] [span >= 16] [N >= 1] [rows 1..64]\n");
+    return 2;
+  }
   std::mt19937_64 rng(1);
   std::vector<int8_t> k(span * st), v(span * st);
   std::vector<int32_t> ka(span * nkv), va(span * nkv);
