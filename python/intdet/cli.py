@@ -420,6 +420,7 @@ def _make_sampler(ctx, p, as_json=False):
 
 
 def _log(verbose):
+    """The CLI's ``intdet: ...`` stderr line writer when ``verbose``, else None."""
     return (lambda m: _err(f"intdet: {m}")) if verbose else None
 
 
@@ -430,7 +431,7 @@ def _load(model, revision, weights, verbose, quiet=False):
     _warn_revision(revision, model)
     log = _log(verbose)
     path = resolve_model(model, revision, progress=sys.stderr.isatty() and not quiet, weights=weights, log=log,
-                         notice=None if quiet else lambda m: _err(f"intdet: {m}"))
+                         notice=_log(not quiet))
     if log:
         log(f"loading {path}")
     return load_model(path)
@@ -855,7 +856,7 @@ def bench(model, prompt_tokens, gen_tokens, threads, batch, revision, as_json, w
     from .resolve import resolve_model
 
     lm = load_model(resolve_model(model, revision, progress=sys.stderr.isatty(), weights=weights,
-                                  notice=lambda m: _err(f"intdet: {m}")))
+                                  notice=_log(True)))
     show = (lambda msg: click.echo(f"  {msg}", err=True)) if sys.stderr.isatty() and not as_json else None
     rows = run_bench(lm, prompt_tokens, gen_tokens, threads or (0,), batch, progress=show)
     click.echo(json.dumps({"model": lm.path, "rows": rows}) if as_json else format_table(rows))

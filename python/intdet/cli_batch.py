@@ -38,11 +38,12 @@ def batch(input_path, output_path, model, revision, weights, device, threads, ta
           batch_size, unordered, no_progress):
     """Run the items of IN.jsonl (one JSON object with an id per line) into OUT.jsonl."""
     from .batch.runner import run_job
+    from .cli import _log
 
     summary = run_job(input_path, output_path, model=model, task=task, engine=engine, workers=workers,
                       address=address, batch_size=batch_size, threads=threads or None, device=device,
                       unordered=unordered, progress=sys.stderr.isatty() and not no_progress, revision=revision,
-                      notice=lambda m: click.echo(f"intdet: {m}", err=True),
+                      notice=_log(True),
                       weights=weights)
     click.echo(json.dumps(summary, sort_keys=True))
 

@@ -85,9 +85,11 @@ def serve(model, revision, weights, device, threads, host, port, max_batch, step
         raise IntdetError(f"--host {host} --port {port}: cannot bind ({getattr(e, 'strerror', None) or e})") from None
     src = resolve_source(model, revision) if model is None or os.path.exists(model) else model
     name = served_model_name or os.path.basename(os.path.normpath(src or model or "intdet"))
+    from .cli import _log
+
     llm = LLM(model, device=device, threads=threads, weights=weights, revision=revision, max_batch=max_batch,
               step_tokens=step_tokens, kv_bytes=kv_cache_mib << 20, progress=sys.stderr.isatty(),
-              notice=lambda m: click.echo(f"intdet: {m}", err=True))
+              notice=_log(True))
     app = create_app(llm, name, api_key, Limits(max_body_bytes=max_body_mib << 20, max_n=max_n))
     config = uvicorn.Config(app, log_level="info" if verbose else "warning", access_log=verbose,
                             # uvicorn counts the connection being checked: N + 1 lets N in

@@ -232,9 +232,8 @@ def converted_path(src: str, progress: bool = True, weights: str = "int8", log=N
             fcntl.flock(lock, fcntl.LOCK_EX)
         if is_converted(out) and _weight_format(out) == weights:  # the other process made it
             return out
-        msg = f"converting {src} into the cache ({weights}) at {out}..."
         if log:
-            log(msg)
+            log(f"converting {src} into the cache ({weights}) at {out}...")
         on_read = (lambda: notice(f"converting {src} into the cache ({weights}, once: tens of seconds on a real "
                                   f"model)...")) if notice and not log else None
         return convert(src, out, force=True, progress=progress, weights=weights, on_read=on_read)

@@ -72,7 +72,7 @@ def run_job(input_path: str, output_path: str, model=None, task: str = "generate
         if foreign:  # resuming would mix another input's results into this one's
             raise IntdetError(f"-o {output_path}: holds {len(foreign)} record(s) whose ids are not in {input_path} "
                               f"(e.g. {sorted(foreign)[0]}): the output of another input? Give another -o")
-        changed = [it for it in items if done.get(it.key) not in (None, it.digest())]
+        changed = [it for it in items if done.get(it.key) is not None and done[it.key] != it.digest()]
         if changed:  # the record was made from another version of this line
             it = changed[0]
             raise IntdetError(f"-o {output_path}: the record of {it.key} was made from a different item than line "

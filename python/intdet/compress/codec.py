@@ -201,7 +201,7 @@ def decompress_stream(engine, f, out, where: str, batch: int = DEFAULT_BATCH, pr
             if buf is None or len(buf) < len(rows):
                 buf = logits_buffer(engine, len(rows))
             logits = engine.forward_batch([r["seq"] for r in rows], [np.array([r["last"]], np.int32) for r in rows],
-                                          out=buf[:len(rows)] if engine.device != "ref" else None)
+                                          out=buf[:len(rows)])
             syms = core.decode_rows([r["dec"] for r in rows], [np.ascontiguousarray(x, np.int32) for x in logits],
                                     h.precision)
             keep = []
