@@ -3,6 +3,7 @@
 // Same bits as attend_head: dots are exact in any order.
 #include <immintrin.h>
 
+#include <climits>
 #include <cstring>
 #include <vector>
 
@@ -340,6 +341,96 @@ inline void transpose8x8_epi32(__m256i* a) {
   }
 }
 
+// normalize_scale15 on eight lanes a in [0, 2^31): k = max(bitlen(a) - 15, 0)
+// as bitlen(a >> 15) by halving (8, 4, 2, 1 bits), m = round_shift(a, k)
+// (a + 2^(k-1) < 2^32: the logical shift is exact).
+inline void normalize_scale15_x8(__m256i a, __m256i* m, __m256i* k) {
+  __m256i t = _mm256_srli_epi32(a, 15), n = _mm256_setzero_si256();
+  for (int b : {8, 4, 2, 1}) {
+    const __m256i sh = _mm256_and_si256(_mm256_cmpgt_epi32(t, _mm256_set1_epi32((1 << b) - 1)), _mm256_set1_epi32(b));
+    n = _mm256_add_epi32(n, sh);
+    t = _mm256_srlv_epi32(t, sh);
+  }
+  n = _mm256_add_epi32(n, t);  // t is 0 or 1
+  const __m256i half = _mm256_srli_epi32(_mm256_sllv_epi32(_mm256_set1_epi32(1), n), 1);
+  *m = _mm256_srlv_epi32(_mm256_add_epi32(a, half), n);
+  *k = n;
+}
+
+inline bool all_nonnegative(const int32_t* a, int64_t n, int64_t stride) {
+  int32_t o = 0;
+  for (int64_t j = 0; j < n; ++j) o |= a[j * stride];
+  return o >= 0;
+}
+
+inline int32_t hmin_epi32(__m256i v) {
+  __m128i x = _mm_min_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  x = _mm_min_epi32(x, _mm_shuffle_epi32(x, 0x4e));
+  return _mm_cvtsi128_si32(_mm_min_epi32(x, _mm_shuffle_epi32(x, 0xb1)));
+}
+
+inline int32_t hmax_epi32(__m256i v) {
+  __m128i x = _mm_max_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  x = _mm_max_epi32(x, _mm_shuffle_epi32(x, 0x4e));
+  return _mm_cvtsi128_si32(_mm_max_epi32(x, _mm_shuffle_epi32(x, 0xb1)));
+}
+
+// The scale split of up to KB keys (attn_score's normalize_scale15 of each
+// key's scale, done once per key for every row) and the score epilogue of
+// one row's raw dot products: attn_score's arithmetic, four keys per
+// vector where every shift is in [1, 62] and mk * score_mant < 2^31.
+template <int KB>
+struct KeyScales {
+  alignas(32) int64_t mk[KB], mkm[KB], ek[KB];
+  int64_t ekmin = 0, ekmax = 0;
+  bool vec;
+  KeyScales(const int32_t* ka, int64_t nk, int64_t sstride, int64_t score_mant) {
+    vec = score_mant >= 0 && score_mant <= (1 << 15);  // then mk * score_mant < 2^31 (mk <= 2^15)
+    if (!vec || !all_nonnegative(ka, nk, sstride)) {
+      for (int64_t j = 0; j < nk; ++j) {
+        normalize_scale15(ka[j * sstride], &mk[j], &ek[j]);
+        mkm[j] = mk[j] * score_mant;
+        ekmin = j ? imin(ekmin, ek[j]) : ek[j];
+        ekmax = j ? imax(ekmax, ek[j]) : ek[j];
+      }
+      return;
+    }
+    __m256i lo = _mm256_set1_epi32(INT32_MAX), hi = _mm256_set1_epi32(INT32_MIN);
+    const __m256i mant = _mm256_set1_epi32((int32_t)score_mant);
+    for (int64_t j0 = 0; j0 < nk; j0 += 8) {
+      alignas(32) int32_t a[8];  // lanes past nk repeat key j0 (min/max unchanged)
+      for (int64_t j = 0; j < 8; ++j) a[j] = ka[(j0 + j < nk ? j0 + j : j0) * sstride];
+      __m256i m, k;
+      normalize_scale15_x8(_mm256_load_si256((const __m256i*)a), &m, &k);
+      lo = _mm256_min_epi32(lo, k);
+      hi = _mm256_max_epi32(hi, k);
+      const __m256i mm = _mm256_mullo_epi32(m, mant);  // <= 2^30
+      for (int h = 0; h < 2; ++h) {  // int64 lanes for score4
+        const __m128i mh = h ? _mm256_extracti128_si256(m, 1) : _mm256_castsi256_si128(m);
+        const __m128i mmh = h ? _mm256_extracti128_si256(mm, 1) : _mm256_castsi256_si128(mm);
+        const __m128i kh = h ? _mm256_extracti128_si256(k, 1) : _mm256_castsi256_si128(k);
+        _mm256_store_si256((__m256i*)(mk + j0 + 4 * h), _mm256_cvtepi32_epi64(mh));
+        _mm256_store_si256((__m256i*)(mkm + j0 + 4 * h), _mm256_cvtepi32_epi64(mmh));
+        _mm256_store_si256((__m256i*)(ek + j0 + 4 * h), _mm256_cvtepi32_epi64(kh));
+      }
+    }
+    ekmin = hmin_epi32(lo);
+    ekmax = hmax_epi32(hi);
+  }
+  // zr[j] = attn_score(raw[j], ...) for j < nk (nk >= 1), with s0 = score_shift - e_q.
+  void score(const int32_t* raw, int64_t nk, int64_t s0, int64_t score_mant, int64_t* zr) const {
+    int64_t j = 0;
+    if (vec && s0 - ekmax >= 1 && s0 - ekmin <= 62) {
+      const __m256i sv = _mm256_set1_epi64x(s0);
+      for (; j + 4 <= nk; j += 4)
+        _mm256_storeu_si256((__m256i*)(zr + j),
+                            score4(_mm_loadu_si128((const __m128i*)(raw + j)), _mm256_load_si256((const __m256i*)(mkm + j)),
+                                   _mm256_sub_epi64(sv, _mm256_load_si256((const __m256i*)(ek + j)))));
+    }
+    for (; j < nk; ++j) zr[j] = shift_round_sat32((int64_t)raw[j] * mk[j] * score_mant, s0 - ek[j]);
+  }
+};
+
 // One block of up to 8 * NV keys (qk_tile_avx2): the keys widened to int16
 // and transposed into kt [D/2 pairs][8 * NV keys] of int32 pairs (k[2p],
 // k[2p+1]), keys past nk zero; then each row's scores are NV vectors of
@@ -362,17 +453,7 @@ void qk_block(const int16_t* q, const int32_t* e_q, int64_t R, const int8_t* kc,
       for (int i = 0; i < 8; ++i) _mm256_store_si256((__m256i*)(kt + (d0 / 2 + i) * KB + t0), a[i]);
     }
   }
-  alignas(32) int64_t mk[KB], mkm[KB], ek[KB];
-  int64_t ekmin = 0, ekmax = 0;
-  for (int64_t j = 0; j < nk; ++j) {
-    normalize_scale15(ka[j * sstride], &mk[j], &ek[j]);
-    mkm[j] = mk[j] * score_mant;
-    ekmin = j ? imin(ekmin, ek[j]) : ek[j];
-    ekmax = j ? imax(ekmax, ek[j]) : ek[j];
-  }
-  // The vector epilogue needs mk * score_mant < 2^31 (mk <= 2^15).
-  const bool vec = score_mant >= 0 && score_mant <= (1 << 15);
-  const int64_t nv4 = nk / 4 * 4;  // keys scored four at a time in the vector epilogue
+  KeyScales<KB> sc(ka, nk, sstride, score_mant);
   for (int64_t r = 0; r < R; ++r) {
     const int16_t* qr = q + r * D;
     __m256i acc[NV];
@@ -387,17 +468,54 @@ void qk_block(const int16_t* q, const int32_t* e_q, int64_t R, const int8_t* kc,
     }
     alignas(32) int32_t raw[KB];
     for (int v = 0; v < NV; ++v) _mm256_store_si256((__m256i*)(raw + 8 * v), acc[v]);
-    int64_t* zr = z + r * ldz;
-    const int64_t s0 = score_shift - e_q[r];
-    int64_t j = 0;
-    if (vec && s0 - ekmax >= 1 && s0 - ekmin <= 62) {  // nk >= 1: qk_tile_avx2 passes no empty block
-      const __m256i sv = _mm256_set1_epi64x(s0);
-      for (; j < nv4; j += 4)
-        _mm256_storeu_si256((__m256i*)(zr + j),
-                            score4(_mm_load_si128((const __m128i*)(raw + j)), _mm256_load_si256((const __m256i*)(mkm + j)),
-                                   _mm256_sub_epi64(sv, _mm256_load_si256((const __m256i*)(ek + j)))));
+    sc.score(raw, nk, score_shift - e_q[r], score_mant, z + r * ldz);
+  }
+}
+
+// Up to 8 keys' dot products with each of R rows (R <= 4: a decode row's
+// query heads), for few rows: each key is widened once and multiplied with
+// every row's query in place (4 vpmaddwd per 64 dims), and each row's eight
+// per-key vectors are summed horizontally (vphaddd tree), so no block of
+// keys is transposed (qk_block's cost per key, shared by only R rows).
+// raw [R][8]; keys past nk are not read and their sums are not used.
+template <int R, int NC>
+inline void qk_few_rows(const int16_t* q, const int8_t* kc, int64_t nk, int64_t stride, int32_t* raw) {
+  constexpr int64_t D = 16 * NC;
+  __m256i h[R][4];  // h[r][j/2]: keys j, j+1 of row r, pairwise summed (vphaddd)
+  for (int64_t j = 0; j < 8; j += 2) {
+    __m256i a[R], b[R];
+    for (int r = 0; r < R; ++r) a[r] = b[r] = _mm256_setzero_si256();
+    const int8_t* k0 = kc + (j < nk ? j : 0) * stride;  // keys past nk: any key, sums unused
+    const int8_t* k1 = kc + (j + 1 < nk ? j + 1 : 0) * stride;
+    for (int64_t d = 0; d < D; d += 16) {  // unrolled: NC is a constant
+      const __m256i x = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(k0 + d)));
+      const __m256i y = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(k1 + d)));
+      for (int r = 0; r < R; ++r) {
+        const __m256i qv = _mm256_loadu_si256((const __m256i*)(q + r * D + d));
+        a[r] = _mm256_add_epi32(a[r], _mm256_madd_epi16(qv, x));
+        b[r] = _mm256_add_epi32(b[r], _mm256_madd_epi16(qv, y));
+      }
     }
-    for (; j < nk; ++j) zr[j] = shift_round_sat32((int64_t)raw[j] * mk[j] * score_mant, s0 - ek[j]);
+    for (int r = 0; r < R; ++r) h[r][j / 2] = _mm256_hadd_epi32(a[r], b[r]);
+  }
+  for (int r = 0; r < R; ++r) {
+    // lanes of lo: keys 0-3's halves (low 128: dims 0-3 of each 8, high: 4-7); hi: keys 4-7's
+    const __m256i lo = _mm256_hadd_epi32(h[r][0], h[r][1]), hi = _mm256_hadd_epi32(h[r][2], h[r][3]);
+    const __m256i s = _mm256_add_epi32(_mm256_permute2x128_si256(lo, hi, 0x20), _mm256_permute2x128_si256(lo, hi, 0x31));
+    _mm256_storeu_si256((__m256i*)(raw + 8 * r), s);
+  }
+}
+
+template <int R, int NC>
+void qk_tile_few_rows(const int16_t* q, const int32_t* e_q, const int8_t* kc, const int32_t* ka, int64_t n,
+                      int64_t stride, int64_t score_mant, int64_t score_shift, int64_t* z, int64_t ldz) {
+  const int64_t sstride = stride / (16 * NC);
+  for (int64_t t = 0; t < n; t += 8) {
+    const int64_t nk = n - t < 8 ? n - t : 8;
+    alignas(32) int32_t raw[R * 8];
+    qk_few_rows<R, NC>(q, kc + t * stride, nk, stride, raw);
+    KeyScales<8> sc(ka + t * sstride, nk, sstride, score_mant);
+    for (int r = 0; r < R; ++r) sc.score(raw + 8 * r, nk, score_shift - e_q[r], score_mant, z + r * ldz + t);
   }
 }
 
@@ -415,6 +533,16 @@ void qk_tile_avx2(const int16_t* q, const int32_t* e_q, int64_t R, const int8_t*
   if (D % 16) {
     qk_tile_generic(q, e_q, R, kc, ka, n, stride, D, score_mant, score_shift, z, ldz);
     return;
+  }
+  // Few rows (a decode row's query heads) at the usual head sizes: no transpose.
+  if (R >= 1 && R <= 4 && (D == 64 || D == 128 || D == 256)) {
+    using Fn = void (*)(const int16_t*, const int32_t*, const int8_t*, const int32_t*, int64_t, int64_t, int64_t,
+                        int64_t, int64_t*, int64_t);
+    static constexpr Fn kFew[3][4] = {
+        {qk_tile_few_rows<1, 4>, qk_tile_few_rows<2, 4>, qk_tile_few_rows<3, 4>, qk_tile_few_rows<4, 4>},
+        {qk_tile_few_rows<1, 8>, qk_tile_few_rows<2, 8>, qk_tile_few_rows<3, 8>, qk_tile_few_rows<4, 8>},
+        {qk_tile_few_rows<1, 16>, qk_tile_few_rows<2, 16>, qk_tile_few_rows<3, 16>, qk_tile_few_rows<4, 16>}};
+    return kFew[D == 64 ? 0 : D == 128 ? 1 : 2][R - 1](q, e_q, kc, ka, n, stride, score_mant, score_shift, z, ldz);
   }
   const int64_t sstride = stride / D;
   alignas(32) int32_t kt[128 * 64];  // [D/2 <= 128 pairs][block keys], 16 KB used at most
@@ -498,18 +626,72 @@ void pv_tile_pass(const int16_t* w16, int64_t ldw, int64_t R, const int8_t* vc, 
   }
 }
 
+// P . V for few rows (R <= 4, a decode row's query heads), 16 dims at a
+// time: each pair of positions' values is widened and interleaved once in
+// registers and multiplied with every row's weight pair, so nothing goes
+// through a block buffer (pv_tile_pass's cost per position, shared by only
+// R rows). Same int32 bound per block of 128 positions as pv_tile_pass.
+template <int R>
+void pv_few_rows(const int16_t* w16, int64_t ldw, const int8_t* vc, int64_t n, int64_t stride, int64_t D,
+                 int64_t* out) {
+  constexpr int64_t kBlock = 128;
+  for (int64_t t0 = 0; t0 < n; t0 += kBlock) {
+    const int64_t nk = n - t0 < kBlock ? n - t0 : kBlock, full = nk / 2;
+    for (int64_t d0 = 0; d0 < D; d0 += 16) {
+      __m256i lo[R], hi[R];  // lo: d0 + {0-3, 8-11}, hi: d0 + {4-7, 12-15}
+      for (int r = 0; r < R; ++r) lo[r] = hi[r] = _mm256_setzero_si256();
+      auto step = [&](__m256i a, __m256i b, int64_t t, bool two) {
+        const __m256i x = _mm256_unpacklo_epi16(a, b), y = _mm256_unpackhi_epi16(a, b);
+        for (int r = 0; r < R; ++r) {
+          const int16_t* w = w16 + r * ldw + t0 + t;
+          int32_t pair;  // w[t] low, w[t + 1] high (little endian)
+          if (two)
+            std::memcpy(&pair, w, 4);
+          else
+            pair = (int32_t)(uint16_t)w[0];
+          const __m256i wp = _mm256_set1_epi32(pair);
+          lo[r] = _mm256_add_epi32(lo[r], _mm256_madd_epi16(x, wp));
+          hi[r] = _mm256_add_epi32(hi[r], _mm256_madd_epi16(y, wp));
+        }
+      };
+      const int8_t* v = vc + t0 * stride + d0;
+      for (int64_t p = 0; p < full; ++p, v += 2 * stride)
+        step(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)v)),
+             _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(v + stride))), 2 * p, true);
+      if (nk % 2)
+        step(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)v)), _mm256_setzero_si256(), 2 * full, false);
+      for (int r = 0; r < R; ++r) {
+        __m256i* ov = (__m256i*)(out + r * D + d0);
+        const __m256i d0_3 = _mm256_cvtepi32_epi64(_mm256_castsi256_si128(lo[r]));
+        const __m256i d4_7 = _mm256_cvtepi32_epi64(_mm256_castsi256_si128(hi[r]));
+        const __m256i d8_11 = _mm256_cvtepi32_epi64(_mm256_extracti128_si256(lo[r], 1));
+        const __m256i d12_15 = _mm256_cvtepi32_epi64(_mm256_extracti128_si256(hi[r], 1));
+        _mm256_storeu_si256(ov, _mm256_add_epi64(_mm256_loadu_si256(ov), d0_3));
+        _mm256_storeu_si256(ov + 1, _mm256_add_epi64(_mm256_loadu_si256(ov + 1), d4_7));
+        _mm256_storeu_si256(ov + 2, _mm256_add_epi64(_mm256_loadu_si256(ov + 2), d8_11));
+        _mm256_storeu_si256(ov + 3, _mm256_add_epi64(_mm256_loadu_si256(ov + 3), d12_15));
+      }
+    }
+  }
+}
+
 }  // namespace
 
 // P . V tiles (PvTileFn; same bits as pv_tile_generic): a block of 128
 // positions' values over 64 (else 16) dims is widened and interleaved in
 // pairs once into L1, then every row adds it with its int16 weights paired
 // in each 32-bit lane (vpmaddwd). int32 lanes gain at most 128 products
-// |w16 * v| <= 32767 * 127 per block (< 2^31), then go to int64.
+// |w16 * v| <= 32767 * 127 per block (< 2^31), then go to int64. Up to 4
+// rows (decode) skip the buffer (pv_few_rows).
 void pv_tile_avx2(const int16_t* w16, int64_t ldw, int64_t R, const int8_t* vc, int64_t n, int64_t stride, int64_t D,
                   int64_t* out) {
   if (D % 16)
     pv_tile_generic(w16, ldw, R, vc, n, stride, D, out);
-  else if (D % 64 == 0)
+  else if (R >= 1 && R <= 4) {
+    using Fn = void (*)(const int16_t*, int64_t, const int8_t*, int64_t, int64_t, int64_t, int64_t*);
+    static constexpr Fn kFew[4] = {pv_few_rows<1>, pv_few_rows<2>, pv_few_rows<3>, pv_few_rows<4>};
+    kFew[R - 1](w16, ldw, vc, n, stride, D, out);
+  } else if (D % 64 == 0)
     pv_tile_pass<4>(w16, ldw, R, vc, n, stride, D, out);
   else
     pv_tile_pass<1>(w16, ldw, R, vc, n, stride, D, out);
