@@ -375,10 +375,13 @@ PYBIND11_MODULE(INTDET_CORE_MODULE_NAME, mod) {
     kv.init(m, P);
     for (int64_t p = 0; p <= last; ++p) {  // as the forward leaves it: written up to the latest row
       const int64_t r = kv.row(0, p);
-      std::copy(kc.data() + p * nkv * D, kc.data() + (p + 1) * nkv * D, kv.k.data() + r * nkv * D);
-      std::copy(vc.data() + p * nkv * D, vc.data() + (p + 1) * nkv * D, kv.v.data() + r * nkv * D);
-      std::copy(ka.data() + p * nkv, ka.data() + (p + 1) * nkv, kv.ka.data() + r * nkv);
-      std::copy(va.data() + p * nkv, va.data() + (p + 1) * nkv, kv.va.data() + r * nkv);
+      for (int64_t g = 0; g < nkv; ++g) {  // [P, nkv, D] in, the cache's head-major layout out
+        const int64_t i = kv.at(0, r, g), j = p * nkv + g;
+        std::copy(kc.data() + j * D, kc.data() + (j + 1) * D, kv.k.data() + i * D);
+        std::copy(vc.data() + j * D, vc.data() + (j + 1) * D, kv.v.data() + i * D);
+        kv.ka[i] = ka.data()[j];
+        kv.va[i] = va.data()[j];
+      }
     }
     I64Arr out({T, nh, D});
     KVCache* caches[1] = {&kv};

@@ -18,7 +18,8 @@
 namespace intdet {
 namespace cuda {
 
-// One sequence's int8 KV cache on the device, laid out like intdet::KVCache:
+// One sequence's int8 KV cache on the device, position-major (the CPU's
+// intdet::KVCache is head-major per layer; the bits do not depend on it):
 // k, v [L, max_len, n_kv, D] int8; ka, va [L, max_len, n_kv] int32 absmax.
 struct DevKV {
   int8_t* k;

@@ -102,11 +102,12 @@ struct Ctx {
   // their range are computed and never read), and each row's maximum.
   void scores(const Tile& tl, int64_t c, TileState& s) const {
     const KVCache& cv = kv(tl);
-    const int64_t R = tl.R(), span = tl.s1 - tl.s0, st = nkv * D;
+    const int64_t R = tl.R(), span = tl.s1 - tl.s0;
     segments(cv, s.cut[c], s.cut[c + 1], [&](int64_t p0, int64_t r0, int64_t n) {
-      ks.qk_tile(s.q.data(), s.e_q.data(), R, cv.k.data() + (r0 * nkv + tl.g) * D, cv.ka.data() + r0 * nkv + tl.g,
-                 n, st, D, L.score_mant, L.score_shift, s.z.data() + (p0 - tl.s0), span);
-      for (int64_t i = 0; i < n; ++i) s.va[p0 - tl.s0 + i] = cv.va[(r0 + i) * nkv + tl.g];
+      const int64_t i0 = cv.at(l, r0, tl.g);  // the head's rows are consecutive (stride D)
+      ks.qk_tile(s.q.data(), s.e_q.data(), R, cv.k.data() + i0 * D, cv.ka.data() + i0, n, D, D, L.score_mant,
+                 L.score_shift, s.z.data() + (p0 - tl.s0), span);
+      std::copy(cv.va.data() + i0, cv.va.data() + i0 + n, s.va.data() + (p0 - tl.s0));
     });
   }
 
@@ -173,7 +174,7 @@ struct Ctx {
     const int64_t R = tl.R(), span = tl.s1 - tl.s0;
     int64_t* out = s.out.data() + c * R * D;
     segments(cv, s.cut[c], s.cut[c + 1], [&](int64_t p0, int64_t r0, int64_t n) {
-      ks.pv_tile(s.w16.data() + (p0 - tl.s0), span, R, cv.v.data() + (r0 * nkv + tl.g) * D, n, nkv * D, D, out);
+      ks.pv_tile(s.w16.data() + (p0 - tl.s0), span, R, cv.v.data() + cv.at(l, r0, tl.g) * D, n, D, D, out);
     });
   }
 

@@ -305,10 +305,11 @@ void forward_impl(const Model& m, KVCache* const* caches, const Row* rows, int64
       KVCache& kv = *caches[rows[t].seq];
       rope_row(q.data() + t * nh * D, nh, D, L.rope_cos + pos * half, L.rope_sin + pos * half);
       rope_row(k.data() + t * nkv * D, nkv, D, L.rope_cos + pos * half, L.rope_sin + pos * half);
-      const int64_t base = kv.row(l, pos) * nkv;  // [rows, nkv] index of (l, pos, 0)
+      const int64_t r = kv.row(l, pos);
       for (int64_t g = 0; g < nkv; ++g) {
-        kv.ka[base + g] = quant8_row(k.data() + (t * nkv + g) * D, D, kv.k.data() + (base + g) * D);
-        kv.va[base + g] = quant8_row(v.data() + (t * nkv + g) * D, D, kv.v.data() + (base + g) * D);
+        const int64_t i = kv.at(l, r, g);
+        kv.ka[i] = quant8_row(k.data() + (t * nkv + g) * D, D, kv.k.data() + i * D);
+        kv.va[i] = quant8_row(v.data() + (t * nkv + g) * D, D, kv.v.data() + i * D);
       }
     });
     clk.mark("rope_kv", l);

