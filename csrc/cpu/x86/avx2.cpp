@@ -3,7 +3,7 @@
 // Same bits as attend_head: dots are exact in any order.
 #include <immintrin.h>
 
-#include <climits>
+#include <cstdint>
 #include <cstring>
 #include <vector>
 
@@ -568,6 +568,16 @@ void qk_tile_avx2(const int16_t* q, const int32_t* e_q, int64_t R, const int8_t*
 
 namespace {
 
+// Adds a 16-dim chunk's int32 P.V sums to out [16] int64: lo holds dims
+// 0-3 | 8-11, hi 4-7 | 12-15 (the unpacklo / unpackhi pairing of two positions).
+inline void add_chunk_i64(__m256i lo, __m256i hi, int64_t* out) {
+  __m256i* ov = (__m256i*)out;
+  _mm256_storeu_si256(ov, _mm256_add_epi64(_mm256_loadu_si256(ov), _mm256_cvtepi32_epi64(_mm256_castsi256_si128(lo))));
+  _mm256_storeu_si256(ov + 1, _mm256_add_epi64(_mm256_loadu_si256(ov + 1), _mm256_cvtepi32_epi64(_mm256_castsi256_si128(hi))));
+  _mm256_storeu_si256(ov + 2, _mm256_add_epi64(_mm256_loadu_si256(ov + 2), _mm256_cvtepi32_epi64(_mm256_extracti128_si256(lo, 1))));
+  _mm256_storeu_si256(ov + 3, _mm256_add_epi64(_mm256_loadu_si256(ov + 3), _mm256_cvtepi32_epi64(_mm256_extracti128_si256(hi, 1))));
+}
+
 // One pass of pv_tile_avx2 over 16 * NC dims per block (NC a compile-time
 // constant, so the 2 * NC accumulators are named registers, not an array
 // on the stack).
@@ -615,20 +625,7 @@ void pv_tile_pass(const int16_t* w16, int64_t ldw, int64_t R, const int8_t* vc, 
         }
         if (full < np) step(full, _mm256_set1_epi32((int32_t)(uint16_t)w[2 * full]));
         const __m256i acc[8] = {l0, h0, l1, h1, l2, h2, l3, h3};
-        for (int c = 0; c < NC; ++c) {
-          // int32 lanes to int64: lo holds d 0-3 | 8-11, hi 4-7 | 12-15
-          int64_t* o = out + r * D + d0 + 16 * c;
-          const __m256i lo = acc[2 * c], hi = acc[2 * c + 1];
-          const __m256i d0_3 = _mm256_cvtepi32_epi64(_mm256_castsi256_si128(lo));
-          const __m256i d4_7 = _mm256_cvtepi32_epi64(_mm256_castsi256_si128(hi));
-          const __m256i d8_11 = _mm256_cvtepi32_epi64(_mm256_extracti128_si256(lo, 1));
-          const __m256i d12_15 = _mm256_cvtepi32_epi64(_mm256_extracti128_si256(hi, 1));
-          __m256i* ov = (__m256i*)o;
-          _mm256_storeu_si256(ov, _mm256_add_epi64(_mm256_loadu_si256(ov), d0_3));
-          _mm256_storeu_si256(ov + 1, _mm256_add_epi64(_mm256_loadu_si256(ov + 1), d4_7));
-          _mm256_storeu_si256(ov + 2, _mm256_add_epi64(_mm256_loadu_si256(ov + 2), d8_11));
-          _mm256_storeu_si256(ov + 3, _mm256_add_epi64(_mm256_loadu_si256(ov + 3), d12_15));
-        }
+        for (int c = 0; c < NC; ++c) add_chunk_i64(acc[2 * c], acc[2 * c + 1], out + r * D + d0 + 16 * c);
       }
     }
   }
@@ -663,25 +660,18 @@ void pv_few_rows(const int16_t* w16, int64_t ldw, const int8_t* vc, int64_t n, i
         }
       };
       const int8_t* v = vc + t0 * stride + d0;
+      const bool new_line = d0 % 64 == 0;  // later chunks of a line find it in L1
       for (int64_t p = 0; p < full; ++p, v += 2 * stride) {
-        _mm_prefetch((const char*)(v + kPrefetchKeys * stride), _MM_HINT_T0);
-        _mm_prefetch((const char*)(v + (kPrefetchKeys + 1) * stride), _MM_HINT_T0);
+        if (new_line) {
+          _mm_prefetch((const char*)(v + kPrefetchKeys * stride), _MM_HINT_T0);
+          _mm_prefetch((const char*)(v + (kPrefetchKeys + 1) * stride), _MM_HINT_T0);
+        }
         step(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)v)),
              _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(v + stride))), 2 * p, true);
       }
       if (nk % 2)
         step(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)v)), _mm256_setzero_si256(), 2 * full, false);
-      for (int r = 0; r < R; ++r) {
-        __m256i* ov = (__m256i*)(out + r * D + d0);
-        const __m256i d0_3 = _mm256_cvtepi32_epi64(_mm256_castsi256_si128(lo[r]));
-        const __m256i d4_7 = _mm256_cvtepi32_epi64(_mm256_castsi256_si128(hi[r]));
-        const __m256i d8_11 = _mm256_cvtepi32_epi64(_mm256_extracti128_si256(lo[r], 1));
-        const __m256i d12_15 = _mm256_cvtepi32_epi64(_mm256_extracti128_si256(hi[r], 1));
-        _mm256_storeu_si256(ov, _mm256_add_epi64(_mm256_loadu_si256(ov), d0_3));
-        _mm256_storeu_si256(ov + 1, _mm256_add_epi64(_mm256_loadu_si256(ov + 1), d4_7));
-        _mm256_storeu_si256(ov + 2, _mm256_add_epi64(_mm256_loadu_si256(ov + 2), d8_11));
-        _mm256_storeu_si256(ov + 3, _mm256_add_epi64(_mm256_loadu_si256(ov + 3), d12_15));
-      }
+      for (int r = 0; r < R; ++r) add_chunk_i64(lo[r], hi[r], out + r * D + d0);
     }
   }
 }
