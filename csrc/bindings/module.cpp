@@ -234,7 +234,17 @@ PYBIND11_MODULE(INTDET_CORE_MODULE_NAME, mod) {
     if (k.linear_packed) {  // this kernel set reads repacked weights, as after pack_model
       std::vector<int8_t> wp((size_t)k.packing->w8.size(N, K));
       k.packing->w8.pack(w.data(), N, K, wp.data());
-      k.linear_packed(q.data(), e.data(), T, K, wp.data(), mant.data(), shift.data(), nullptr, N, out.mutable_data(), N);
+      if (k.planes.linear && T >= k.planes.min_rows) {  // as the forward does (Act16 in forward.cpp)
+        const int64_t ld = k.planes.ld(K), rows = (T + kPlaneRows - 1) / kPlaneRows * kPlaneRows;
+        std::vector<int8_t> hi((size_t)(rows * ld));
+        std::vector<uint8_t> lo((size_t)(rows * ld));
+        for (int64_t t = 0; t < T; ++t) k.planes.split_row(q.data() + t * K, K, hi.data() + t * ld, lo.data() + t * ld);
+        k.planes.linear(hi.data(), lo.data(), ld, e.data(), T, K, wp.data(), mant.data(), shift.data(), nullptr, N,
+                        out.mutable_data(), N);
+      } else {
+        k.linear_packed(q.data(), e.data(), T, K, wp.data(), mant.data(), shift.data(), nullptr, N,
+                        out.mutable_data(), N);
+      }
     } else {
       k.linear(q.data(), e.data(), T, K, w.data(), mant.data(), shift.data(), nullptr, N, out.mutable_data(), N);
     }

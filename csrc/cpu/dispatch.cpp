@@ -36,6 +36,8 @@ void check_entry(const Kernels& k, const std::vector<const Kernels*>& before) {
   if (k.linear_w4_packed && !(p && p->w4.pack && p->w4.size && p->w4.channel_bytes))
     bad("linear_w4_packed without an int4 packer");
   if (p && (p->id < 0 || p->id >= kPackedLayouts)) bad("packing id out of range");
+  if (k.planes.linear && !(k.linear_packed && k.planes.ld && k.planes.split_row && k.planes.min_rows >= 1))
+    bad("planes.linear without linear_packed, ld, split_row or min_rows >= 1");
   for (const Kernels* o : before) {
     if (std::string(o->name) == k.name) bad("name used twice");
     if (p && o->packing && o->packing != p && o->packing->id == p->id) bad("packing id shared by two layouts");

@@ -1,5 +1,6 @@
-// Weight repacking for the SIMD kernels: the g8 layout's packers (portable
-// code, run once at load) and pack_model, which fills every layout in use.
+// Weight repacking for the SIMD kernels: the g8 and q16 layouts' packers
+// (portable code, run once at load) and pack_model, which fills every layout
+// in use.
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
@@ -70,11 +71,44 @@ int64_t channel_bytes_w8x2(int64_t K) { return (K + 1) / 2 * 2; }
 int64_t channel_bytes_w4(int64_t K) { return K / kW4Group * (kW4Block / 8); }
 }  // namespace
 
+int64_t packed_size_q16(int64_t N, int64_t K) { return (N + 15) / 16 * 16 * ((K + 63) / 64 * 64); }
+
+void pack_q16(const int8_t* w, int64_t N, int64_t K, int8_t* out) {
+  const int64_t Kq = (K + 63) / 64 * 64, G = (N + 15) / 16;
+#pragma omp parallel for schedule(static)
+  for (int64_t g = 0; g < G; ++g)
+    for (int64_t p = 0; p < Kq / 4; ++p)
+      for (int64_t c = 0; c < 16; ++c)
+        for (int64_t i = 0; i < 4; ++i) {
+          const int64_t n = 16 * g + c, k = 4 * p + i;
+          out[g * 16 * Kq + 64 * p + 4 * c + i] = (n < N && k < K) ? w[n * K + k] : 0;
+        }
+}
+
+void row_q16(const int8_t* packed, int64_t K, int64_t n, int8_t* out) {
+  const int64_t Kq = (K + 63) / 64 * 64;
+  const int8_t* g = packed + (n / 16) * 16 * Kq + 4 * (n % 16);
+  for (int64_t k = 0; k < K; ++k) out[k] = g[(k / 4) * 64 + (k & 3)];
+}
+
 // The AVX2 kernels' layout: channels in groups of 8 for both weight formats.
 constinit const Packing kPackG8{
     .name = "g8",
     .id = 0,
     .w8 = {.size = packed_size_w8x2, .channel_bytes = channel_bytes_w8x2, .pack = pack_w8x2, .row = row_w8x2},
+    .w4 = {.size = packed_size_w4, .channel_bytes = channel_bytes_w4, .pack = pack_w4},
+};
+
+namespace {
+int64_t channel_bytes_q16(int64_t K) { return (K + 63) / 64 * 64; }
+}  // namespace
+
+// The AMX set's layout: q16 for int8 weights (AMX B tiles); int4 weights as
+// in g8 (the AMX set runs the AVX-512 set's int4 kernels).
+constinit const Packing kPackQ16{
+    .name = "q16",
+    .id = 1,
+    .w8 = {.size = packed_size_q16, .channel_bytes = channel_bytes_q16, .pack = pack_q16, .row = row_q16},
     .w4 = {.size = packed_size_w4, .channel_bytes = channel_bytes_w4, .pack = pack_w4},
 };
 

@@ -27,16 +27,36 @@ void over_rows(int nt, int64_t T, F&& f) {
   parallel_tasks(T > 1 ? nt : 1, chunks, [&](int64_t i) { f(T * i / chunks, T * (i + 1) / chunks); });
 }
 
-// int16 activations of T rows (one exponent per row) for the next linear layer.
+// int16 activations of T rows (one exponent per row) for the next linear
+// layer; with a kernel set that has ActPlanes (kernels.h) and T >= its
+// min_rows, also their hi/lo planes (ld > 0), made once here for every
+// linear that reads them.
 struct Act16 {
   std::vector<int16_t> q;
   std::vector<int32_t> e;
-  void from_rows(int nt, const Kernels& ks, const int64_t* x, int64_t T, int64_t n) {
+  std::vector<int8_t> hi;
+  std::vector<uint8_t> lo;
+  int64_t ld = 0;  // plane row bytes; 0: no planes for these rows
+  // Sizes q, e and (when the set wants them) the planes for T rows of n.
+  void resize(const Kernels& ks, int64_t T, int64_t n) {
     q.resize((size_t)(T * n));
     e.resize((size_t)T);
-    const auto quant = ks.quant16;
+    ld = ks.planes.linear && T >= ks.planes.min_rows ? ks.planes.ld(n) : 0;
+    if (ld) {  // whole blocks of kPlaneRows: the rows past T are read, their results dropped
+      const int64_t rows = (T + kPlaneRows - 1) / kPlaneRows * kPlaneRows;
+      hi.resize((size_t)(rows * ld));
+      lo.resize((size_t)(rows * ld));
+    }
+  }
+  // Row t's exponent and int16 values from x (n values), and its planes.
+  void quant_row(const Kernels& ks, const int64_t* x, int64_t t, int64_t n) {
+    e[t] = ks.quant16(x, n, q.data() + t * n);
+    if (ld) ks.planes.split_row(q.data() + t * n, n, hi.data() + t * ld, lo.data() + t * ld);
+  }
+  void from_rows(int nt, const Kernels& ks, const int64_t* x, int64_t T, int64_t n) {
+    resize(ks, T, n);
     over_rows(nt, T, [&](int64_t t0, int64_t t1) {
-      for (int64_t t = t0; t < t1; ++t) e[t] = quant(x + t * n, n, q.data() + t * n);
+      for (int64_t t = t0; t < t1; ++t) quant_row(ks, x + t * n, t, n);
     });
   }
 };
@@ -113,6 +133,9 @@ void linear_range(const Kernels& k, const Linear& L, const Act16& a, int64_t T, 
     const int64_t G = K / kW4Group;
     k.linear_w4(q, e, T, K, L.w4 + j0 * (K / 2), L.gd + j0 * G, L.gm + j0 * G, L.mant + j0, L.shift + j0, bias, n,
                 out, ldo);
+  } else if (packed && a.ld) {  // the set's planes path (AMX)
+    const int8_t* w = static_cast<const int8_t*>(packed) + j0 * k.packing->w8.channel_bytes(K);
+    k.planes.linear(a.hi.data(), a.lo.data(), a.ld, e, T, K, w, L.mant + j0, L.shift + j0, bias, n, out, ldo);
   } else {
     const LinearFn fn = packed ? k.linear_packed : k.linear;
     const int8_t* w = packed ? static_cast<const int8_t*>(packed) : L.w;
@@ -178,15 +201,13 @@ void norm_rows(int nt, const int64_t* x, const int16_t* g, int64_t T, int64_t n,
 void norm_quant_rows(int nt, const Kernels& ks, const int64_t* x, const int16_t* g, int64_t T, int64_t n,
                      int64_t eps, int in_frac, std::vector<int64_t>& y, Act16& a) {
   y.resize((size_t)(T * n));
-  a.q.resize((size_t)(T * n));
-  a.e.resize((size_t)T);
-  const auto quant = ks.quant16;
+  a.resize(ks, T, n);
   over_rows(nt, T, [&](int64_t t0, int64_t t1) {
     std::vector<int32_t> row((size_t)n);
     for (int64_t t = t0; t < t1; ++t) {
       rms_norm_row(x + t * n, g, n, eps, in_frac, row.data());
       for (int64_t i = 0; i < n; ++i) y[t * n + i] = row[i];
-      a.e[t] = quant(y.data() + t * n, n, a.q.data() + t * n);
+      a.quant_row(ks, y.data() + t * n, t, n);
     }
   });
 }

@@ -78,6 +78,25 @@ struct Packing {
   W4Packer w4;
 };
 
+// Optional: a prefill linear kernel that reads the int16 activations as two
+// int8 planes, x = 256 * hi + lo (hi = x >> 8 signed, lo = x & 255 unsigned;
+// exact for every int16), made once per activation matrix rather than once
+// per kernel call (the AMX set: tile products are int8 x int8). Rows are
+// ld(K) bytes, zero past K; the planes hold a multiple of 16 rows (rows past
+// T are read, their results dropped). The forward uses it on int8 weights
+// for T >= min_rows; `linear` null: the set has none.
+using SplitRowFn = void (*)(const int16_t* q, int64_t K, int8_t* hi, uint8_t* lo);  // ld(K) bytes each
+using LinearPlanesFn = void (*)(const int8_t* hi, const uint8_t* lo, int64_t ld, const int32_t* e, int64_t T,
+                                int64_t K, const int8_t* w, const int32_t* mant, const int32_t* shift,
+                                const int32_t* bias, int64_t N, int64_t* out, int64_t ldo);
+struct ActPlanes {
+  int64_t min_rows;
+  int64_t (*ld)(int64_t K);
+  SplitRowFn split_row;
+  LinearPlanesFn linear;  // reads the set's packed int8 layout, as linear_packed
+};
+constexpr int64_t kPlaneRows = 16;  // planes are allocated in blocks of this many rows
+
 struct Kernels {
   const char* name;  // lower case; INTDET_ISA and set_isa match it in any case
   // Can this CPU run the set? Called before any of its kernels, so it must
@@ -99,6 +118,7 @@ struct Kernels {
   int (*quant16)(const int64_t* x, int64_t n, int16_t* q);                    // quant16_row
   void (*swiglu)(const int64_t* g, const int64_t* u, int64_t n, int64_t* a);  // swiglu_row (a may alias g)
   void (*geglu)(const int64_t* g, const int64_t* u, int64_t n, int64_t* a);   // geglu_row (a may alias g)
+  ActPlanes planes;  // optional prefill path (planes.linear null: none)
 };
 
 // Marks a kernel set's cpu_runs in a file built with ISA flags: the check
@@ -156,5 +176,14 @@ constexpr int64_t kW4Block = 160;
 int64_t packed_size_w4(int64_t N, int64_t K);
 void pack_w4(const uint8_t* w4, const int16_t* gd, const int16_t* gm, int64_t N, int64_t K, uint8_t* out);
 extern const Packing kPackG8;
+
+// The AMX set's layout ("q16", csrc/cpu/x86/amx_pack.cpp): int8 output
+// channels in groups of 16, K padded to a multiple of 64 (Kq) and cut into
+// quads; the 64 bytes of quad p of group g hold w[16g + c][4p + i] at byte
+// 4c + i (zero padded), so 16 quads are one AMX B tile (16 rows of 64
+// bytes). Group g starts at byte 16 g Kq. Int4 weights keep the g8 layout.
+int64_t packed_size_q16(int64_t N, int64_t K);
+void pack_q16(const int8_t* w, int64_t N, int64_t K, int8_t* out);
+extern const Packing kPackQ16;
 
 }  // namespace intdet
