@@ -138,27 +138,32 @@ std::shared_ptr<void> arena(int64_t bytes) {
 
 }  // namespace
 
-void pack_model(Model& m, bool release_source) {
-  // The layouts of the kernel sets this CPU runs (one copy per layout, however
-  // many sets read it): a CPU that runs no packed set gets no copies.
-  std::vector<const Packing*> layouts;
-  for (const Kernels* k : kernel_sets())
-    if (k->packing && k->cpu_runs() && std::find(layouts.begin(), layouts.end(), k->packing) == layouts.end())
-      layouts.push_back(k->packing);
-  if (layouts.empty()) return;
+namespace {
+
+// Every linear layer of m (the output head last).
+std::vector<Linear*> linears_of(Model& m) {
   std::vector<Linear*> linears;
   for (Layer& L : m.layers)
     for (Linear* x : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down}) linears.push_back(x);
   linears.push_back(&m.output);
-  // The bytes of the copy of L in layout p (0: p has no packer for L's format).
-  auto copy_bytes = [](const Packing* p, const Linear& L) -> int64_t {
-    if (L.w4) return p->w4.pack ? p->w4.size(L.N, L.K) : 0;
-    return p->w8.pack ? p->w8.size(L.N, L.K) : 0;
-  };
+  return linears;
+}
+
+// The bytes of the copy of L in layout p (0: p has no packer for L's format).
+int64_t copy_bytes(const Packing* p, const Linear& L) {
+  if (L.w4) return p->w4.pack ? p->w4.size(L.N, L.K) : 0;
+  return p->w8.pack ? p->w8.size(L.N, L.K) : 0;
+}
+
+// Packs every linear layer of m in layout p into one new arena (kept in
+// m.packs), setting Linear::packed[p->id]. The caller holds m.packs->mu or
+// owns m alone.
+void pack_layout(Model& m, const Packing* p) {
+  const bool release_source = m.packs->release_source;
+  std::vector<Linear*> linears = linears_of(m);
   auto padded = [](int64_t b) { return (b + kPieceAlign - 1) / kPieceAlign * kPieceAlign; };
   int64_t total = 0;
-  for (const Linear* L : linears)
-    for (const Packing* p : layouts) total += padded(copy_bytes(p, *L));
+  for (const Linear* L : linears) total += padded(copy_bytes(p, *L));
   if (total == 0) return;
   std::shared_ptr<void> mem = arena(total);
   int8_t* next = static_cast<int8_t*>(mem.get());
@@ -171,25 +176,18 @@ void pack_model(Model& m, bool release_source) {
   // the file.
   constexpr int64_t kPackChunk = 4096;
   for (Linear* L : linears) {
-    std::vector<std::pair<const Packing*, int8_t*>> outs;
-    for (const Packing* p : layouts) {
-      const int64_t bytes = copy_bytes(p, *L);
-      if (bytes == 0) continue;
-      outs.emplace_back(p, next);
-      L->packed[p->id] = next;
-      next += padded(bytes);
-    }
-    if (outs.empty()) continue;
+    const int64_t bytes = copy_bytes(p, *L);
+    if (bytes == 0) continue;
+    int8_t* out = next;
+    next += padded(bytes);
     const int64_t G = L->K / kW4Group;
     for (int64_t j0 = 0; j0 < L->N; j0 += kPackChunk) {
       const int64_t n = std::min(kPackChunk, L->N - j0);
-      for (auto [p, out] : outs) {
-        if (L->w4)
-          p->w4.pack(L->w4 + j0 * (L->K / 2), L->gd + j0 * G, L->gm + j0 * G, n, L->K,
-                     reinterpret_cast<uint8_t*>(out + j0 * p->w4.channel_bytes(L->K)));
-        else
-          p->w8.pack(L->w + j0 * L->K, n, L->K, out + j0 * p->w8.channel_bytes(L->K));
-      }
+      if (L->w4)
+        p->w4.pack(L->w4 + j0 * (L->K / 2), L->gd + j0 * G, L->gm + j0 * G, n, L->K,
+                   reinterpret_cast<uint8_t*>(out + j0 * p->w4.channel_bytes(L->K)));
+      else
+        p->w8.pack(L->w + j0 * L->K, n, L->K, out + j0 * p->w8.channel_bytes(L->K));
       if (release_source) {
         if (L->w4)
           release_pages(L->w4 + j0 * (L->K / 2), n * L->K / 2);
@@ -203,16 +201,41 @@ void pack_model(Model& m, bool release_source) {
       else
         release_pages(L->w, L->N * L->K);
     }
+    L->packed[p->id] = out;
   }
+  m.packs->arenas.push_back(std::move(mem));
+}
+
+// Whether kernel set k's linear kernels read a packed copy of L.
+bool reads_packed(const Kernels& k, const Linear& L) {
+  return L.w4 ? k.linear_w4_packed != nullptr : k.linear_packed != nullptr;
+}
+
+}  // namespace
+
+void pack_model(Model& m, bool release_source) {
+  m.packs->release_source = release_source;
+  const Kernels& k = kernels();
+  if (!k.packing) return;  // a row-major set: nothing to pack until another is chosen
+  pack_layout(m, k.packing);
   // Tied head: the embedding reads its rows from the head's packed copy.
-  if (m.output.w && m.output.w == m.tok_embd)
-    for (const Packing* p : layouts)
-      if (p->w8.row && m.output.packed[p->id]) {
-        m.tok_embd_packed = static_cast<const int8_t*>(m.output.packed[p->id]);
-        m.tok_embd_row = p->w8.row;
-        break;
-      }
-  m.owned = std::move(mem);
+  if (m.output.w && m.output.w == m.tok_embd && k.packing->w8.row && m.output.packed[k.packing->id]) {
+    m.tok_embd_packed = static_cast<const int8_t*>(m.output.packed[k.packing->id]);
+    m.tok_embd_row = k.packing->w8.row;
+  }
+}
+
+void ensure_packed(const Model& m, const Kernels& k) {
+  if (!k.packing) return;
+  std::lock_guard<std::mutex> lock(m.packs->mu);
+  auto missing = [&](const Linear& L) { return reads_packed(k, L) && !L.packed[k.packing->id]; };
+  bool any = missing(m.output);
+  for (const Layer& L : m.layers)
+    for (const Linear* x : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down}) any = any || missing(*x);
+  // The model object itself is not const (pack_model filled it); only the
+  // forward's view is. Another thread reads packed[] of this layout only
+  // after taking the same lock here.
+  if (any) pack_layout(const_cast<Model&>(m), k.packing);
 }
 
 }  // namespace intdet

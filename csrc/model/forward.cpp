@@ -101,19 +101,6 @@ bool reads_packed(const Kernels& k, const Linear& L) {
   return L.w4 ? k.linear_w4_packed != nullptr : k.linear_packed != nullptr;
 }
 
-// Every packed copy the kernel set reads exists, checked before the forward
-// writes anything (pack_model made them for every set this CPU runs).
-void check_packed(const Model& m, const Kernels& k) {
-  auto check = [&](const Linear& L) {
-    if (reads_packed(k, L) && !L.packed[k.packing->id])
-      throw std::logic_error(std::string("linear weights not packed for kernel set ") + k.name +
-                             " (pack_model not called)");
-  };
-  for (const Layer& L : m.layers)
-    for (const Linear* x : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down}) check(*x);
-  check(m.output);
-}
-
 // Output channels [lo, hi) of the kernel set's linear layer for L's weight
 // format (int8 or int4), on its packed layout when the set reads one: one
 // kernel call, on the calling thread. out points at row 0's channel lo;
@@ -264,7 +251,7 @@ class OpClock {
 // caller takes tasks and waits only for tasks in flight: no team barrier.
 void forward_impl(const Model& m, KVCache* const* caches, const Row* rows, int64_t T, int32_t* logits,
                   const Kernels& ks, Trace* tr) {
-  check_packed(m, ks);
+  ensure_packed(m, ks);  // the set's packed copies (made now if the set was chosen after load)
   OpClock clk;
   const int nt = forward_threads();  // fixed, or auto: fewer when other processes hold cores
   if (tr) tr->isa = ks.name;

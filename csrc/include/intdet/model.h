@@ -5,9 +5,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <vector>
 
 namespace intdet {
+
+struct Kernels;  // kernels.h
 
 constexpr int kPackedLayouts = 4;  // distinct packed weight layouts a build may have
 
@@ -23,8 +26,8 @@ struct Linear {
   const uint8_t* w4 = nullptr;
   const int16_t* gd = nullptr;
   const int16_t* gm = nullptr;
-  // w (or w4 + gd + gm) repacked by pack_model, one copy per packed layout
-  // (index Packing::id, kernels.h) a kernel set this CPU runs reads; owned by Model.
+  // w (or w4 + gd + gm) repacked by pack_model / ensure_packed, one copy per
+  // packed layout in use (index Packing::id, kernels.h); owned by Model.
   const void* packed[kPackedLayouts] = {};
 };
 
@@ -71,18 +74,27 @@ struct Model {
   std::vector<Layer> layers;
   const int16_t* out_norm = nullptr;
   Linear output;  // lm_head (may share w with tok_embd)
-  // Memory made at load (the repacked weights' arena); shared so a copy
-  // stays valid.
-  std::shared_ptr<void> owned;
+  // Memory made at load and later (the repacked weights' arenas), shared so
+  // a copy stays valid; the mutex serializes ensure_packed between threads.
+  struct Packs {
+    std::mutex mu;
+    bool release_source = false;
+    std::vector<std::shared_ptr<void>> arenas;
+  };
+  std::shared_ptr<Packs> packs = std::make_shared<Packs>();
 };
 
-// Repacks every linear layer's weights into each packed layout that a kernel
-// set this CPU runs reads (x86: AVX2's), so any ISA chosen later finds them;
-// a no-op where no such set runs. Call once after filling the pointers.
-// release_source: the weights lie in a read-only file mapping, so each
-// source tensor's pages are dropped (madvise) once packed, keeping peak RSS
-// near one copy. Never set it for weights in ordinary (anonymous) memory.
+// Repacks every linear layer's weights into the packed layout of the active
+// kernel set (kernels()), if it reads one: one copy, not one per set the CPU
+// runs (a 135M-parameter model is 135 MB per int8 copy). Call once after
+// filling the pointers. release_source: the weights lie in a read-only file
+// mapping, so each source tensor's pages are dropped (madvise) once packed,
+// keeping peak RSS near one copy; a later ensure_packed reads them again
+// from the file. Never set it for weights in ordinary (anonymous) memory.
 void pack_model(Model& m, bool release_source = false);
+// Packs the layout kernel set k reads if this model lacks it (a set chosen
+// after load); every forward calls it first. Thread-safe.
+void ensure_packed(const Model& m, const Kernels& k);
 
 // Drops the whole pages inside [p, p + n) of a read-only file mapping (a
 // later read faults them back in from the file); a no-op elsewhere. Used by
