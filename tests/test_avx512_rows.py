@@ -85,6 +85,30 @@ def test_swiglu_matches_scalar(avx512, n, seed, bits):
     assert same(avx512.ops.swiglu(g, u), scalar("swiglu", g, u))
 
 
+@pytest.mark.parametrize("op", ["swiglu", "geglu"])
+def test_glu_sigmoid_division_at_every_gate(avx512, op):
+    """The vector sigmoid divides 2^60 by den = 2^30 + exp(-|y|) (Q30) with
+    Newton's iteration and corrections (recip60 in avx512.cpp): every gate
+    from -23 to 23 in Q16 steps of 1, so den takes every value the exp2
+    produces from 2^31 (g = 0) down to 2^30 (exp below 2^-31), both signs,
+    with u at its extremes."""
+    g = np.arange(-(23 << 16), (23 << 16) + 1, dtype=I64)
+    u = np.where(np.arange(g.size) % 3 == 0, 2**31 - 1, -(2**31 - 1)).astype(I64)
+    u[2::3] = 12345
+    assert same(getattr(avx512.ops, op)(g, u), scalar(op, g, u))
+
+
+@pytest.mark.parametrize("op", ["swiglu", "geglu"])
+def test_glu_rows_beyond_int32_take_the_scalar_path(avx512, op):
+    """Gates or ups outside +-(2^31 - 1) (no linear layer makes them; the
+    vector products assume int32 operands) still give the scalar bits."""
+    # (within the scalar row's own int64 domain: |g| log2(e) 2^30 < 2^63)
+    g = np.array([3, -(2**32 - 5), 70000, -5, 1 << 20, 2**32 - 7, 0, 9, -12, 100], I64)
+    u = np.array([2**40, 7, -3, 2**31 - 1, 5, -6, 1, 1, 2, -2**35], I64)
+    assert same(getattr(avx512.ops, op)(g, u), scalar(op, g, u))
+    assert same(getattr(avx512.ops, op)(g[::-1].copy(), u[:: -1].copy()), scalar(op, g[::-1].copy(), u[::-1].copy()))
+
+
 @settings(max_examples=80, deadline=None, suppress_health_check=FIXTURE)
 @given(n=st.integers(1, 70), seed=st.integers(0, 2**32 - 1), bits=st.integers(0, 31))
 def test_geglu_matches_scalar(avx512, n, seed, bits):

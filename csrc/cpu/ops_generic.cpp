@@ -10,6 +10,30 @@
 
 namespace intdet {
 
+namespace {
+
+// floor(a / b) (floor_div) for many a and one b > 0, without a hardware
+// division per element (64-bit DIV was RMSNorm's cost): inv =
+// floor((2^64 - 1) / b), so q = hi64(|a| * inv) is floor(|a| / b) or at most
+// 2 below it (|a| < 2^64), and two remainder checks make it exact.
+struct InvariantDiv {
+  uint64_t b, inv;
+  explicit InvariantDiv(int64_t d) : b((uint64_t)d), inv(~0ull / (uint64_t)d) {}
+  uint64_t udiv(uint64_t n) const {
+    uint64_t q = (uint64_t)(((unsigned __int128)n * inv) >> 64);
+    uint64_t r = n - q * b;
+    if (r >= b) ++q, r -= b;
+    if (r >= b) ++q;
+    return q;
+  }
+  int64_t floor_div(int64_t a) const {
+    if (a >= 0) return (int64_t)udiv((uint64_t)a);
+    return -(int64_t)udiv((uint64_t)(-(a + 1))) - 1;  // floor_div_intonly's identity
+  }
+};
+
+}  // namespace
+
 void rms_norm_row(const int64_t* x, const int16_t* g, int64_t n, int64_t eps_q60, int in_frac, int32_t* y) {
   int64_t m = 0;
   for (int64_t i = 0; i < n; ++i) m = imax(m, iabs(x[i]));
@@ -34,7 +58,8 @@ void rms_norm_row(const int64_t* x, const int16_t* g, int64_t n, int64_t eps_q60
   }
   s = imin(s + imin(eps, kSCap), kSCap);
   const int64_t r = imax(isqrt(s), 1);
-  for (int64_t i = 0; i < n; ++i) y[i] = (int32_t)round_div(xs(i) * g[i] * ((int64_t)1 << kNormOutFrac), r);
+  const InvariantDiv div(r);  // round_div(v, r) = floor_div(v + r / 2, r)
+  for (int64_t i = 0; i < n; ++i) y[i] = (int32_t)div.floor_div(xs(i) * g[i] * ((int64_t)1 << kNormOutFrac) + (r >> 1));
 }
 
 int quant16_row(const int64_t* x, int64_t n, int16_t* q) {
@@ -139,11 +164,7 @@ void swiglu_row_with(const int64_t* g, const int64_t* u, int64_t n, int64_t* a, 
   d.resize((size_t)n);
   for (int64_t i = 0; i < n; ++i) d[i] = round_shift(iabs(g[i]) * kLog2eQ30, 30);  // |g| * log2(e), Q16
   exp_row(d.data(), n, d.data());                                                  // exp(-|g|), Q30
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t den = ((int64_t)1 << 30) + d[i];
-    const int64_t sig = g[i] >= 0 ? round_div((int64_t)1 << 60, den) : round_div(d[i] << 30, den);
-    a[i] = round_shift(g[i] * sig, 30) * u[i];
-  }
+  for (int64_t i = 0; i < n; ++i) a[i] = glu_gate(g[i], u[i], d[i]);
 }
 
 void swiglu_row(const int64_t* g, const int64_t* u, int64_t n, int64_t* a) {
@@ -155,11 +176,7 @@ void geglu_row_with(const int64_t* g, const int64_t* u, int64_t n, int64_t* a, E
   d.resize((size_t)n);
   for (int64_t i = 0; i < n; ++i) d[i] = gelu_exp2_arg(g[i]);  // |y| * log2(e), Q16
   exp_row(d.data(), n, d.data());                               // exp(-|y|), Q30
-  for (int64_t i = 0; i < n; ++i) {  // sigmoid(y), sign(y) = sign(g): as in swiglu
-    const int64_t den = ((int64_t)1 << 30) + d[i];
-    const int64_t sig = g[i] >= 0 ? round_div((int64_t)1 << 60, den) : round_div(d[i] << 30, den);
-    a[i] = round_shift(g[i] * sig, 30) * u[i];
-  }
+  for (int64_t i = 0; i < n; ++i) a[i] = glu_gate(g[i], u[i], d[i]);  // sign(y) = sign(g): as in swiglu
 }
 
 void geglu_row(const int64_t* g, const int64_t* u, int64_t n, int64_t* a) {

@@ -7,6 +7,7 @@
 // -mavx512vnni only, or against SIMDe in the test build (INTDET_AVX512_SIMDE,
 // where the set is emulated on an AVX2 CPU). docs/kernel-sets.md.
 #include <cstdint>
+#include <vector>
 
 #include "avx2.h"
 #include "avx512.h"
@@ -145,13 +146,115 @@ int quant16_row_avx512(const int64_t* x, int64_t n, int16_t* q) {
 }
 
 // swiglu_row with its exp(-|g|) on the exp2 lanes (same bits).
-void swiglu_row_avx512(const int64_t* g, const int64_t* u, int64_t n, int64_t* a) {
-  swiglu_row_with(g, u, n, a, exp2_neg_q30_row_avx512);
+namespace {
+
+// floor(x / 2^30) for int64 lanes (SIMDe 0.8.2 has no 64-bit arithmetic
+// shift): ~(~x >>> 30) where x < 0.
+inline __m512i floor_shift30(__m512i x) {
+  const __m512i neg = _mm512_mask_blend_epi64(_mm512_cmpgt_epi64_mask(_mm512_setzero_si512(), x),
+                                              _mm512_setzero_si512(), _mm512_set1_epi64(-1));
+  return _mm512_xor_si512(_mm512_srli_epi64(_mm512_xor_si512(x, neg), 30), neg);
 }
 
-// geglu_row (Gemma's tanh-GELU gate) with its exp2 on the same lanes (same bits).
+// q = floor(2^60 / den) and r = 2^60 - q * den for den in [2^30, 2^31], exact,
+// without a division: Newton's iteration X <- X (2 - D X) for 1/D, D =
+// den / 2^31 in [1/2, 1], in Q30 from X0 = 48/17 - 32/17 D (relative error
+// <= 1/17; Newton squares it: three steps leave about 2^-30, the fixed-point
+// truncation), so X / 2 is within a few units of q; then q is corrected
+// until 0 <= r < den, which makes it exact whatever the estimate's error.
+// Every product is unsigned 32 x 32 -> 64 bits (vpmuludq). False if a lane
+// still misses after the corrections (the caller takes the scalar path).
+inline bool recip60(__m512i den, __m512i* q_out, __m512i* r_out) {
+  const __m512i x0 = _mm512_sub_epi64(_mm512_set1_epi64(3031741620),  // 48/17 in Q30
+                                      _mm512_srli_epi64(_mm512_mul_epu32(den, _mm512_set1_epi64(1010580540)), 30));
+  __m512i x = x0;  // 16/17 in Q30 times den = 32/17 D in Q30
+  for (int k = 0; k < 3; ++k) {
+    const __m512i dx = _mm512_srli_epi64(_mm512_mul_epu32(den, x), 31);  // D X in Q30
+    const __m512i t = _mm512_sub_epi64(_mm512_set1_epi64((int64_t)1 << 31), dx);
+    x = _mm512_srli_epi64(_mm512_mul_epu32(x, t), 30);
+  }
+  __m512i q = _mm512_srli_epi64(x, 1);
+  __m512i r = _mm512_sub_epi64(_mm512_set1_epi64((int64_t)1 << 60), _mm512_mul_epu32(q, den));
+  const __m512i one = _mm512_set1_epi64(1), zero = _mm512_setzero_si512();
+  for (int k = 0; k < 4; ++k) {
+    const __mmask8 lo = _mm512_cmpgt_epi64_mask(zero, r);   // r < 0: q too large
+    const __mmask8 hi = _mm512_cmpge_epi64_mask(r, den);    // r >= den: q too small
+    q = _mm512_mask_sub_epi64(q, lo, q, one);
+    r = _mm512_mask_add_epi64(r, lo, r, den);
+    q = _mm512_mask_add_epi64(q, hi, q, one);
+    r = _mm512_mask_sub_epi64(r, hi, r, den);
+  }
+  *q_out = q;
+  *r_out = r;
+  return (_mm512_cmpgt_epi64_mask(zero, r) | _mm512_cmpge_epi64_mask(r, den)) == 0;
+}
+
+// a[i] = glu_gate(g[i], u[i], d[i]) for 8 elements: sigmoid from recip60,
+// round_div's two forms (2^60 + h and d 2^30 + h = den 2^30 - 2^60 + h, h =
+// den / 2) read off q and r. |g|, |u| <= 2^31 - 1 (the caller checks), so
+// g * sig and the rounded gate times u are signed 32 x 32 -> 64 products.
+inline bool glu_gate8(const int64_t* g, const int64_t* u, const int64_t* d, int64_t* a) {
+  const __m512i gg = _mm512_loadu_si512((const void*)g), dd = _mm512_loadu_si512((const void*)d);
+  const __m512i den = _mm512_add_epi64(_mm512_set1_epi64((int64_t)1 << 30), dd);
+  __m512i q, r;
+  if (!recip60(den, &q, &r)) return false;
+  const __m512i h = _mm512_srli_epi64(den, 1), one = _mm512_set1_epi64(1);
+  // g >= 0: floor((2^60 + h) / den) = q + [r + h >= den]
+  const __m512i pos = _mm512_mask_add_epi64(q, _mm512_cmpge_epi64_mask(_mm512_add_epi64(r, h), den), q, one);
+  // g < 0: floor((d 2^30 + h) / den) = 2^30 - q - [h < r]
+  __m512i neg = _mm512_sub_epi64(_mm512_set1_epi64((int64_t)1 << 30), q);
+  neg = _mm512_mask_sub_epi64(neg, _mm512_cmpgt_epi64_mask(r, h), neg, one);
+  const __m512i sig = _mm512_mask_blend_epi64(_mm512_cmpgt_epi64_mask(_mm512_setzero_si512(), gg), pos, neg);
+  const __m512i gs = floor_shift30(_mm512_add_epi64(_mm512_mul_epi32(gg, sig), _mm512_set1_epi64((int64_t)1 << 29)));
+  _mm512_storeu_si512((void*)a, _mm512_mul_epi32(gs, _mm512_loadu_si512((const void*)u)));
+  return true;
+}
+
+// Whether every |x[i]| <= 2^31 - 1 (glu_gate8's operand bound).
+inline bool fits_int32(const int64_t* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i)
+    if (x[i] > kInt32Max || x[i] < -kInt32Max) return false;
+  return true;
+}
+
+// The rows' last step, a[i] = glu_gate(g[i], u[i], d[i]), 8 at a time.
+void glu_rows(const int64_t* g, const int64_t* u, const int64_t* d, int64_t n, int64_t* a) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    if (!glu_gate8(g + i, u + i, d + i, a + i))
+      for (int64_t k = i; k < i + 8; ++k) a[k] = glu_gate(g[k], u[k], d[k]);
+  for (; i < n; ++i) a[i] = glu_gate(g[i], u[i], d[i]);
+}
+
+}  // namespace
+
+// swiglu_row on eight int64 lanes (same bits): the exp2 argument and the
+// sigmoid's division (recip60) in vectors; rows whose g or u leave the int32
+// range (not produced by a linear layer, whose outputs saturate) take the
+// scalar row.
+void swiglu_row_avx512(const int64_t* g, const int64_t* u, int64_t n, int64_t* a) {
+  if (!fits_int32(g, n) || !fits_int32(u, n)) return swiglu_row_with(g, u, n, a, exp2_neg_q30_row_avx512);
+  thread_local std::vector<int64_t> d;
+  d.resize((size_t)n);
+  int64_t i = 0;
+  const __m512i l2e = _mm512_set1_epi64(kLog2eQ30), half = _mm512_set1_epi64((int64_t)1 << 29);
+  for (; i + 8 <= n; i += 8) {  // round_shift(|g| log2(e), 30), |g| < 2^31: unsigned 32 x 32 -> 64
+    const __m512i ag = _mm512_abs_epi64(_mm512_loadu_si512((const void*)(g + i)));
+    _mm512_storeu_si512((void*)(d.data() + i), _mm512_srli_epi64(_mm512_add_epi64(_mm512_mul_epu32(ag, l2e), half), 30));
+  }
+  for (; i < n; ++i) d[i] = round_shift(iabs(g[i]) * kLog2eQ30, 30);
+  exp2_neg_q30_row_avx512(d.data(), n, d.data());  // exp(-|g|), Q30
+  glu_rows(g, u, d.data(), n, a);
+}
+
+// geglu_row (Gemma's tanh-GELU gate) with its exp2 and sigmoid on the same lanes (same bits).
 void geglu_row_avx512(const int64_t* g, const int64_t* u, int64_t n, int64_t* a) {
-  geglu_row_with(g, u, n, a, exp2_neg_q30_row_avx512);
+  if (!fits_int32(g, n) || !fits_int32(u, n)) return geglu_row_with(g, u, n, a, exp2_neg_q30_row_avx512);
+  thread_local std::vector<int64_t> d;
+  d.resize((size_t)n);
+  for (int64_t i = 0; i < n; ++i) d[i] = gelu_exp2_arg(g[i]);  // |y| log2(e), Q16
+  exp2_neg_q30_row_avx512(d.data(), n, d.data());               // exp(-|y|), Q30
+  glu_rows(g, u, d.data(), n, a);
 }
 
 // Attention for one query head (same bits as attend_head in ops_generic.cpp).

@@ -41,6 +41,14 @@ using ExpRowFn = void (*)(const int64_t* u, int64_t n, int64_t* p);
 // z [n] Q16 log2 units -> p [n] Q16 probabilities.
 void softmax_q16_row(const int64_t* z, int64_t n, int64_t* p);
 void softmax_q16_row_with(const int64_t* z, int64_t n, int64_t* p, ExpRowFn exp_row);
+// The gated product of swiglu_row / geglu_row for one element, given
+// d = exp(-|y|) in Q30 (y = g for SiLU): g * sigmoid(y) * u, sigmoid(y) in
+// Q30 = 2^60 / (2^30 + d) for y >= 0, d 2^30 / (2^30 + d) below, rounded.
+INTDET_HD int64_t glu_gate(int64_t g, int64_t u, int64_t d) {
+  const int64_t den = ((int64_t)1 << 30) + d;
+  const int64_t sig = g >= 0 ? round_div((int64_t)1 << 60, den) : round_div(d << 30, den);
+  return round_shift(g * sig, 30) * u;
+}
 // a[i] = silu(g[i]) * u[i] in Q32 (g, u Q16).
 void swiglu_row(const int64_t* g, const int64_t* u, int64_t n, int64_t* a);  // a may alias g
 void swiglu_row_with(const int64_t* g, const int64_t* u, int64_t n, int64_t* a, ExpRowFn exp_row);
