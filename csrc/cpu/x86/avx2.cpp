@@ -240,14 +240,102 @@ int quant16_row_avx2(const int64_t* x, int64_t n, int16_t* q) {
   return e;
 }
 
-// swiglu_row with its exp(-|g|) on the exp2 lanes (same bits).
-void swiglu_row_avx2(const int64_t* g, const int64_t* u, int64_t n, int64_t* a) {
-  swiglu_row_with(g, u, n, a, exp2_neg_q30_row_avx2);
+namespace {
+
+// floor(x / 2^30) for int64 lanes: ~(~x >>> 30) where x < 0 (AVX2 has no
+// 64-bit arithmetic shift).
+inline __m256i floor_shift30(__m256i x) {
+  const __m256i neg = _mm256_cmpgt_epi64(_mm256_setzero_si256(), x);
+  return _mm256_xor_si256(_mm256_srli_epi64(_mm256_xor_si256(x, neg), 30), neg);
 }
 
-// geglu_row with its exp(-|y|) on the exp2 lanes (same bits).
+// q = floor(2^60 / den), r = 2^60 - q den for den in [2^30, 2^31], exact:
+// the avx512 set's recip60 (avx512.cpp, where the method is described) on 4
+// lanes; compare masks are -1 where true, so q -= mask adds one.
+inline bool recip60(__m256i den, __m256i* q_out, __m256i* r_out) {
+  __m256i x = _mm256_sub_epi64(_mm256_set1_epi64x(3031741620),
+                               _mm256_srli_epi64(_mm256_mul_epu32(den, _mm256_set1_epi64x(1010580540)), 30));
+  for (int k = 0; k < 3; ++k) {
+    const __m256i dx = _mm256_srli_epi64(_mm256_mul_epu32(den, x), 31);
+    x = _mm256_srli_epi64(_mm256_mul_epu32(x, _mm256_sub_epi64(_mm256_set1_epi64x((int64_t)1 << 31), dx)), 30);
+  }
+  __m256i q = _mm256_srli_epi64(x, 1);
+  __m256i r = _mm256_sub_epi64(_mm256_set1_epi64x((int64_t)1 << 60), _mm256_mul_epu32(q, den));
+  const __m256i zero = _mm256_setzero_si256(), denm1 = _mm256_sub_epi64(den, _mm256_set1_epi64x(1));
+  for (int k = 0; k < 4; ++k) {
+    const __m256i lo = _mm256_cmpgt_epi64(zero, r);   // r < 0
+    const __m256i hi = _mm256_cmpgt_epi64(r, denm1);  // r >= den
+    q = _mm256_sub_epi64(_mm256_add_epi64(q, lo), hi);
+    r = _mm256_add_epi64(r, _mm256_sub_epi64(_mm256_and_si256(lo, den), _mm256_and_si256(hi, den)));
+  }
+  *q_out = q;
+  *r_out = r;
+  const __m256i bad = _mm256_or_si256(_mm256_cmpgt_epi64(zero, r), _mm256_cmpgt_epi64(r, denm1));
+  return _mm256_testz_si256(bad, bad);
+}
+
+// glu_gate for 4 elements (the avx512 set's glu_gate8, avx512.cpp).
+inline bool glu_gate4(const int64_t* g, const int64_t* u, const int64_t* d, int64_t* a) {
+  const __m256i gg = _mm256_loadu_si256((const __m256i*)g), dd = _mm256_loadu_si256((const __m256i*)d);
+  const __m256i den = _mm256_add_epi64(_mm256_set1_epi64x((int64_t)1 << 30), dd);
+  __m256i q, r;
+  if (!recip60(den, &q, &r)) return false;
+  const __m256i h = _mm256_srli_epi64(den, 1), denm1 = _mm256_sub_epi64(den, _mm256_set1_epi64x(1));
+  const __m256i pos = _mm256_sub_epi64(q, _mm256_cmpgt_epi64(_mm256_add_epi64(r, h), denm1));  // + [r + h >= den]
+  const __m256i neg = _mm256_add_epi64(_mm256_sub_epi64(_mm256_set1_epi64x((int64_t)1 << 30), q),
+                                       _mm256_cmpgt_epi64(r, h));  // - [r > h]
+  const __m256i sig = _mm256_blendv_epi8(pos, neg, _mm256_cmpgt_epi64(_mm256_setzero_si256(), gg));
+  const __m256i gs =
+      floor_shift30(_mm256_add_epi64(_mm256_mul_epi32(gg, sig), _mm256_set1_epi64x((int64_t)1 << 29)));
+  _mm256_storeu_si256((__m256i*)a, _mm256_mul_epi32(gs, _mm256_loadu_si256((const __m256i*)u)));
+  return true;
+}
+
+inline bool fits_int32(const int64_t* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i)
+    if (x[i] > kInt32Max || x[i] < -kInt32Max) return false;
+  return true;
+}
+
+void glu_rows(const int64_t* g, const int64_t* u, const int64_t* d, int64_t n, int64_t* a) {
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4)
+    if (!glu_gate4(g + i, u + i, d + i, a + i))
+      for (int64_t k = i; k < i + 4; ++k) a[k] = glu_gate(g[k], u[k], d[k]);
+  for (; i < n; ++i) a[i] = glu_gate(g[i], u[i], d[i]);
+}
+
+}  // namespace
+
+// swiglu_row on four int64 lanes (same bits): the exp2 argument, the exp2
+// and the sigmoid's division (recip60) in vectors; rows with g or u outside
+// the int32 range (no linear layer makes them) take the scalar row.
+void swiglu_row_avx2(const int64_t* g, const int64_t* u, int64_t n, int64_t* a) {
+  if (!fits_int32(g, n) || !fits_int32(u, n)) return swiglu_row_with(g, u, n, a, exp2_neg_q30_row_avx2);
+  thread_local std::vector<int64_t> d;
+  d.resize((size_t)n);
+  const __m256i l2e = _mm256_set1_epi64x(kLog2eQ30), half = _mm256_set1_epi64x((int64_t)1 << 29);
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4) {  // round_shift(|g| log2(e), 30), |g| < 2^31: unsigned 32 x 32 -> 64
+    const __m256i x = _mm256_loadu_si256((const __m256i*)(g + i));
+    const __m256i sg = _mm256_cmpgt_epi64(_mm256_setzero_si256(), x);
+    const __m256i ag = _mm256_sub_epi64(_mm256_xor_si256(x, sg), sg);
+    _mm256_storeu_si256((__m256i*)(d.data() + i),
+                        _mm256_srli_epi64(_mm256_add_epi64(_mm256_mul_epu32(ag, l2e), half), 30));
+  }
+  for (; i < n; ++i) d[i] = round_shift(iabs(g[i]) * kLog2eQ30, 30);
+  exp2_neg_q30_row_avx2(d.data(), n, d.data());  // exp(-|g|), Q30
+  glu_rows(g, u, d.data(), n, a);
+}
+
+// geglu_row with its exp(-|y|) and sigmoid on the same lanes (same bits).
 void geglu_row_avx2(const int64_t* g, const int64_t* u, int64_t n, int64_t* a) {
-  geglu_row_with(g, u, n, a, exp2_neg_q30_row_avx2);
+  if (!fits_int32(g, n) || !fits_int32(u, n)) return geglu_row_with(g, u, n, a, exp2_neg_q30_row_avx2);
+  thread_local std::vector<int64_t> d;
+  d.resize((size_t)n);
+  for (int64_t i = 0; i < n; ++i) d[i] = gelu_exp2_arg(g[i]);  // |y| log2(e), Q16
+  exp2_neg_q30_row_avx2(d.data(), n, d.data());                 // exp(-|y|), Q30
+  glu_rows(g, u, d.data(), n, a);
 }
 
 // Attention for one query head (same bits as attend_head in ops_generic.cpp).
