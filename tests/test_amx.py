@@ -3,8 +3,8 @@ bit for bit: natively where this CPU has AMX-INT8, and on every x86-64 CPU
 with AVX2 through intdet._core_simde, where the same kernel source runs on
 SIMDe and a tile emulation written from the instructions' definitions
 (csrc/cpu/x86/amx_intrin.h). Its int8 linear layer takes AMX tiles on the
-hi/lo planes for T >= 8 rows and AVX-512 VNNI on the same q16 weights for
-fewer; shapes cross the 8-row, 16-row, 16-channel, 64-input and 4-input
+hi/lo planes for T >= 3 rows and AVX-512 VNNI on the same q16 weights for
+fewer; shapes cross the 3-row, 16-row, 16-channel, 64-input and 4-input
 boundaries, activations take every extreme of the hi/lo split, and K crosses
 the tiles' int32 block of 32768 inputs."""
 
@@ -26,7 +26,7 @@ from intdet.model import Engine, load_model
 from test_avx512 import I16, chain_hash, ramp, scales, simde_engine, simde_module
 
 NATIVE = "amx" in ISAS
-AMX_MIN_ROWS = 8  # kAmxMinRows (csrc/cpu/x86/amx.h)
+AMX_MIN_ROWS = 3  # kAmxMinRows (csrc/cpu/x86/amx.h)
 
 
 @contextlib.contextmanager
@@ -63,7 +63,7 @@ def check_linear(mod, q, e, w, mant, shift):
     assert got.dtype == want.dtype and np.array_equal(got, want)
 
 
-# T 1..200: VNNI below 8 rows, AMX tiles from 8 (a partial last block of
+# T 1..200: VNNI below 3 rows, AMX tiles from 3 (a partial last block of
 # 16 rows unless T is a multiple of 16); K 1..600: partial quads and partial
 # 64-input tile steps; N 1..90: one or two 16-channel groups per tile, the
 # last group partial.

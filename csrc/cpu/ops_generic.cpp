@@ -13,22 +13,27 @@ namespace intdet {
 namespace {
 
 // floor(a / b) (floor_div) for many a and one b > 0, without a hardware
-// division per element (64-bit DIV was RMSNorm's cost): inv =
-// floor((2^64 - 1) / b), so q = hi64(|a| * inv) is floor(|a| / b) or at most
-// 2 below it (|a| < 2^64), and two remainder checks make it exact.
+// division per element: inv = floor((2^64 - 1) / b), so q = hi64(n * inv)
+// is floor(n / b) or at most 2 below it (n < 2^64), and two branch-free
+// remainder checks make it exact. RMSNorm's rows of 576 took 1.04 ms per 512
+// rows with DIV, 0.80 ms so (Sapphire Rapids-class Xeon; with branches the
+// estimate's 0/1/2 misses were mispredicted: 1.8 ms).
 struct InvariantDiv {
   uint64_t b, inv;
   explicit InvariantDiv(int64_t d) : b((uint64_t)d), inv(~0ull / (uint64_t)d) {}
   uint64_t udiv(uint64_t n) const {
     uint64_t q = (uint64_t)(((unsigned __int128)n * inv) >> 64);
     uint64_t r = n - q * b;
-    if (r >= b) ++q, r -= b;
-    if (r >= b) ++q;
-    return q;
+    const uint64_t c = r >= b;
+    q += c;
+    r -= b & (0 - c);
+    return q + (r >= b);
   }
   int64_t floor_div(int64_t a) const {
-    if (a >= 0) return (int64_t)udiv((uint64_t)a);
-    return -(int64_t)udiv((uint64_t)(-(a + 1))) - 1;  // floor_div_intonly's identity
+    // floor_div_intonly's identity for a < 0, floor(a / b) = -floor((-a - 1) / b) - 1,
+    // with -a - 1 = ~a and -q - 1 = ~q: xor with the sign mask.
+    const uint64_t neg = (uint64_t)(a >> 63);
+    return (int64_t)(udiv((uint64_t)a ^ neg) ^ neg);
   }
 };
 

@@ -18,8 +18,9 @@ bool cpu_has_amx_int8();
 // Rows of at least this many take the AMX tiles (ActPlanes::min_rows);
 // fewer take AVX-512 VNNI on the same q16 weights. With the weights in DRAM
 // a tile pass costs about the same for 1 to 16 rows (it streams the weights
-// once): it beat the VNNI kernels from 8 rows on (1536 x 576, one core).
-constexpr int64_t kAmxMinRows = 8;
+// once): it beat the q16 VNNI tiles from 3 rows on (72 copies of 1536 x 576,
+// one core; at 1 and 2 rows VNNI streamed faster: 23 against 15 GB/s).
+constexpr int64_t kAmxMinRows = 3;
 
 // linear on q16-packed int8 weights with AVX-512 VNNI (any T): LinearFn.
 void linear_q16_avx512(const int16_t* q, const int32_t* e, int64_t T, int64_t K, const int8_t* wp,

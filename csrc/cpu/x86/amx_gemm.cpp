@@ -251,13 +251,11 @@ inline void amx_block(const int8_t* hi, const uint8_t* lo, int64_t ld, int64_t t
 void linear_q16_avx512(const int16_t* q, const int32_t* e, int64_t T, int64_t K, const int8_t* wp,
                        const int32_t* mant, const int32_t* shift, const int32_t* bias, int64_t N, int64_t* out,
                        int64_t ldo) {
-  // Tile shapes measured with the weights in DRAM (72 copies of 1536 x 576):
-  // 64 channels x 2 rows reads as fast as the avx512 set's g8 GEMV (about
-  // 23 GB/s on one core); 32 x 6 beat 48 x 4 and 16 x 8 for 3 to 7 rows.
-  if (T <= 2)  // decode: 16 accumulators, 8 weight vectors
-    q16_groups<2, 4, 1>(q, e, T, K, wp, mant, shift, bias, N, out, ldo);
-  else  // 24 accumulators, 4 weight vectors, 1 broadcast
-    q16_groups<6, 2, 1>(q, e, T, K, wp, mant, shift, bias, N, out, ldo);
+  // 64 channels x 2 rows (16 accumulators, 8 weight vectors) read the weights
+  // about as fast as the avx512 set's g8 GEMV with them in DRAM (23 GB/s on
+  // one core, 72 copies of 1536 x 576). The forward gives this kernel only
+  // T <= 2 (kAmxMinRows); more rows run as pairs (LinearFn takes any T).
+  q16_groups<2, 4, 1>(q, e, T, K, wp, mant, shift, bias, N, out, ldo);
 }
 
 int64_t amx_planes_ld(int64_t K) { return padded_k(K); }
