@@ -264,12 +264,27 @@ void forward_impl(const Model& m, KVCache* const* caches, const Row* rows, int64
   const int64_t H = c.hidden, F = c.ffn, nh = c.n_heads, nkv = c.n_kv, D = c.head_dim;
   const int64_t half = D / 2;
   const int R = (int)c.residual_frac;  // residual stream Q R
-  std::vector<int64_t> x((size_t)(T * H));  // residual [T, H] int32 values, Q16
-  std::vector<int64_t> h, q((size_t)(T * nh * D)), k((size_t)(T * nkv * D)), v((size_t)(T * nkv * D));
-  std::vector<int64_t> o((size_t)(T * nh * D)), tmp((size_t)(T * H));
-  std::vector<int64_t> gate((size_t)(T * F)), up((size_t)(T * F));
-  std::vector<int64_t> qn;
-  Act16 act;
+  // The activations live in this thread's buffers from one forward to the
+  // next (about 30 MB at 512 rows of SmolLM2): fresh vectors were zeroed and
+  // page-faulted in again on every call. Every element a forward reads it
+  // writes first, so nothing depends on what a previous call left.
+  struct Buffers {
+    std::vector<int64_t> x, h, q, k, v, o, tmp, gate, up, qn;
+    Act16 act;
+  };
+  thread_local Buffers buf;
+  std::vector<int64_t>& x = buf.x;  // residual [T, H] int32 values, Q16
+  std::vector<int64_t> &h = buf.h, &q = buf.q, &k = buf.k, &v = buf.v, &o = buf.o, &tmp = buf.tmp;
+  std::vector<int64_t> &gate = buf.gate, &up = buf.up, &qn = buf.qn;
+  x.resize((size_t)(T * H));
+  q.resize((size_t)(T * nh * D));
+  k.resize((size_t)(T * nkv * D));
+  v.resize((size_t)(T * nkv * D));
+  o.resize((size_t)(T * nh * D));
+  tmp.resize((size_t)(T * H));
+  gate.resize((size_t)(T * F));
+  up.resize((size_t)(T * F));
+  Act16& act = buf.act;
 
   // Embedding: int8 row times its dyadic scale -> residual Q R.
   over_rows(nt, T, [&](int64_t t0, int64_t t1) {
