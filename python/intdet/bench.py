@@ -14,8 +14,10 @@
 * peak RSS of this process so far (``peak_rss_bytes``: it only grows, so a later row
   includes everything before it) and the kernel set / thread count in use.
 
-A short warm-up (page-in of the weights, thread start-up) runs before the
-first measurement. The timings are wall-clock: on a loaded machine they are
+A warm-up runs before the first measurement, as llama-bench's: one prefill
+of the whole prompt and one decode step on a throwaway sequence (page-in of
+the weights, thread start-up, and the forward's activation buffers, which
+stay allocated per thread). The timings are wall-clock: on a loaded machine they are
 noisy; ``scripts/bench_cpu.py`` repeats them in fresh processes.
 """
 
@@ -65,8 +67,8 @@ def _set_threads(engine: Engine, threads: int) -> int:
 
 
 def _warm_up(engine: Engine, ids: list) -> None:
-    seq = engine.new_sequence(len(ids[:8]) + 2)
-    logits = seq.forward(ids[:8])[-1]
+    seq = engine.new_sequence(len(ids) + 2)
+    logits = seq.forward(ids)[-1]
     seq.forward([int(np.argmax(logits))])
 
 
