@@ -68,3 +68,12 @@ def test_bench_linear_same_hash_on_every_packed_set(tmp_path):
     if not got:
         pytest.skip("no kernel set with a packed linear on this CPU")
     assert len(set(got.values())) == 1, got
+
+
+@pytest.mark.skipif("amx" not in _core.available_isas(), reason="this CPU lacks AMX-INT8")
+def test_bench_amx_linear_gives_the_avx512_outputs(tmp_path):
+    exe = _build(tmp_path, "bench_amx_linear")
+    for args in (["40", "100", "48", "16"], ["17", "577", "33", "32"]):
+        r = subprocess.run([exe, *args], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert r.stdout.strip().endswith("same outputs: yes"), r.stdout
