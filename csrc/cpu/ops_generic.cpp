@@ -289,6 +289,7 @@ constinit const Kernels kScalarKernels{
     .quant16 = quant16_row,
     .swiglu = swiglu_row,
     .geglu = geglu_row,
+    .planes = {},  // no planes path
 };
 
 }  // namespace intdet

@@ -184,6 +184,7 @@ constinit const Kernels kNeonKernels{
     .quant16 = quant16_row,
     .swiglu = swiglu_row,
     .geglu = geglu_row,
+    .planes = {},
 };
 
 }  // namespace intdet

@@ -819,6 +819,7 @@ constinit const Kernels kAvx2Kernels{
     .quant16 = quant16_row_avx2,
     .swiglu = swiglu_row_avx2,
     .geglu = geglu_row_avx2,
+    .planes = {},
 };
 
 }  // namespace intdet

@@ -30,10 +30,6 @@ void linear_w4_avx512_packed(const int16_t* q, const int32_t* e, int64_t T, int6
 void attend_head_avx512(const int16_t* q, int e_q, const int8_t* kc, const int32_t* ka, const int8_t* vc,
                         const int32_t* va, int64_t n, int64_t stride, int64_t D, int64_t score_mant,
                         int64_t score_shift, int64_t* z, int64_t* p, int16_t* w16, int64_t* out);
-void qk_tile_avx512(const int16_t* q, const int32_t* e_q, int64_t R, const int8_t* kc, const int32_t* ka, int64_t n,
-                    int64_t stride, int64_t D, int64_t score_mant, int64_t score_shift, int64_t* z, int64_t ldz);
-void pv_tile_avx512(const int16_t* w16, int64_t ldw, int64_t R, const int8_t* vc, int64_t n, int64_t stride,
-                    int64_t D, int64_t* out);
 void exp2_neg_q30_row_avx512(const int64_t* u, int64_t n, int64_t* p);
 void softmax_q16_row_avx512(const int64_t* z, int64_t n, int64_t* p);
 int quant16_row_avx512(const int64_t* x, int64_t n, int16_t* q);
