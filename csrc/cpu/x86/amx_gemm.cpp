@@ -301,7 +301,7 @@ constinit const Kernels kAmxKernels{
     .attend = attend_head_avx512,
     .qk_tile = qk_tile_avx2,  // as the avx512 set (avx512.cpp)
     .pv_tile = pv_tile_avx2,
-    .attn_row = {attn_row_max_avx2, attn_exp_sum_avx2, attn_prob_max_avx2, attn_prob_w16_avx2},
+    .attn_row = {attn_row_max_avx512, attn_exp_sum_avx512, attn_prob_max_avx512, attn_prob_w16_avx512},
     .softmax = softmax_q16_row_avx512,
     .exp2_row = exp2_neg_q30_row_avx512,
     .quant16 = quant16_row_avx512,

@@ -92,27 +92,120 @@ inline __m256i qk8(const int16_t* q, const int8_t* k, int64_t D) {
 // Horner steps keep p in the low 32 bits of each lane: every intermediate
 // fits int32 and vpmuldq reads exactly those bits; a logical right shift
 // gives the same low 32 bits as the arithmetic one. u >= 0; in place allowed.
-void exp2_neg_q30_row_avx512(const int64_t* u, int64_t n, int64_t* p) {
+namespace {
+
+// exp2_neg_q30 of eight int64 lanes u >= 0 (see exp2_neg_q30_row_avx512).
+inline __m512i exp2_lanes(__m512i uu) {
   const __m512i fmask = _mm512_set1_epi64((1 << kExpFrac) - 1);
   const __m512i half = _mm512_set1_epi64((int64_t)1 << (kExpFrac - 1)), lo32 = _mm512_set1_epi64(0xffffffffLL);
   const __m512i one = _mm512_set1_epi64(1), i30 = _mm512_set1_epi64(30);
+  const __m512i ip = _mm512_srli_epi64(uu, kExpFrac), f = _mm512_and_si512(uu, fmask);
+  __m512i q = _mm512_set1_epi64(kExp2Poly[6]);
+  for (int k = 5; k >= 0; --k) {
+    const __m512i prod = _mm512_add_epi64(_mm512_mul_epi32(q, f), half);
+    q = _mm512_add_epi32(_mm512_srli_epi64(prod, kExpFrac), _mm512_set1_epi64(kExp2Poly[k]));
+  }
+  q = _mm512_and_si512(q, lo32);                           // 2^-f in Q30 is positive: zero-extend
+  const __mmask8 past = _mm512_cmpgt_epi64_mask(ip, i30);  // 2^-31 and below: 0
+  const __m512i ish = _mm512_mask_blend_epi64(past, ip, i30);
+  const __m512i bias = _mm512_srli_epi64(_mm512_sllv_epi64(one, ish), 1);
+  const __m512i r = _mm512_srlv_epi64(_mm512_add_epi64(q, bias), ish);
+  return _mm512_maskz_mov_epi64((__mmask8)~past, r);
+}
+
+// The sum of 8 int64 lanes (SIMDe 0.8.2 has no _mm512_reduce_add_epi64).
+inline int64_t lane_sum(__m512i v) {
+  alignas(64) int64_t a[8];
+  _mm512_store_si512((void*)a, v);
+  return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
+}
+
+// The attention softmax's p = round_shift(u * rr, 62 - kProbFrac) * va on 8
+// lanes: the AVX2 set's ProbLanes (avx2.cpp, where the bounds are stated).
+struct ProbLanes8 {
+  __m512i rl, rh, half;
+  explicit ProbLanes8(int64_t rr)
+      : rl(_mm512_set1_epi64(rr & 0xffffffffLL)),
+        rh(_mm512_set1_epi64(rr >> 32 ? -1 : 0)),
+        half(_mm512_set1_epi64((int64_t)1 << (61 - kProbFrac))) {}
+  __m512i operator()(const int64_t* u, const int32_t* va) const {
+    const __m512i uu = _mm512_loadu_si512((const void*)u);
+    const __m512i x = _mm512_add_epi64(_mm512_mul_epu32(uu, rl), _mm512_and_si512(_mm512_slli_epi64(uu, 32), rh));
+    const __m512i p0 = _mm512_srli_epi64(_mm512_add_epi64(x, half), 62 - kProbFrac);
+    // va >= 0 (absmax scales): its sign extension is its zero extension
+    return _mm512_mul_epu32(p0, _mm512_cvtepi32_epi64(_mm256_loadu_si256((const __m256i*)va)));
+  }
+};
+
+bool prob_lanes_ok(int64_t rr) { return rr >= 0 && rr <= ((int64_t)1 << 32); }
+
+}  // namespace
+
+// exp2_neg_q30 on eight int64 lanes (same bits; the AVX2 kernel's steps).
+// Horner steps keep p in the low 32 bits of each lane: every intermediate
+// fits int32 and vpmuldq reads exactly those bits; a logical right shift
+// gives the same low 32 bits as the arithmetic one. u >= 0; in place allowed.
+void exp2_neg_q30_row_avx512(const int64_t* u, int64_t n, int64_t* p) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm512_storeu_si512((void*)(p + i), exp2_lanes(_mm512_loadu_si512((const void*)(u + i))));
+  for (; i < n; ++i) p[i] = exp2_neg_q30(u[i]);
+}
+
+// The attention softmax's row passes (AttnRowFns, same bits as the
+// *_generic ones) on 8 int64 lanes.
+int64_t attn_row_max_avx512(const int64_t* z, int64_t n) {
+  int64_t i = 0, mx = z[0];
+  if (n >= 16) {
+    __m512i a = _mm512_loadu_si512((const void*)z), b = _mm512_loadu_si512((const void*)(z + 8));
+    for (i = 16; i + 16 <= n; i += 16) {
+      a = _mm512_max_epi64(a, _mm512_loadu_si512((const void*)(z + i)));
+      b = _mm512_max_epi64(b, _mm512_loadu_si512((const void*)(z + i + 8)));
+    }
+    mx = _mm512_reduce_max_epi64(_mm512_max_epi64(a, b));
+  }
+  for (; i < n; ++i) mx = imax(mx, z[i]);
+  return mx;
+}
+
+// zmax - z < 2^32 (scores are int32), so the exp2 lanes' input is exact.
+int64_t attn_exp_sum_avx512(int64_t* z, int64_t n, int64_t zmax) {
+  const __m512i m = _mm512_set1_epi64(zmax);
+  __m512i s = _mm512_setzero_si512();
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
-    const __m512i uu = _mm512_loadu_si512((const void*)(u + i));
-    const __m512i ip = _mm512_srli_epi64(uu, kExpFrac), f = _mm512_and_si512(uu, fmask);
-    __m512i q = _mm512_set1_epi64(kExp2Poly[6]);
-    for (int k = 5; k >= 0; --k) {
-      const __m512i prod = _mm512_add_epi64(_mm512_mul_epi32(q, f), half);
-      q = _mm512_add_epi32(_mm512_srli_epi64(prod, kExpFrac), _mm512_set1_epi64(kExp2Poly[k]));
-    }
-    q = _mm512_and_si512(q, lo32);                             // 2^-f in Q30 is positive: zero-extend
-    const __mmask8 past = _mm512_cmpgt_epi64_mask(ip, i30);    // 2^-31 and below: 0
-    const __m512i ish = _mm512_mask_blend_epi64(past, ip, i30);
-    const __m512i bias = _mm512_srli_epi64(_mm512_sllv_epi64(one, ish), 1);
-    const __m512i r = _mm512_srlv_epi64(_mm512_add_epi64(q, bias), ish);
-    _mm512_storeu_si512((void*)(p + i), _mm512_maskz_mov_epi64((__mmask8)~past, r));
+    const __m512i u = exp2_lanes(_mm512_sub_epi64(m, _mm512_loadu_si512((const void*)(z + i))));
+    _mm512_storeu_si512((void*)(z + i), u);
+    s = _mm512_add_epi64(s, u);
   }
-  for (; i < n; ++i) p[i] = exp2_neg_q30(u[i]);
+  int64_t sum = lane_sum(s);
+  for (; i < n; ++i) sum += z[i] = exp2_neg_q30(zmax - z[i]);
+  return sum;
+}
+
+int64_t attn_prob_max_avx512(const int64_t* u, int64_t n, int64_t rr, const int32_t* va) {
+  if (!prob_lanes_ok(rr)) return attn_prob_max_generic(u, n, rr, va);
+  const ProbLanes8 pl(rr);
+  __m512i a = _mm512_setzero_si512();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) a = _mm512_max_epi64(a, pl(u + i, va + i));
+  const int64_t mx = _mm512_reduce_max_epi64(a);
+  return i < n ? imax(mx, attn_prob_max_generic(u + i, n - i, rr, va + i)) : mx;
+}
+
+// w16 = min(round_shift(p, e), 32767) (p >= 0, so the lower clamp never
+// applies; p < 2^48, so p + 2^(e-1) cannot overflow); vpmovsqw narrows the
+// lanes, all in [0, 32767].
+void attn_prob_w16_avx512(const int64_t* u, int64_t n, int64_t rr, const int32_t* va, int e, int16_t* w16) {
+  if (!prob_lanes_ok(rr) || e > 62) return attn_prob_w16_generic(u, n, rr, va, e, w16);
+  const ProbLanes8 pl(rr);
+  const __m512i half = _mm512_set1_epi64(e ? (int64_t)1 << (e - 1) : 0), top = _mm512_set1_epi64(kInt16QMax);
+  const __m128i sh = _mm_cvtsi32_si128(e);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m512i y = _mm512_min_epi64(_mm512_srl_epi64(_mm512_add_epi64(pl(u + i, va + i), half), sh), top);
+    _mm_storeu_si128((__m128i*)(w16 + i), _mm512_cvtsepi64_epi16(y));
+  }
+  if (i < n) attn_prob_w16_generic(u + i, n - i, rr, va + i, e, w16 + i);
 }
 
 void softmax_q16_row_avx512(const int64_t* z, int64_t n, int64_t* p) {
@@ -317,8 +410,7 @@ constinit const Kernels kAvx512Kernels{
     // Sapphire Rapids-class Xeon), so those were removed.
     .qk_tile = qk_tile_avx2,
     .pv_tile = pv_tile_avx2,
-    // AVX2 lanes for the softmax's row passes (AVX-512 twins: not written yet)
-    .attn_row = {attn_row_max_avx2, attn_exp_sum_avx2, attn_prob_max_avx2, attn_prob_w16_avx2},
+    .attn_row = {attn_row_max_avx512, attn_exp_sum_avx512, attn_prob_max_avx512, attn_prob_w16_avx512},
     .softmax = softmax_q16_row_avx512,
     .exp2_row = exp2_neg_q30_row_avx512,
     .quant16 = quant16_row_avx512,

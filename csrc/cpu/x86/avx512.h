@@ -31,6 +31,10 @@ void attend_head_avx512(const int16_t* q, int e_q, const int8_t* kc, const int32
                         const int32_t* va, int64_t n, int64_t stride, int64_t D, int64_t score_mant,
                         int64_t score_shift, int64_t* z, int64_t* p, int16_t* w16, int64_t* out);
 void exp2_neg_q30_row_avx512(const int64_t* u, int64_t n, int64_t* p);
+int64_t attn_row_max_avx512(const int64_t* z, int64_t n);
+int64_t attn_exp_sum_avx512(int64_t* z, int64_t n, int64_t zmax);
+int64_t attn_prob_max_avx512(const int64_t* u, int64_t n, int64_t rr, const int32_t* va);
+void attn_prob_w16_avx512(const int64_t* u, int64_t n, int64_t rr, const int32_t* va, int e, int16_t* w16);
 void softmax_q16_row_avx512(const int64_t* z, int64_t n, int64_t* p);
 int quant16_row_avx512(const int64_t* x, int64_t n, int16_t* q);
 void swiglu_row_avx512(const int64_t* g, const int64_t* u, int64_t n, int64_t* a);
