@@ -5,6 +5,7 @@ equal those of the same request run alone with generate.generate, the loop
 of `intdet generate`."""
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -200,7 +201,14 @@ def test_requests_that_can_never_run_are_refused(engine):
     assert sch.idle
 
 
-def test_shutdown_cancels_running_and_waiting(engine):
+def test_shutdown_cancels_running_and_waiting(engine, monkeypatch):
+    real = engine.forward_batch
+
+    def slow(seqs, toks, all_logits=False):  # 250 steps take >= 1.2 s: the shutdown comes first
+        time.sleep(0.005)
+        return real(seqs, toks, all_logits=all_logits)
+
+    monkeypatch.setattr(engine, "forward_batch", slow)
     sch = Scheduler(engine, max_batch=1, step_tokens=8)
     sch.start()
     a = sch.submit(Request([5, 6, 7], 250))
