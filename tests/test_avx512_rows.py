@@ -1,9 +1,10 @@
-"""The AVX-512 set's attention and row kernels (exp2, softmax, quant16,
-SwiGLU, attention scores and P.V) against the scalar set, bit for bit,
-through intdet._core_simde everywhere and natively where the CPU runs it
-(the `avx512` fixture of tests/test_avx512.py): 8-lane bodies and their
-tails, the exp2 cut-off at 2^-31, values that round to +-2^15, head sizes
-on and off the 32/64-dim passes, and P.V blocks of 512 positions."""
+"""The AVX-512 set's row kernels (exp2, softmax, quant16, SwiGLU, GeGLU)
+against the scalar set, bit for bit, through intdet._core_simde everywhere
+and natively where the CPU runs it (the `avx512` fixture of
+tests/test_avx512.py): 8-lane bodies and their tails, the exp2 cut-off at
+2^-31, values that round to +-2^15, every gate of the sigmoid's division.
+Its attention (the AVX2 tiles and its own softmax row passes) is tested
+with every set's in tests/test_attention_tiles.py."""
 
 import numpy as np
 import pytest
@@ -119,41 +120,3 @@ def test_geglu_matches_scalar(avx512, n, seed, bits):
                         size=len(g[::5]))
     u = rng.integers(-(2**31) + 1, 2**31, size=n, dtype=I64)
     assert same(avx512.ops.geglu(g, u), scalar("geglu", g, u))
-
-
-@pytest.mark.parametrize("n", [1, 2, 3, 7, 8, 9, 65, 511, 512, 513, 1030])
-@pytest.mark.parametrize("D", [16, 32, 48, 64, 96, 128, 256])
-def test_attention_matches_scalar(avx512, n, D):
-    """Head sizes: 16 and 48 take the AVX2 kernel, 32 and 96 one-chunk passes,
-    64, 128 and 256 two-chunk passes; n across the 8-position score groups,
-    the 4-position P.V steps and the 512-position int32 blocks. Keys and
-    values at +-127/-128, the query at +-32767."""
-    rng = np.random.default_rng(n * 1000 + D)
-    q = rng.integers(-32767, 32768, size=D).astype(np.int16)
-    kc = rng.integers(-128, 128, size=(n, D)).astype(np.int8)
-    vc = rng.integers(-128, 128, size=(n, D)).astype(np.int8)
-    ka = rng.integers(0, 2**31, size=n).astype(np.int32)
-    va = rng.integers(0, 2**31, size=n).astype(np.int32)
-    q[::3] = 32767
-    q[1::3] = -32767
-    if n > 2:
-        kc[1], vc[2], ka[0], va[1] = 127, -128, 2**31 - 1, 0
-    e_q, sm, ss = int(rng.integers(0, 16)), int(rng.integers(1 << 14, 1 << 15)), int(rng.integers(20, 60))
-    args = (q, e_q, kc, ka, vc, va, sm, ss)
-    assert same(avx512.ops.attend(*args), scalar("attend", *args))
-
-
-@pytest.mark.parametrize("D", [32, 64])
-def test_attention_largest_pv_block(avx512, D):
-    """Equal scores, so every P.V weight quantizes to 32767, and every value
-    -128: each lane of a 512-position int32 block reaches 512 * 32767 * 128
-    (< 2^31, the bound), and the query dots theirs, D * 32767 * 128."""
-    n = 1030
-    q = np.full(D, -32767, np.int16)
-    kc = np.full((n, D), -128, np.int8)
-    vc = np.full((n, D), -128, np.int8)
-    ka = np.full(n, 2**31 - 1, np.int32)
-    va = np.full(n, 2**31 - 1, np.int32)
-    for z_scale in (1 << 14, (1 << 15) - 1):
-        args = (q, 3, kc, ka, vc, va, z_scale, 40)
-        assert same(avx512.ops.attend(*args), scalar("attend", *args))

@@ -310,8 +310,10 @@ PYBIND11_MODULE(INTDET_CORE_MODULE_NAME, mod) {
     std::vector<int64_t> z((size_t)n), p((size_t)n);
     std::vector<int16_t> w((size_t)n);
     I64Arr out((py::ssize_t)D);
-    kernels().attend(q.data(), e_q, kc.data(), ka.data(), vc.data(), va.data(), n, D, D, score_mant, score_shift,
-                     z.data(), p.data(), w.data(), out.mutable_data());
+    // attend_head (ops_generic.cpp): the scalar reference of one (row, head),
+    // against which the kernel sets' tiles and the CUDA kernels are tested.
+    attend_head(q.data(), e_q, kc.data(), ka.data(), vc.data(), va.data(), n, D, D, score_mant, score_shift, z.data(),
+                p.data(), w.data(), out.mutable_data());
     return out;
   });
   ops.def("attn_row_passes", [](const I64Arr& z, int64_t rr, py::array_t<int32_t, py::array::c_style> va, int e) {

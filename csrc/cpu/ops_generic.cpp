@@ -280,7 +280,6 @@ constinit const Kernels kScalarKernels{
     .linear_packed = nullptr,
     .linear_w4 = linear_w4_generic,
     .linear_w4_packed = nullptr,
-    .attend = attend_head,
     .qk_tile = qk_tile_generic,
     .pv_tile = pv_tile_generic,
     .attn_row = kAttnRowGeneric,

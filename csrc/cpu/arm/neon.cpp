@@ -76,41 +76,6 @@ void linear_neon(const int16_t* q, const int32_t* e, int64_t T, int64_t K, const
       out[t * ldo + j] = linear_epilogue(dot_i16_i8(q + t * K, w + j * K, K), mant[j], shift[j], e[t], bias, j);
 }
 
-void attend_head_neon(const int16_t* q, int e_q, const int8_t* kc, const int32_t* ka, const int8_t* vc,
-                      const int32_t* va, int64_t n, int64_t stride, int64_t D, int64_t score_mant,
-                      int64_t score_shift, int64_t* z, int64_t* p, int16_t* w16, int64_t* out) {
-  if (D % 8 || D > 256) {
-    attend_head(q, e_q, kc, ka, vc, va, n, stride, D, score_mant, score_shift, z, p, w16, out);
-    return;
-  }
-  const int64_t sstride = stride / D;
-  for (int64_t t = 0; t < n; ++t)
-    z[t] = attn_score((int32_t)dot_i16_i8(q, kc + t * stride, D), ka[t * sstride], e_q, score_mant, score_shift);
-  softmax_q16_row(z, n, p);
-  for (int64_t t = 0; t < n; ++t) p[t] *= va[t * sstride];
-  const int sh = quant16_row(p, n, w16);
-  for (int64_t d = 0; d < D; ++d) out[d] = 0;
-  for (int64_t t0 = 0; t0 < n; t0 += kPvBlock) {  // int32 blocks, as in the spec
-    const int64_t t1 = t0 + kPvBlock < n ? t0 + kPvBlock : n;
-    int32x4_t acc[64];
-    for (int64_t c = 0; c < D / 4; ++c) acc[c] = vdupq_n_s32(0);
-    for (int64_t t = t0; t < t1; ++t) {
-      const int16_t wt = w16[t];
-      const int8_t* v = vc + t * stride;
-      for (int64_t c = 0; c < D / 8; ++c) {
-        const int16x8_t y = vmovl_s8(vld1_s8(v + 8 * c));
-        acc[2 * c] = vmlal_n_s16(acc[2 * c], vget_low_s16(y), wt);
-        acc[2 * c + 1] = vmlal_high_n_s16(acc[2 * c + 1], y, wt);
-      }
-    }
-    for (int64_t c = 0; c < D / 4; ++c) {
-      int32_t lanes[4];
-      vst1q_s32(lanes, acc[c]);
-      for (int i = 0; i < 4; ++i) out[4 * c + i] += lanes[i];
-    }
-  }
-  for (int64_t d = 0; d < D; ++d) out[d] = shl(out[d], sh);
-}
 
 // Attention tiles (QkTileFn, kernels.h; same bits as qk_tile_generic): a
 // block of 16 keys, then every row's dots against it (the block stays in L1).
@@ -175,7 +140,6 @@ constinit const Kernels kNeonKernels{
     .linear_packed = nullptr,
     .linear_w4 = linear_w4_neon,
     .linear_w4_packed = nullptr,
-    .attend = attend_head_neon,
     .qk_tile = qk_tile_neon,
     .pv_tile = pv_tile_neon,
     .attn_row = kAttnRowGeneric,

@@ -298,7 +298,6 @@ constinit const Kernels kAmxKernels{
     .linear_packed = linear_q16_avx512,
     .linear_w4 = nullptr,
     .linear_w4_packed = linear_w4_avx512_packed,  // q16 keeps int4 weights in g8
-    .attend = attend_head_avx512,
     .qk_tile = qk_tile_avx2,  // as the avx512 set (avx512.cpp)
     .pv_tile = pv_tile_avx2,
     .attn_row = {attn_row_max_avx512, attn_exp_sum_avx512, attn_prob_max_avx512, attn_prob_w16_avx512},

@@ -12,58 +12,6 @@
 #include "intdet/ops.h"
 
 namespace intdet {
-namespace {
-
-inline int64_t hsum_epi32_to_i64(__m256i v) {
-  alignas(32) int32_t lanes[8];
-  _mm256_store_si256((__m256i*)lanes, v);
-  int64_t s = 0;
-  for (int i = 0; i < 8; ++i) s += lanes[i];
-  return s;
-}
-
-// P . V over 16*NC dims of the head: two positions per vpmaddwd (their int16
-// weights paired in every 32-bit lane, their value rows interleaved); int32
-// accumulators (512 products of |w16 * v| <= 32767 * 127 stay below 2^31)
-// flushed to int64 every kPvBlock positions. out [16*NC] is added to.
-template <int NC>
-inline void pv_pass(const int16_t* w16, const int8_t* vc, int64_t stride, int64_t n, int64_t* out) {
-  for (int64_t t0 = 0; t0 < n; t0 += kPvBlock) {
-    const int64_t t1 = t0 + kPvBlock < n ? t0 + kPvBlock : n;
-    __m256i lo[NC], hi[NC];  // chunk c holds d = 16c + {0-3, 8-11} / {4-7, 12-15}
-    for (int c = 0; c < NC; ++c) lo[c] = hi[c] = _mm256_setzero_si256();
-    int64_t t = t0;
-    for (; t + 2 <= t1; t += 2) {
-      const __m256i wp = _mm256_set1_epi32((int32_t)(((uint32_t)(uint16_t)w16[t + 1] << 16) | (uint16_t)w16[t]));
-      const int8_t* v0 = vc + t * stride;
-      const int8_t* v1 = v0 + stride;
-      for (int c = 0; c < NC; ++c) {
-        const __m256i a = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(v0 + 16 * c)));
-        const __m256i b = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(v1 + 16 * c)));
-        lo[c] = _mm256_add_epi32(lo[c], _mm256_madd_epi16(_mm256_unpacklo_epi16(a, b), wp));
-        hi[c] = _mm256_add_epi32(hi[c], _mm256_madd_epi16(_mm256_unpackhi_epi16(a, b), wp));
-      }
-    }
-    for (int c = 0; c < NC; ++c) {
-      alignas(32) int32_t l[8], h[8];
-      _mm256_store_si256((__m256i*)l, lo[c]);
-      _mm256_store_si256((__m256i*)h, hi[c]);
-      int64_t* o = out + 16 * c;
-      for (int i = 0; i < 4; ++i) {
-        o[i] += l[i];
-        o[8 + i] += l[4 + i];
-        o[4 + i] += h[i];
-        o[12 + i] += h[4 + i];
-      }
-    }
-    for (; t < t1; ++t) {  // odd position left over
-      const int8_t* v = vc + t * stride;
-      for (int64_t d = 0; d < 16 * NC; ++d) out[d] += (int32_t)w16[t] * v[d];
-    }
-  }
-}
-
-}  // namespace
 
 // exp2_neg_q30 on four int64 lanes (same bits). Horner steps keep p in the
 // low 32 bits of each lane: every intermediate fits int32 and vpmuldq reads
@@ -346,57 +294,6 @@ void geglu_row_avx2(const int64_t* g, const int64_t* u, int64_t n, int64_t* a) {
   for (int64_t i = 0; i < n; ++i) d[i] = gelu_exp2_arg(g[i]);  // |y| log2(e), Q16
   exp2_neg_q30_row_avx2(d.data(), n, d.data());                 // exp(-|y|), Q30
   glu_rows(g, u, d.data(), n, a);
-}
-
-// Attention for one query head (same bits as attend_head in ops_generic.cpp).
-// q . k: int8 keys widened to int16, vpmaddwd; P . V: pv_pass.
-void attend_head_avx2(const int16_t* q, int e_q, const int8_t* kc, const int32_t* ka, const int8_t* vc,
-                      const int32_t* va, int64_t n, int64_t stride, int64_t D, int64_t score_mant,
-                      int64_t score_shift, int64_t* z, int64_t* p, int16_t* w16, int64_t* out) {
-  if (D % 16) {  // the vector loops below assume whole 16-element chunks
-    attend_head(q, e_q, kc, ka, vc, va, n, stride, D, score_mant, score_shift, z, p, w16, out);
-    return;
-  }
-  const int64_t sstride = stride / D;
-  int64_t t = 0;
-  // Eight positions at a time: eight int32 dot vectors reduced by vphaddd
-  // into one vector of eight scores. |q . k| < 2^31 (D <= 256), so int32
-  // wrap-around in partial sums cannot change the final value.
-  for (; t + 8 <= n; t += 8) {
-    __m256i s[8];
-    for (int j = 0; j < 8; ++j) {
-      const int8_t* k = kc + (t + j) * stride;
-      __m256i a = _mm256_setzero_si256();
-      for (int64_t d = 0; d < D; d += 16)
-        a = _mm256_add_epi32(a, _mm256_madd_epi16(_mm256_loadu_si256((const __m256i*)(q + d)),
-                                                  _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(k + d)))));
-      s[j] = a;
-    }
-    const __m256i h0 = _mm256_hadd_epi32(_mm256_hadd_epi32(s[0], s[1]), _mm256_hadd_epi32(s[2], s[3]));
-    const __m256i h1 = _mm256_hadd_epi32(_mm256_hadd_epi32(s[4], s[5]), _mm256_hadd_epi32(s[6], s[7]));
-    const __m256i r = _mm256_add_epi32(_mm256_permute2x128_si256(h0, h1, 0x20), _mm256_permute2x128_si256(h0, h1, 0x31));
-    alignas(32) int32_t raw[8];
-    _mm256_store_si256((__m256i*)raw, r);
-    for (int j = 0; j < 8; ++j) z[t + j] = attn_score(raw[j], ka[(t + j) * sstride], e_q, score_mant, score_shift);
-  }
-  for (; t < n; ++t) {
-    const int8_t* k = kc + t * stride;
-    __m256i s = _mm256_setzero_si256();
-    for (int64_t d = 0; d < D; d += 16)
-      s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_loadu_si256((const __m256i*)(q + d)),
-                                                _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(k + d)))));
-    z[t] = attn_score((int32_t)hsum_epi32_to_i64(s), ka[t * sstride], e_q, score_mant, score_shift);
-  }
-  softmax_q16_row_avx2(z, n, p);
-  for (int64_t t = 0; t < n; ++t) p[t] *= va[t * sstride];
-  const int sh = quant16_row_avx2(p, n, w16);
-  for (int64_t d = 0; d < D; ++d) out[d] = 0;
-  // Passes over 64 (else 16) dims keep each pass's accumulators in registers.
-  if (D % 64 == 0)
-    for (int64_t d0 = 0; d0 < D; d0 += 64) pv_pass<4>(w16, vc + d0, stride, n, out + d0);
-  else
-    for (int64_t d0 = 0; d0 < D; d0 += 16) pv_pass<1>(w16, vc + d0, stride, n, out + d0);
-  for (int64_t d = 0; d < D; ++d) out[d] = shl(out[d], sh);
 }
 
 namespace {
@@ -820,7 +717,6 @@ constinit const Kernels kAvx2Kernels{
     .linear_packed = linear_avx2_packed,
     .linear_w4 = nullptr,
     .linear_w4_packed = linear_w4_avx2_packed,
-    .attend = attend_head_avx2,
     .qk_tile = qk_tile_avx2,
     .pv_tile = pv_tile_avx2,
     .attn_row = {attn_row_max_avx2, attn_exp_sum_avx2, attn_prob_max_avx2, attn_prob_w16_avx2},

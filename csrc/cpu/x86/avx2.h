@@ -18,9 +18,6 @@ void exp2_neg_q30_row_avx2(const int64_t* u, int64_t n, int64_t* p);
 int quant16_row_avx2(const int64_t* x, int64_t n, int16_t* q);
 void swiglu_row_avx2(const int64_t* g, const int64_t* u, int64_t n, int64_t* a);
 void geglu_row_avx2(const int64_t* g, const int64_t* u, int64_t n, int64_t* a);
-void attend_head_avx2(const int16_t* q, int e_q, const int8_t* kc, const int32_t* ka, const int8_t* vc,
-                      const int32_t* va, int64_t n, int64_t stride, int64_t D, int64_t score_mant,
-                      int64_t score_shift, int64_t* z, int64_t* p, int16_t* w16, int64_t* out);
 void qk_tile_avx2(const int16_t* q, const int32_t* e_q, int64_t R, const int8_t* kc, const int32_t* ka, int64_t n,
                   int64_t stride, int64_t D, int64_t score_mant, int64_t score_shift, int64_t* z, int64_t ldz);
 // The softmax's row passes (AttnRowFns; also the avx512 set's): va >= 0.

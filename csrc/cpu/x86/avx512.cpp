@@ -16,77 +16,6 @@
 #include "intdet/ops.h"
 
 namespace intdet {
-namespace {
-
-// P . V over 32*NC dims of the head: two positions per vpdpwssd (their int16
-// weights paired in every 32-bit lane, their value rows interleaved), two
-// accumulator sets for alternate position pairs (more independent chains).
-// int32 accumulators: a lane gains one product |w16 * v| <= 32767 * 128 per
-// position, so kPvBlock = 512 positions stay below 2^31 (both sets
-// together: they add to the block's sum); then flushed to int64. out
-// [32*NC] is added to.
-template <int NC>
-inline void pv_pass(const int16_t* w16, const int8_t* vc, int64_t stride, int64_t n, int64_t* out) {
-  for (int64_t t0 = 0; t0 < n; t0 += kPvBlock) {
-    const int64_t t1 = t0 + kPvBlock < n ? t0 + kPvBlock : n;
-    // chunk c, 128-bit lane L: lo holds dims 32c + 8L + {0-3}, hi 32c + 8L + {4-7}
-    __m512i lo[2][NC], hi[2][NC];
-    for (int k = 0; k < 2; ++k)
-      for (int c = 0; c < NC; ++c) lo[k][c] = hi[k][c] = _mm512_setzero_si512();
-    int64_t t = t0;
-    for (; t + 4 <= t1; t += 4)
-      for (int k = 0; k < 2; ++k) {
-        const int64_t u = t + 2 * k;
-        const __m512i wp = _mm512_set1_epi32((int32_t)(((uint32_t)(uint16_t)w16[u + 1] << 16) | (uint16_t)w16[u]));
-        const int8_t* v0 = vc + u * stride;
-        const int8_t* v1 = v0 + stride;
-        for (int c = 0; c < NC; ++c) {
-          const __m512i a = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i*)(v0 + 32 * c)));
-          const __m512i b = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i*)(v1 + 32 * c)));
-          lo[k][c] = _mm512_dpwssd_epi32(lo[k][c], _mm512_unpacklo_epi16(a, b), wp);
-          hi[k][c] = _mm512_dpwssd_epi32(hi[k][c], _mm512_unpackhi_epi16(a, b), wp);
-        }
-      }
-    for (; t + 2 <= t1; t += 2) {
-      const __m512i wp = _mm512_set1_epi32((int32_t)(((uint32_t)(uint16_t)w16[t + 1] << 16) | (uint16_t)w16[t]));
-      const int8_t* v0 = vc + t * stride;
-      const int8_t* v1 = v0 + stride;
-      for (int c = 0; c < NC; ++c) {
-        const __m512i a = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i*)(v0 + 32 * c)));
-        const __m512i b = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i*)(v1 + 32 * c)));
-        lo[0][c] = _mm512_dpwssd_epi32(lo[0][c], _mm512_unpacklo_epi16(a, b), wp);
-        hi[0][c] = _mm512_dpwssd_epi32(hi[0][c], _mm512_unpackhi_epi16(a, b), wp);
-      }
-    }
-    for (int c = 0; c < NC; ++c) {
-      alignas(64) int32_t l[16], h[16];
-      _mm512_store_si512((void*)l, _mm512_add_epi32(lo[0][c], lo[1][c]));
-      _mm512_store_si512((void*)h, _mm512_add_epi32(hi[0][c], hi[1][c]));
-      int64_t* o = out + 32 * c;
-      for (int L = 0; L < 4; ++L)
-        for (int i = 0; i < 4; ++i) {
-          o[8 * L + i] += l[4 * L + i];
-          o[8 * L + 4 + i] += h[4 * L + i];
-        }
-    }
-    for (; t < t1; ++t) {  // odd position left over
-      const int8_t* v = vc + t * stride;
-      for (int64_t d = 0; d < 32 * NC; ++d) out[d] += (int32_t)w16[t] * v[d];
-    }
-  }
-}
-
-// q . k for one position: D/32 vpdpwssd (|q . k| < 2^31 for D <= 256, so
-// int32 wrap-around in partial sums cannot change the value), folded to 8 lanes.
-inline __m256i qk8(const int16_t* q, const int8_t* k, int64_t D) {
-  __m512i a = _mm512_setzero_si512();
-  for (int64_t d = 0; d < D; d += 32)
-    a = _mm512_dpwssd_epi32(a, _mm512_loadu_si512((const void*)(q + d)),
-                            _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i*)(k + d))));
-  return _mm256_add_epi32(_mm512_castsi512_si256(a), _mm512_extracti64x4_epi64(a, 1));
-}
-
-}  // namespace
 
 // exp2_neg_q30 on eight int64 lanes (same bits; the AVX2 kernel's steps).
 // Horner steps keep p in the low 32 bits of each lane: every intermediate
@@ -359,48 +288,6 @@ void geglu_row_avx512(const int64_t* g, const int64_t* u, int64_t n, int64_t* a)
   glu_rows(g, u, d.data(), n, a);
 }
 
-// Attention for one query head (same bits as attend_head in ops_generic.cpp).
-// q . k: int8 keys widened to int16, vpdpwssd; P . V: pv_pass. Head sizes
-// that are not a multiple of 32 take the AVX2 kernel.
-void attend_head_avx512(const int16_t* q, int e_q, const int8_t* kc, const int32_t* ka, const int8_t* vc,
-                        const int32_t* va, int64_t n, int64_t stride, int64_t D, int64_t score_mant,
-                        int64_t score_shift, int64_t* z, int64_t* p, int16_t* w16, int64_t* out) {
-  if (D % 32) {
-    attend_head_avx2(q, e_q, kc, ka, vc, va, n, stride, D, score_mant, score_shift, z, p, w16, out);
-    return;
-  }
-  const int64_t sstride = stride / D;
-  int64_t t = 0;
-  // Eight positions at a time: their 8-lane partial sums reduced by vphaddd
-  // into one vector of eight scores.
-  for (; t + 8 <= n; t += 8) {
-    __m256i s[8];
-    for (int j = 0; j < 8; ++j) s[j] = qk8(q, kc + (t + j) * stride, D);
-    const __m256i h0 = _mm256_hadd_epi32(_mm256_hadd_epi32(s[0], s[1]), _mm256_hadd_epi32(s[2], s[3]));
-    const __m256i h1 = _mm256_hadd_epi32(_mm256_hadd_epi32(s[4], s[5]), _mm256_hadd_epi32(s[6], s[7]));
-    const __m256i r = _mm256_add_epi32(_mm256_permute2x128_si256(h0, h1, 0x20), _mm256_permute2x128_si256(h0, h1, 0x31));
-    alignas(32) int32_t raw[8];
-    _mm256_store_si256((__m256i*)raw, r);
-    for (int j = 0; j < 8; ++j) z[t + j] = attn_score(raw[j], ka[(t + j) * sstride], e_q, score_mant, score_shift);
-  }
-  for (; t < n; ++t) {
-    alignas(32) int32_t l[8];
-    _mm256_store_si256((__m256i*)l, qk8(q, kc + t * stride, D));
-    int32_t raw = 0;  // wraps like the vector lanes: the true sum fits int32
-    for (int i = 0; i < 8; ++i) raw = (int32_t)((uint32_t)raw + (uint32_t)l[i]);
-    z[t] = attn_score(raw, ka[t * sstride], e_q, score_mant, score_shift);
-  }
-  softmax_q16_row_avx512(z, n, p);
-  for (int64_t t = 0; t < n; ++t) p[t] *= va[t * sstride];
-  const int sh = quant16_row_avx512(p, n, w16);
-  for (int64_t d = 0; d < D; ++d) out[d] = 0;
-  // Passes over 64 (else 32) dims keep each pass's accumulators in registers.
-  if (D % 64 == 0)
-    for (int64_t d0 = 0; d0 < D; d0 += 64) pv_pass<2>(w16, vc + d0, stride, n, out + d0);
-  else
-    for (int64_t d0 = 0; d0 < D; d0 += 32) pv_pass<1>(w16, vc + d0, stride, n, out + d0);
-  for (int64_t d = 0; d < D; ++d) out[d] = shl(out[d], sh);
-}
 
 // Constant-initialized (no code runs at load on a CPU without AVX-512).
 extern const Kernels kAvx512Kernels;
@@ -412,7 +299,6 @@ constinit const Kernels kAvx512Kernels{
     .linear_packed = linear_avx512_packed,
     .linear_w4 = nullptr,
     .linear_w4_packed = linear_w4_avx512_packed,
-    .attend = attend_head_avx512,
     // The AVX2 set's tiles: its keys-as-lanes qk_tile and few-row paths ran
     // about twice as fast as this set's own 512-bit tiles did (SmolLM2 shape,
     // 1,000 keys: 30 rows 42 against 84 us, 3 rows 8.0 against 10.8 us, on a

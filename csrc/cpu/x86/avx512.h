@@ -27,9 +27,6 @@ void linear_w4_avx512_packed(const int16_t* q, const int32_t* e, int64_t T, int6
                              const int32_t* bias, int64_t N, int64_t* out, int64_t ldo);
 
 // The rest of the set (avx512.cpp), also read by the AMX set's entry.
-void attend_head_avx512(const int16_t* q, int e_q, const int8_t* kc, const int32_t* ka, const int8_t* vc,
-                        const int32_t* va, int64_t n, int64_t stride, int64_t D, int64_t score_mant,
-                        int64_t score_shift, int64_t* z, int64_t* p, int16_t* w16, int64_t* out);
 void exp2_neg_q30_row_avx512(const int64_t* u, int64_t n, int64_t* p);
 int64_t attn_row_max_avx512(const int64_t* z, int64_t n);
 int64_t attn_exp_sum_avx512(int64_t* z, int64_t n, int64_t zmax);

@@ -16,10 +16,6 @@ using LinearFn = void (*)(const int16_t* q, const int32_t* e, int64_t T, int64_t
                           const int32_t* mant, const int32_t* shift, const int32_t* bias, int64_t N, int64_t* out,
                           int64_t ldo);
 
-using AttendFn = void (*)(const int16_t* q, int e_q, const int8_t* kc, const int32_t* ka, const int8_t* vc,
-                          const int32_t* va, int64_t n, int64_t stride, int64_t D, int64_t score_mant,
-                          int64_t score_shift, int64_t* z, int64_t* p, int16_t* w16, int64_t* out);
-
 // Attention tiles (csrc/model/attention.cpp drives them; docs/kernel-sets.md).
 // QkTileFn: scores of R query rows against n cached keys, every key loaded
 // once for all R rows (the GEMM shape: int16 q, int8 K):
@@ -109,7 +105,6 @@ struct Kernels {
   LinearFn linear_packed;
   LinearW4Fn linear_w4;
   LinearW4Fn linear_w4_packed;
-  AttendFn attend;    // one (row, head) pair: attend_head; the reference the tiles are tested against
   QkTileFn qk_tile;   // prefill / decode attention's scores, many rows per key
   PvTileFn pv_tile;   // and its P . V
   AttnRowFns attn_row;  // and its softmax, row by row
