@@ -8,7 +8,6 @@ fewer; shapes cross the 3-row, 16-row, 16-channel, 64-input and 4-input
 boundaries, activations take every extreme of the hi/lo split, and K crosses
 the tiles' int32 block of 32768 inputs."""
 
-import contextlib
 import os
 import subprocess
 import sys
@@ -23,23 +22,14 @@ from conftest import ISAS, using_isa
 from intdet import _core
 from intdet.convert import convert
 from intdet.model import Engine, load_model
-from test_avx512 import I16, chain_hash, ramp, scales, simde_engine, simde_module
+from test_avx512 import I16, chain_hash, check_linear, on_isa, ramp, scales, simde_engine, simde_module
 
 NATIVE = "amx" in ISAS
 AMX_MIN_ROWS = 3  # kAmxMinRows (csrc/cpu/x86/amx.h)
 
 
-@contextlib.contextmanager
 def on_amx(mod, threads=None):
-    before = (mod.isa(), mod.num_threads())
-    try:
-        mod.set_isa("amx")
-        if threads is not None:
-            mod.set_num_threads(threads)
-        yield mod
-    finally:
-        mod.set_isa(before[0])
-        mod.set_num_threads(before[1])
+    return on_isa(mod, "amx", threads)
 
 
 @pytest.fixture(params=["simde"] + (["native"] if NATIVE else []))
@@ -54,13 +44,6 @@ def amx(request):
 
 def test_simde_build_has_the_set_last():
     assert simde_module().available_isas()[-2:] == ["avx512", "amx"]
-
-
-def check_linear(mod, q, e, w, mant, shift):
-    got = mod.ops.linear(q, e, w, mant, shift)
-    with using_isa("scalar"):
-        want = _core.ops.linear(q, e, w, mant, shift)
-    assert got.dtype == want.dtype and np.array_equal(got, want)
 
 
 # T 1..200: VNNI below 3 rows, AMX tiles from 3 (a partial last block of

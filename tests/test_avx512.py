@@ -44,17 +44,23 @@ def simde_module():
 
 
 @contextlib.contextmanager
-def on_avx512(mod, threads=None):
-    """Run the block with mod's avx512 set active (and `threads` threads)."""
+def on_isa(mod, isa, threads=None):
+    """Run the block with mod's kernel set `isa` active (and `threads`
+    threads), then restore mod's set and thread count."""
     before = (mod.isa(), mod.num_threads())
     try:
-        mod.set_isa("avx512")
+        mod.set_isa(isa)
         if threads is not None:
             mod.set_num_threads(threads)
         yield mod
     finally:
         mod.set_isa(before[0])
         mod.set_num_threads(before[1])
+
+
+def on_avx512(mod, threads=None):
+    """Run the block with mod's avx512 set active (and `threads` threads)."""
+    return on_isa(mod, "avx512", threads)
 
 
 @pytest.fixture(params=["simde"] + (["native"] if NATIVE else []))

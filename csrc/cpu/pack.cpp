@@ -206,12 +206,11 @@ void pack_layout(Model& m, const Packing* p) {
   m.packs->arenas.push_back(std::move(mem));
 }
 
-// Whether kernel set k's linear kernels read a packed copy of L.
+}  // namespace
+
 bool reads_packed(const Kernels& k, const Linear& L) {
   return L.w4 ? k.linear_w4_packed != nullptr : k.linear_packed != nullptr;
 }
-
-}  // namespace
 
 void pack_model(Model& m, bool release_source) {
   m.packs->release_source = release_source;
@@ -228,14 +227,12 @@ void pack_model(Model& m, bool release_source) {
 void ensure_packed(const Model& m, const Kernels& k) {
   if (!k.packing) return;
   std::lock_guard<std::mutex> lock(m.packs->mu);
-  auto missing = [&](const Linear& L) { return reads_packed(k, L) && !L.packed[k.packing->id]; };
-  bool any = missing(m.output);
-  for (const Layer& L : m.layers)
-    for (const Linear* x : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down}) any = any || missing(*x);
   // The model object itself is not const (pack_model filled it); only the
   // forward's view is. Another thread reads packed[] of this layout only
   // after taking the same lock here.
-  if (any) pack_layout(const_cast<Model&>(m), k.packing);
+  Model& mm = const_cast<Model&>(m);
+  for (const Linear* L : linears_of(mm))
+    if (reads_packed(k, *L) && !L->packed[k.packing->id]) return pack_layout(mm, k.packing);
 }
 
 }  // namespace intdet

@@ -96,11 +96,6 @@ inline Blocks channel_blocks(int64_t N, int nt, int64_t T) {
   return {N, (N + rows - 1) / rows, groups, rows};
 }
 
-// Whether k's linear kernel for L's weight format reads a packed copy.
-bool reads_packed(const Kernels& k, const Linear& L) {
-  return L.w4 ? k.linear_w4_packed != nullptr : k.linear_packed != nullptr;
-}
-
 // Output channels [lo, hi) of the kernel set's linear layer for L's weight
 // format (int8 or int4), on its packed layout when the set reads one: one
 // kernel call, on the calling thread. out points at row 0's channel lo;

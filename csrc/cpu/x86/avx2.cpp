@@ -104,13 +104,10 @@ struct ProbLanes {
   }
 };
 
-// The lanes need rr in [0, 2^32] (else the scalar pass) and va >= 0 (absmax scales).
-bool prob_lanes_ok(int64_t rr) { return rr >= 0 && rr <= ((int64_t)1 << 32); }
-
 }  // namespace
 
 int64_t attn_prob_max_avx2(const int64_t* u, int64_t n, int64_t rr, const int32_t* va) {
-  if (!prob_lanes_ok(rr)) return attn_prob_max_generic(u, n, rr, va);
+  if (!attn_prob_lanes_ok(rr)) return attn_prob_max_generic(u, n, rr, va);
   const ProbLanes pl(rr);
   __m256i a = _mm256_setzero_si256();
   int64_t i = 0;
@@ -127,7 +124,7 @@ int64_t attn_prob_max_avx2(const int64_t* u, int64_t n, int64_t rr, const int32_
 // w16 = min(round_shift(p, e), 32767) (p >= 0, so the lower clamp never
 // applies; p < 2^48, so p + 2^(e-1) cannot overflow).
 void attn_prob_w16_avx2(const int64_t* u, int64_t n, int64_t rr, const int32_t* va, int e, int16_t* w16) {
-  if (!prob_lanes_ok(rr) || e > 62) return attn_prob_w16_generic(u, n, rr, va, e, w16);
+  if (!attn_prob_lanes_ok(rr) || e > 62) return attn_prob_w16_generic(u, n, rr, va, e, w16);
   const ProbLanes pl(rr);
   const __m256i half = _mm256_set1_epi64x(e ? (int64_t)1 << (e - 1) : 0), top = _mm256_set1_epi64x(kInt16QMax);
   const __m128i sh = _mm_cvtsi32_si128(e);

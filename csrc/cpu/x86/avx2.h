@@ -20,7 +20,10 @@ void swiglu_row_avx2(const int64_t* g, const int64_t* u, int64_t n, int64_t* a);
 void geglu_row_avx2(const int64_t* g, const int64_t* u, int64_t n, int64_t* a);
 void qk_tile_avx2(const int16_t* q, const int32_t* e_q, int64_t R, const int8_t* kc, const int32_t* ka, int64_t n,
                   int64_t stride, int64_t D, int64_t score_mant, int64_t score_shift, int64_t* z, int64_t ldz);
-// The softmax's row passes (AttnRowFns; also the avx512 set's): va >= 0.
+// The softmax's row passes (AttnRowFns): va >= 0.
+// The vector weight passes (ProbLanes here, ProbLanes8 in avx512.cpp) need
+// rr in [0, 2^32]; other rr take the scalar pass.
+inline bool attn_prob_lanes_ok(int64_t rr) { return rr >= 0 && rr <= ((int64_t)1 << 32); }
 int64_t attn_row_max_avx2(const int64_t* z, int64_t n);
 int64_t attn_exp_sum_avx2(int64_t* z, int64_t n, int64_t zmax);
 int64_t attn_prob_max_avx2(const int64_t* u, int64_t n, int64_t rr, const int32_t* va);

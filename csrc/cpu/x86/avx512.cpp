@@ -66,8 +66,6 @@ struct ProbLanes8 {
   }
 };
 
-bool prob_lanes_ok(int64_t rr) { return rr >= 0 && rr <= ((int64_t)1 << 32); }
-
 }  // namespace
 
 // exp2_neg_q30 on eight int64 lanes (same bits; the AVX2 kernel's steps).
@@ -112,7 +110,7 @@ int64_t attn_exp_sum_avx512(int64_t* z, int64_t n, int64_t zmax) {
 }
 
 int64_t attn_prob_max_avx512(const int64_t* u, int64_t n, int64_t rr, const int32_t* va) {
-  if (!prob_lanes_ok(rr)) return attn_prob_max_generic(u, n, rr, va);
+  if (!attn_prob_lanes_ok(rr)) return attn_prob_max_generic(u, n, rr, va);
   const ProbLanes8 pl(rr);
   __m512i a = _mm512_setzero_si512();
   int64_t i = 0;
@@ -125,7 +123,7 @@ int64_t attn_prob_max_avx512(const int64_t* u, int64_t n, int64_t rr, const int3
 // applies; p < 2^48, so p + 2^(e-1) cannot overflow); vpmovsqw narrows the
 // lanes, all in [0, 32767].
 void attn_prob_w16_avx512(const int64_t* u, int64_t n, int64_t rr, const int32_t* va, int e, int16_t* w16) {
-  if (!prob_lanes_ok(rr) || e > 62) return attn_prob_w16_generic(u, n, rr, va, e, w16);
+  if (!attn_prob_lanes_ok(rr) || e > 62) return attn_prob_w16_generic(u, n, rr, va, e, w16);
   const ProbLanes8 pl(rr);
   const __m512i half = _mm512_set1_epi64(e ? (int64_t)1 << (e - 1) : 0), top = _mm512_set1_epi64(kInt16QMax);
   const __m128i sh = _mm_cvtsi32_si128(e);

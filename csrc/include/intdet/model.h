@@ -92,6 +92,9 @@ struct Model {
 // keeping peak RSS near one copy; a later ensure_packed reads them again
 // from the file. Never set it for weights in ordinary (anonymous) memory.
 void pack_model(Model& m, bool release_source = false);
+// Whether kernel set k's linear kernels read a packed copy of L (its weight
+// format has a packed kernel in k).
+bool reads_packed(const Kernels& k, const Linear& L);
 // Packs the layout kernel set k reads if this model lacks it (a set chosen
 // after load); every forward calls it first. Thread-safe.
 void ensure_packed(const Model& m, const Kernels& k);
