@@ -298,8 +298,8 @@ constinit const Kernels kAmxKernels{
     .linear_packed = linear_q16_avx512,
     .linear_w4 = nullptr,
     .linear_w4_packed = linear_w4_avx512_packed,  // q16 keeps int4 weights in g8
-    .qk_tile = qk_tile_avx2,  // as the avx512 set (avx512.cpp)
-    .pv_tile = pv_tile_avx2,
+    .qk_tile = qk_tile_avx512,  // as the avx512 set (avx512.cpp)
+    .pv_tile = pv_tile_avx512,
     .attn_row = {attn_row_max_avx512, attn_exp_sum_avx512, attn_prob_max_avx512, attn_prob_w16_avx512},
     .softmax = softmax_q16_row_avx512,
     .exp2_row = exp2_neg_q30_row_avx512,

@@ -297,12 +297,10 @@ constinit const Kernels kAvx512Kernels{
     .linear_packed = linear_avx512_packed,
     .linear_w4 = nullptr,
     .linear_w4_packed = linear_w4_avx512_packed,
-    // The AVX2 set's tiles: its keys-as-lanes qk_tile and few-row paths ran
-    // about twice as fast as this set's own 512-bit tiles did (SmolLM2 shape,
-    // 1,000 keys: 30 rows 42 against 84 us, 3 rows 8.0 against 10.8 us, on a
-    // Sapphire Rapids-class Xeon), so those were removed.
-    .qk_tile = qk_tile_avx2,
-    .pv_tile = pv_tile_avx2,
+    // The tiles on 512-bit VNNI (avx512_attn.cpp): scores with vpdpbusd on the
+    // int8 keys, P.V with vpdpwssd (about 2x the AVX2 tiles at SmolLM2's shape).
+    .qk_tile = qk_tile_avx512,
+    .pv_tile = pv_tile_avx512,
     .attn_row = {attn_row_max_avx512, attn_exp_sum_avx512, attn_prob_max_avx512, attn_prob_w16_avx512},
     .softmax = softmax_q16_row_avx512,
     .exp2_row = exp2_neg_q30_row_avx512,

@@ -1,5 +1,5 @@
 // The AVX-512 kernel set (AVX512F/BW/VL + VNNI): its functions, defined in
-// avx512.cpp, avx512_gemm.cpp and avx512_w4.cpp (each compiled with
+// avx512.cpp, avx512_attn.cpp, avx512_gemm.cpp and avx512_w4.cpp (each compiled with
 // -mavx512f -mavx512bw -mavx512vl -mavx512vnni only, or against SIMDe in the
 // test build), and its CPU check (avx512_cpu.cpp, portable code).
 // avx512.cpp holds the entry; docs/kernel-sets.md.
@@ -25,6 +25,14 @@ void linear_avx512_packed(const int16_t* q, const int32_t* e, int64_t T, int64_t
 void linear_w4_avx512_packed(const int16_t* q, const int32_t* e, int64_t T, int64_t K, const uint8_t* w4p,
                              const int16_t* gd, const int16_t* gm, const int32_t* mant, const int32_t* shift,
                              const int32_t* bias, int64_t N, int64_t* out, int64_t ldo);
+
+// Attention scores (avx512_attn.cpp; QkTileFn): keys as int8 bytes under
+// vpdpbusd, the query split into bytes (D of 64, 128, 256; else the AVX2 tiles).
+void qk_tile_avx512(const int16_t* q, const int32_t* e_q, int64_t R, const int8_t* kc, const int32_t* ka, int64_t n,
+                    int64_t stride, int64_t D, int64_t score_mant, int64_t score_shift, int64_t* z, int64_t ldz);
+// P . V (PvTileFn): vpdpwssd on interleaved value pairs (D a multiple of 64; else the AVX2 tiles).
+void pv_tile_avx512(const int16_t* w16, int64_t ldw, int64_t R, const int8_t* vc, int64_t n, int64_t stride, int64_t D,
+                    int64_t* out);
 
 // The rest of the set (avx512.cpp), also read by the AMX set's entry.
 void exp2_neg_q30_row_avx512(const int64_t* u, int64_t n, int64_t* p);

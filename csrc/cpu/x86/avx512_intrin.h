@@ -27,10 +27,22 @@ inline simde__m512i intdet_simde_cvtepi32_epi64(simde__m256i a) {
   return simde_mm512_inserti64x4(simde_mm512_castsi256_si512(simde_mm256_cvtepi32_epi64(simde_mm256_castsi256_si128(a))),
                                  simde_mm256_cvtepi32_epi64(simde_mm256_extracti128_si256(a, 1)), 1);
 }
+// vpsravq: each int64 lane shifted right arithmetically by its count (a
+// count above 63 fills with the sign bit), lane by lane as Intel defines it.
+inline simde__m512i intdet_simde_srav_epi64(simde__m512i a, simde__m512i count) {
+  simde__m512i_private r, x = simde__m512i_to_private(a), c = simde__m512i_to_private(count);
+  for (int i = 0; i < 8; ++i) {
+    const uint64_t n = (uint64_t)c.i64[i];
+    r.i64[i] = n > 63 ? (x.i64[i] < 0 ? -1 : 0) : (x.i64[i] >> n);
+  }
+  return simde__m512i_from_private(r);
+}
 #undef _mm512_cvtepu8_epi16
 #undef _mm512_cvtepi32_epi64
+#undef _mm512_srav_epi64
 #define _mm512_cvtepu8_epi16 intdet_simde_cvtepu8_epi16
 #define _mm512_cvtepi32_epi64 intdet_simde_cvtepi32_epi64
+#define _mm512_srav_epi64 intdet_simde_srav_epi64
 #else
 #include <immintrin.h>
 #endif
