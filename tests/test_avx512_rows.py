@@ -1,4 +1,4 @@
-"""The AVX-512 set's row kernels (exp2, softmax, quant16, SwiGLU, GeGLU)
+"""The AVX-512 set's row kernels (exp2, softmax, quant16, RMSNorm, SwiGLU, GeGLU)
 against the scalar set, bit for bit, through intdet._core_simde everywhere
 and natively where the CPU runs it (the `avx512` fixture of
 tests/test_avx512.py): 8-lane bodies and their tails, the exp2 cut-off at
@@ -120,3 +120,36 @@ def test_geglu_matches_scalar(avx512, n, seed, bits):
                         size=len(g[::5]))
     u = rng.integers(-(2**31) + 1, 2**31, size=n, dtype=I64)
     assert same(avx512.ops.geglu(g, u), scalar("geglu", g, u))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=FIXTURE)
+@given(n=st.integers(1, 300), seed=st.integers(0, 2**32 - 1), bits=st.integers(0, 61),
+       in_frac=st.integers(0, 40), eps=st.sampled_from([0, 1, 1000, 2**40, 2**60, 2**62 - 1]),
+       kind=st.sampled_from(["random", "one_large", "gamma_extremes", "zeros", "tiny"]))
+def test_rms_norm_matches_scalar(avx512, n, seed, bits, in_frac, eps, kind):
+    """RMSNorm on 8 lanes (max, pre-shift, sum of squares, the division by the
+    row's r through a reciprocal and two corrections) against the scalar row:
+    magnitudes from 1 to 2^61 (pre-shifts left and right), gammas at
+    -32768 and 32767, one large element among small ones (the smallest r),
+    eps from 0 to its cap, rows of every length across the 8-lane tail."""
+    rng = np.random.default_rng(seed)
+    x = rng.integers(-(2**bits), 2**bits + 1, size=(3, n), dtype=I64)
+    g = rng.integers(-(2**15), 2**15, size=n, dtype=np.int16)
+    if kind == "one_large":
+        x[:, :] = rng.integers(-1, 2, size=(3, n))
+        x[:, n // 2] = rng.choice([2**bits, -(2**bits)])
+    elif kind == "gamma_extremes":
+        g[::2] = -(2**15)
+        g[1::2] = 2**15 - 1
+    elif kind == "zeros":
+        x[0] = 0
+    elif kind == "tiny":
+        x = rng.integers(-2, 3, size=(3, n), dtype=I64)
+    assert same(avx512.ops.rms_norm(x, g, eps, in_frac), scalar("rms_norm", x, g, eps, in_frac))
+
+
+def test_rms_norm_rows_at_2_62_take_the_scalar_path(avx512):
+    """|x| >= 2^62 (outside the lanes' bounds; no layer makes it) gives the scalar bits."""
+    x = np.array([[2**62, 5, -7, 1, 2, 3, 4, 5, 6, -(2**61)], [1, 2, 3, 4, 5, 6, 7, 8, 9, -(2**62)]], I64)
+    g = np.arange(1, 11, dtype=np.int16) * 1000
+    assert same(avx512.ops.rms_norm(x, g, 10, 16), scalar("rms_norm", x, g, 10, 16))

@@ -160,9 +160,10 @@ PYBIND11_MODULE(INTDET_CORE_MODULE_NAME, mod) {
     const py::ssize_t H = x.shape(x.ndim() - 1);
     oa::shape("rms_norm", g, "g", {H});
     if (H > 8192) oa::fail("rms_norm", "rows longer than 8192 overflow the int64 sum of squares");
+    const auto norm = kernels().rms_norm;  // active ISA
     return rows(x, [&](const int64_t* r, int64_t n, int64_t* o) {
       std::vector<int32_t> y((size_t)n);
-      rms_norm_row(r, g.data(), n, eps, in_frac, y.data());
+      norm(r, g.data(), n, eps, in_frac, y.data());
       for (int64_t i = 0; i < n; ++i) o[i] = y[i];
     });
   });

@@ -39,20 +39,9 @@ struct InvariantDiv {
 
 }  // namespace
 
-void rms_norm_row(const int64_t* x, const int16_t* g, int64_t n, int64_t eps_q60, int in_frac, int32_t* y) {
-  int64_t m = 0;
-  for (int64_t i = 0; i < n; ++i) m = imax(m, iabs(x[i]));
-  if (m == 0) {
-    for (int64_t i = 0; i < n; ++i) y[i] = 0;
-    return;
-  }
-  const int a = kNormTopBit - bitlen(m);  // pre-shift so max|x'| has 24 bits
-  auto xs = [&](int64_t i) { return a >= 0 ? shl(x[i], a) : round_shift(x[i], -a); };
-  int64_t s = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    int64_t v = xs(i);
-    s += v * v;  // < n * 2^50 <= 2^63 for n <= 2^13 (checked at load)
-  }
+int rms_norm_pre_shift(int64_t m) { return kNormTopBit - bitlen(m); }  // pre-shift so max|x'| has 24 bits
+
+int64_t rms_norm_divisor(int64_t s, int64_t eps_q60, int in_frac, int a) {
   const int64_t e_shift = kEpsFrac - 2 * (in_frac + a);
   int64_t eps;
   if (e_shift >= 0) {
@@ -62,7 +51,24 @@ void rms_norm_row(const int64_t* x, const int16_t* g, int64_t n, int64_t eps_q60
     eps = (-e_shift >= 62 || eps_q60 > (kSCap >> t)) ? kSCap : shl(eps_q60, t);
   }
   s = imin(s + imin(eps, kSCap), kSCap);
-  const int64_t r = imax(isqrt(s), 1);
+  return imax(isqrt(s), 1);
+}
+
+void rms_norm_row(const int64_t* x, const int16_t* g, int64_t n, int64_t eps_q60, int in_frac, int32_t* y) {
+  int64_t m = 0;
+  for (int64_t i = 0; i < n; ++i) m = imax(m, iabs(x[i]));
+  if (m == 0) {
+    for (int64_t i = 0; i < n; ++i) y[i] = 0;
+    return;
+  }
+  const int a = rms_norm_pre_shift(m);
+  auto xs = [&](int64_t i) { return a >= 0 ? shl(x[i], a) : round_shift(x[i], -a); };
+  int64_t s = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t v = xs(i);
+    s += v * v;  // < n * 2^50 <= 2^63 for n <= 2^13 (checked at load)
+  }
+  const int64_t r = rms_norm_divisor(s, eps_q60, in_frac, a);
   const InvariantDiv div(r);  // round_div(v, r) = floor_div(v + r / 2, r)
   for (int64_t i = 0; i < n; ++i) y[i] = (int32_t)div.floor_div(xs(i) * g[i] * ((int64_t)1 << kNormOutFrac) + (r >> 1));
 }
@@ -286,6 +292,7 @@ constinit const Kernels kScalarKernels{
     .softmax = softmax_q16_row,
     .exp2_row = exp2_neg_q30_row,
     .quant16 = quant16_row,
+    .rms_norm = rms_norm_row,
     .swiglu = swiglu_row,
     .geglu = geglu_row,
     .planes = {},  // no planes path

@@ -166,13 +166,13 @@ void run_qkv(int nt, const Kernels& k, const Layer& L, const Act16& a, int64_t T
 
 // Row-wise ops run rows in parallel: each row's result depends on that row
 // alone, so the split cannot change a bit.
-void norm_rows(int nt, const int64_t* x, const int16_t* g, int64_t T, int64_t n, int64_t eps, int in_frac,
-               std::vector<int64_t>& y) {
+void norm_rows(int nt, const Kernels& ks, const int64_t* x, const int16_t* g, int64_t T, int64_t n, int64_t eps,
+               int in_frac, std::vector<int64_t>& y) {
   y.resize((size_t)(T * n));
   over_rows(nt, T, [&](int64_t t0, int64_t t1) {
     std::vector<int32_t> row((size_t)n);
     for (int64_t t = t0; t < t1; ++t) {
-      rms_norm_row(x + t * n, g, n, eps, in_frac, row.data());
+      ks.rms_norm(x + t * n, g, n, eps, in_frac, row.data());
       for (int64_t i = 0; i < n; ++i) y[t * n + i] = row[i];
     }
   });
@@ -187,7 +187,7 @@ void norm_quant_rows(int nt, const Kernels& ks, const int64_t* x, const int16_t*
   over_rows(nt, T, [&](int64_t t0, int64_t t1) {
     std::vector<int32_t> row((size_t)n);
     for (int64_t t = t0; t < t1; ++t) {
-      rms_norm_row(x + t * n, g, n, eps, in_frac, row.data());
+      ks.rms_norm(x + t * n, g, n, eps, in_frac, row.data());
       for (int64_t i = 0; i < n; ++i) y[t * n + i] = row[i];
       a.quant_row(ks, y.data() + t * n, t, n);
     }
@@ -203,9 +203,10 @@ inline void add_residual_range(int64_t* x, const int64_t* d, int64_t T, int64_t 
 
 // Gemma's post-norm: RMSNorm of a branch output d (Q16) into norm units h,
 // then x += shift_round_sat32(h, shift) (to the residual's Q R), saturating.
-void add_post_norm(int nt, std::vector<int64_t>& x, const std::vector<int64_t>& d, const int16_t* g, int32_t shift,
+void add_post_norm(int nt, const Kernels& ks, std::vector<int64_t>& x, const std::vector<int64_t>& d, const int16_t* g,
+                   int32_t shift,
                    int64_t T, int64_t H, int64_t eps, std::vector<int64_t>& h) {
-  norm_rows(nt, d.data(), g, T, H, eps, 16, h);
+  norm_rows(nt, ks, d.data(), g, T, H, eps, 16, h);
   over_rows(nt, T, [&](int64_t t0, int64_t t1) {
     for (int64_t i = t0 * H; i < t1 * H; ++i) x[i] = sat32(x[i] + shift_round_sat32(h[i], shift));
   });
@@ -311,9 +312,9 @@ void forward_impl(const Model& m, KVCache* const* caches, const Row* rows, int64
       rec(blk + "attn_v", v, {T, nkv, D});
     }
     if (L.q_norm) {  // the block has per-head q/k RMSNorm (Qwen3, Gemma 3)
-      norm_rows(nt, q.data(), L.q_norm, T * nh, D, c.eps_head, 16, qn);
+      norm_rows(nt, ks, q.data(), L.q_norm, T * nh, D, c.eps_head, 16, qn);
       q.swap(qn);
-      norm_rows(nt, k.data(), L.k_norm, T * nkv, D, c.eps_head, 16, qn);
+      norm_rows(nt, ks, k.data(), L.k_norm, T * nkv, D, c.eps_head, 16, qn);
       k.swap(qn);
       clk.mark("qk_norm", l);
     }
@@ -343,7 +344,7 @@ void forward_impl(const Model& m, KVCache* const* caches, const Row* rows, int64
     });
     if (tr) rec(blk + "attn_output", tmp, {T, H});
     if (L.post_attn_norm)
-      add_post_norm(nt, x, tmp, L.post_attn_norm, L.post_attn_shift, T, H, c.eps_hidden, h);
+      add_post_norm(nt, ks, x, tmp, L.post_attn_norm, L.post_attn_shift, T, H, c.eps_hidden, h);
     else if (!fuse_attn_add)
       add_residual_range(x.data(), tmp.data(), T, H, 0, H);
     clk.mark("attn_output", l);
@@ -372,7 +373,7 @@ void forward_impl(const Model& m, KVCache* const* caches, const Row* rows, int64
     run_linears<1>(nt, ks, {&L.down}, act, T, {tmp.data()}, [&](int64_t lo, int64_t hi) {
       if (fuse_ffn_add) add_residual_range(x.data(), tmp.data(), T, H, lo, hi);
     });
-    if (L.post_ffn_norm) add_post_norm(nt, x, tmp, L.post_ffn_norm, L.post_ffn_shift, T, H, c.eps_hidden, h);
+    if (L.post_ffn_norm) add_post_norm(nt, ks, x, tmp, L.post_ffn_norm, L.post_ffn_shift, T, H, c.eps_hidden, h);
     if (tr) {
       rec(blk + "ffn_swiglu", gate, {T, F});
       rec(blk + "ffn_down", tmp, {T, H});

@@ -146,6 +146,7 @@ constinit const Kernels kNeonKernels{
     .softmax = softmax_q16_row,
     .exp2_row = exp2_neg_q30_row,
     .quant16 = quant16_row,
+    .rms_norm = rms_norm_row,
     .swiglu = swiglu_row,
     .geglu = geglu_row,
     .planes = {},

@@ -124,7 +124,7 @@ inline void q16_tokens(const int16_t* q, const int32_t* e, int64_t T, int64_t K,
   token_tiles<MR>(0, T, [&](auto R, int64_t t) {
     alignas(64) int64_t acc[R * 16 * NG];
     q16_tile<R, NG, KS>(q + t * K, K, K, wp, Kq, g0, acc);
-    store_tile<R, 16 * NG>(acc, e, t, mant, shift, bias, 16 * g0, N, out, ldo);
+    store_tile8<R, 16 * NG>(acc, e, t, mant, shift, bias, 16 * g0, N, out, ldo);
   });
 }
 
@@ -304,6 +304,7 @@ constinit const Kernels kAmxKernels{
     .softmax = softmax_q16_row_avx512,
     .exp2_row = exp2_neg_q30_row_avx512,
     .quant16 = quant16_row_avx512,
+    .rms_norm = rms_norm_row_avx512,
     .swiglu = swiglu_row_avx512,
     .geglu = geglu_row_avx512,
     .planes = {.min_rows = kAmxMinRows, .ld = amx_planes_ld, .split_row = split_row_amx, .linear = linear_amx_planes},

@@ -720,6 +720,7 @@ constinit const Kernels kAvx2Kernels{
     .softmax = softmax_q16_row_avx2,
     .exp2_row = exp2_neg_q30_row_avx2,
     .quant16 = quant16_row_avx2,
+    .rms_norm = rms_norm_row,
     .swiglu = swiglu_row_avx2,
     .geglu = geglu_row_avx2,
     .planes = {},

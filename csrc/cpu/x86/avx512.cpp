@@ -287,6 +287,90 @@ void geglu_row_avx512(const int64_t* g, const int64_t* u, int64_t n, int64_t* a)
 }
 
 
+// rms_norm_row on eight int64 lanes (same bits): the max, the pre-shift and
+// the sum of squares in lanes, the per-row steps shared with the scalar
+// row (rms_norm_pre_shift, rms_norm_divisor), then floor_div by the row's r
+// in lanes. Bounds: |x| < 2^62 (else the scalar row); |xs| <= 2^24 and
+// |g| <= 2^15, so xs * g * 2^14 + r / 2 is below 2^54 and xs fits int32
+// (vpmuldq squares it exactly); r >= 2^23 because max |xs| >= 2^23.
+// floor_div(v, r) for v >= 0: q = floor(v * inv / 2^62), inv =
+// floor(2^62 / r) < 2^39, is floor(v / r) or one below it (v * (2^62 / r -
+// inv) < 2^54 / 2^62 < 1) and never above; the 64-bit product's high part
+// comes from four 32 x 32 -> 64 products (the low one's low half dropped
+// cannot lift the floor of / 2^30 by more than one either); then two
+// remainder corrections as the scalar InvariantDiv (q < 2^32, r < 2^32:
+// q * r is one vpmuludq). v < 0: floor_div(v) = ~udiv(~v), as the scalar.
+void rms_norm_row_avx512(const int64_t* x, const int16_t* g, int64_t n, int64_t eps_q60, int in_frac, int32_t* y) {
+  int64_t i = 0;
+  __m512i vm = _mm512_setzero_si512();
+  const __m512i big = _mm512_set1_epi64((int64_t)1 << 62);
+  __mmask8 wide = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m512i a = _mm512_abs_epi64(_mm512_loadu_si512((const void*)(x + i)));
+    wide |= _mm512_cmpge_epu64_mask(a, big);  // |x| >= 2^62, or x = INT64_MIN
+    vm = _mm512_max_epi64(vm, a);
+  }
+  if (wide) return rms_norm_row(x, g, n, eps_q60, in_frac, y);
+  alignas(64) int64_t lanes[8];
+  _mm512_store_si512((void*)lanes, vm);
+  int64_t m = 0;
+  for (int k = 0; k < 8; ++k) m = imax(m, lanes[k]);
+  for (; i < n; ++i) {
+    if (iabs(x[i]) >= ((int64_t)1 << 62)) return rms_norm_row(x, g, n, eps_q60, in_frac, y);
+    m = imax(m, iabs(x[i]));
+  }
+  if (m == 0) {
+    for (i = 0; i < n; ++i) y[i] = 0;
+    return;
+  }
+  const int a = rms_norm_pre_shift(m);
+  auto xs = [&](int64_t k) { return a >= 0 ? shl(x[k], a) : round_shift(x[k], -a); };
+  // xs on 8 lanes: x << a, or (x + 2^(-a-1)) >> -a (arithmetic)
+  const __m512i vl = _mm512_set1_epi64(a >= 0 ? a : 0), vr = _mm512_set1_epi64(a < 0 ? -a : 0);
+  const __m512i vh = _mm512_set1_epi64(a < 0 ? (int64_t)1 << (-a - 1) : 0);
+  auto xs8 = [&](int64_t k) {
+    const __m512i v = _mm512_loadu_si512((const void*)(x + k));
+    return a >= 0 ? _mm512_sllv_epi64(v, vl) : _mm512_srav_epi64(_mm512_add_epi64(v, vh), vr);
+  };
+  __m512i vs = _mm512_setzero_si512();
+  for (i = 0; i + 8 <= n; i += 8) {
+    const __m512i v = xs8(i);
+    vs = _mm512_add_epi64(vs, _mm512_mul_epi32(v, v));
+  }
+  _mm512_store_si512((void*)lanes, vs);
+  int64_t s = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+  for (; i < n; ++i) s += xs(i) * xs(i);
+  const int64_t r = rms_norm_divisor(s, eps_q60, in_frac, a);
+  if (r < ((int64_t)1 << 23) || r >= ((int64_t)1 << 32)) return rms_norm_row(x, g, n, eps_q60, in_frac, y);
+  const int64_t inv = ((int64_t)1 << 62) / r;
+  const __m512i vr_ = _mm512_set1_epi64(r), vhalf = _mm512_set1_epi64(r >> 1), one = _mm512_set1_epi64(1);
+  const __m512i zero = _mm512_setzero_si512(), ones = _mm512_set1_epi64(-1);
+  const __m512i i0 = _mm512_set1_epi64(inv & 0xffffffffLL), i1 = _mm512_set1_epi64(inv >> 32);
+  for (i = 0; i + 8 <= n; i += 8) {
+    const __m512i gg = _mm512_cvtepi32_epi64(_mm256_cvtepi16_epi32(_mm_loadu_si128((const __m128i*)(g + i))));
+    const __m512i v = _mm512_add_epi64(_mm512_slli_epi64(_mm512_mul_epi32(xs8(i), gg), kNormOutFrac), vhalf);
+    const __m512i neg = _mm512_mask_blend_epi64(_mm512_cmpgt_epi64_mask(zero, v), zero, ones);  // v < 0: all ones
+    const __m512i u = _mm512_xor_si512(v, neg);  // >= 0, < 2^54
+    const __m512i u1 = _mm512_srli_epi64(u, 32);
+    const __m512i mid = _mm512_add_epi64(_mm512_add_epi64(_mm512_srli_epi64(_mm512_mul_epu32(u, i0), 32),
+                                                          _mm512_mul_epu32(u, i1)),
+                                         _mm512_mul_epu32(u1, i0));
+    const __m512i hi = _mm512_add_epi64(_mm512_slli_epi64(_mm512_mul_epu32(u1, i1), 32), mid);  // floor(u inv / 2^32)
+    __m512i q = _mm512_srli_epi64(hi, 30);
+    __m512i rem = _mm512_sub_epi64(u, _mm512_mul_epu32(q, vr_));
+    for (int c = 0; c < 2; ++c) {
+      const __mmask8 ge = _mm512_cmpge_epu64_mask(rem, vr_);
+      q = _mm512_mask_add_epi64(q, ge, q, one);
+      rem = _mm512_mask_sub_epi64(rem, ge, rem, vr_);
+    }
+    _mm256_storeu_si256((__m256i*)(y + i), _mm512_cvtepi64_epi32(_mm512_xor_si512(q, neg)));
+  }
+  for (; i < n; ++i) {
+    const int64_t v = xs(i) * g[i] * ((int64_t)1 << kNormOutFrac) + (r >> 1);
+    y[i] = (int32_t)(v >= 0 ? v / r : ~(~v / r));  // floor_div
+  }
+}
+
 // Constant-initialized (no code runs at load on a CPU without AVX-512).
 extern const Kernels kAvx512Kernels;
 constinit const Kernels kAvx512Kernels{
@@ -305,6 +389,7 @@ constinit const Kernels kAvx512Kernels{
     .softmax = softmax_q16_row_avx512,
     .exp2_row = exp2_neg_q30_row_avx512,
     .quant16 = quant16_row_avx512,
+    .rms_norm = rms_norm_row_avx512,
     .swiglu = swiglu_row_avx512,
     .geglu = geglu_row_avx512,
     .planes = {},

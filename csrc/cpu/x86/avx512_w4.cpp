@@ -27,6 +27,7 @@
 
 #include "avx512.h"
 #include "avx512_intrin.h"
+#include "epilogue512.h"
 #include "intdet/kernels.h"
 #include "intdet/ops.h"
 #include "tiles.h"
@@ -190,7 +191,7 @@ inline void tokens_x(const int16_t* q, const int32_t* e, int64_t t0, int64_t t1,
   token_tiles<MR>(t0, t1, [&](auto R, int64_t t) {
     alignas(64) int64_t acc[R * 16 * NV];
     tile_x<R, NV>(q + t * K, K, K / kW4Group, ws, K, acc);
-    store_tile<R, 16 * NV>(acc, e, t, mant, shift, bias, j, N, out, ldo);
+    store_tile8<R, 16 * NV>(acc, e, t, mant, shift, bias, j, N, out, ldo);
   });
 }
 
@@ -205,7 +206,7 @@ inline void tokens_d(const int16_t* q, const int32_t* e, int64_t T, int64_t K, c
   token_tiles<MR>(0, T, [&](auto R, int64_t t) {
     alignas(64) int64_t acc[R * 16 * NV];
     tile<R, NV>(q + t * K, K, qs + t * G, G, ga, gb, acc);
-    store_tile<R, 16 * NV>(acc, e, t, mant, shift, bias, j, N, out, ldo);
+    store_tile8<R, 16 * NV>(acc, e, t, mant, shift, bias, j, N, out, ldo);
   });
 }
 

@@ -1,5 +1,5 @@
-// linear_epilogue (ops.h) on 8 int64 lanes with AVX-512F, for the AMX set's
-// tiles (amx_gemm.cpp); the AVX2 form is epilogue4 (tiles.h). Only
+// linear_epilogue (ops.h) on 8 int64 lanes with AVX-512F, for the AVX-512
+// and AMX sets' tiles; the AVX2 form is epilogue4 (tiles.h). Only
 // instructions SIMDe (0.8.2) also provides, so the test build compiles the
 // same text.
 #pragma once
@@ -49,6 +49,42 @@ inline bool epilogue8(__m512i acc, const Scales8& sc, int32_t e, const int32_t* 
   }
   _mm512_storeu_si512((void*)o, r);
   return true;
+}
+
+// Asks for the cache lines a tile's outputs go to (rows [t, t + R), W int64
+// channels from j, those below N), for writing, before the tile's dot
+// products run: in a prefill the output arrays (6 MB per linear for
+// SmolLM2's gate at 512 rows) live in L3, and each store missed there at the
+// end of the tile (a third of the epilogue's samples in perf, AMD Zen 4).
+template <int R, int W>
+inline void prefetch_tile_out(int64_t t, int64_t j, int64_t N, int64_t* out, int64_t ldo) {
+  const int64_t nc = N - j < W ? N - j : W;
+  for (int r = 0; r < R; ++r)
+    for (int64_t c = 0; c < nc; c += 8) __builtin_prefetch(out + (t + r) * ldo + j + c, 1, 3);
+}
+
+// out[(t + r) * ldo + j + c] for a tile's exact dots acc [R][W] (W channels
+// from j, of which the first min(W, N - j) exist): store_tile (tiles.h) on 8
+// lanes, each 8-channel block's scales widened once for all R rows. The
+// 4-lane epilogue was a fifth of the avx512 GEMM's time in a SmolLM2
+// prefill on AMD Zen 4 (perf).
+template <int R, int W>
+inline void store_tile8(const int64_t* acc, const int32_t* e, int64_t t, const int32_t* mant, const int32_t* shift,
+                        const int32_t* bias, int64_t j, int64_t N, int64_t* out, int64_t ldo) {
+  const int64_t nc = N - j < W ? N - j : W;
+  int64_t c = 0;
+  for (; c + 8 <= nc; c += 8) {
+    const Scales8 sc = load_scales8(mant + j + c, shift + j + c);
+    for (int r = 0; r < R; ++r) {
+      const int64_t* a = acc + r * W + c;
+      int64_t* o = out + (t + r) * ldo + j + c;
+      if (!epilogue8(_mm512_loadu_si512((const void*)a), sc, e[t + r], bias ? bias + j + c : nullptr, o))
+        for (int i = 0; i < 8; ++i) o[i] = linear_epilogue(a[i], mant[j + c + i], shift[j + c + i], e[t + r], bias, j + c + i);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int64_t i = c; i < nc; ++i)
+      out[(t + r) * ldo + j + i] = linear_epilogue(acc[r * W + i], mant[j + i], shift[j + i], e[t + r], bias, j + i);
 }
 
 }  // namespace intdet

@@ -111,6 +111,8 @@ struct Kernels {
   RowFn softmax;   // softmax_q16_row; the attend kernel uses its own set's
   RowFn exp2_row;  // y[i] = exp2_neg_q30(x[i]), x >= 0
   int (*quant16)(const int64_t* x, int64_t n, int16_t* q);                    // quant16_row
+  // rms_norm_row (x [n] Q in_frac, gamma g [n] -> y [n] int32 norm units)
+  void (*rms_norm)(const int64_t* x, const int16_t* g, int64_t n, int64_t eps_q60, int in_frac, int32_t* y);
   void (*swiglu)(const int64_t* g, const int64_t* u, int64_t n, int64_t* a);  // swiglu_row (a may alias g)
   void (*geglu)(const int64_t* g, const int64_t* u, int64_t n, int64_t* a);   // geglu_row (a may alias g)
   ActPlanes planes;  // optional prefill path (planes.linear null: none)

@@ -19,6 +19,12 @@ constexpr int64_t kSCap = (int64_t)1 << 62;
 
 // x [n] (Q in_frac) -> y [n] int32 norm units; g [n] int16 gamma.
 void rms_norm_row(const int64_t* x, const int16_t* g, int64_t n, int64_t eps_q60, int in_frac, int32_t* y);
+// rms_norm_row's per-row steps, shared by its SIMD twins: the pre-shift a
+// for m = max |x| > 0 (xs = x * 2^a, or round_shift(x, -a) for a < 0, has
+// kNormTopBit bits at most), and the divisor r >= 1 from s = sum xs^2:
+// y = floor_div(xs * g * 2^kNormOutFrac + r / 2, r).
+int rms_norm_pre_shift(int64_t m);
+int64_t rms_norm_divisor(int64_t s, int64_t eps_q60, int in_frac, int a);
 // x [n] -> q [n] int16, returns exponent e (x ~= q * 2^e).
 int quant16_row(const int64_t* x, int64_t n, int16_t* q);
 // x [n] -> q [n] int8, returns absmax a (x ~= q * a / 127).
