@@ -318,17 +318,22 @@ void forward_impl(const Model& m, KVCache* const* caches, const Row* rows, int64
       k.swap(qn);
       clk.mark("qk_norm", l);
     }
-    // RoPE, then append K, V to the row's int8 cache (own position)
-    parallel_tasks(T > 1 ? nt : 1, T, [&](int64_t t) {
-      const int64_t pos = rows[t].pos;
-      KVCache& kv = *caches[rows[t].seq];
-      rope_row(q.data() + t * nh * D, nh, D, L.rope_cos + pos * half, L.rope_sin + pos * half);
-      rope_row(k.data() + t * nkv * D, nkv, D, L.rope_cos + pos * half, L.rope_sin + pos * half);
-      const int64_t r = kv.row(l, pos);
-      for (int64_t g = 0; g < nkv; ++g) {
-        const int64_t i = kv.at(l, r, g);
-        kv.ka[i] = quant8_row(k.data() + (t * nkv + g) * D, D, kv.k.data() + i * D);
-        kv.va[i] = quant8_row(v.data() + (t * nkv + g) * D, D, kv.v.data() + i * D);
+    // RoPE, then append K, V to the row's int8 cache (own position). Runs
+    // of consecutive rows per task: a prompt's positions are adjacent in
+    // the cache's int32 scales (16 to a cache line), which tasks of one row
+    // each wrote from both threads at once.
+    over_rows(nt, T, [&](int64_t t0, int64_t t1) {
+      for (int64_t t = t0; t < t1; ++t) {
+        const int64_t pos = rows[t].pos;
+        KVCache& kv = *caches[rows[t].seq];
+        rope_row(q.data() + t * nh * D, nh, D, L.rope_cos + pos * half, L.rope_sin + pos * half);
+        rope_row(k.data() + t * nkv * D, nkv, D, L.rope_cos + pos * half, L.rope_sin + pos * half);
+        const int64_t r = kv.row(l, pos);
+        for (int64_t g = 0; g < nkv; ++g) {
+          const int64_t i = kv.at(l, r, g);
+          kv.ka[i] = quant8_row(k.data() + (t * nkv + g) * D, D, kv.k.data() + i * D);
+          kv.va[i] = quant8_row(v.data() + (t * nkv + g) * D, D, kv.v.data() + i * D);
+        }
       }
     });
     clk.mark("rope_kv", l);
