@@ -148,6 +148,87 @@ void softmax_q16_row_avx2(const int64_t* z, int64_t n, int64_t* p) {
   softmax_q16_row_with(z, n, p, exp2_neg_q30_row_avx2);
 }
 
+// rms_norm_row on four int64 lanes (same bits): rms_norm_row_avx512's steps
+// (avx512.cpp, where the bounds are stated) with AVX2's means: |x| and the
+// max by compare-and-blend, the arithmetic shifts by the sign-flip identity
+// (x >> s) = ~(~x >>> s), the unsigned remainder test rem >= r as a signed
+// one (both below 2^62), and the int32 results gathered by a permute.
+void rms_norm_row_avx2(const int64_t* x, const int16_t* g, int64_t n, int64_t eps_q60, int in_frac, int32_t* y) {
+  const __m256i zero = _mm256_setzero_si256();
+  const __m256i lim = _mm256_set1_epi64x(((int64_t)1 << 62) - 1);
+  __m256i vm = zero, wide = zero;
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    const __m256i v = _mm256_loadu_si256((const __m256i*)(x + i));
+    const __m256i sg = _mm256_cmpgt_epi64(zero, v);
+    const __m256i a = _mm256_sub_epi64(_mm256_xor_si256(v, sg), sg);  // |v|; INT64_MIN stays negative
+    wide = _mm256_or_si256(wide, _mm256_or_si256(_mm256_cmpgt_epi64(a, lim), _mm256_cmpgt_epi64(zero, a)));
+    vm = _mm256_blendv_epi8(vm, a, _mm256_cmpgt_epi64(a, vm));
+  }
+  if (!_mm256_testz_si256(wide, wide)) return rms_norm_row(x, g, n, eps_q60, in_frac, y);
+  alignas(32) int64_t m4[4];
+  _mm256_store_si256((__m256i*)m4, vm);
+  int64_t m = imax(imax(m4[0], m4[1]), imax(m4[2], m4[3]));
+  for (; i < n; ++i) {
+    if (x[i] == INT64_MIN || iabs(x[i]) >= ((int64_t)1 << 62)) return rms_norm_row(x, g, n, eps_q60, in_frac, y);
+    m = imax(m, iabs(x[i]));
+  }
+  if (m == 0) {
+    for (i = 0; i < n; ++i) y[i] = 0;
+    return;
+  }
+  const int a = rms_norm_pre_shift(m);
+  auto xs = [&](int64_t k) { return a >= 0 ? shl(x[k], a) : round_shift(x[k], -a); };
+  const __m128i sl = _mm_cvtsi32_si128(a >= 0 ? a : 0), sr = _mm_cvtsi32_si128(a < 0 ? -a : 0);
+  const __m256i vh = _mm256_set1_epi64x(a < 0 ? (int64_t)1 << (-a - 1) : 0);
+  auto xs4 = [&](int64_t k) {
+    const __m256i v = _mm256_loadu_si256((const __m256i*)(x + k));
+    if (a >= 0) return _mm256_sll_epi64(v, sl);
+    const __m256i w = _mm256_add_epi64(v, vh);
+    const __m256i sg = _mm256_cmpgt_epi64(zero, w);
+    return _mm256_xor_si256(_mm256_srl_epi64(_mm256_xor_si256(w, sg), sr), sg);
+  };
+  __m256i vs = zero;
+  for (i = 0; i + 4 <= n; i += 4) {
+    const __m256i v = xs4(i);
+    vs = _mm256_add_epi64(vs, _mm256_mul_epi32(v, v));
+  }
+  alignas(32) int64_t s4[4];
+  _mm256_store_si256((__m256i*)s4, vs);
+  int64_t s = (s4[0] + s4[1]) + (s4[2] + s4[3]);
+  for (; i < n; ++i) s += xs(i) * xs(i);
+  const int64_t r = rms_norm_divisor(s, eps_q60, in_frac, a);
+  if (r < ((int64_t)1 << 23) || r >= ((int64_t)1 << 32)) return rms_norm_row(x, g, n, eps_q60, in_frac, y);
+  const int64_t inv = ((int64_t)1 << 62) / r;
+  const __m256i vr = _mm256_set1_epi64x(r), vhalf = _mm256_set1_epi64x(r >> 1), one = _mm256_set1_epi64x(1);
+  const __m256i i0 = _mm256_set1_epi64x(inv & 0xffffffffLL), i1 = _mm256_set1_epi64x(inv >> 32);
+  const __m256i pick = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
+  for (i = 0; i + 4 <= n; i += 4) {
+    const __m256i gg = _mm256_cvtepi16_epi64(_mm_loadl_epi64((const __m128i*)(g + i)));
+    const __m256i v = _mm256_add_epi64(_mm256_slli_epi64(_mm256_mul_epi32(xs4(i), gg), kNormOutFrac), vhalf);
+    const __m256i neg = _mm256_cmpgt_epi64(zero, v);
+    const __m256i u = _mm256_xor_si256(v, neg);  // >= 0, < 2^54
+    const __m256i u1 = _mm256_srli_epi64(u, 32);
+    const __m256i mid = _mm256_add_epi64(_mm256_add_epi64(_mm256_srli_epi64(_mm256_mul_epu32(u, i0), 32),
+                                                          _mm256_mul_epu32(u, i1)),
+                                         _mm256_mul_epu32(u1, i0));
+    const __m256i hi = _mm256_add_epi64(_mm256_slli_epi64(_mm256_mul_epu32(u1, i1), 32), mid);
+    __m256i q = _mm256_srli_epi64(hi, 30);
+    __m256i rem = _mm256_sub_epi64(u, _mm256_mul_epu32(q, vr));
+    for (int c = 0; c < 2; ++c) {
+      const __m256i ge = _mm256_xor_si256(_mm256_cmpgt_epi64(vr, rem), _mm256_set1_epi64x(-1));  // rem >= r
+      q = _mm256_add_epi64(q, _mm256_and_si256(ge, one));
+      rem = _mm256_sub_epi64(rem, _mm256_and_si256(ge, vr));
+    }
+    const __m256i out = _mm256_permutevar8x32_epi32(_mm256_xor_si256(q, neg), pick);  // low int32 of each lane
+    _mm_storeu_si128((__m128i*)(y + i), _mm256_castsi256_si128(out));
+  }
+  for (; i < n; ++i) {
+    const int64_t v = xs(i) * g[i] * ((int64_t)1 << kNormOutFrac) + (r >> 1);
+    y[i] = (int32_t)(v >= 0 ? v / r : ~(~v / r));  // floor_div
+  }
+}
+
 // quant16_row on four int64 lanes (same bits). |x| <= m < 2^(e+15), so
 // every rounded value fits in 17 bits; an arithmetic right shift is built
 // from the logical one by the sign-flip identity (x >> e) = ~(~x >>> e).
@@ -720,7 +801,7 @@ constinit const Kernels kAvx2Kernels{
     .softmax = softmax_q16_row_avx2,
     .exp2_row = exp2_neg_q30_row_avx2,
     .quant16 = quant16_row_avx2,
-    .rms_norm = rms_norm_row,
+    .rms_norm = rms_norm_row_avx2,
     .swiglu = swiglu_row_avx2,
     .geglu = geglu_row_avx2,
     .planes = {},
