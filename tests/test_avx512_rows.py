@@ -1,4 +1,4 @@
-"""The AVX-512 set's row kernels (exp2, softmax, quant16, RMSNorm, SwiGLU, GeGLU)
+"""The AVX-512 set's row kernels (exp2, softmax, quant16, RMSNorm, the residual add, SwiGLU, GeGLU)
 against the scalar set, bit for bit, through intdet._core_simde everywhere
 and natively where the CPU runs it (the `avx512` fixture of
 tests/test_avx512.py): 8-lane bodies and their tails, the exp2 cut-off at
@@ -153,3 +153,14 @@ def test_rms_norm_rows_at_2_62_take_the_scalar_path(avx512):
     x = np.array([[2**62, 5, -7, 1, 2, 3, 4, 5, 6, -(2**61)], [1, 2, 3, 4, 5, 6, 7, 8, 9, -(2**62)]], I64)
     g = np.arange(1, 11, dtype=np.int16) * 1000
     assert same(avx512.ops.rms_norm(x, g, 10, 16), scalar("rms_norm", x, g, 10, 16))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=FIXTURE)
+@given(n=st.integers(1, 40), seed=st.integers(0, 2**32 - 1), bits=st.integers(0, 61))
+def test_add_sat32_matches_scalar(avx512, n, seed, bits):
+    """The residual add's 8 lanes and tail, sums clamped at +-(2^31 - 1)."""
+    rng = np.random.default_rng(seed)
+    x = rng.integers(-(2**bits), 2**bits + 1, size=n, dtype=I64)
+    d = rng.integers(-(2**bits), 2**bits + 1, size=n, dtype=I64)
+    d[::3] = rng.choice(np.array([2**31 - 1, -(2**31 - 1), 2**31, -(2**31), 0], I64), size=len(d[::3]))
+    assert same(avx512.ops.add_sat32(x, d), scalar("add_sat32", x, d))

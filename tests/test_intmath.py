@@ -176,6 +176,19 @@ def test_quant16_every_isa(isa, n, seed, bits, kind):
     assert np.array_equal(q, want_q) and np.array_equal(e, want_e), isa
 
 
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(n=st.integers(1, 40), seed=st.integers(0, 2**32 - 1), bits=st.integers(0, 61))
+def test_add_sat32_every_isa(isa, n, seed, bits):
+    """The residual add sat32(x + d) on every ISA against Python integers:
+    sums inside int32, at +-(2^31 - 1) and beyond it on both sides."""
+    rng = np.random.default_rng(seed)
+    x = rng.integers(-(2**bits), 2**bits + 1, size=n, dtype=I64)
+    d = rng.integers(-(2**bits), 2**bits + 1, size=n, dtype=I64)
+    d[::3] = rng.choice(np.array([2**31 - 1, -(2**31 - 1), 2**31, -(2**31), 0], I64), size=len(d[::3]))
+    want = np.array([max(-(2**31 - 1), min(2**31 - 1, int(a) + int(b))) for a, b in zip(x, d)], I64)
+    assert np.array_equal(C.add_sat32(x, d), want), isa
+
+
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(n=st.integers(1, 300), seed=st.integers(0, 2**32 - 1), bits=st.integers(0, 61),
        in_frac=st.integers(0, 40), eps=st.sampled_from([0, 1, 1000, 2**40, 2**60, 2**62 - 1]),

@@ -198,6 +198,17 @@ PYBIND11_MODULE(INTDET_CORE_MODULE_NAME, mod) {
     kernels().swiglu(g.data(), u.data(), g.size(), out.mutable_data());  // active ISA
     return out;
   });
+  ops.def("add_sat32", [](const I64Arr& x, const I64Arr& d) {  // the residual add: sat32(x + d)
+    oa::same_shape("add_sat32", x, "x", d, "d");
+    for (py::ssize_t i = 0; i < x.size(); ++i)
+      if (std::max(iabs(x.data()[i]), iabs(d.data()[i])) >= ((int64_t)1 << 62) || x.data()[i] == INT64_MIN ||
+          d.data()[i] == INT64_MIN)
+        oa::fail("add_sat32", "values must be below 2^62 in magnitude");
+    I64Arr out = new_like(x);
+    std::copy(x.data(), x.data() + x.size(), out.mutable_data());
+    kernels().add_sat32(out.mutable_data(), d.data(), x.size());  // active ISA
+    return out;
+  });
   ops.def("geglu", [](const I64Arr& g, const I64Arr& u) {
     oa::same_shape("geglu", g, "g", u, "u");
     I64Arr out = new_like(g);

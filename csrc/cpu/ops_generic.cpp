@@ -73,6 +73,10 @@ void rms_norm_row(const int64_t* x, const int16_t* g, int64_t n, int64_t eps_q60
   for (int64_t i = 0; i < n; ++i) y[i] = (int32_t)div.floor_div(xs(i) * g[i] * ((int64_t)1 << kNormOutFrac) + (r >> 1));
 }
 
+void add_sat32_row(int64_t* x, const int64_t* d, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) x[i] = sat32(x[i] + d[i]);
+}
+
 int quant16_row(const int64_t* x, int64_t n, int16_t* q) {
   int64_t m = 0;
   for (int64_t i = 0; i < n; ++i) m = imax(m, iabs(x[i]));
@@ -293,6 +297,7 @@ constinit const Kernels kScalarKernels{
     .exp2_row = exp2_neg_q30_row,
     .quant16 = quant16_row,
     .rms_norm = rms_norm_row,
+    .add_sat32 = add_sat32_row,
     .swiglu = swiglu_row,
     .geglu = geglu_row,
     .planes = {},  // no planes path

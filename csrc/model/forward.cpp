@@ -196,9 +196,9 @@ void norm_quant_rows(int nt, const Kernels& ks, const int64_t* x, const int16_t*
 
 // x[t, lo:hi] = sat32(x + d) for every row: the residual add over one block
 // of channels (run_linears' post step).
-inline void add_residual_range(int64_t* x, const int64_t* d, int64_t T, int64_t n, int64_t lo, int64_t hi) {
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t i = lo; i < hi; ++i) x[t * n + i] = sat32(x[t * n + i] + d[t * n + i]);
+inline void add_residual_range(const Kernels& ks, int64_t* x, const int64_t* d, int64_t T, int64_t n, int64_t lo,
+                               int64_t hi) {
+  for (int64_t t = 0; t < T; ++t) ks.add_sat32(x + t * n + lo, d + t * n + lo, hi - lo);
 }
 
 // Gemma's post-norm: RMSNorm of a branch output d (Q16) into norm units h,
@@ -345,13 +345,13 @@ void forward_impl(const Model& m, KVCache* const* caches, const Row* rows, int64
     // [T, H] Q16; without a post-norm the residual add runs on each block as it is made
     const bool fuse_attn_add = !L.post_attn_norm && !tr;
     run_linears<1>(nt, ks, {&L.o}, act, T, {tmp.data()}, [&](int64_t lo, int64_t hi) {
-      if (fuse_attn_add) add_residual_range(x.data(), tmp.data(), T, H, lo, hi);
+      if (fuse_attn_add) add_residual_range(ks, x.data(), tmp.data(), T, H, lo, hi);
     });
     if (tr) rec(blk + "attn_output", tmp, {T, H});
     if (L.post_attn_norm)
       add_post_norm(nt, ks, x, tmp, L.post_attn_norm, L.post_attn_shift, T, H, c.eps_hidden, h);
     else if (!fuse_attn_add)
-      add_residual_range(x.data(), tmp.data(), T, H, 0, H);
+      add_residual_range(ks, x.data(), tmp.data(), T, H, 0, H);
     clk.mark("attn_output", l);
     // --- feed-forward block ---
     norm_quant_rows(nt, ks, x.data(), L.ffn_norm, T, H, c.eps_hidden, R, h, act);
@@ -376,7 +376,7 @@ void forward_impl(const Model& m, KVCache* const* caches, const Row* rows, int64
     act.from_rows(nt, ks, gate.data(), T, F);  // SwiGLU / GeGLU output was Q32
     const bool fuse_ffn_add = !L.post_ffn_norm;
     run_linears<1>(nt, ks, {&L.down}, act, T, {tmp.data()}, [&](int64_t lo, int64_t hi) {
-      if (fuse_ffn_add) add_residual_range(x.data(), tmp.data(), T, H, lo, hi);
+      if (fuse_ffn_add) add_residual_range(ks, x.data(), tmp.data(), T, H, lo, hi);
     });
     if (L.post_ffn_norm) add_post_norm(nt, ks, x, tmp, L.post_ffn_norm, L.post_ffn_shift, T, H, c.eps_hidden, h);
     if (tr) {

@@ -147,6 +147,7 @@ constinit const Kernels kNeonKernels{
     .exp2_row = exp2_neg_q30_row,
     .quant16 = quant16_row,
     .rms_norm = rms_norm_row,
+    .add_sat32 = add_sat32_row,
     .swiglu = swiglu_row,
     .geglu = geglu_row,
     .planes = {},

@@ -305,6 +305,7 @@ constinit const Kernels kAmxKernels{
     .exp2_row = exp2_neg_q30_row_avx512,
     .quant16 = quant16_row_avx512,
     .rms_norm = rms_norm_row_avx512,
+    .add_sat32 = add_sat32_row_avx512,
     .swiglu = swiglu_row_avx512,
     .geglu = geglu_row_avx512,
     .planes = {.min_rows = kAmxMinRows, .ld = amx_planes_ld, .split_row = split_row_amx, .linear = linear_amx_planes},

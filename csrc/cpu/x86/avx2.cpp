@@ -148,6 +148,19 @@ void softmax_q16_row_avx2(const int64_t* z, int64_t n, int64_t* p) {
   softmax_q16_row_with(z, n, p, exp2_neg_q30_row_avx2);
 }
 
+// add_sat32_row on four int64 lanes (same bits): the clamp by compare-and-blend.
+void add_sat32_row_avx2(int64_t* x, const int64_t* d, int64_t n) {
+  const __m256i hi = _mm256_set1_epi64x(kInt32Max), lo = _mm256_set1_epi64x(-kInt32Max);
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    __m256i v = _mm256_add_epi64(_mm256_loadu_si256((const __m256i*)(x + i)), _mm256_loadu_si256((const __m256i*)(d + i)));
+    v = _mm256_blendv_epi8(v, hi, _mm256_cmpgt_epi64(v, hi));
+    v = _mm256_blendv_epi8(v, lo, _mm256_cmpgt_epi64(lo, v));
+    _mm256_storeu_si256((__m256i*)(x + i), v);
+  }
+  for (; i < n; ++i) x[i] = sat32(x[i] + d[i]);
+}
+
 // rms_norm_row on four int64 lanes (same bits): rms_norm_row_avx512's steps
 // (avx512.cpp, where the bounds are stated) with AVX2's means: |x| and the
 // max by compare-and-blend, the arithmetic shifts by the sign-flip identity
@@ -802,6 +815,7 @@ constinit const Kernels kAvx2Kernels{
     .exp2_row = exp2_neg_q30_row_avx2,
     .quant16 = quant16_row_avx2,
     .rms_norm = rms_norm_row_avx2,
+    .add_sat32 = add_sat32_row_avx2,
     .swiglu = swiglu_row_avx2,
     .geglu = geglu_row_avx2,
     .planes = {},

@@ -287,6 +287,17 @@ void geglu_row_avx512(const int64_t* g, const int64_t* u, int64_t n, int64_t* a)
 }
 
 
+// add_sat32_row on eight int64 lanes (same bits).
+void add_sat32_row_avx512(int64_t* x, const int64_t* d, int64_t n) {
+  const __m512i hi = _mm512_set1_epi64(kInt32Max), lo = _mm512_set1_epi64(-kInt32Max);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m512i v = _mm512_add_epi64(_mm512_loadu_si512((const void*)(x + i)), _mm512_loadu_si512((const void*)(d + i)));
+    _mm512_storeu_si512((void*)(x + i), _mm512_max_epi64(_mm512_min_epi64(v, hi), lo));
+  }
+  for (; i < n; ++i) x[i] = sat32(x[i] + d[i]);
+}
+
 // rms_norm_row on eight int64 lanes (same bits): the max, the pre-shift and
 // the sum of squares in lanes, the per-row steps shared with the scalar
 // row (rms_norm_pre_shift, rms_norm_divisor), then floor_div by the row's r
@@ -390,6 +401,7 @@ constinit const Kernels kAvx512Kernels{
     .exp2_row = exp2_neg_q30_row_avx512,
     .quant16 = quant16_row_avx512,
     .rms_norm = rms_norm_row_avx512,
+    .add_sat32 = add_sat32_row_avx512,
     .swiglu = swiglu_row_avx512,
     .geglu = geglu_row_avx512,
     .planes = {},

@@ -42,6 +42,7 @@ int64_t attn_prob_max_avx512(const int64_t* u, int64_t n, int64_t rr, const int3
 void attn_prob_w16_avx512(const int64_t* u, int64_t n, int64_t rr, const int32_t* va, int e, int16_t* w16);
 void softmax_q16_row_avx512(const int64_t* z, int64_t n, int64_t* p);
 int quant16_row_avx512(const int64_t* x, int64_t n, int16_t* q);
+void add_sat32_row_avx512(int64_t* x, const int64_t* d, int64_t n);
 void rms_norm_row_avx512(const int64_t* x, const int16_t* g, int64_t n, int64_t eps_q60, int in_frac, int32_t* y);
 void swiglu_row_avx512(const int64_t* g, const int64_t* u, int64_t n, int64_t* a);
 void geglu_row_avx512(const int64_t* g, const int64_t* u, int64_t n, int64_t* a);

@@ -113,6 +113,7 @@ struct Kernels {
   int (*quant16)(const int64_t* x, int64_t n, int16_t* q);                    // quant16_row
   // rms_norm_row (x [n] Q in_frac, gamma g [n] -> y [n] int32 norm units)
   void (*rms_norm)(const int64_t* x, const int16_t* g, int64_t n, int64_t eps_q60, int in_frac, int32_t* y);
+  void (*add_sat32)(int64_t* x, const int64_t* d, int64_t n);  // add_sat32_row: the residual add
   void (*swiglu)(const int64_t* g, const int64_t* u, int64_t n, int64_t* a);  // swiglu_row (a may alias g)
   void (*geglu)(const int64_t* g, const int64_t* u, int64_t n, int64_t* a);   // geglu_row (a may alias g)
   ActPlanes planes;  // optional prefill path (planes.linear null: none)

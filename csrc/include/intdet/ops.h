@@ -25,6 +25,8 @@ void rms_norm_row(const int64_t* x, const int16_t* g, int64_t n, int64_t eps_q60
 // y = floor_div(xs * g * 2^kNormOutFrac + r / 2, r).
 int rms_norm_pre_shift(int64_t m);
 int64_t rms_norm_divisor(int64_t s, int64_t eps_q60, int in_frac, int a);
+// x[i] = sat32(x[i] + d[i]) for i < n: the residual add (|x|, |d| < 2^62).
+void add_sat32_row(int64_t* x, const int64_t* d, int64_t n);
 // x [n] -> q [n] int16, returns exponent e (x ~= q * 2^e).
 int quant16_row(const int64_t* x, int64_t n, int16_t* q);
 // x [n] -> q [n] int8, returns absmax a (x ~= q * a / 127).
