@@ -46,6 +46,7 @@ BAD = {
     "swiglu_short_u": ("swiglu", (i64(8), i64(2)), ["swiglu", "g and u", "(8,)", "(2,)"]),
     "add_sat32_short_d": ("add_sat32", (i64(8), i64(2)), ["add_sat32", "x and d", "(8,)", "(2,)"]),
     "add_sat32_huge": ("add_sat32", (i64(3), np.array([0, 2**62, 0], I64)), ["add_sat32", "2^62"]),
+    "add_sat32_int64_min": ("add_sat32", (np.array([-(2**63)], I64), i64(1)), ["add_sat32", "2^62"]),
     "swiglu_long_u": ("swiglu", (i64(2), i64(8)), ["swiglu", "g and u"]),
     "geglu_short_u": ("geglu", (i64(8), i64(2)), ["geglu", "g and u", "(8,)", "(2,)"]),
     "geglu_long_u": ("geglu", (i64(2), i64(8)), ["geglu", "g and u"]),

@@ -200,9 +200,9 @@ PYBIND11_MODULE(INTDET_CORE_MODULE_NAME, mod) {
   });
   ops.def("add_sat32", [](const I64Arr& x, const I64Arr& d) {  // the residual add: sat32(x + d)
     oa::same_shape("add_sat32", x, "x", d, "d");
+    constexpr int64_t lim = (int64_t)1 << 62;  // compared directly: iabs(INT64_MIN) is undefined
     for (py::ssize_t i = 0; i < x.size(); ++i)
-      if (std::max(iabs(x.data()[i]), iabs(d.data()[i])) >= ((int64_t)1 << 62) || x.data()[i] == INT64_MIN ||
-          d.data()[i] == INT64_MIN)
+      if (x.data()[i] >= lim || x.data()[i] <= -lim || d.data()[i] >= lim || d.data()[i] <= -lim)
         oa::fail("add_sat32", "values must be below 2^62 in magnitude");
     I64Arr out = new_like(x);
     std::copy(x.data(), x.data() + x.size(), out.mutable_data());

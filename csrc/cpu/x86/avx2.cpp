@@ -183,7 +183,7 @@ void rms_norm_row_avx2(const int64_t* x, const int16_t* g, int64_t n, int64_t ep
   _mm256_store_si256((__m256i*)m4, vm);
   int64_t m = imax(imax(m4[0], m4[1]), imax(m4[2], m4[3]));
   for (; i < n; ++i) {
-    if (x[i] == INT64_MIN || iabs(x[i]) >= ((int64_t)1 << 62)) return rms_norm_row(x, g, n, eps_q60, in_frac, y);
+    if (x[i] >= ((int64_t)1 << 62) || x[i] <= -((int64_t)1 << 62)) return rms_norm_row(x, g, n, eps_q60, in_frac, y);
     m = imax(m, iabs(x[i]));
   }
   if (m == 0) {

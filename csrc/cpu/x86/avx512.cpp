@@ -327,7 +327,7 @@ void rms_norm_row_avx512(const int64_t* x, const int16_t* g, int64_t n, int64_t 
   int64_t m = 0;
   for (int k = 0; k < 8; ++k) m = imax(m, lanes[k]);
   for (; i < n; ++i) {
-    if (x[i] == INT64_MIN || iabs(x[i]) >= ((int64_t)1 << 62)) return rms_norm_row(x, g, n, eps_q60, in_frac, y);
+    if (x[i] >= ((int64_t)1 << 62) || x[i] <= -((int64_t)1 << 62)) return rms_norm_row(x, g, n, eps_q60, in_frac, y);
     m = imax(m, iabs(x[i]));
   }
   if (m == 0) {
