@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from conftest import using_isa
 from intdet import _core
 from test_avx512 import avx512  # noqa: F401  (the fixture)
+from test_intmath import RMS_NORM_KINDS, rms_norm_inputs
 
 I64 = np.int64
 FIXTURE = [HealthCheck.function_scoped_fixture]
@@ -125,26 +126,14 @@ def test_geglu_matches_scalar(avx512, n, seed, bits):
 @settings(max_examples=150, deadline=None, suppress_health_check=FIXTURE)
 @given(n=st.integers(1, 300), seed=st.integers(0, 2**32 - 1), bits=st.integers(0, 61),
        in_frac=st.integers(0, 40), eps=st.sampled_from([0, 1, 1000, 2**40, 2**60, 2**62 - 1]),
-       kind=st.sampled_from(["random", "one_large", "gamma_extremes", "zeros", "tiny"]))
+       kind=st.sampled_from(RMS_NORM_KINDS))
 def test_rms_norm_matches_scalar(avx512, n, seed, bits, in_frac, eps, kind):
     """RMSNorm on 8 lanes (max, pre-shift, sum of squares, the division by the
     row's r through a reciprocal and two corrections) against the scalar row:
     magnitudes from 1 to 2^61 (pre-shifts left and right), gammas at
     -32768 and 32767, one large element among small ones (the smallest r),
     eps from 0 to its cap, rows of every length across the 8-lane tail."""
-    rng = np.random.default_rng(seed)
-    x = rng.integers(-(2**bits), 2**bits + 1, size=(3, n), dtype=I64)
-    g = rng.integers(-(2**15), 2**15, size=n, dtype=np.int16)
-    if kind == "one_large":
-        x[:, :] = rng.integers(-1, 2, size=(3, n))
-        x[:, n // 2] = rng.choice([2**bits, -(2**bits)])
-    elif kind == "gamma_extremes":
-        g[::2] = -(2**15)
-        g[1::2] = 2**15 - 1
-    elif kind == "zeros":
-        x[0] = 0
-    elif kind == "tiny":
-        x = rng.integers(-2, 3, size=(3, n), dtype=I64)
+    x, g = rms_norm_inputs(seed, n, bits, kind)
     assert same(avx512.ops.rms_norm(x, g, eps, in_frac), scalar("rms_norm", x, g, eps, in_frac))
 
 

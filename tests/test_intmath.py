@@ -189,17 +189,14 @@ def test_add_sat32_every_isa(isa, n, seed, bits):
     assert np.array_equal(C.add_sat32(x, d), want), isa
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(n=st.integers(1, 300), seed=st.integers(0, 2**32 - 1), bits=st.integers(0, 61),
-       in_frac=st.integers(0, 40), eps=st.sampled_from([0, 1, 1000, 2**40, 2**60, 2**62 - 1]),
-       kind=st.sampled_from(["random", "one_large", "gamma_extremes", "zeros", "tiny", "beyond_2_62"]))
-def test_rms_norm_every_isa(isa, n, seed, bits, in_frac, eps, kind):
-    """RMSNorm on every ISA (the AVX2 and AVX-512 rows divide by the row's r
-    through a reciprocal and two corrections) against the scalar set, bit
-    for bit: magnitudes from 1 to 2^61 (pre-shifts left and right), one
-    large element among small ones (the smallest r), gammas at -32768 and
-    32767, eps from 0 to its cap, lengths across the lanes' tails, and
-    elements at or past 2^62 (the scalar row's path)."""
+RMS_NORM_KINDS = ["random", "one_large", "gamma_extremes", "zeros", "tiny", "beyond_2_62"]
+
+
+def rms_norm_inputs(seed, n, bits, kind):
+    """x [3, n] int64 with `bits`-bit magnitudes and g [n] int16 for the
+    RMSNorm comparisons (here and tests/test_avx512_rows.py): one large
+    element among small ones (the smallest r), gammas at -32768 and 32767, a
+    zero row, tiny values, an element at +-2^62 (the scalar row's path)."""
     rng = np.random.default_rng(seed)
     x = rng.integers(-(2**bits), 2**bits + 1, size=(3, n), dtype=I64)
     g = rng.integers(-(2**15), 2**15, size=n, dtype=np.int16)
@@ -215,6 +212,21 @@ def test_rms_norm_every_isa(isa, n, seed, bits, in_frac, eps, kind):
         x = rng.integers(-2, 3, size=(3, n), dtype=I64)
     elif kind == "beyond_2_62":
         x[1, rng.integers(0, n)] = rng.choice([2**62, -(2**62)])
+    return x, g
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(n=st.integers(1, 300), seed=st.integers(0, 2**32 - 1), bits=st.integers(0, 61),
+       in_frac=st.integers(0, 40), eps=st.sampled_from([0, 1, 1000, 2**40, 2**60, 2**62 - 1]),
+       kind=st.sampled_from(RMS_NORM_KINDS))
+def test_rms_norm_every_isa(isa, n, seed, bits, in_frac, eps, kind):
+    """RMSNorm on every ISA (the AVX2 and AVX-512 rows divide by the row's r
+    through a reciprocal and two corrections) against the scalar set, bit
+    for bit: magnitudes from 1 to 2^61 (pre-shifts left and right), one
+    large element among small ones (the smallest r), gammas at -32768 and
+    32767, eps from 0 to its cap, lengths across the lanes' tails, and
+    elements at or past 2^62 (the scalar row's path)."""
+    x, g = rms_norm_inputs(seed, n, bits, kind)
     with using_isa("scalar"):
         want = C.rms_norm(x, g, eps, in_frac)
     assert np.array_equal(C.rms_norm(x, g, eps, in_frac), want), isa

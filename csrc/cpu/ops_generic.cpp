@@ -62,7 +62,7 @@ void rms_norm_row(const int64_t* x, const int16_t* g, int64_t n, int64_t eps_q60
     return;
   }
   const int a = rms_norm_pre_shift(m);
-  auto xs = [&](int64_t i) { return a >= 0 ? shl(x[i], a) : round_shift(x[i], -a); };
+  auto xs = [&](int64_t i) { return rms_norm_xs(x[i], a); };
   int64_t s = 0;
   for (int64_t i = 0; i < n; ++i) {
     int64_t v = xs(i);

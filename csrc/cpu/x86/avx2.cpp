@@ -191,7 +191,7 @@ void rms_norm_row_avx2(const int64_t* x, const int16_t* g, int64_t n, int64_t ep
     return;
   }
   const int a = rms_norm_pre_shift(m);
-  auto xs = [&](int64_t k) { return a >= 0 ? shl(x[k], a) : round_shift(x[k], -a); };
+  auto xs = [&](int64_t k) { return rms_norm_xs(x[k], a); };
   const __m128i sl = _mm_cvtsi32_si128(a >= 0 ? a : 0), sr = _mm_cvtsi32_si128(a < 0 ? -a : 0);
   const __m256i vh = _mm256_set1_epi64x(a < 0 ? (int64_t)1 << (-a - 1) : 0);
   auto xs4 = [&](int64_t k) {
@@ -236,10 +236,7 @@ void rms_norm_row_avx2(const int64_t* x, const int16_t* g, int64_t n, int64_t ep
     const __m256i out = _mm256_permutevar8x32_epi32(_mm256_xor_si256(q, neg), pick);  // low int32 of each lane
     _mm_storeu_si128((__m128i*)(y + i), _mm256_castsi256_si128(out));
   }
-  for (; i < n; ++i) {
-    const int64_t v = xs(i) * g[i] * ((int64_t)1 << kNormOutFrac) + (r >> 1);
-    y[i] = (int32_t)(v >= 0 ? v / r : ~(~v / r));  // floor_div
-  }
+  for (; i < n; ++i) y[i] = rms_norm_out(xs(i), g[i], r);
 }
 
 // quant16_row on four int64 lanes (same bits). |x| <= m < 2^(e+15), so

@@ -335,7 +335,7 @@ void rms_norm_row_avx512(const int64_t* x, const int16_t* g, int64_t n, int64_t 
     return;
   }
   const int a = rms_norm_pre_shift(m);
-  auto xs = [&](int64_t k) { return a >= 0 ? shl(x[k], a) : round_shift(x[k], -a); };
+  auto xs = [&](int64_t k) { return rms_norm_xs(x[k], a); };
   // xs on 8 lanes: x << a, or (x + 2^(-a-1)) >> -a (arithmetic)
   const __m512i vl = _mm512_set1_epi64(a >= 0 ? a : 0), vr = _mm512_set1_epi64(a < 0 ? -a : 0);
   const __m512i vh = _mm512_set1_epi64(a < 0 ? (int64_t)1 << (-a - 1) : 0);
@@ -376,10 +376,7 @@ void rms_norm_row_avx512(const int64_t* x, const int16_t* g, int64_t n, int64_t 
     }
     _mm256_storeu_si256((__m256i*)(y + i), _mm512_cvtepi64_epi32(_mm512_xor_si512(q, neg)));
   }
-  for (; i < n; ++i) {
-    const int64_t v = xs(i) * g[i] * ((int64_t)1 << kNormOutFrac) + (r >> 1);
-    y[i] = (int32_t)(v >= 0 ? v / r : ~(~v / r));  // floor_div
-  }
+  for (; i < n; ++i) y[i] = rms_norm_out(xs(i), g[i], r);
 }
 
 // Constant-initialized (no code runs at load on a CPU without AVX-512).

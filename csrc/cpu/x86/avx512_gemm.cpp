@@ -110,7 +110,6 @@ inline void tokens(const int16_t* q, const int32_t* e, int64_t t0, int64_t t1, i
                    int64_t* out, int64_t ldo) {
   token_tiles<MR>(t0, t1, [&](auto R, int64_t t) {
     alignas(64) int64_t acc[R * 16 * NV];
-    prefetch_tile_out<R, 16 * NV>(t, j, N, out, ldo);
     tile<R, NV, KS>(q + t * K, K, K, wp, Kp, j, N, acc);
     store_tile8<R, 16 * NV>(acc, e, t, mant, shift, bias, j, N, out, ldo);
   });

@@ -51,18 +51,6 @@ inline bool epilogue8(__m512i acc, const Scales8& sc, int32_t e, const int32_t* 
   return true;
 }
 
-// Asks for the cache lines a tile's outputs go to (rows [t, t + R), W int64
-// channels from j, those below N), for writing, before the tile's dot
-// products run: in a prefill the output arrays (6 MB per linear for
-// SmolLM2's gate at 512 rows) live in L3, and each store missed there at the
-// end of the tile (a third of the epilogue's samples in perf, AMD Zen 4).
-template <int R, int W>
-inline void prefetch_tile_out(int64_t t, int64_t j, int64_t N, int64_t* out, int64_t ldo) {
-  const int64_t nc = N - j < W ? N - j : W;
-  for (int r = 0; r < R; ++r)
-    for (int64_t c = 0; c < nc; c += 8) __builtin_prefetch(out + (t + r) * ldo + j + c, 1, 3);
-}
-
 // out[(t + r) * ldo + j + c] for a tile's exact dots acc [R][W] (W channels
 // from j, of which the first min(W, N - j) exist): store_tile (tiles.h) on 8
 // lanes, each 8-channel block's scales widened once for all R rows. The

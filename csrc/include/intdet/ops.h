@@ -25,6 +25,11 @@ void rms_norm_row(const int64_t* x, const int16_t* g, int64_t n, int64_t eps_q60
 // y = floor_div(xs * g * 2^kNormOutFrac + r / 2, r).
 int rms_norm_pre_shift(int64_t m);
 int64_t rms_norm_divisor(int64_t s, int64_t eps_q60, int in_frac, int a);
+// One element's pre-shifted value xs and its output (the SIMD rows' tails).
+inline int64_t rms_norm_xs(int64_t x, int a) { return a >= 0 ? shl(x, a) : round_shift(x, -a); }
+inline int32_t rms_norm_out(int64_t xs, int16_t g, int64_t r) {
+  return (int32_t)floor_div(xs * g * ((int64_t)1 << kNormOutFrac) + (r >> 1), r);
+}
 // x[i] = sat32(x[i] + d[i]) for i < n: the residual add (|x|, |d| < 2^62).
 void add_sat32_row(int64_t* x, const int64_t* d, int64_t n);
 // x [n] -> q [n] int16, returns exponent e (x ~= q * 2^e).
