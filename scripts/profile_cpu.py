@@ -4,6 +4,7 @@ thread counts side by side, so a thread-scaling regression names its op.
 
     python scripts/profile_cpu.py [MODEL] [--threads 1 --threads 2] [--prompt-tokens 512]
                                   [--gen-tokens 128] [--isa avx2] [--per-layer] [--repeats 3]
+                                  [--batch-rows 8]
 
 MODEL: an intdet model directory or a GGUF / HF checkpoint (converted and
 cached as `intdet` does); default SmolLM2-135M-Instruct.
@@ -11,7 +12,9 @@ cached as `intdet` does); default SmolLM2-135M-Instruct.
 For each thread count (alternating between them ``--repeats`` times, medians
 shown): prompt processing (one forward of ``--prompt-tokens`` ids) and decode
 (``--gen-tokens`` greedy steps at batch 1, the Python step loop of
-``intdet bench``), with the C++ op profile on (``_core.set_op_profile``,
+``intdet bench``; with ``--batch-rows R``, R sequences after the same
+prompt advanced as the rows of one ``forward_batch`` per step, as the
+server's scheduler and ``intdet decompress`` run them), with the C++ op profile on (``_core.set_op_profile``,
 csrc/include/intdet/trace.h). An op's time runs from the end of the previous
 op to its own end on the calling thread, so it includes the op's OpenMP fork,
 its load imbalance and its closing barrier. The ops:
@@ -47,25 +50,38 @@ import sys
 import time
 
 
-def profile_once(engine, core, ids: list, gen: int, threads: int) -> dict:
+def profile_once(engine, core, ids: list, gen: int, threads: int, rows: int = 1) -> dict:
     """One prompt forward and ``gen`` decode steps at ``threads`` threads;
-    returns {"prompt": {(layer, op): ns}, "decode": {(layer, op): ns per step}}."""
+    returns {"prompt": {(layer, op): ns}, "decode": {(layer, op): ns per step}}.
+    ``rows`` > 1: the decode steps advance that many sequences (each after
+    its own prefill of ``ids``; only the first prefill is profiled) as the
+    rows of one ``Engine.forward_batch``, as the server's scheduler and
+    decompression run them."""
+    import numpy as np
+
     from intdet.sampling import Sampler
 
     core.set_num_threads(threads)
     sampler = Sampler()
-    seq = engine.new_sequence(len(ids) + gen + 1)
+    seqs = [engine.new_sequence(len(ids) + gen + 1) for _ in range(rows)]
     core.set_op_profile(True)
-    logits = seq.forward(ids)[-1]
+    logits = seqs[0].forward(ids)[-1]
     prompt = {(layer, op): ns for op, layer, _calls, ns in core.op_profile()}
-    tok = sampler.pick(logits, seq.n_past)
+    core.set_op_profile(False)
+    for s in seqs[1:]:
+        s.forward(ids)
+    toks = [sampler.pick(logits, seqs[0].n_past)] * rows
+    buf = np.empty((rows, engine.vocab_size), dtype=np.int32)
     core.set_op_profile(True)  # clears
     step_ns = sample_ns = 0
     for _ in range(gen):
         t0 = time.perf_counter_ns()
-        logits = seq.forward([tok])[-1]
+        if rows == 1:
+            out = [seqs[0].forward(toks)[-1]]
+        else:
+            out = engine.forward_batch(seqs, [np.array([t], np.int32) for t in toks], out=buf)
         t1 = time.perf_counter_ns()
-        tok = sampler.pick(logits, seq.n_past)
+        toks = [sampler.pick(lg.reshape(-1, lg.shape[-1])[-1], s.n_past) for lg, s in zip(out, seqs)]
         t2 = time.perf_counter_ns()
         step_ns += t1 - t0
         sample_ns += t2 - t1
@@ -118,10 +134,12 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=3, help="alternating rounds per thread count (median; default 3)")
     ap.add_argument("--isa", default=None, help="kernel set (default: the best this CPU runs)")
     ap.add_argument("--per-layer", action="store_true", help="one row per op and layer (default: ops summed over layers)")
+    ap.add_argument("--batch-rows", type=int, default=1,
+                    help="decode this many sequences as the rows of one forward_batch step (default 1)")
     args = ap.parse_args(argv)
     threads = args.threads or [1, 2]
-    if min(threads) < 1 or args.repeats < 1 or args.gen_tokens < 1:
-        ap.error("--threads, --repeats and --gen-tokens must be >= 1")
+    if min(threads) < 1 or args.repeats < 1 or args.gen_tokens < 1 or args.batch_rows < 1:
+        ap.error("--threads, --repeats, --gen-tokens and --batch-rows must be >= 1")
 
     from intdet import _core
     from intdet.bench import bench_prompt_ids
@@ -153,21 +171,21 @@ def main(argv=None) -> int:
     runs = {t: [] for t in threads}
     for r in range(args.repeats):
         for t in threads:
-            res = profile_once(engine, core, ids, args.gen_tokens, t)
+            res = profile_once(engine, core, ids, args.gen_tokens, t, args.batch_rows)
             runs[t].append(res)
             pf = res["prompt"][(-1, "forward")] / 1e9
             st = res["decode"][(-1, "step total")] / 1e9
-            print(f"round {r + 1}/{args.repeats} threads {t}: prompt {len(ids) / pf:.1f} tok/s, decode {1 / st:.1f} tok/s",
+            print(f"round {r + 1}/{args.repeats} threads {t}: prompt {len(ids) / pf:.1f} tok/s, decode {args.batch_rows / st:.1f} tok/s",
                   file=sys.stderr, flush=True)
     print(f"{lm.path}: kernel set {core.isa()}, prompt {len(ids)} tokens, decode {args.gen_tokens} steps, "
           f"median of {args.repeats}; loadavg {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
     print(f"\nprompt processing (ms per forward of {len(ids)} tokens)")
     print(table("prompt", {t: [x["prompt"] for x in runs[t]] for t in threads}, threads, args.per_layer, "ms"))
-    print("\ndecode (ms per step, batch 1)")
+    print(f"\ndecode (ms per step, {args.batch_rows} row(s) a step)")
     print(table("decode", {t: [x["decode"] for x in runs[t]] for t in threads}, threads, args.per_layer, "ms"))
     for t in threads:
         pp = statistics.median(len(ids) / (x["prompt"][(-1, "forward")] / 1e9) for x in runs[t])
-        tg = statistics.median(1e9 / x["decode"][(-1, "step total")] for x in runs[t])
+        tg = statistics.median(args.batch_rows * 1e9 / x["decode"][(-1, "step total")] for x in runs[t])
         print(f"threads {t}: prompt {pp:.1f} tok/s, decode {tg:.1f} tok/s")
     return 0
 
