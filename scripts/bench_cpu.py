@@ -636,7 +636,10 @@ def format_result(res: dict) -> str:
         scale = []
         for row in rows[1:]:
             for key, label, _, _ in METRICS[:2]:
-                cells = [f"{_ratio(row['intdet'][key], t0['intdet'][key])}x intdet"]
+                # every kernel set's own scaling (row["intdet"] is the first set's)
+                sets = [(row["intdet_by_isa"][i], t0["intdet_by_isa"][i], name(i)) for i in isas] if by_isa \
+                    else [(row["intdet"], t0["intdet"], "intdet")]
+                cells = [f"{_ratio(a[key], b[key])}x {lab}" for a, b, lab in sets]
                 cells += [f"{_ratio(row[k][key], t0[k][key])}x {lab}" for k, lab in peers]
                 scale.append(f"{label.format(P=P, G=G)[:-6]} {t0['threads']}->{row['threads']} threads: "
                              + ", ".join(cells))

@@ -111,6 +111,24 @@ greedy decode tokens equal between intdet and llama-cpp-python from the start: t
 intdet greedy tokens identical in every run and kernel set: yes"""
 
 
+def test_format_result_scaling_of_every_kernel_set(bench_cpu):
+    """--isa avx2 --isa avx512 at 1 and 2 threads: the scaling line gives each set's own (it gave the first's)."""
+    def eng(p, d):
+        return {"prefill_tok_s": p, "decode_tok_s": d, "peak_rss_bytes": 200 * 2**20}
+
+    res = {"model": "M", "note": "n", "prompt_tokens": 512, "gen_tokens": 128, "repeats": 5, "intdet_isa": "avx2",
+           "peers": ["llama_bench"], "llama_bench_version": "abc (build 1)",
+           "rows": [{"threads": 1, "intdet": eng(300.0, 60.0), "llama_bench": eng(300.0, 50.0),
+                     "intdet_by_isa": {"avx2": eng(300.0, 60.0), "avx512": eng(450.0, 80.0)},
+                     "intdet_tokens_same_every_run": True},
+                    {"threads": 2, "intdet": eng(450.0, 90.0), "llama_bench": eng(480.0, 70.0),
+                     "intdet_by_isa": {"avx2": eng(450.0, 90.0), "avx512": eng(855.0, 112.0)},
+                     "intdet_tokens_same_every_run": True}]}
+    (line,) = [ln for ln in bench_cpu.format_result(res).splitlines() if ln.startswith("scaling: ")]
+    assert line == ("scaling: pp512 1->2 threads: 1.50x intdet avx2, 1.90x intdet avx512, 1.60x llama-bench; "
+                    "tg128 1->2 threads: 1.50x intdet avx2, 1.40x intdet avx512, 1.40x llama-bench")
+
+
 def test_llama_bench_worker_compares_decode_at_the_prompt_depth(tmp_path, bench_cpu):
     """The worker runs llama-bench with -d 0,P: its decode at depth P (what
     intdet's decode after a P-token prompt does) is the figure compared, its
