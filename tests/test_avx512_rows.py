@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from conftest import using_isa
 from intdet import _core
 from test_avx512 import avx512  # noqa: F401  (the fixture)
-from test_intmath import RMS_NORM_KINDS, rms_norm_inputs
+from test_intmath import RMS_NORM_KINDS, rms_norm_inputs, rope_inputs
 
 I64 = np.int64
 FIXTURE = [HealthCheck.function_scoped_fixture]
@@ -153,3 +153,12 @@ def test_add_sat32_matches_scalar(avx512, n, seed, bits):
     d = rng.integers(-(2**bits), 2**bits + 1, size=n, dtype=I64)
     d[::3] = rng.choice(np.array([2**31 - 1, -(2**31 - 1), 2**31, -(2**31), 0], I64), size=len(d[::3]))
     assert same(avx512.ops.add_sat32(x, d), scalar("add_sat32", x, d))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=FIXTURE)
+@given(seed=st.integers(0, 2**32 - 1), nh=st.integers(1, 4), half=st.integers(1, 40),
+       bits=st.sampled_from([4, 20, 31, 32, 47]))
+def test_rope_matches_scalar(avx512, seed, nh, half, bits):
+    """RoPE's 8 lanes, its tail and its scalar fallback (heads beyond int32)."""
+    x, cos, sin = rope_inputs(seed, 2, nh, 2 * half, bits)
+    assert same(avx512.ops.rope(x, cos, sin), scalar("rope", x, cos, sin))

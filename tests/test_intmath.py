@@ -189,6 +189,56 @@ def test_add_sat32_every_isa(isa, n, seed, bits):
     assert np.array_equal(C.add_sat32(x, d), want), isa
 
 
+def rope_inputs(seed, T, nh, D, bits):
+    """x [T, nh, D] int64 with `bits`-bit magnitudes (up to the binding's
+    2^47; the forward's are int32), elements at +-(2^31 - 1) and, in one
+    head, at +-2^31 when bits allows (that head leaves the vector lanes), and
+    cos/sin [T, D/2] int16 over the whole range with -32768 and 32767 in it
+    (here and tests/test_avx512_rows.py)."""
+    rng = np.random.default_rng(seed)
+    x = rng.integers(-(2**bits) + 1, 2**bits, size=(T, nh, D), dtype=I64)
+    x[:, :, ::5] = rng.choice(np.array([2**31 - 1, -(2**31 - 1), 0], I64), size=x[:, :, ::5].shape)
+    if bits > 31 and nh > 1:
+        x[:, 1, 0] = 2**31
+        x[:, 1, -1] = -(2**31)
+    cos = rng.integers(-(2**15), 2**15, size=(T, D // 2), dtype=np.int16)
+    sin = rng.integers(-(2**15), 2**15, size=(T, D // 2), dtype=np.int16)
+    cos[:, 0], sin[:, -1] = -(2**15), 2**15 - 1
+    return x, cos, sin
+
+
+def rope_python(x, cos, sin):
+    """RoPE with Python integers (ref/ops.py rope's formula, no int64 wrap)."""
+    def sat(v):
+        return max(-(2**31 - 1), min(2**31 - 1, v))
+
+    def rs(v):
+        return (v + (1 << 13)) >> 14
+    out = np.empty_like(x)
+    h = x.shape[2] // 2
+    for t in range(x.shape[0]):
+        for hd in range(x.shape[1]):
+            for i in range(h):
+                a, b, c, s = int(x[t, hd, i]), int(x[t, hd, h + i]), int(cos[t, i]), int(sin[t, i])
+                out[t, hd, i] = sat(rs(a * c - b * s))
+                out[t, hd, h + i] = sat(rs(b * c + a * s))
+    return out
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 2**32 - 1), T=st.integers(1, 3), nh=st.integers(1, 4), half=st.integers(1, 40),
+       bits=st.sampled_from([4, 20, 31, 32, 40, 47]))
+def test_rope_every_isa(isa, seed, T, nh, half, bits):
+    """RoPE on every ISA (the forward's ks.rope) against Python integers: head
+    sizes 2..80 (8-lane blocks and tails), int32 extremes, int16 cos/sin
+    extremes, heads beyond int32 (the AVX-512 row's scalar fallback)."""
+    x, cos, sin = rope_inputs(seed, T, nh, 2 * half, bits)
+    want = rope_python(x, cos, sin)
+    assert np.array_equal(C.rope(x, cos, sin), want), isa
+    if bits <= 31:  # the spec's domain
+        assert np.array_equal(ops.rope(x, cos, sin), want)
+
+
 RMS_NORM_KINDS = ["random", "one_large", "gamma_extremes", "zeros", "tiny", "beyond_2_62"]
 
 

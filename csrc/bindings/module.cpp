@@ -223,10 +223,13 @@ PYBIND11_MODULE(INTDET_CORE_MODULE_NAME, mod) {
     if (D % 2) oa::fail("rope", "head size D = x.shape[2] must be even");
     oa::shape("rope", cos, "cos", {T, D / 2});
     oa::shape("rope", sin, "sin", {T, D / 2});
+    constexpr int64_t lim = (int64_t)1 << 47;  // rope_row's bound: x * cos +- x * sin stays in int64
+    for (py::ssize_t i = 0; i < x.size(); ++i)
+      if (x.data()[i] >= lim || x.data()[i] <= -lim) oa::fail("rope", "x values must be below 2^47 in magnitude");
     I64Arr out = new_like(x);
     std::copy(x.data(), x.data() + x.size(), out.mutable_data());
-    for (int64_t t = 0; t < T; ++t)
-      rope_row(out.mutable_data() + t * nh * D, nh, D, cos.data() + t * D / 2, sin.data() + t * D / 2);
+    for (int64_t t = 0; t < T; ++t)  // active ISA
+      kernels().rope(out.mutable_data() + t * nh * D, nh, D, cos.data() + t * D / 2, sin.data() + t * D / 2);
     return out;
   });
   ops.def("linear", [](py::array_t<int16_t, py::array::c_style> q, py::array_t<int32_t, py::array::c_style> e,

@@ -326,8 +326,8 @@ void forward_impl(const Model& m, KVCache* const* caches, const Row* rows, int64
       for (int64_t t = t0; t < t1; ++t) {
         const int64_t pos = rows[t].pos;
         KVCache& kv = *caches[rows[t].seq];
-        rope_row(q.data() + t * nh * D, nh, D, L.rope_cos + pos * half, L.rope_sin + pos * half);
-        rope_row(k.data() + t * nkv * D, nkv, D, L.rope_cos + pos * half, L.rope_sin + pos * half);
+        ks.rope(q.data() + t * nh * D, nh, D, L.rope_cos + pos * half, L.rope_sin + pos * half);
+        ks.rope(k.data() + t * nkv * D, nkv, D, L.rope_cos + pos * half, L.rope_sin + pos * half);
         const int64_t r = kv.row(l, pos);
         for (int64_t g = 0; g < nkv; ++g) {
           const int64_t i = kv.at(l, r, g);

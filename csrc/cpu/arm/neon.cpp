@@ -148,6 +148,7 @@ constinit const Kernels kNeonKernels{
     .quant16 = quant16_row,
     .rms_norm = rms_norm_row,
     .add_sat32 = add_sat32_row,
+    .rope = rope_row,
     .swiglu = swiglu_row,
     .geglu = geglu_row,
     .planes = {},

@@ -306,6 +306,7 @@ constinit const Kernels kAmxKernels{
     .quant16 = quant16_row_avx512,
     .rms_norm = rms_norm_row_avx512,
     .add_sat32 = add_sat32_row_avx512,
+    .rope = rope_row_avx512,
     .swiglu = swiglu_row_avx512,
     .geglu = geglu_row_avx512,
     .planes = {.min_rows = kAmxMinRows, .ld = amx_planes_ld, .split_row = split_row_amx, .linear = linear_amx_planes},

@@ -813,6 +813,7 @@ constinit const Kernels kAvx2Kernels{
     .quant16 = quant16_row_avx2,
     .rms_norm = rms_norm_row_avx2,
     .add_sat32 = add_sat32_row_avx2,
+    .rope = rope_row,
     .swiglu = swiglu_row_avx2,
     .geglu = geglu_row_avx2,
     .planes = {},

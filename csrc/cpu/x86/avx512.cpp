@@ -298,6 +298,46 @@ void add_sat32_row_avx512(int64_t* x, const int64_t* d, int64_t n) {
   for (; i < n; ++i) x[i] = sat32(x[i] + d[i]);
 }
 
+// rope_row on eight int64 lanes (same bits), head by head. A head whose
+// elements all fit int32 (the forward's always do: the linear epilogue
+// saturates to int32) takes the lanes: vpmuldq forms x * cos and x * sin
+// exactly from the low 32 bits, |x1 cos - x2 sin| < 2 * 2^31 * 2^15 = 2^47,
+// and round_shift by kRopeFrac is an add and an arithmetic shift. Any other
+// head (|x| up to the scalar row's 2^47) takes rope_row.
+void rope_row_avx512(int64_t* x, int64_t nh, int64_t D, const int16_t* cos, const int16_t* sin) {
+  const int64_t h = D / 2;
+  const __m512i hi = _mm512_set1_epi64(kInt32Max), lo = _mm512_set1_epi64(-kInt32Max);
+  const __m512i half = _mm512_set1_epi64((int64_t)1 << (kRopeFrac - 1)), sh = _mm512_set1_epi64(kRopeFrac);
+  // (vpsravq with a constant count and the int16 -> int32 -> int64 widening:
+  // the forms the SIMDe test build has, avx512_intrin.h)
+  const auto wide = [](const int16_t* p) {
+    return _mm512_cvtepi32_epi64(_mm256_cvtepi16_epi32(_mm_loadu_si128((const __m128i*)p)));
+  };
+  for (int64_t hd = 0; hd < nh; ++hd) {
+    int64_t* v = x + hd * D;
+    if (!fits_int32(v, v + h, h)) {
+      rope_row(v, 1, D, cos, sin);
+      continue;
+    }
+    int64_t i = 0;
+    for (; i + 8 <= h; i += 8) {
+      const __m512i x1 = _mm512_loadu_si512((const void*)(v + i)), x2 = _mm512_loadu_si512((const void*)(v + h + i));
+      const __m512i c = wide(cos + i), s = wide(sin + i);
+      const __m512i a = _mm512_sub_epi64(_mm512_mul_epi32(x1, c), _mm512_mul_epi32(x2, s));
+      const __m512i b = _mm512_add_epi64(_mm512_mul_epi32(x2, c), _mm512_mul_epi32(x1, s));
+      const __m512i ra = _mm512_srav_epi64(_mm512_add_epi64(a, half), sh);
+      const __m512i rb = _mm512_srav_epi64(_mm512_add_epi64(b, half), sh);
+      _mm512_storeu_si512((void*)(v + i), _mm512_max_epi64(_mm512_min_epi64(ra, hi), lo));
+      _mm512_storeu_si512((void*)(v + h + i), _mm512_max_epi64(_mm512_min_epi64(rb, hi), lo));
+    }
+    for (; i < h; ++i) {  // the tail: rope_row's own arithmetic
+      const int64_t x1 = v[i], x2 = v[i + h];
+      v[i] = sat32(round_shift(x1 * cos[i] - x2 * sin[i], kRopeFrac));
+      v[i + h] = sat32(round_shift(x2 * cos[i] + x1 * sin[i], kRopeFrac));
+    }
+  }
+}
+
 // rms_norm_row on eight int64 lanes (same bits): the max, the pre-shift and
 // the sum of squares in lanes, the per-row steps shared with the scalar
 // row (rms_norm_pre_shift, rms_norm_divisor), then floor_div by the row's r
@@ -399,6 +439,7 @@ constinit const Kernels kAvx512Kernels{
     .quant16 = quant16_row_avx512,
     .rms_norm = rms_norm_row_avx512,
     .add_sat32 = add_sat32_row_avx512,
+    .rope = rope_row_avx512,
     .swiglu = swiglu_row_avx512,
     .geglu = geglu_row_avx512,
     .planes = {},

@@ -114,6 +114,8 @@ struct Kernels {
   // rms_norm_row (x [n] Q in_frac, gamma g [n] -> y [n] int32 norm units)
   void (*rms_norm)(const int64_t* x, const int16_t* g, int64_t n, int64_t eps_q60, int in_frac, int32_t* y);
   void (*add_sat32)(int64_t* x, const int64_t* d, int64_t n);  // add_sat32_row: the residual add
+  // rope_row: RoPE of nh heads of D in place, cos/sin [D/2] Q14 (|x| < 2^47)
+  void (*rope)(int64_t* x, int64_t nh, int64_t D, const int16_t* cos, const int16_t* sin);
   void (*swiglu)(const int64_t* g, const int64_t* u, int64_t n, int64_t* a);  // swiglu_row (a may alias g)
   void (*geglu)(const int64_t* g, const int64_t* u, int64_t n, int64_t* a);   // geglu_row (a may alias g)
   ActPlanes planes;  // optional prefill path (planes.linear null: none)
