@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from conftest import using_isa
 from intdet import _core
 from test_avx512 import avx512  # noqa: F401  (the fixture)
-from test_intmath import RMS_NORM_KINDS, rms_norm_inputs, rope_inputs
+from test_intmath import RMS_NORM_KINDS, quant8_inputs, rms_norm_inputs, rope_inputs
 
 I64 = np.int64
 FIXTURE = [HealthCheck.function_scoped_fixture]
@@ -162,3 +162,13 @@ def test_rope_matches_scalar(avx512, seed, nh, half, bits):
     """RoPE's 8 lanes, its tail and its scalar fallback (heads beyond int32)."""
     x, cos, sin = rope_inputs(seed, 2, nh, 2 * half, bits)
     assert same(avx512.ops.rope(x, cos, sin), scalar("rope", x, cos, sin))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=FIXTURE)
+@given(seed=st.integers(0, 2**32 - 1), n=st.integers(1, 80), bits=st.sampled_from([0, 1, 7, 20, 31]))
+def test_quant8_matches_scalar(avx512, seed, n, bits):
+    """The KV rows' int8 quantization: 8 lanes, tails, ties, the scalar fallback past int32."""
+    x = quant8_inputs(seed, n, bits)
+    q, a = avx512.ops.quant8(x)
+    q0, a0 = scalar("quant8", x)
+    assert same(q, q0) and same(a, a0)

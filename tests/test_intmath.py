@@ -189,6 +189,50 @@ def test_add_sat32_every_isa(isa, n, seed, bits):
     assert np.array_equal(C.add_sat32(x, d), want), isa
 
 
+def quant8_inputs(seed, n, bits):
+    """x [4, n] int64 for the KV rows' int8 quantization (here and
+    tests/test_avx512_rows.py): random `bits`-bit rows, a row holding its
+    absmax at both signs with the values whose 127 x / d lands on a half
+    (round_div's ties), a zero row, and a row with one element at 2^31
+    (beyond int32: the AVX-512 row's scalar fallback)."""
+    rng = np.random.default_rng(seed)
+    x = rng.integers(-(2**bits), 2**bits + 1, size=(4, n), dtype=I64)
+    d = max(int(np.abs(x[1]).max()), 2)
+    x[1, 0] = d
+    x[1, -1] = -d
+    if n > 2:  # 127 x = d (k + 1/2) for even d: exactly half-way
+        x[1, 1:-1:2] = d // 2 if d % 2 == 0 else (d - 1) // 2
+    x[2] = 0
+    x[3, n // 2] = 2**31
+    return x
+
+
+def test_quant8_python_reference():
+    """im.quant8_absmax against round_div in Python integers on a few exact ties."""
+    x = np.array([[254, 127, -127, 1, -1, 0, 2, -2]], I64)
+    q, a = im.quant8_absmax(x)
+    want = [max(-127, min(127, (127 * int(v) + 127) // 254)) for v in x[0]]
+    assert a.tolist() == [254] and q[0].tolist() == want
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 2**32 - 1), n=st.integers(1, 80), bits=st.sampled_from([0, 1, 7, 20, 31]))
+def test_quant8_every_isa(isa, seed, n, bits):
+    """The KV cache rows' int8 quantization (ks.quant8) on every ISA against
+    the numpy spec: 8-lane blocks and tails, ties, zero rows, int32 extremes,
+    a value past int32 (its row takes the scalar path)."""
+    x = quant8_inputs(seed, n, bits)
+    if bits == 31:  # int32's extremes, both signs
+        x[0, ::3] = 2**31 - 1
+        x[0, 1::3] = -(2**31 - 1)
+    q, a = C.quant8(x)
+    rq, ra = im.quant8_absmax(x[:3])
+    assert np.array_equal(q[:3], rq) and np.array_equal(a[:3], ra), isa
+    with using_isa("scalar"):
+        q0, a0 = C.quant8(x)
+    assert np.array_equal(q, q0) and np.array_equal(a, a0), isa
+
+
 def rope_inputs(seed, T, nh, D, bits):
     """x [T, nh, D] int64 with `bits`-bit magnitudes (up to the binding's
     2^47; the forward's are int32), elements at +-(2^31 - 1) and, in one

@@ -183,7 +183,7 @@ PYBIND11_MODULE(INTDET_CORE_MODULE_NAME, mod) {
     std::vector<int64_t> as;
     I64Arr q = rows(x, [&](const int64_t* r, int64_t n, int64_t* o) {
       std::vector<int8_t> v((size_t)n);
-      as.push_back(quant8_row(r, n, v.data()));
+      as.push_back(kernels().quant8(r, n, v.data()));  // active ISA
       for (int64_t i = 0; i < n; ++i) o[i] = v[i];
     });
     return py::make_tuple(q, py::array_t<int64_t>((py::ssize_t)as.size(), as.data()));

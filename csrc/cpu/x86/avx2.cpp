@@ -814,6 +814,7 @@ constinit const Kernels kAvx2Kernels{
     .rms_norm = rms_norm_row_avx2,
     .add_sat32 = add_sat32_row_avx2,
     .rope = rope_row,
+    .quant8 = quant8_row,
     .swiglu = swiglu_row_avx2,
     .geglu = geglu_row_avx2,
     .planes = {},

@@ -298,6 +298,39 @@ void add_sat32_row_avx512(int64_t* x, const int64_t* d, int64_t n) {
   for (; i < n; ++i) x[i] = sat32(x[i] + d[i]);
 }
 
+// quant8_row on eight int64 lanes (same bits): q = clamp(round_div(127 x,
+// d), +-127) with d = max(max |x|, 1). Since |x| <= d the quotient
+// floor((127 x + d / 2) / d) lies in [-127, 127], so n = 127 x + d / 2 +
+// 128 d is in [0, 256 d) and floor(n / d) - 128 is the same integer: eight
+// compare-and-subtract steps of d << k (k = 7..0) find it exactly. Rows
+// with max |x| >= 2^31 (never in the forward: its K and V are int32) take
+// the scalar row.
+int32_t quant8_row_avx512(const int64_t* x, int64_t n, int8_t* q) {
+  if (!fits_int32(x, x, n)) return quant8_row(x, n, q);
+  __m512i m = _mm512_setzero_si512();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) m = _mm512_max_epi64(m, _mm512_abs_epi64(_mm512_loadu_si512((const void*)(x + i))));
+  int64_t a = _mm512_reduce_max_epi64(m);
+  for (int64_t j = i; j < n; ++j) a = imax(a, iabs(x[j]));
+  const int64_t d = imax(a, 1);
+  const __m512i c127 = _mm512_set1_epi64(127), bias = _mm512_set1_epi64((d >> 1) + 128 * d);
+  for (i = 0; i + 8 <= n; i += 8) {
+    __m512i r = _mm512_add_epi64(_mm512_mul_epi32(_mm512_loadu_si512((const void*)(x + i)), c127), bias);
+    __m512i qv = _mm512_setzero_si512();
+    for (int k = 7; k >= 0; --k) {  // restoring division: bit k of the quotient
+      const __m512i t = _mm512_set1_epi64(d << k);
+      const __mmask8 ge = _mm512_cmpge_epi64_mask(r, t);
+      r = _mm512_mask_sub_epi64(r, ge, r, t);
+      qv = _mm512_mask_add_epi64(qv, ge, qv, _mm512_set1_epi64((int64_t)1 << k));
+    }
+    alignas(64) int64_t o[8];
+    _mm512_store_si512((void*)o, _mm512_sub_epi64(qv, _mm512_set1_epi64(128)));
+    for (int j = 0; j < 8; ++j) q[i + j] = (int8_t)clamp(o[j], -kInt8QMax, kInt8QMax);
+  }
+  for (; i < n; ++i) q[i] = (int8_t)clamp(round_div(127 * x[i], d), -kInt8QMax, kInt8QMax);
+  return (int32_t)a;
+}
+
 // rope_row on eight int64 lanes (same bits), head by head. A head whose
 // elements all fit int32 (the forward's always do: the linear epilogue
 // saturates to int32) takes the lanes: vpmuldq forms x * cos and x * sin
@@ -440,6 +473,7 @@ constinit const Kernels kAvx512Kernels{
     .rms_norm = rms_norm_row_avx512,
     .add_sat32 = add_sat32_row_avx512,
     .rope = rope_row_avx512,
+    .quant8 = quant8_row_avx512,
     .swiglu = swiglu_row_avx512,
     .geglu = geglu_row_avx512,
     .planes = {},

@@ -43,6 +43,7 @@ void attn_prob_w16_avx512(const int64_t* u, int64_t n, int64_t rr, const int32_t
 void softmax_q16_row_avx512(const int64_t* z, int64_t n, int64_t* p);
 int quant16_row_avx512(const int64_t* x, int64_t n, int16_t* q);
 void add_sat32_row_avx512(int64_t* x, const int64_t* d, int64_t n);
+int32_t quant8_row_avx512(const int64_t* x, int64_t n, int8_t* q);
 void rope_row_avx512(int64_t* x, int64_t nh, int64_t D, const int16_t* cos, const int16_t* sin);
 void rms_norm_row_avx512(const int64_t* x, const int16_t* g, int64_t n, int64_t eps_q60, int in_frac, int32_t* y);
 void swiglu_row_avx512(const int64_t* g, const int64_t* u, int64_t n, int64_t* a);
