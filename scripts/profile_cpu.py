@@ -158,7 +158,7 @@ def main(argv=None) -> int:
         ids = bench_prompt_ids(lm, args.prompt_tokens)
         if len(ids) + args.gen_tokens + 1 > lm.cfg["context_length"]:
             raise IntdetError(f"--prompt-tokens + --gen-tokens exceed the context length {lm.cfg['context_length']}")
-    except IntdetError as e:
+    except (IntdetError, OSError) as e:  # OSError: a model path that is not there
         print(f"error: {e}", file=sys.stderr)
         return 2
     engine = Engine(lm, "cpu")
@@ -166,7 +166,7 @@ def main(argv=None) -> int:
     core.set_num_threads(threads[0])
     seq = engine.new_sequence(16)  # warm-up: page in the weights, start the threads
     seq.forward(ids[:8])
-    seq.forward([ids[8]])
+    seq.forward([ids[-1]])
     del seq
     runs = {t: [] for t in threads}
     for r in range(args.repeats):
@@ -186,7 +186,8 @@ def main(argv=None) -> int:
     for t in threads:
         pp = statistics.median(len(ids) / (x["prompt"][(-1, "forward")] / 1e9) for x in runs[t])
         tg = statistics.median(args.batch_rows * 1e9 / x["decode"][(-1, "step total")] for x in runs[t])
-        print(f"threads {t}: prompt {pp:.1f} tok/s, decode {tg:.1f} tok/s")
+        rows = f" ({args.batch_rows} rows a step)" if args.batch_rows > 1 else ""
+        print(f"threads {t}: prompt {pp:.1f} tok/s, decode {tg:.1f} tok/s{rows}")
     return 0
 
 

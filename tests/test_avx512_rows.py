@@ -167,7 +167,7 @@ def test_rope_matches_scalar(avx512, seed, nh, half, bits):
 @settings(max_examples=60, deadline=None, suppress_health_check=FIXTURE)
 @given(seed=st.integers(0, 2**32 - 1), n=st.integers(1, 80), bits=st.sampled_from([0, 1, 7, 20, 31]))
 def test_quant8_matches_scalar(avx512, seed, n, bits):
-    """The KV rows' int8 quantization: 8 lanes, tails, ties, the scalar fallback past int32."""
+    """The KV rows' int8 quantization: 8 lanes, tails, ties, int32 extremes."""
     x = quant8_inputs(seed, n, bits)
     q, a = avx512.ops.quant8(x)
     q0, a0 = scalar("quant8", x)

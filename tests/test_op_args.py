@@ -62,6 +62,8 @@ BAD = {
     "rope_short_sin": ("rope", (i64(4, 2, 8), i16(4, 4), i16(4, 2)), ["rope", "sin"]),
     "rope_huge_x": ("rope", (np.array([[[0, 2**47, 0, 0]]], I64), i16(1, 2), i16(1, 2)), ["rope", "x", "2^47"]),
     "rope_int64_min": ("rope", (np.array([[[-(2**63), 0]]], I64), i16(1, 1), i16(1, 1)), ["rope", "2^47"]),
+    "quant8_past_int32": ("quant8", (np.array([[5, 2**31]], I64),), ["quant8", "int32", "2^31 - 1"]),
+    "quant8_int64_min": ("quant8", (np.array([[-(2**63), 5]], I64),), ["quant8", "int32"]),
     "linear_k": ("linear", (i16(2, 8), i32(2), i8(3, 7), i32(3), i32(3)), ["linear", "w", "(3, 8)"]),
     "linear_short_e": ("linear", (i16(5, 8), i32(1), i8(3, 8), i32(3), i32(3)), ["linear", "e", "(5,)"]),
     "linear_short_mant": ("linear", (i16(2, 8), i32(2), i8(3, 8), i32(1), i32(3)), ["linear", "mant", "(3,)"]),

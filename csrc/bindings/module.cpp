@@ -1,7 +1,9 @@
 // pybind11 module intdet._core: the model, its KV cache state, and each op
 // exposed row-wise for the bit-exact tests against the numpy spec.
-// Arrays are taken without conversion: a wrong dtype or a non-contiguous
-// array is an error, never a silent copy.
+// Arrays are taken as pybind's array_t gives them: a C-contiguous array of
+// the declared dtype is used in place; other integer widths, bools and
+// strided arrays are converted by numpy (a copy); floats and other types
+// are refused with pybind's TypeError. These bindings serve the tests.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -180,6 +182,9 @@ PYBIND11_MODULE(INTDET_CORE_MODULE_NAME, mod) {
   });
   ops.def("quant8", [](const I64Arr& x) {
     oa::has_rows("quant8", x, "x");
+    for (py::ssize_t k = 0; k < x.size(); ++k)  // quant8_row's domain: its absmax is an int32
+      if (x.data()[k] > kInt32Max || x.data()[k] < -kInt32Max)
+        oa::fail("quant8", "x values must be within int32 (|x| <= 2^31 - 1)");
     std::vector<int64_t> as;
     I64Arr q = rows(x, [&](const int64_t* r, int64_t n, int64_t* o) {
       std::vector<int8_t> v((size_t)n);

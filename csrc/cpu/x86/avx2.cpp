@@ -386,6 +386,81 @@ void geglu_row_avx2(const int64_t* g, const int64_t* u, int64_t n, int64_t* a) {
 
 namespace {
 
+inline __m256i clamp_sat32_4(__m256i v) {
+  const __m256i hi = _mm256_set1_epi64x(kInt32Max), lo = _mm256_set1_epi64x(-kInt32Max);
+  v = _mm256_blendv_epi8(v, hi, _mm256_cmpgt_epi64(v, hi));
+  return _mm256_blendv_epi8(v, lo, _mm256_cmpgt_epi64(lo, v));
+}
+
+}  // namespace
+
+// rope_row on four int64 lanes (same bits): rope_row_avx512's steps
+// (avx512.cpp, where the bounds are stated). AVX2 has no 64-bit arithmetic
+// shift: |v| < 2^47, so (v + 2^13 + 2^62) >> 14 (logical) - 2^48 is
+// round_shift(v, 14) exactly.
+void rope_row_avx2(int64_t* x, int64_t nh, int64_t D, const int16_t* cos, const int16_t* sin) {
+  const int64_t h = D / 2;
+  const __m256i bias = _mm256_set1_epi64x(((int64_t)1 << (kRopeFrac - 1)) + ((int64_t)1 << 62));
+  const __m256i unbias = _mm256_set1_epi64x((int64_t)1 << (62 - kRopeFrac));
+  const auto wide = [](const int16_t* p) {  // 4 int16 -> 4 int64 lanes
+    int64_t v;
+    std::memcpy(&v, p, 8);
+    return _mm256_cvtepi16_epi64(_mm_cvtsi64_si128(v));
+  };
+  const auto rs = [&](__m256i v) {
+    return clamp_sat32_4(_mm256_sub_epi64(_mm256_srli_epi64(_mm256_add_epi64(v, bias), kRopeFrac), unbias));
+  };
+  for (int64_t hd = 0; hd < nh; ++hd) {
+    int64_t* v = x + hd * D;
+    if (!fits_int32(v, v + h, h)) {
+      rope_row(v, 1, D, cos, sin);
+      continue;
+    }
+    int64_t i = 0;
+    for (; i + 4 <= h; i += 4) {
+      const __m256i x1 = _mm256_loadu_si256((const __m256i*)(v + i)), x2 = _mm256_loadu_si256((const __m256i*)(v + h + i));
+      const __m256i c = wide(cos + i), s = wide(sin + i);
+      const __m256i a = _mm256_sub_epi64(_mm256_mul_epi32(x1, c), _mm256_mul_epi32(x2, s));
+      const __m256i b = _mm256_add_epi64(_mm256_mul_epi32(x2, c), _mm256_mul_epi32(x1, s));
+      _mm256_storeu_si256((__m256i*)(v + i), rs(a));
+      _mm256_storeu_si256((__m256i*)(v + h + i), rs(b));
+    }
+    for (; i < h; ++i) {  // the tail: rope_row's own arithmetic
+      const int64_t x1 = v[i], x2 = v[i + h];
+      v[i] = sat32(round_shift(x1 * cos[i] - x2 * sin[i], kRopeFrac));
+      v[i + h] = sat32(round_shift(x2 * cos[i] + x1 * sin[i], kRopeFrac));
+    }
+  }
+}
+
+// quant8_row on four int64 lanes (same bits): quant8_row_avx512's eight
+// compare-and-subtract steps (avx512.cpp, where the bounds are stated), the
+// masks as compare results (r >= t is !(t > r)). Domain |x| <= 2^31 - 1.
+int32_t quant8_row_avx2(const int64_t* x, int64_t n, int8_t* q) {
+  int64_t a = 0;
+  for (int64_t i = 0; i < n; ++i) a = imax(a, iabs(x[i]));
+  const int64_t d = imax(a, 1);
+  const __m256i c127 = _mm256_set1_epi64x(127), bias = _mm256_set1_epi64x((d >> 1) + 128 * d);
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    __m256i r = _mm256_add_epi64(_mm256_mul_epi32(_mm256_loadu_si256((const __m256i*)(x + i)), c127), bias);
+    __m256i qv = _mm256_setzero_si256();
+    for (int k = 7; k >= 0; --k) {
+      const __m256i t = _mm256_set1_epi64x(d << k);
+      const __m256i lt = _mm256_cmpgt_epi64(t, r);  // all ones where r < t
+      r = _mm256_sub_epi64(r, _mm256_andnot_si256(lt, t));
+      qv = _mm256_add_epi64(qv, _mm256_andnot_si256(lt, _mm256_set1_epi64x((int64_t)1 << k)));
+    }
+    alignas(32) int64_t o[4];
+    _mm256_store_si256((__m256i*)o, _mm256_sub_epi64(qv, _mm256_set1_epi64x(128)));
+    for (int j = 0; j < 4; ++j) q[i + j] = (int8_t)clamp(o[j], -kInt8QMax, kInt8QMax);
+  }
+  for (; i < n; ++i) q[i] = (int8_t)clamp(round_div(127 * x[i], d), -kInt8QMax, kInt8QMax);
+  return (int32_t)a;
+}
+
+namespace {
+
 // attn_score on four lanes: shift_round_sat32(raw * mkm, s) with mkm =
 // mk * score_mant < 2^31 (vpmuldq: exact signed 32 x 32 -> 64) and every
 // s in [1, 62] (the caller checks; then round_shift is (x + 2^(s-1)) >> s,
@@ -813,8 +888,8 @@ constinit const Kernels kAvx2Kernels{
     .quant16 = quant16_row_avx2,
     .rms_norm = rms_norm_row_avx2,
     .add_sat32 = add_sat32_row_avx2,
-    .rope = rope_row,
-    .quant8 = quant8_row,
+    .rope = rope_row_avx2,
+    .quant8 = quant8_row_avx2,
     .swiglu = swiglu_row_avx2,
     .geglu = geglu_row_avx2,
     .planes = {},

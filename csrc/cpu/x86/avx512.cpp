@@ -234,13 +234,16 @@ inline bool glu_gate8(const int64_t* g, const int64_t* u, const int64_t* d, int6
 
 // Whether every |x[i]| and |y[i]| <= 2^31 - 1 (glu_gate8's operand bound).
 inline bool fits_int32(const int64_t* x, const int64_t* y, int64_t n) {
-  const __m512i top = _mm512_set1_epi64(kInt32Max);
-  __m512i m = _mm512_setzero_si512();
+  // min and max, not |x|: vpabsq leaves INT64_MIN negative
+  const __m512i top = _mm512_set1_epi64(kInt32Max), bot = _mm512_set1_epi64(-kInt32Max);
+  __m512i hi = _mm512_setzero_si512(), lo = _mm512_setzero_si512();
   int64_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    m = _mm512_max_epi64(m, _mm512_max_epi64(_mm512_abs_epi64(_mm512_loadu_si512((const void*)(x + i))),
-                                             _mm512_abs_epi64(_mm512_loadu_si512((const void*)(y + i)))));
-  if (_mm512_cmpgt_epi64_mask(m, top)) return false;
+  for (; i + 8 <= n; i += 8) {
+    const __m512i a = _mm512_loadu_si512((const void*)(x + i)), b = _mm512_loadu_si512((const void*)(y + i));
+    hi = _mm512_max_epi64(hi, _mm512_max_epi64(a, b));
+    lo = _mm512_min_epi64(lo, _mm512_min_epi64(a, b));
+  }
+  if (_mm512_cmpgt_epi64_mask(hi, top) | _mm512_cmpgt_epi64_mask(bot, lo)) return false;
   for (; i < n; ++i)
     if (x[i] > kInt32Max || x[i] < -kInt32Max || y[i] > kInt32Max || y[i] < -kInt32Max) return false;
   return true;
@@ -302,11 +305,11 @@ void add_sat32_row_avx512(int64_t* x, const int64_t* d, int64_t n) {
 // d), +-127) with d = max(max |x|, 1). Since |x| <= d the quotient
 // floor((127 x + d / 2) / d) lies in [-127, 127], so n = 127 x + d / 2 +
 // 128 d is in [0, 256 d) and floor(n / d) - 128 is the same integer: eight
-// compare-and-subtract steps of d << k (k = 7..0) find it exactly. Rows
-// with max |x| >= 2^31 (never in the forward: its K and V are int32) take
-// the scalar row.
+// compare-and-subtract steps of d << k (k = 7..0) find it exactly.
+// Domain, as quant8_row's: |x| <= 2^31 - 1 (the forward's K and V are
+// int32 linear outputs; ops.quant8 refuses anything else), so vpmuldq's
+// 127 x is exact and the absmax fits the int32 result.
 int32_t quant8_row_avx512(const int64_t* x, int64_t n, int8_t* q) {
-  if (!fits_int32(x, x, n)) return quant8_row(x, n, q);
   __m512i m = _mm512_setzero_si512();
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) m = _mm512_max_epi64(m, _mm512_abs_epi64(_mm512_loadu_si512((const void*)(x + i))));

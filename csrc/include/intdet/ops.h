@@ -35,7 +35,7 @@ void add_sat32_row(int64_t* x, const int64_t* d, int64_t n);
 // x [n] -> q [n] int16, returns exponent e (x ~= q * 2^e).
 int quant16_row(const int64_t* x, int64_t n, int16_t* q);
 // x [n] -> q [n] int8, returns absmax a (x ~= q * a / 127).
-int32_t quant8_row(const int64_t* x, int64_t n, int8_t* q);
+int32_t quant8_row(const int64_t* x, int64_t n, int8_t* q);  // |x| <= 2^31 - 1
 // out[t * ldo + j] = sat32(round_shift(sum_k q[t,k] w[j,k] * mant[j], shift[j] - e[t])) + bias[j].
 // Generic scalar version; SIMD versions with the same signature live in
 // csrc/cpu/x86/ and are chosen by kernels() (csrc/include/intdet/kernels.h).
