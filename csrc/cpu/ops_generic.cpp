@@ -89,7 +89,7 @@ int32_t quant8_row(const int64_t* x, int64_t n, int8_t* q) {
   int64_t a = 0;
   for (int64_t i = 0; i < n; ++i) a = imax(a, iabs(x[i]));
   const int64_t d = imax(a, 1);
-  for (int64_t i = 0; i < n; ++i) q[i] = (int8_t)clamp(round_div(127 * x[i], d), -kInt8QMax, kInt8QMax);
+  for (int64_t i = 0; i < n; ++i) q[i] = quant8_value(x[i], d);
   return (int32_t)a;
 }
 
@@ -149,11 +149,7 @@ void rope_row(int64_t* x, int64_t nh, int64_t D, const int16_t* cos, const int16
   const int64_t h = D / 2;
   for (int64_t hd = 0; hd < nh; ++hd) {
     int64_t* v = x + hd * D;
-    for (int64_t i = 0; i < h; ++i) {
-      const int64_t x1 = v[i], x2 = v[i + h];
-      v[i] = sat32(round_shift(x1 * cos[i] - x2 * sin[i], kRopeFrac));
-      v[i + h] = sat32(round_shift(x2 * cos[i] + x1 * sin[i], kRopeFrac));
-    }
+    for (int64_t i = 0; i < h; ++i) rope_pair(v, h, i, cos, sin);
   }
 }
 

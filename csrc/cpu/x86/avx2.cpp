@@ -425,11 +425,7 @@ void rope_row_avx2(int64_t* x, int64_t nh, int64_t D, const int16_t* cos, const 
       _mm256_storeu_si256((__m256i*)(v + i), rs(a));
       _mm256_storeu_si256((__m256i*)(v + h + i), rs(b));
     }
-    for (; i < h; ++i) {  // the tail: rope_row's own arithmetic
-      const int64_t x1 = v[i], x2 = v[i + h];
-      v[i] = sat32(round_shift(x1 * cos[i] - x2 * sin[i], kRopeFrac));
-      v[i + h] = sat32(round_shift(x2 * cos[i] + x1 * sin[i], kRopeFrac));
-    }
+    for (; i < h; ++i) rope_pair(v, h, i, cos, sin);  // the tail
   }
 }
 
@@ -455,7 +451,7 @@ int32_t quant8_row_avx2(const int64_t* x, int64_t n, int8_t* q) {
     _mm256_store_si256((__m256i*)o, _mm256_sub_epi64(qv, _mm256_set1_epi64x(128)));
     for (int j = 0; j < 4; ++j) q[i + j] = (int8_t)clamp(o[j], -kInt8QMax, kInt8QMax);
   }
-  for (; i < n; ++i) q[i] = (int8_t)clamp(round_div(127 * x[i], d), -kInt8QMax, kInt8QMax);
+  for (; i < n; ++i) q[i] = quant8_value(x[i], d);
   return (int32_t)a;
 }
 

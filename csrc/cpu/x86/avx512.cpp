@@ -330,7 +330,7 @@ int32_t quant8_row_avx512(const int64_t* x, int64_t n, int8_t* q) {
     _mm512_store_si512((void*)o, _mm512_sub_epi64(qv, _mm512_set1_epi64(128)));
     for (int j = 0; j < 8; ++j) q[i + j] = (int8_t)clamp(o[j], -kInt8QMax, kInt8QMax);
   }
-  for (; i < n; ++i) q[i] = (int8_t)clamp(round_div(127 * x[i], d), -kInt8QMax, kInt8QMax);
+  for (; i < n; ++i) q[i] = quant8_value(x[i], d);
   return (int32_t)a;
 }
 
@@ -366,11 +366,7 @@ void rope_row_avx512(int64_t* x, int64_t nh, int64_t D, const int16_t* cos, cons
       _mm512_storeu_si512((void*)(v + i), _mm512_max_epi64(_mm512_min_epi64(ra, hi), lo));
       _mm512_storeu_si512((void*)(v + h + i), _mm512_max_epi64(_mm512_min_epi64(rb, hi), lo));
     }
-    for (; i < h; ++i) {  // the tail: rope_row's own arithmetic
-      const int64_t x1 = v[i], x2 = v[i + h];
-      v[i] = sat32(round_shift(x1 * cos[i] - x2 * sin[i], kRopeFrac));
-      v[i + h] = sat32(round_shift(x2 * cos[i] + x1 * sin[i], kRopeFrac));
-    }
+    for (; i < h; ++i) rope_pair(v, h, i, cos, sin);  // the tail
   }
 }
 

@@ -108,6 +108,20 @@ constexpr AttnRowFns kAttnRowGeneric{attn_row_max_generic, attn_exp_sum_generic,
                                      attn_prob_w16_generic};
 
 // The output transform shared by every linear kernel (CPU and CUDA): exact dot -> int32 Q F_out.
+// One KV row element's int8 value: clamp(round_div(127 x, d), +-127), d =
+// max(absmax, 1) (quant8_row and its vector rows' tails).
+INTDET_HD int8_t quant8_value(int64_t x, int64_t d) {
+  return (int8_t)clamp(round_div(127 * x, d), -kInt8QMax, kInt8QMax);
+}
+
+// RoPE of the pair (v[i], v[i + h]) in place with the Q14 tables' entry i
+// (rope_row and its vector rows' tails).
+INTDET_HD void rope_pair(int64_t* v, int64_t h, int64_t i, const int16_t* cos, const int16_t* sin) {
+  const int64_t x1 = v[i], x2 = v[i + h];
+  v[i] = sat32(round_shift(x1 * cos[i] - x2 * sin[i], kRopeFrac));
+  v[i + h] = sat32(round_shift(x2 * cos[i] + x1 * sin[i], kRopeFrac));
+}
+
 INTDET_HD int64_t linear_epilogue(int64_t acc, int32_t mant, int32_t shift, int32_t e, const int32_t* bias, int64_t j) {
   int64_t v = shift_round_sat32(acc * mant, (int64_t)shift - e);
   return bias ? sat32(v + bias[j]) : v;
