@@ -453,3 +453,33 @@ def test_streamed_logprobs_and_offsets(server, llm):
     offsets = [x["text_offset"][0] for x in lps]
     assert offsets == sorted(offsets) and offsets[0] == 0
     assert all(len(x["top_logprobs"][0]) >= 2 for x in lps)
+
+
+def test_mailbox_one_wakeup_per_batch_and_order_kept():
+    """Events posted from another thread while the loop is busy arrive in
+    order, per queue, after a single wake-up of the loop (serve.app.Mailbox)."""
+    import asyncio
+
+    from intdet.serve.app import Mailbox
+
+    loop = asyncio.new_event_loop()
+    try:
+        box = Mailbox(loop)
+        drains = []
+        real = box._drain
+        box._drain = lambda: (drains.append(1), real())
+        queues = [asyncio.Queue() for _ in range(3)]
+        t = threading.Thread(target=lambda: [box.post(queues[i % 3], i) for i in range(30)])
+        t.start()
+        t.join()  # all 30 posted before the loop runs a callback
+
+        async def collect():
+            return [[await q.get() for _ in range(10)] for q in queues]
+
+        got = loop.run_until_complete(collect())
+        assert got == [list(range(k, 30, 3)) for k in range(3)]
+        assert len(drains) == 1
+        box.post(queues[0], "late")  # after a drain, the next post wakes the loop again
+        assert loop.run_until_complete(queues[0].get()) == "late" and len(drains) == 2
+    finally:
+        loop.close()

@@ -274,8 +274,11 @@ class LLM:
     def system_fingerprint(self) -> str:
         """Names the model file and the format version, nothing of the
         machine: equal fingerprints give equal results."""
-        h = hashlib.sha256(f"intdet-v{self.lm.cfg['format_version']}-{self.lm.model_sha256}".encode()).hexdigest()
-        return f"intdet-v{self.lm.cfg['format_version']}-{h[:16]}"
+        fp = self.__dict__.get("_fingerprint")  # every streamed chunk names it: computed once
+        if fp is None:
+            h = hashlib.sha256(f"intdet-v{self.lm.cfg['format_version']}-{self.lm.model_sha256}".encode()).hexdigest()
+            fp = self._fingerprint = f"intdet-v{self.lm.cfg['format_version']}-{h[:16]}"
+        return fp
 
     # ---------------------------------------------------------------- text
 

@@ -135,9 +135,9 @@ class Sampler:
         and generated) for the repetition penalty. Returns the chosen id."""
         if self.penalized:
             logits = apply_repeat_penalty(logits, self.recent(history), self.r_num, self.r_den)
-        logits = np.asarray(logits, dtype=np.int64)
-        if self.greedy:
+        if self.greedy:  # argmax of the int32 (or penalized int64) logits as they are: no copy
             return int(np.argmax(logits))  # lowest id wins ties
+        logits = np.asarray(logits, dtype=np.int64)
         # Only tokens whose weight can be non-zero matter: exp2_neg_q30 is 0
         # once u >= 31 * 2^16. Filtering them first keeps the sort small and
         # changes nothing (weights are non-increasing along the order).

@@ -2,8 +2,8 @@
 shapes) in front of one engine loop.
 
 Starlette routes; the scheduler (scheduler.py) runs in its own thread and
-hands each request's events to an asyncio queue (``call_soon_threadsafe``),
-so a slow client only buffers its own tokens and a client that goes away
+hands each request's events to an asyncio queue (through ``Mailbox``: one
+``call_soon_threadsafe`` wake-up per batch of events), so a slow client only buffers its own tokens and a client that goes away
 cancels its requests (its batch slot is free at the next step).
 
 Every choice carries ``hash`` (its chain hash, docs/chain-hash.md) and
@@ -20,6 +20,7 @@ import asyncio
 import hmac
 import json
 import os
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -62,6 +63,35 @@ def _error(status: int, message: str, param=None, kind=None) -> JSONResponse:
     return JSONResponse(P.error_body(message, kind, param, status), status_code=status)
 
 
+class Mailbox:
+    """Events from the engine thread to the event loop's queues. A decode
+    step emits one event per running request; waking the loop
+    (``call_soon_threadsafe``: a self-pipe write and a loop iteration) once
+    per batch instead of once per event keeps the loop's share of the two
+    cores small while the forward needs them. Per queue, events keep their
+    order."""
+
+    def __init__(self, loop):
+        self.loop = loop
+        self._lock = threading.Lock()
+        self._items: list = []
+
+    def post(self, q: asyncio.Queue, ev) -> None:
+        """From any thread: deliver ``ev`` to ``q`` on the loop. Raises
+        RuntimeError when the loop is closed (the scheduler cancels the request)."""
+        with self._lock:
+            wake = not self._items
+            self._items.append((q, ev))
+        if wake:  # else a drain is already scheduled and will take this one too
+            self.loop.call_soon_threadsafe(self._drain)
+
+    def _drain(self) -> None:
+        with self._lock:
+            items, self._items = self._items, []
+        for q, ev in items:
+            q.put_nowait(ev)
+
+
 class Server:
     """The endpoints over one ``LLM`` whose scheduler runs in its thread."""
 
@@ -72,6 +102,7 @@ class Server:
         self.limits = limits or Limits()
         self.created = int(time.time())
         self.counts = {"requests": 0, "cancelled": 0, "errors": 0}
+        self._mailbox: Mailbox | None = None
 
     # ------------------------------------------------------------ plumbing
 
@@ -139,10 +170,13 @@ class Server:
 
     def launch(self, loop, jobs):
         """Submit (prompt_ids, SamplingParams) jobs; returns [(scheduler Request, asyncio.Queue)]."""
+        if self._mailbox is None or self._mailbox.loop is not loop:
+            self._mailbox = Mailbox(loop)
+        post = self._mailbox.post
         out = []
         for ids, sp in jobs:
             q: asyncio.Queue = asyncio.Queue()
-            req = self.llm.request(ids, sp, on_event=lambda ev, q=q: loop.call_soon_threadsafe(q.put_nowait, ev))
+            req = self.llm.request(ids, sp, on_event=lambda ev, q=q: post(q, ev))
             out.append((req, q))
         try:
             for req, _ in out:
@@ -422,7 +456,15 @@ class Server:
                     if ev.kind in ("done", "error"):
                         return
 
-            pumps = [asyncio.ensure_future(pump(i, q)) for i, (_, q) in enumerate(runs)]
+            if len(runs) == 1:  # one choice (the common case): read its queue, no pump task
+                only = runs[0][1]
+
+                async def next_event():
+                    return 0, await only.get()
+                pumps = []
+            else:
+                next_event = merged.get
+                pumps = [asyncio.ensure_future(pump(i, q)) for i, (_, q) in enumerate(runs)]
             try:
                 for c in first or []:
                     yield _sse(c)
@@ -431,7 +473,7 @@ class Server:
                         yield _sse(chunk(i, _TextEvent(runs[i][0], text)))
                 left = len(runs)
                 while left:
-                    i, ev = await merged.get()
+                    i, ev = await next_event()
                     if ev.kind == "error":
                         self.counts["errors"] += 1
                         yield _sse(P.error_body(f"engine error: {ev.error}", "server_error", None, 500))
