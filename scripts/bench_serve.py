@@ -8,9 +8,13 @@ For each concurrency C (default 1, 4, 8, 16), each engine in turn (a fresh
 server process per engine and level, so neither runs while the other is
 measured):
 
-1. throughput: C client threads each send ``--requests`` streaming greedy
+1. throughput: C client threads send C x ``--requests`` streaming greedy
    completions (temperature 0, ``max_tokens``), every request a different
-   prompt; measured: requests/s and output tok/s over the wall time of the
+   prompt, each client taking the next request from one shared list when its
+   previous one ends (so C stay in flight until the list runs out, as
+   vLLM's ``benchmark_serving.py --max-concurrency`` sends them; a fixed
+   share per client would leave the last clients running alone while the
+   others are done, since greedy completions stop at different lengths); measured: requests/s and output tok/s over the wall time of the
    level, time to first token (TTFT: request sent -> first text chunk) and
    inter-token latency (ITL: gaps between text chunks of one response),
    p50 and p99;
@@ -160,9 +164,15 @@ def run_level(port: int, clients: int, requests: int, max_tokens: int, usage: bo
     results, errors = [], []
     lock = threading.Lock()
 
+    todo = iter(range(clients * requests))  # shared: a client takes the next when its last one ends
+
     def client(k):
-        for j in range(requests):
-            p = PROMPTS[(k * requests + j) % len(PROMPTS)] + f" ({k * requests + j})"
+        while True:
+            with lock:
+                i = next(todo, None)
+            if i is None:
+                return
+            p = PROMPTS[i % len(PROMPTS)] + f" ({i})"
             try:
                 r = stream_completion(port, p, max_tokens, usage)
             except Exception as e:  # noqa: BLE001
@@ -233,7 +243,7 @@ def main(argv=None) -> int:
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--clients", type=int, action="append", help="concurrent clients (repeatable; default 1 4 8 16)")
-    ap.add_argument("--requests", type=int, default=2, help="requests per client per level (default 2)")
+    ap.add_argument("--requests", type=int, default=2, help="requests per level: this many times the clients (default 2)")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="threads of each server")
     ap.add_argument("--max-batch", type=int, default=16, help="intdet serve --max-batch")
