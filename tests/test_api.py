@@ -233,6 +233,10 @@ def test_bad_prompts(llm):
     assert c.truncated == 300 - len(c.prompt_ids) > 0
     with pytest.raises(IntdetError, match="messages"):
         llm.chat([{"role": "user"}])
+    with pytest.raises(IntdetError, match=r"^prompt: character 2 is a lone surrogate \(U\+D800\), not text$"):
+        llm.generate("ab\ud800")
+    with pytest.raises(IntdetError, match=r"^messages\[1\]\.content: character 0 is a lone surrogate"):
+        llm.chat([{"role": "user", "content": "hi"}, {"role": "user", "content": "\udfff"}])
     with pytest.raises(IntdetError, match="^model: .*missing: no such file"):
         intdet.load(os.path.join(os.path.dirname(llm.lm.path), "missing"))
 

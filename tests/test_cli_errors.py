@@ -343,6 +343,15 @@ def test_invalid_utf8_prompt_file(converted_llama, tmp_path, cache):
     assert_error(cli(["generate", "-m", converted_llama, "-f", f], cache), f, "UTF-8")
 
 
+def test_invalid_utf8_prompt_argument(converted_llama, cache):
+    """argv bytes that are not UTF-8 (Python holds them as surrogate escapes;
+    subprocess writes them back as the bytes): one line naming the argument."""
+    for args, needle in ((["abc\udcff"], "PROMPT: not valid UTF-8 (byte 3)"),
+                         (["-p", "\udcc3"], "-p: not valid UTF-8 (byte 0)"),
+                         (["--chat", "--system", "s\udcfe", "hi"], "--system: not valid UTF-8 (byte 1)")):
+        assert_error(cli(["generate", "-m", converted_llama, "-n", "1", *args], cache), needle)
+
+
 def _with_chat_template(src, dst, template):
     d = _copy_hf(src, dst)
     p = os.path.join(d, "tokenizer_config.json")

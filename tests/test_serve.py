@@ -38,7 +38,13 @@ def start_server(model_dir, *extra, key=KEY):
         proc.kill()
         raise RuntimeError(f"server did not start: {line!r} {proc.stderr.read()}")
     port = int(line.split("http://127.0.0.1:")[1].split()[0])
-    threading.Thread(target=proc.stderr.read, daemon=True).start()  # keep draining stderr
+    proc.log = []  # the server's stderr after its first line, kept for the tests that read it
+
+    def drain():
+        for ln in proc.stderr:
+            proc.log.append(ln)
+
+    threading.Thread(target=drain, daemon=True).start()
     return proc, port
 
 
@@ -271,7 +277,10 @@ HOSTILE = [
     ({"prompt": ""}, 400, "prompt: empty"),
     ({"prompt": [[]]}, 400, "prompt: empty"),
     ({"prompt": [5, 100000]}, 400, "outside the vocabulary"),
-    ({"prompt": [-1]}, 400, "prompt"),
+    ({"prompt": [-1]}, 400, "prompt: token id -1 is outside the vocabulary [0, "),
+    ({"prompt": [[5], [2**80]]}, 400, "prompt[1]: token id 1208925819614629174706176 is outside the vocabulary"),
+    (b'{"prompt": "\\ud800"}', 400, "prompt: character 0 is a lone surrogate (U+D800)"),
+    (b'{"prompt": ["ok", "a \\udfff"]}', 400, "prompt[1]: character 2 is a lone surrogate (U+DFFF)"),
     ({}, 400, "prompt: Field required"),
     ({"prompt": "x", "max_tokens": "10"}, 400, "max_tokens: Input should be a valid integer"),
     ({"prompt": "x", "max_tokens": 10**30}, 400, "max_tokens"),
@@ -320,6 +329,8 @@ def test_hostile_completions(server, body, status, msg):
     ({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 99, "logprobs": True}, "top_logprobs"),
     ({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 3}, "top_logprobs: needs \"logprobs\": true"),
     ({"messages": [{"role": "user", "content": "x" * 2000}]}, "maximum context length"),
+    ({"messages": [{"role": "user", "content": "ok"}, {"role": "user", "content": "\ud800"}]},
+     "messages[1].content: character 0 is a lone surrogate"),
 ])
 def test_hostile_chat(server, body, msg):
     status, r = post(server, "/v1/chat/completions", body)
@@ -330,6 +341,8 @@ def test_hostile_other_endpoints(server):
     assert post(server, "/detokenize", {"tokens": [10**6]})[0] == 400
     assert post(server, "/detokenize", {"tokens": "abc"})[0] == 400
     assert post(server, "/tokenize", {})[0] == 400
+    status, r = post(server, "/tokenize", {"prompt": "a\ud800"})
+    assert status == 400 and r["error"]["message"] == "prompt: character 1 is a lone surrogate (U+D800), not text"
     assert request(server, "GET", "/v1/completions")[0] == 405
     status, r = post(server, "/v1/completions", None, raw=b"x" * (1 << 20 + 1) + b"x" * 10)
     assert status == 413 and "larger than" in r["error"]["message"]
@@ -400,6 +413,77 @@ def test_sigterm_drains_running_streams(model_dir):
         socket.create_connection(("127.0.0.1", port), timeout=2)
 
 
+def test_drain_timeout_ends_requests_whole(model_dir):
+    """Requests still running when --drain-timeout runs out end as whole
+    responses (a JSON body, a stream's last chunk and [DONE]), with nothing
+    logged but uvicorn's own lines: no traceback."""
+    proc, port = start_server(model_dir, "--drain-timeout", "1", "--max-batch", "1", "--max-n", "16", key=None)
+    out = {}
+    body = {"prompt": "drain me", "max_tokens": 240, "temperature": 0, "n": 16}
+
+    def streamed(k):
+        try:
+            out[k] = sse(port, "/v1/completions", dict(body, stream=True))
+        except Exception as e:  # noqa: BLE001
+            out[k] = e
+
+    def plain(k):
+        try:
+            out[k] = request(port, "POST", "/v1/completions", body, key=None)
+        except Exception as e:  # noqa: BLE001
+            out[k] = e
+
+    # one slot for 8 x 16 sequences of 240 tokens (about 30,000 steps, 7 s
+    # on this project's 2-core machines): far more than the 1 s drain
+    ts = [threading.Thread(target=f, args=(k,)) for k, f in enumerate([streamed, plain] * 4)]
+    for t in ts:
+        t.start()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and stats_open(port)["requests"] < 8 * 16:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGTERM)
+    for t in ts:
+        t.join(60)
+    assert proc.wait(60) == 0
+    finishes = []
+    for k, r in out.items():
+        assert not isinstance(r, Exception), (k, r)
+        if k % 2 == 0:  # streamed: every chunk parsed, a last chunk per choice names its finish
+            ends = [c["choices"][0]["finish_reason"] for c in r if c["choices"] and c["choices"][0]["finish_reason"]]
+            assert len(ends) == 16, r[-3:]
+            finishes += ends
+        else:
+            status, b = r
+            assert status == 200 and len(b["choices"]) == 16, b
+            finishes += [c["finish_reason"] for c in b["choices"]]
+    assert set(finishes) <= {"length", "stop", "abort"} and "abort" in finishes, finishes
+    log = "".join(proc.log)
+    assert "Traceback" not in log and "never retrieved" not in log, log
+
+
+def test_disconnect_while_waiting_logs_nothing(model_dir):
+    """A client that leaves a non-streamed request cancels it quietly (the
+    gathered wait's CancelledError is retrieved, not logged)."""
+    proc, port = start_server(model_dir, key=None)
+    try:
+        body = json.dumps({"prompt": ["x", "y"], "n": 2, "max_tokens": 250, "temperature": 0}).encode()
+        for _ in range(3):
+            s = socket.create_connection(("127.0.0.1", port))
+            s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+            time.sleep(0.05)
+            s.close()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and (stats_open(port)["running"] or stats_open(port)["waiting"]):
+            time.sleep(0.02)
+        assert stats_open(port)["cancelled"] >= 1
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+    log = "".join(proc.log)
+    assert "Traceback" not in log and "never retrieved" not in log, log
+
+
 def stats_open(port):
     return request(port, "GET", "/stats", key=None)[1]
 
@@ -424,8 +508,8 @@ def test_connection_limit_answers_503(model_dir):
                       + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
             assert s.recv(100).startswith(b"HTTP/1.1 200")
             held.append(s)
-        status, _ = request(port, "GET", "/v1/models", key=None)
-        assert status == 503
+        status, r = request(port, "GET", "/v1/models", key=None)
+        assert status == 503 and set(r) == {"error"} and "--max-connections" in r["error"]["message"], r
         for s in held:
             s.close()
         deadline = time.monotonic() + 60
@@ -437,6 +521,29 @@ def test_connection_limit_answers_503(model_dir):
                 pass
             time.sleep(0.1)
         assert request(port, "GET", "/health", key=None)[0] == 200
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+
+
+def test_idle_connections_are_closed(model_dir):
+    """Sockets that connect and send nothing are closed after --idle-timeout,
+    so they cannot hold the connection slots (uvicorn alone kept them)."""
+    proc, port = start_server(model_dir, "--max-connections", "2", "--idle-timeout", "1", key=None)
+    try:
+        idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(2)]
+        t0 = time.monotonic()
+        for s in idle:
+            s.settimeout(30)
+            assert s.recv(100) == b""  # closed by the server
+        assert time.monotonic() - t0 < 20
+        assert request(port, "GET", "/health", key=None)[0] == 200
+        # a connection that sends its request in time is served as before
+        s = socket.create_connection(("127.0.0.1", port))
+        s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        s.settimeout(30)
+        assert s.recv(100).startswith(b"HTTP/1.1 200")
+        s.close()
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0

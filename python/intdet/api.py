@@ -289,7 +289,7 @@ class LLM:
 
         if not isinstance(text, str):
             raise IntdetError(f"prompt: expected a string, got {type(text).__name__}")
-        return encode(self.tokenizer, self.meta, text, add_bos=add_bos)
+        return encode(self.tokenizer, self.meta, text, add_bos=add_bos, what="prompt")
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         self._check_ids(ids, "tokens")

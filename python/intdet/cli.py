@@ -343,6 +343,9 @@ def _read_prompt(prompt, prompt_opt, file, ids):
     text = prompt if prompt is not None else prompt_opt
     if text is None:
         raise IntdetError("no prompt: give PROMPT, -p, -f or --ids")
+    from .tokenizer import check_text
+
+    check_text(text, "PROMPT" if prompt is not None else "-p")  # argv bytes that are not UTF-8
     return text, None
 
 
@@ -492,6 +495,10 @@ def generate(ctx, prompt, prompt_opt, file, ids, chat, system, truncate, model, 
         raise IntdetError("--chat: cannot apply the chat template to --ids (give the prompt as text)")
     if system is not None and not chat:
         raise IntdetError("--system: needs --chat")
+    if system is not None:
+        from .tokenizer import check_text
+
+        check_text(system, "--system")
     if quiet and verbose:
         raise IntdetError("-q and -v: choose one")
     sampler = _make_sampler(ctx, ctx.params, as_json)

@@ -4,13 +4,15 @@ Binds to 127.0.0.1 unless --host says otherwise; --api-key (or
 $INTDET_API_KEY) requires ``Authorization: Bearer KEY`` on every endpoint but
 /health. SIGTERM or Ctrl-C: stop accepting connections, let running
 requests finish for up to --drain-timeout seconds, then cancel what is left
-and exit 0. It prints one line ``intdet serve: listening on http://HOST:PORT
+(a second before the deadline, so each still gets a whole response with
+finish_reason "abort") and exit 0. It prints one line ``intdet serve: listening on http://HOST:PORT
 (model NAME)`` on stderr once it accepts connections (--port 0 picks a free
 port, named there).
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import socket
@@ -39,6 +41,8 @@ _OPTIONS = [
     click.option("--max-n", default=16, show_default=True, type=int, help="Largest n (choices per prompt)."),
     click.option("--drain-timeout", default=10, show_default=True, type=int,
                  help="Seconds SIGTERM waits for running requests before cancelling them."),
+    click.option("--idle-timeout", default=15, show_default=True, type=int,
+                 help="Seconds a new connection may take to send its first request before it is closed."),
     click.option("-v", "--verbose", is_flag=True, help="Log each HTTP request."),
 ]
 
@@ -55,12 +59,13 @@ def command(model_options, user_errors) -> click.Command:
 
 
 def serve(model, revision, weights, device, threads, host, port, max_batch, step_tokens, kv_cache_mib, api_key,
-          served_model_name, max_connections, max_body_mib, max_n, drain_timeout, verbose):
+          served_model_name, max_connections, max_body_mib, max_n, drain_timeout, idle_timeout, verbose):
     """Serve the model over an OpenAI-compatible HTTP API (deterministic continuous batching)."""
     try:
         import uvicorn
 
         from .serve.app import Limits, create_app
+        from .serve.http import install_json_503, protocol_class
     except ImportError as e:
         raise IntdetError(f"intdet serve needs the serve extra: pip install 'intdet[serve]' ({e})") from None
     from .api import LLM
@@ -68,7 +73,8 @@ def serve(model, revision, weights, device, threads, host, port, max_batch, step
 
     for name, v, lo in (("--port", port, 0), ("--max-batch", max_batch, 1), ("--step-tokens", step_tokens, 1),
                         ("--kv-cache-mib", kv_cache_mib, 1), ("--max-connections", max_connections, 1),
-                        ("--max-body-mib", max_body_mib, 1), ("--max-n", max_n, 1), ("--drain-timeout", drain_timeout, 0)):
+                        ("--max-body-mib", max_body_mib, 1), ("--max-n", max_n, 1), ("--drain-timeout", drain_timeout, 0),
+                        ("--idle-timeout", idle_timeout, 1)):
         if v < lo:
             raise IntdetError(f"{name}: {v} must be >= {lo}")
     if port > 65535:
@@ -91,7 +97,9 @@ def serve(model, revision, weights, device, threads, host, port, max_batch, step
               step_tokens=step_tokens, kv_bytes=kv_cache_mib << 20, progress=sys.stderr.isatty(),
               notice=_log(True))
     app = create_app(llm, name, api_key, Limits(max_body_bytes=max_body_mib << 20, max_n=max_n))
-    config = uvicorn.Config(app, log_level="info" if verbose else "warning", access_log=verbose,
+    install_json_503()
+    config = uvicorn.Config(app, http=protocol_class(idle_timeout), log_level="info" if verbose else "warning",
+                            access_log=verbose,
                             # uvicorn counts the connection being checked: N + 1 lets N in
                             limit_concurrency=max_connections + 1, timeout_graceful_shutdown=drain_timeout,
                             lifespan="on", server_header=False)
@@ -107,6 +115,22 @@ def serve(model, revision, weights, device, threads, host, port, max_batch, step
                    f"{'API key required' if api_key else 'no API key'})", err=True)
 
     server.startup = startup
+    orig_shutdown = server.shutdown
+
+    async def shutdown(sockets=None):
+        # uvicorn cancels the tasks still running when the drain time is up,
+        # which cuts their responses off (a bare 500, a stream without its
+        # end). Cancelling intdet's own requests a moment earlier ends each as
+        # a whole response instead: finish_reason "abort", and a stream's last
+        # chunk and [DONE].
+        lead = min(1.0, drain_timeout / 2)
+        timer = asyncio.get_running_loop().call_later(drain_timeout - lead, llm.scheduler.cancel_all)
+        try:
+            await orig_shutdown(sockets=sockets)
+        finally:
+            timer.cancel()
+
+    server.shutdown = shutdown
     # uvicorn handles SIGINT/SIGTERM (stop accepting, drain, cancel) and, once
     # stopped, raises the signal again for the handler it found: make that
     # one record it, so a drained shutdown exits 0 instead of dying by it.

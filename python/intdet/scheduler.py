@@ -470,6 +470,17 @@ class Scheduler:
                         r.finish_reason, r._seq = "error", None
                         r.done.set()
 
+    def cancel_all(self) -> None:
+        """Stop taking requests and cancel every waiting and running one
+        without waiting (any thread): the loop retires them at its next
+        step, each with finish_reason "cancelled"."""
+        with self._lock:
+            self._stopping = True
+            reqs = list(self.waiting) + list(self.running)
+            self._wake.notify_all()
+        for r in reqs:
+            r.cancel()
+
     def shutdown(self, cancel: bool = True, timeout: float | None = None) -> None:
         """Stop taking requests; ``cancel``: retire every running and waiting
         request as cancelled, else let them finish. Joins the loop thread."""

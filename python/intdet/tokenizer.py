@@ -37,6 +37,7 @@ from tokenizers import (
     pre_tokenizers,
 )
 
+from .errors import IntdetError
 from .tokenizer_spm import sentencepiece_bpe
 
 __all__ = [
@@ -430,8 +431,23 @@ def _post_processor_bos(proc: dict | None) -> str | None:
 _ENCODE_LOCK = threading.Lock()
 
 
+def check_text(text: str, what: str = "text") -> None:
+    """IntdetError naming ``what`` when ``text`` cannot be UTF-8: a lone
+    surrogate code point (JSON allows "\\ud800"), or a byte of a command-line
+    argument that was not UTF-8 (Python carries it as a surrogate escape,
+    U+DC80..U+DCFF). The tokenizer takes text only."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        c = ord(text[e.start])
+        if 0xDC80 <= c <= 0xDCFF:
+            at = len(text[:e.start].encode("utf-8", "surrogateescape"))
+            raise IntdetError(f"{what}: not valid UTF-8 (byte {at})") from None
+        raise IntdetError(f"{what}: character {e.start} is a lone surrogate (U+{c:04X}), not text") from None
+
+
 def encode(tok: Tokenizer, meta: dict, text: str, add_bos: bool | None = None,
-           special: bool = False) -> list[int]:
+           special: bool = False, what: str = "text") -> list[int]:
     """Tokenize ``text`` into ``list[int]``.
 
     Args:
@@ -441,12 +457,16 @@ def encode(tok: Tokenizer, meta: dict, text: str, add_bos: bool | None = None,
             tokens. ``special=True`` matches them as single tokens (for rendered chat prompts).
         add_bos: prepend ``meta['bos_token_id']``; default ``meta['add_bos_token']``.
 
+        what: the name an error gives ``text`` (check_text).
+
     Raises:
         TypeError: ``text`` is not a ``str``.
+        IntdetError: ``text`` is not valid Unicode (check_text).
         ValueError: BOS requested but the model has none.
     """
     if not isinstance(text, str):
         raise TypeError(f"text must be str, not {type(text).__name__}")
+    check_text(text, what)
     if add_bos is None:
         add_bos = bool(meta.get("add_bos_token"))
     with _ENCODE_LOCK:
@@ -563,7 +583,7 @@ def encode_messages(tok: Tokenizer, meta: dict, messages: list[dict],
     ids = encode(tok, meta, pieces[0], add_bos=add_bos, special=True)
     for j in range(1, len(pieces), 2):
         i = int(pieces[j][len("\x00intdet-content-"):-1])
-        ids += encode(tok, meta, messages[i]["content"], add_bos=False)
+        ids += encode(tok, meta, messages[i]["content"], add_bos=False, what=f"messages[{i}].content")
         ids += encode(tok, meta, pieces[j + 1], add_bos=False, special=True)
     return ids
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import logging
 import os
 import threading
 import time
@@ -36,6 +37,8 @@ from ..api import LLM, SamplingParams, derive_seed
 from ..errors import IntdetError
 from ..logprobs import to_float
 from . import protocol as P
+
+_log = logging.getLogger("intdet.serve")
 
 FINISH = {"eos": "stop", "stop": "stop", "length": "length", "context": "length", "cancelled": "abort",
           "error": "error"}
@@ -214,6 +217,9 @@ class Server:
             watch.cancel()
             if not work.done():
                 work.cancel()
+                # read its outcome once it settles, so asyncio does not log
+                # "exception was never retrieved" (CancelledError) for it
+                work.add_done_callback(lambda f: f.cancelled() or f.exception())
             for req, _ in runs:
                 req.cancel()
 
@@ -278,7 +284,10 @@ class Server:
         if r.messages is not None:
             ids = self.chat_ids(r.messages)
         else:
-            ids = self.llm.encode(r.prompt, add_bos=None if r.add_special_tokens else False)
+            try:
+                ids = self.llm.encode(r.prompt, add_bos=None if r.add_special_tokens else False)
+            except IntdetError as e:
+                raise BadRequest(str(e), "prompt") from None
         return JSONResponse({"count": len(ids), "max_model_len": self.llm.context_length, "tokens": ids})
 
     async def detokenize(self, request: Request):
@@ -293,7 +302,8 @@ class Server:
         try:
             return self.llm.chat_ids([{"role": m.role, "content": m.text()} for m in messages])
         except IntdetError as e:
-            raise BadRequest(f"messages: {e}", "messages") from None
+            msg = str(e)
+            raise BadRequest(msg if msg.startswith("messages") else f"messages: {msg}", "messages") from None
 
     def prompts_of(self, prompt) -> list:
         if isinstance(prompt, str):
@@ -309,10 +319,13 @@ class Server:
         out = []
         for i, p in enumerate(plist):
             where = "prompt" if len(plist) == 1 else f"prompt[{i}]"
-            ids = self.llm.encode(p) if isinstance(p, str) else list(p)
+            try:
+                ids = self.llm.encode(p) if isinstance(p, str) else list(p)
+            except IntdetError as e:  # not valid Unicode text
+                raise BadRequest(str(e).replace("prompt", where, 1), "prompt") from None
             if not ids:
                 raise BadRequest(f"{where}: empty", "prompt")
-            bad = [t for t in ids if t >= self.llm.vocab_size]
+            bad = [t for t in ids if not 0 <= t < self.llm.vocab_size]
             if bad:
                 raise BadRequest(f"{where}: token id {bad[0]} is outside the vocabulary [0, {self.llm.vocab_size})",
                                  "prompt")
@@ -547,6 +560,9 @@ def create_app(llm: LLM, model_name: str, api_key: str | None = None, limits: Li
                 return _error(400, str(e))
             except Exception as e:  # noqa: BLE001  (a bug: answer 500 in OpenAI's shape, keep serving)
                 srv.counts["errors"] += 1
+                # one line for the operator (the client gets no internals)
+                _log.error("%s %s: internal error: %s: %s", request.method, request.url.path, type(e).__name__,
+                           str(e).splitlines()[0][:300] if str(e) else "")
                 return _error(500, f"internal error: {type(e).__name__}")
 
         return endpoint

@@ -61,7 +61,8 @@ class SamplingFields(Strict):
 
 
 class CompletionRequest(SamplingFields):
-    prompt: Union[StrictStr, List[StrictStr], List[TokenId], List[List[TokenId]]]
+    # ids of any size: the server names an id outside the vocabulary (app.prompts_of)
+    prompt: Union[StrictStr, List[StrictStr], List[StrictInt], List[List[StrictInt]]]
     max_tokens: Optional[Count] = 16
     echo: StrictBool = False
     logprobs: Optional[Annotated[StrictInt, Field(ge=0, le=MAX_LOGPROBS)]] = None
