@@ -801,7 +801,7 @@ def hash_check(model, prompt, steps, seed, temperature, expect, with_ref, with_f
     if src is None:
         check_weights(model, weights)
     lm = load_model(model if src is None else converted_path(src, progress=sys.stderr.isatty(), weights=weights or "int8"))
-    ids = encode(lm.tokenizer, lm.tok_meta, prompt)
+    ids = encode(lm.tokenizer, lm.tok_meta, prompt, what="--prompt")
     if not ids:
         raise IntdetError("--prompt: empty")
     if len(ids) + steps > lm.cfg["context_length"]:

@@ -110,6 +110,10 @@ def parse_line(index: int, raw, default_task: str, seen: dict) -> Item | None:
         d = json.loads(text)
     except ValueError as e:
         return bad(f"invalid JSON ({e})")
+    try:  # JSON's "\\ud800" escapes decode to lone surrogates: not text, and no output could hold them
+        json.dumps(d, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as e:
+        return bad(f"a string holds a lone surrogate (U+{ord(e.object[e.start]):04X}), not valid Unicode text")
     if not isinstance(d, dict):
         return bad(f"expected a JSON object, got {type(d).__name__}")
     if "id" not in d:
