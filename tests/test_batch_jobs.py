@@ -195,7 +195,7 @@ def test_bad_items_are_per_item_errors(serial):
     assert errs['"u2"'].startswith("max_tokes: not a field of a generate item")
     assert errs['"u3"'] == "give exactly one of prompt, messages, ids"
     assert "do not fit the context length 256" in errs['"u4"']
-    assert errs['"u5"'] == "prompt: token id 999 is outside the vocabulary [0, 320)"
+    assert errs['"u5"'] == "ids: token id 999 is outside the vocabulary [0, 320)"
     assert errs['"u6"'].startswith("temperature:")
     assert "do not fit the context length 256 (give ctx" in errs['"u7"']
     assert errs['"u8"'] == "continuation: empty"
@@ -319,6 +319,34 @@ def test_open_output_refuses_a_foreign_file(tmp_path):
     assert summarize(str(p))["items"] == 1
 
 
+def test_open_output_is_locked(tmp_path):
+    """A second job on the same output is refused while the first holds it
+    (two appending jobs wrote every record twice)."""
+    p = str(tmp_path / "o.jsonl")
+    f, _ = open_output(p)
+    try:
+        with pytest.raises(IntdetError, match=r"-o .*o.jsonl: another intdet batch is writing it"):
+            open_output(p)
+    finally:
+        f.close()
+    g, done = open_output(p)  # free again once the first job's file is closed
+    g.close()
+    assert done == {}
+
+
+def test_bom_and_ids_field_named(model_dir, tmp_path):
+    """A UTF-8 byte-order mark before the first line is skipped; an error in
+    an item's ``ids`` names ``ids`` (it said ``prompt``)."""
+    inp = tmp_path / "i.jsonl"
+    inp.write_bytes(b'\xef\xbb\xbf{"id": 1, "prompt": "hi", "max_tokens": 2}\n{"id": 2, "ids": [1, 99999999]}\n')
+    out = tmp_path / "o.jsonl"
+    r = _cli(str(inp), "-o", str(out), "-m", model_dir, "--workers", "0")
+    assert r.returncode == 0, r.stderr
+    recs = [json.loads(x) for x in out.read_text().splitlines()]
+    assert recs[0]["error"] is None and recs[0]["result"]["finish_reason"] == "length"
+    assert recs[1]["error"].startswith("ids: token id 99999999 is outside the vocabulary"), recs[1]
+
+
 # ---------------------------------------------------------------- command line
 
 
@@ -330,7 +358,9 @@ def test_cli_errors_are_one_line(model_dir, items_file, tmp_path):
                       ((items_file, "-o", out, "--batch-size", "0"), "--batch-size: 0 must be >= 1"),
                       ((items_file, "-o", out, "--address", "x"), "--address: only for --engine ray or dask"),
                       ((items_file, "-o", items_file), "is the input file"),
-                      ((items_file, "-o", str(tmp_path / "no" / "o.jsonl")), "does not exist")]:
+                      ((items_file, "-o", str(tmp_path / "no" / "o.jsonl")), "does not exist"),
+                      (("-", "-o", out), "IN.jsonl: '-' (stdin) is not supported"),
+                      ((items_file, "-o", "-"), "-o -: stdout is not supported")]:
         r = _cli(*args, "-m", model_dir)
         assert r.returncode == 1 and msg in r.stderr and len(r.stderr.strip().splitlines()) == 1, (args, r.stderr)
     assert not os.path.exists(out)

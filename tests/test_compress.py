@@ -5,8 +5,10 @@ sets, and the container's checks (corrupt, truncated, wrong model)."""
 import io
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import models
 import numpy as np
@@ -290,3 +292,82 @@ def test_cli_defaults_and_refusals(tiny, tmp_path):
     r = run_cli("compress", str(src), env=env)
     assert r.returncode == 1 and r.stderr.strip().endswith(b"(see 'intdet compress --help')"), r.stderr
     assert b"Missing option '-o'" in r.stderr
+
+
+def test_cli_odd_output_paths(tiny, tmp_path):
+    """-o "" and -o DIR/ are named before any work (they printed a temp
+    file's path after the whole run)."""
+    env = dict(os.environ, INTDET_CACHE=str(tmp_path / "cache"))
+    src = tmp_path / "a.txt"
+    src.write_bytes(TEXT.encode())
+    for out, msg in (("", b"-o: empty path"), (str(tmp_path / "newdir") + "/", b"names a directory, not a file")):
+        r = run_cli("compress", str(src), "-o", out, "-m", tiny, env=env)
+        assert r.returncode == 1 and msg in r.stderr and r.stderr.count(b"\n") == 1, r.stderr
+    assert sorted(os.listdir(tmp_path)) == ["a.txt"]
+
+
+def test_output_made_meanwhile_is_not_replaced(tmp_path):
+    """Without --force the finished file goes into place only where no file
+    is (another run may have made one since the start's check)."""
+    from intdet.cli_compress import _place
+
+    tmp, out = tmp_path / ".o.tmp", tmp_path / "o"
+    tmp.write_bytes(b"new")
+    out.write_bytes(b"other run's")
+    with pytest.raises(IntdetError, match="exists \\(made while this ran; use --force"):
+        _place(str(tmp), str(out), force=False)
+    assert out.read_bytes() == b"other run's"
+    out.unlink()
+    _place(str(tmp), str(out), force=False)
+    assert out.read_bytes() == b"new" and not tmp.exists()
+    tmp.write_bytes(b"newer")
+    _place(str(tmp), str(out), force=True)
+    assert out.read_bytes() == b"newer" and not tmp.exists()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_signal_during_compress_leaves_nothing(tiny, tmp_path, sig):
+    """kill (SIGTERM) or a closed terminal (SIGHUP) while compressing: one
+    line, exit 128 + signal, no temporary file left beside the output."""
+    env = dict(os.environ, INTDET_CACHE=str(tmp_path / "cache"))
+    src = tmp_path / "big.txt"
+    src.write_bytes(TEXT.encode() * 400)
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    run_cli("compress", str(src), "-o", str(out_dir / "warm.idz"), "-m", tiny, "--ctx", "16", env=env)  # converts
+    (out_dir / "warm.idz").unlink()
+    p = subprocess.Popen([sys.executable, "-m", "intdet", "compress", str(src), "-o", str(out_dir / "big.idz"),
+                          "-m", tiny, "--ctx", "16", "--threads", "1"], stderr=subprocess.PIPE, env=env)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not os.listdir(out_dir):  # the temp file exists: work has begun
+        time.sleep(0.01)
+    time.sleep(0.3)
+    p.send_signal(sig)
+    _, err = p.communicate(timeout=120)
+    if p.returncode == 0:  # finished before the signal (a very fast machine): nothing to check
+        pytest.skip("compress finished before the signal")
+    assert p.returncode == 128 + sig, err
+    assert err.decode().strip() in ("intdet: terminated", "intdet: hung up"), err
+    assert os.listdir(out_dir) == []
+
+
+def test_relative_model_path_is_stored_absolute(tiny, tmp_path):
+    """compress -m RELATIVE, then decompress (no -m) from another directory:
+    the header names the model by its absolute path."""
+    import shutil
+
+    env = dict(os.environ, INTDET_CACHE=str(tmp_path / "cache"))
+    work, elsewhere = tmp_path / "work", tmp_path / "elsewhere"
+    work.mkdir()
+    elsewhere.mkdir()
+    shutil.copytree(tiny, work / "m")
+    (work / "a.txt").write_bytes(TEXT.encode())
+    r = subprocess.run([sys.executable, "-m", "intdet", "compress", "a.txt", "-o", "a.idz", "-m", "m"], cwd=work,
+                       capture_output=True, env=env)
+    assert r.returncode == 0, r.stderr
+    with open(work / "a.idz", "rb") as f:
+        assert read_header(f, "a.idz").model_name == str(work / "m")
+    r = subprocess.run([sys.executable, "-m", "intdet", "decompress", str(work / "a.idz"), "-o", "b.txt"],
+                       cwd=elsewhere, capture_output=True, env=env)
+    assert r.returncode == 0, r.stderr
+    assert (elsewhere / "b.txt").read_bytes() == TEXT.encode()

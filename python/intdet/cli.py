@@ -126,9 +126,9 @@ def user_errors(fn):
         except KeyboardInterrupt:  # Ctrl-C outside generation (convert, model load): one line, exit 130
             _err("intdet: interrupted")
             sys.exit(130)
-        except Terminated:  # SIGTERM during a conversion, which cleaned up first
-            _err("intdet: terminated")
-            sys.exit(143)
+        except Terminated as e:  # SIGTERM (SIGHUP) during work that cleaned up first
+            _err(f"intdet: {e}")
+            sys.exit(128 + e.signum)
         except MemoryError:
             _fail("out of memory")
         except OSError as e:  # permission denied, disk full, ... on a named file

@@ -15,6 +15,8 @@ import sys
 
 import click
 
+from .errors import IntdetError
+
 _ARGUMENTS = [click.argument("input_path", metavar="IN.jsonl", type=click.Path(dir_okay=False))]
 _OPTIONS = [
     click.option("-o", "--output", "output_path", required=True, metavar="OUT.jsonl", type=click.Path(dir_okay=False),
@@ -39,6 +41,12 @@ def batch(input_path, output_path, model, revision, weights, device, threads, ta
     """Run the items of IN.jsonl (one JSON object with an id per line) into OUT.jsonl."""
     from .batch.runner import run_job
     from .cli import _log
+
+    # a job re-reads its input and appends to its output to resume: both are files
+    if input_path == "-":
+        raise IntdetError("IN.jsonl: '-' (stdin) is not supported: give a file (a job re-reads it to resume)")
+    if output_path == "-":
+        raise IntdetError("-o -: stdout is not supported: give a file (a job appends to it and resumes from it)")
 
     summary = run_job(input_path, output_path, model=model, task=task, engine=engine, workers=workers,
                       address=address, batch_size=batch_size, threads=threads or None, device=device,

@@ -2,8 +2,10 @@
 
 Every output goes to a temporary file beside it (stdout: in $TMPDIR) and is
 renamed into place, or copied to stdout, only once complete and, for
-decompress, checked against the header's sha256; an error or Ctrl-C removes
-it. An existing output is replaced only with --force.
+decompress, checked against the header's sha256; an error, Ctrl-C, SIGTERM
+or SIGHUP removes it. An existing output is replaced only with --force,
+also when another run creates it meanwhile (the finished file is hard-linked
+into place, which fails where a name exists).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import tempfile
 import click
 
 from .errors import IntdetError
+from .signals import sigterm_raises
 
 # cli.py imports this module at its end, so cli's helpers are looked up when
 # a command runs (this also works under `python -m intdet.cli`).
@@ -69,9 +72,13 @@ def _output(path: str, force: bool, inp: str = "-"):
     """Yield a seekable binary temp file; on success it becomes ``path``
     (``-``: is copied to stdout); on any error it is removed. ``inp``: the
     input path, which the output may not replace."""
+    if not path:
+        raise IntdetError("-o: empty path")
     if path != "-":
         if os.path.isdir(path):
             raise IntdetError(f"-o {path}: is a directory")
+        if path.endswith(("/", os.sep)):
+            raise IntdetError(f"-o {path}: names a directory, not a file")
         if inp != "-" and os.path.exists(path) and os.path.samefile(path, inp):
             raise IntdetError(f"-o {path}: is the input file (write the output elsewhere)")
         if os.path.lexists(path) and not force:
@@ -82,27 +89,48 @@ def _output(path: str, force: bool, inp: str = "-"):
     tmp = tempfile.NamedTemporaryFile(
         "w+b", dir=None if path == "-" else os.path.dirname(os.path.abspath(path)),
         prefix="." + (os.path.basename(path) if path != "-" else "intdet") + ".", suffix=".tmp", delete=False)
+    with sigterm_raises(hangup=True):  # `kill` or a closed terminal cleans up as Ctrl-C does
+        try:
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp.name, 0o666 & ~umask)  # as open() would create it, not mkstemp's 0600
+            yield tmp
+            tmp.flush()
+            if path == "-":
+                tmp.seek(0)
+                shutil.copyfileobj(tmp, sys.stdout.buffer)
+                sys.stdout.buffer.flush()
+                tmp.close()
+                os.unlink(tmp.name)
+            else:
+                os.fsync(tmp.fileno())
+                tmp.close()
+                _place(tmp.name, path, force)
+        except BaseException:
+            tmp.close()
+            with contextlib.suppress(OSError):
+                os.unlink(tmp.name)
+            raise
+
+
+def _place(tmp: str, path: str, force: bool) -> None:
+    """Move the finished ``tmp`` to ``path``. Without ``force`` the move
+    fails if ``path`` exists by now (another run made it while this one
+    worked: a hard link is created only where no name is), instead of
+    replacing it; a file system without hard links gets the check-then-rename."""
+    if force:
+        os.replace(tmp, path)
+        return
     try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp.name, 0o666 & ~umask)  # as open() would create it, not mkstemp's 0600
-        yield tmp
-        tmp.flush()
-        if path == "-":
-            tmp.seek(0)
-            shutil.copyfileobj(tmp, sys.stdout.buffer)
-            sys.stdout.buffer.flush()
-            tmp.close()
-            os.unlink(tmp.name)
-        else:
-            os.fsync(tmp.fileno())
-            tmp.close()
-            os.replace(tmp.name, path)
-    except BaseException:
-        tmp.close()
-        with contextlib.suppress(OSError):
-            os.unlink(tmp.name)
-        raise
+        os.link(tmp, path)
+    except FileExistsError:
+        raise IntdetError(f"-o {path}: exists (made while this ran; use --force to replace it)") from None
+    except OSError:  # no hard links here (some network and FAT file systems)
+        if os.path.lexists(path):
+            raise IntdetError(f"-o {path}: exists (made while this ran; use --force to replace it)") from None
+        os.replace(tmp, path)
+        return
+    os.unlink(tmp)
 
 
 def _bar(total, as_json: bool, desc: str):
@@ -155,7 +183,9 @@ def compress(inp, output, model, weights, ctx, device, threads, force, as_json):
             ctx = min(2048, eng.context_length)
         bar = _bar(size, as_json, "compress")
         try:
-            st = compress_stream(eng, f.read, out, ctx=ctx, model_name=model or "", weights=weights or "",
+            # the header names the model: a local path absolutely, so decompress finds it from any directory
+            named = os.path.abspath(model) if model and os.path.exists(model) else (model or "")
+            st = compress_stream(eng, f.read, out, ctx=ctx, model_name=named, weights=weights or "",
                                  progress=bar.update if bar else None)
         finally:
             if bar:
@@ -187,7 +217,11 @@ def decompress(inp, output, model, batch, device, threads, force, as_json):
     with fin as f:
         h = read_header(f, name)
         with _output(output, force, inp) as out:
-            lm = _load(model or h.model_name or None, None if model else (h.weights or None))
+            # the header's --weights (int4) applies to a -m that needs converting, not to a converted dir
+            from .resolve import is_converted
+
+            converted = bool(model) and os.path.isdir(model) and is_converted(model)
+            lm = _load(model or h.model_name or None, None if converted else (h.weights or None))
             eng = _engine(lm, device, threads)
             bar = _bar(h.orig_len, as_json, "decompress")
             try:

@@ -16,30 +16,40 @@ import threading
 
 
 class Terminated(BaseException):
-    """Raised in the main thread by SIGTERM inside :func:`sigterm_raises`.
-    A BaseException, like KeyboardInterrupt, so ``except Exception`` does not
-    swallow it. The CLI reports it in one line and exits 143 (128 + 15)."""
+    """Raised in the main thread by SIGTERM (or, where asked, SIGHUP) inside
+    :func:`sigterm_raises`; ``signum`` names it. A BaseException, like
+    KeyboardInterrupt, so ``except Exception`` does not swallow it. The CLI
+    reports it in one line and exits 128 + signum (143 for SIGTERM)."""
+
+    def __init__(self, msg: str = "terminated", signum: int = signal.SIGTERM):
+        super().__init__(msg)
+        self.signum = int(signum)
 
 
 def _raise_terminated(signum, frame):
-    raise Terminated("terminated")
+    raise Terminated("terminated" if signum == signal.SIGTERM else "hung up", signum)
 
 
 @contextlib.contextmanager
-def sigterm_raises():
-    """Within the block, SIGTERM raises Terminated in the main thread.
+def sigterm_raises(hangup: bool = False):
+    """Within the block, SIGTERM (and SIGHUP with ``hangup``: the terminal
+    closed) raises Terminated in the main thread.
 
-    Does nothing off the main thread (Python runs signal handlers only
-    there) or when the program already handles SIGTERM itself; the previous
-    handler is restored on leaving the block."""
-    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+    Does nothing for a signal the program already handles itself, nor off
+    the main thread (Python runs signal handlers only there); the previous
+    handlers are restored on leaving the block."""
+    sigs = [signal.SIGTERM] + ([signal.SIGHUP] if hangup and hasattr(signal, "SIGHUP") else [])
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
-    signal.signal(signal.SIGTERM, _raise_terminated)
+    mine = [s for s in sigs if signal.getsignal(s) == signal.SIG_DFL]
+    for s in mine:
+        signal.signal(s, _raise_terminated)
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        for s in mine:
+            signal.signal(s, signal.SIG_DFL)
 
 
 class signals_deferred:

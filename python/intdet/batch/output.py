@@ -24,15 +24,35 @@ from .tasks import record_line
 Q24 = 1 << 24
 
 
+def _lock(f, path: str) -> None:
+    """An exclusive advisory lock on the open output for the job's life (it
+    goes with the file's closing): two jobs appending to one file would
+    write every record twice. No-op where fcntl is missing (Windows)."""
+    try:
+        import fcntl
+    except ImportError:
+        return
+    try:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        raise IntdetError(f"-o {path}: another intdet batch is writing it (wait for it to end, or give another "
+                          "file)") from None
+
+
 def open_output(path: str):
-    """Open ``path`` for appending; return (file, {done record key: its
-    item_sha256, or None in a record written before records carried it}).
-    A last line without its newline (a crash mid-write) is cut off; a
-    complete line that is not a record is an error naming the line."""
+    """Open ``path`` for appending, locked (``_lock``); return (file, {done
+    record key: its item_sha256, or None in a record written before records
+    carried it}). A last line without its newline (a crash mid-write) is cut
+    off; a complete line that is not a record is an error naming the line."""
+    d = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(d):
+        raise IntdetError(f"-o {path}: directory {d} does not exist")
     done = {}
-    if os.path.exists(path):
-        with open(path, "rb") as f:
-            data = f.read()
+    f = open(path, "a+b")
+    try:
+        _lock(f, path)
+        f.seek(0)
+        data = f.read()
         end = data.rfind(b"\n") + 1
         for n, line in enumerate(data[:end].splitlines(), 1):
             try:
@@ -44,12 +64,11 @@ def open_output(path: str):
                 raise IntdetError(f"{path}: line {n} is not an intdet batch record; "
                                   "give a new output file or remove it") from None
         if end < len(data):
-            with open(path, "r+b") as f:
-                f.truncate(end)
-    d = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(d):
-        raise IntdetError(f"-o {path}: directory {d} does not exist")
-    return open(path, "ab"), done
+            f.truncate(end)
+    except BaseException:
+        f.close()
+        raise
+    return f, done
 
 
 class Reorder:

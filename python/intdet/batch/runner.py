@@ -27,6 +27,8 @@ def read_items(path: str, task: str) -> list:
     items, seen = [], {}
     with open(path, "rb") as f:
         for i, line in enumerate(f):
+            if i == 0 and line.startswith(b"\xef\xbb\xbf"):  # a UTF-8 byte-order mark (some editors write one)
+                line = line[3:]
             it = parse_line(i, line.rstrip(b"\r\n"), task, seen)
             if it is not None:
                 items.append(it)

@@ -100,7 +100,12 @@ class TaskRunner:
         if "messages" in f:
             ids = self.llm.chat_ids(f["messages"])
         else:
-            ids = self.llm.prompt_ids(f["prompt"] if "prompt" in f else f["ids"])
+            field = "prompt" if "prompt" in f else "ids"
+            try:
+                ids = self.llm.prompt_ids(f[field])
+            except IntdetError as e:  # prompt_ids names "prompt"; the item's field may be "ids"
+                msg = str(e)
+                raise IntdetError(field + msg[len("prompt"):] if msg.startswith("prompt") else msg) from None
         kw = {k: f[k] for k in f if k not in ("prompt", "messages", "ids")}
         if isinstance(kw.get("stop"), list):
             kw["stop"] = tuple(kw["stop"])
