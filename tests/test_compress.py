@@ -371,3 +371,9 @@ def test_relative_model_path_is_stored_absolute(tiny, tmp_path):
                        cwd=elsewhere, capture_output=True, env=env)
     assert r.returncode == 0, r.stderr
     assert (elsewhere / "b.txt").read_bytes() == TEXT.encode()
+    # a different model: the error names the one in the header
+    other = convert(models.write_hf_model(str(tmp_path / "o"), "llama", seed=7), str(tmp_path / "om"), progress=False)
+    r = subprocess.run([sys.executable, "-m", "intdet", "decompress", str(work / "a.idz"), "-o", "c.txt", "-m", other],
+                       cwd=elsewhere, capture_output=True, env=env)
+    assert r.returncode == 1 and f"compressed with the model '{work / 'm'}', of sha256".encode() in r.stderr, r.stderr
+    assert not (elsewhere / "c.txt").exists()

@@ -148,8 +148,9 @@ def check_model(h: Header, engine, tb: TokenBytes, where: str) -> None:
     """The header's model, engine format and token table against the loaded ones."""
     lm = engine.lm
     if h.model_sha256 != lm.model_sha256:
-        raise IntdetError(f"{where}: compressed with the model of sha256 {h.model_sha256[:16]}..., but {lm.path} "
-                          f"has sha256 {lm.model_sha256[:16]}... (give the right model with -m)")
+        named = f"{h.model_name!r}, " if h.model_name else ""
+        raise IntdetError(f"{where}: compressed with the model {named}of sha256 {h.model_sha256[:16]}..., but "
+                          f"{lm.path} has sha256 {lm.model_sha256[:16]}... (give the right model with -m)")
     if h.engine_format != int(lm.cfg["format_version"]):
         raise IntdetError(f"{where}: compressed with engine format version {h.engine_format}, {lm.path} has "
                           f"{lm.cfg['format_version']}")
