@@ -464,14 +464,17 @@ def test_drain_timeout_ends_requests_whole(model_dir):
 def test_disconnect_while_waiting_logs_nothing(model_dir):
     """A client that leaves a non-streamed request cancels it quietly (the
     gathered wait's CancelledError is retrieved, not logged)."""
-    proc, port = start_server(model_dir, key=None)
+    # one slot for 16 sequences of 250 tokens: still running when the client leaves
+    proc, port = start_server(model_dir, "--max-batch", "1", key=None)
     try:
-        body = json.dumps({"prompt": ["x", "y"], "n": 2, "max_tokens": 250, "temperature": 0}).encode()
+        body = json.dumps({"prompt": ["x", "y", "z", "w"], "n": 4, "max_tokens": 250, "temperature": 0}).encode()
         for _ in range(3):
             s = socket.create_connection(("127.0.0.1", port))
             s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                       + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
-            time.sleep(0.05)
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and not stats_open(port)["running"]:  # admitted
+                time.sleep(0.005)
             s.close()
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and (stats_open(port)["running"] or stats_open(port)["waiting"]):
