@@ -493,6 +493,7 @@ def stats_open(port):
 
 def test_bad_serve_options(model_dir):
     for args, msg in ((["--port", "70000"], "--port: 70000 must be <= 65535"), (["--max-batch", "0"], "--max-batch"),
+                      (["--idle-timeout", "0"], "--idle-timeout: 0 must be >= 1"),
                       (["--host", "256.0.0.1"], "cannot bind")):
         r = subprocess.run([sys.executable, "-m", "intdet", "serve", "-m", model_dir, *args], capture_output=True,
                            text=True, timeout=120)

@@ -23,6 +23,7 @@ hash), whatever else is in the batch. Log-probabilities are fixed-point
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import threading
 from collections import deque
@@ -270,15 +271,12 @@ class LLM:
     def model_sha256(self) -> str:
         return self.lm.model_sha256
 
-    @property
+    @functools.cached_property  # every streamed chunk names it
     def system_fingerprint(self) -> str:
         """Names the model file and the format version, nothing of the
         machine: equal fingerprints give equal results."""
-        fp = self.__dict__.get("_fingerprint")  # every streamed chunk names it: computed once
-        if fp is None:
-            h = hashlib.sha256(f"intdet-v{self.lm.cfg['format_version']}-{self.lm.model_sha256}".encode()).hexdigest()
-            fp = self._fingerprint = f"intdet-v{self.lm.cfg['format_version']}-{h[:16]}"
-        return fp
+        h = hashlib.sha256(f"intdet-v{self.lm.cfg['format_version']}-{self.lm.model_sha256}".encode()).hexdigest()
+        return f"intdet-v{self.lm.cfg['format_version']}-{h[:16]}"
 
     # ---------------------------------------------------------------- text
 

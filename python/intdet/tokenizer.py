@@ -466,7 +466,6 @@ def encode(tok: Tokenizer, meta: dict, text: str, add_bos: bool | None = None,
     """
     if not isinstance(text, str):
         raise TypeError(f"text must be str, not {type(text).__name__}")
-    check_text(text, what)
     if add_bos is None:
         add_bos = bool(meta.get("add_bos_token"))
     with _ENCODE_LOCK:
@@ -474,6 +473,9 @@ def encode(tok: Tokenizer, meta: dict, text: str, add_bos: bool | None = None,
         tok.encode_special_tokens = not special  # True = treat special tokens as text
         try:
             ids = tok.encode(text, add_special_tokens=False).ids
+        except TypeError:  # tokenizers refuses text that is not UTF-8: name it (checked only then)
+            check_text(text, what)
+            raise
         finally:
             tok.encode_special_tokens = before
     if not add_bos:
