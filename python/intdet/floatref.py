@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .models.rope_scaling import attention_factor, scaled_inv_freq
+
 
 class FloatModel:
     """fm: ``convert.sources.FloatModel``. ``forward(tokens, start)`` ->
@@ -29,6 +31,8 @@ class FloatModel:
             if theta is None:
                 continue
             inv = 1.0 / (theta ** (np.arange(0, D, 2, dtype=np.float64) / D))
+            if name == "rope":  # long-context scaling (models/rope_scaling.py); Gemma's local layers keep plain RoPE
+                inv = scaled_inv_freq(inv, theta, D, hp.get("rope_scaling"))
             ang = np.arange(n, dtype=np.float64)[:, None] * inv[None, :]
             self.tables[name] = (np.cos(ang).astype(self.dt), np.sin(ang).astype(self.dt))
         self.max_len = n
@@ -62,7 +66,7 @@ class FloatModel:
         pos = np.arange(start, start + T)
         x = w["tok_embd"][tokens] * self.dt.type(hp.get("embed_scale", 1.0))
         rec("tok_embd", x)
-        scale = self.dt.type(hp.get("attn_scale", 1.0 / np.sqrt(D)))
+        scale = self.dt.type(hp.get("attn_scale", 1.0 / np.sqrt(D)) * attention_factor(hp.get("rope_scaling")) ** 2)
         for i in range(hp["num_layers"]):
             p, blk = f"blk.{i}.", hp["layers"][i]  # the block description (models/block.py)
             h = self._norm(x, w[p + "attn_norm"])
@@ -121,7 +125,8 @@ class FloatModel:
 def torch_supported(hp) -> bool:
     """Whether torch_model implements every block (Llama-style ones only)."""
     return all(b["norms"] == ["attn_norm", "ffn_norm"] and b["activation"] == "silu" and not b["attention_window"]
-               and b["rope"] == "rope" for b in hp["layers"]) and "embed_scale" not in hp and "attn_scale" not in hp
+               and b["rope"] == "rope" for b in hp["layers"]) and "embed_scale" not in hp and "attn_scale" not in hp \
+        and not hp.get("rope_scaling")
 
 
 def torch_model(fm):

@@ -25,6 +25,7 @@ import numpy as np
 from ..errors import IntdetError
 from ..format import FORMAT_VERSION, W4_GROUP, W4_MAX, WEIGHT_FORMATS
 from ..ref.ops import NORM_OUT_FRAC, PROB_FRAC
+from ..models.rope_scaling import attention_factor
 from .rope_tables import rope_tables
 
 RESIDUAL_FRAC = 16  # residual stream int32 Q16
@@ -127,6 +128,7 @@ def model_config(arch: str, hp: dict, weights: str = "int8") -> dict:
             "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
             "vocab_size", "context_length", "rope_theta", "rms_eps", "tied_embeddings")},
         **({"rope_local_theta": hp["rope_local_theta"]} if "rope_local_theta" in hp else {}),
+        **({"rope_scaling": hp["rope_scaling"]} if hp.get("rope_scaling") else {}),
         # Only when not 16, so the files of the other families keep their bytes.
         **({"residual_frac_bits": hp["residual_frac"]} if hp.get("residual_frac", 16) != 16 else {}),
         "rms_eps_q60": {
@@ -216,7 +218,8 @@ def quantize_model(fm, progress: bool = False, weights: str = "int8") -> tuple[d
             T[name + ".mant"], T[name + ".shift"] = dyadic_vec(s * hp.get("embed_scale", 1.0) * 2.0**R)
         elif kind == "rope":  # "rope" (rope_theta) or "rope_local" (rope_local_theta: Gemma's local layers)
             theta = hp["rope_local_theta"] if name == "rope_local" else hp["rope_theta"]
-            T[name + ".cos"], T[name + ".sin"] = rope_tables(theta, D, hp["context_length"])
+            scaling = None if name == "rope_local" else hp.get("rope_scaling")  # local layers keep plain RoPE
+            T[name + ".cos"], T[name + ".sin"] = rope_tables(theta, D, hp["context_length"], scaling=scaling)
         elif kind == "post_norm":  # RMSNorm of a branch straight to the residual (Gemma)
             gi, G = quant_gamma(np.asarray(W[name], np.float64) * math.sqrt(p["shape"][0]))
             T[name + ".g"] = gi
@@ -241,8 +244,10 @@ def quantize_model(fm, progress: bool = False, weights: str = "int8") -> tuple[d
             # q and k leave their projection in Q16, or a per-head RMSNorm.
             c_q = c_of.get(pre + "attn_q_norm", 2.0**-PROJ_FRAC)
             c_k = c_of.get(pre + "attn_k_norm", 2.0**-PROJ_FRAC)
-            if "attn_scale" in hp:  # Gemma: query_pre_attn_scalar^-0.5
-                sm, ss = dyadic(c_q * c_k * LOG2E * 2.0**16 * hp["attn_scale"] / 127.0)
+            af2 = attention_factor(hp.get("rope_scaling")) ** 2  # YaRN scales cos and sin: q.k by its square
+            if "attn_scale" in hp or af2 != 1.0:  # Gemma: query_pre_attn_scalar^-0.5
+                scale = hp.get("attn_scale", 1.0 / math.sqrt(D)) * af2
+                sm, ss = dyadic(c_q * c_k * LOG2E * 2.0**16 * scale / 127.0)
             else:  # 1/sqrt(D), written as before so existing files keep their bits
                 sm, ss = dyadic(c_q * c_k * LOG2E * 2.0**16 / (127.0 * math.sqrt(D)))
             T[name + ".mant"] = np.array([sm], np.int32)

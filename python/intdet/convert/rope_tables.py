@@ -70,10 +70,14 @@ def sin_cos(a: np.ndarray):
     return sin, cos
 
 
-def rope_tables(theta: float, head_dim: int, n_pos: int, frac_bits: int = 14):
-    """Q``frac_bits`` int16 tables cos[p, i], sin[p, i] of p * theta^(-2i/D),
-    shape [n_pos, D/2] (half-to-even rounding of the float64 values)."""
-    f = inv_freq(theta, head_dim)
+def rope_tables(theta: float, head_dim: int, n_pos: int, frac_bits: int = 14, scaling: dict | None = None):
+    """Q``frac_bits`` int16 tables cos[p, i], sin[p, i] of p * f_i, shape
+    [n_pos, D/2] (half-to-even rounding of the float64 values); f_i =
+    theta^(-2i/D), changed by ``scaling`` (models/rope_scaling.py) when
+    given."""
+    from ..models.rope_scaling import scaled_inv_freq
+
+    f = scaled_inv_freq(inv_freq(theta, head_dim), theta, head_dim, scaling)
     pos = np.arange(n_pos, dtype=np.float64)
     ang = pos[:, None] * f[None, :]
     s, c = sin_cos(ang)

@@ -160,6 +160,7 @@ def read_gguf(path: str) -> FloatModel:
     hp["vocab_size"] = V
     hp["tied_embeddings"] = "output" not in weights
     hp["layers"] = arch.blocks(hp)
+    models.rope_scaling.take_freq_factors(weights, hp, path)  # llama.cpp's form of Llama 3's RoPE scaling
     arch.gguf_transform(weights, hp)
     check_complete(weights, hp, path)
     return FloatModel(

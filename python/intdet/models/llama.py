@@ -9,6 +9,7 @@ import math
 import numpy as np
 
 from ..errors import IntdetError
+from . import rope_scaling
 from .block import block
 
 NAME = "llama"
@@ -50,9 +51,6 @@ def refuse_hf(cfg: dict, where: str):
 
     if cfg.get("hidden_act", "silu") != "silu":
         bad("hidden_act", "only silu is supported")
-    rs = cfg.get("rope_scaling") or cfg.get("rope_parameters")
-    if rs and (rs.get("rope_type") or rs.get("type") or "default") != "default":
-        raise IntdetError(f"{where}: config.json rope_scaling type {rs.get('rope_type') or rs.get('type')!r} is not supported")
     if cfg.get("mlp_bias"):
         bad("mlp_bias", "MLP biases are not supported")
     if cfg.get("partial_rotary_factor", 1.0) != 1.0:
@@ -88,7 +86,12 @@ def hparams_from_hf(cfg: dict, where: str) -> dict:
         rms_eps=float(cfg.get("rms_norm_eps", 1e-6)),
         tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         attention_bias=bool(cfg.get("attention_bias", False)),
+        **_scaling(rope_scaling.from_hf(cfg, where)),
     )
+
+
+def _scaling(rs):
+    return {"rope_scaling": rs} if rs else {}
 
 
 def blocks(hp: dict) -> list:
@@ -108,9 +111,8 @@ def hparams_from_gguf(need, where: str) -> dict:
     rot = need("rope.dimension_count", default=D)
     if rot != D:
         raise IntdetError(f"{where}: partial rotary embedding (rope.dimension_count {rot} != head_dim {D}) is not supported")
-    scaling = need("rope.scaling.type", str, default="none")
-    if scaling != "none":
-        raise IntdetError(f"{where}: rope scaling {scaling!r} is not supported")
+    ctx = need("context_length")
+    scaling = rope_scaling.from_gguf(need, where, ctx)
     theta = need("rope.freq_base", float, 10000.0)
     if not math.isfinite(theta):
         raise IntdetError(f"{where}: rope theta {theta!r} must be finite")
@@ -121,9 +123,10 @@ def hparams_from_gguf(need, where: str) -> dict:
         num_heads=nh,
         num_kv_heads=nkv,
         head_dim=D,
-        context_length=need("context_length"),
+        context_length=ctx,
         rope_theta=theta,
         rms_eps=need("attention.layer_norm_rms_epsilon", float),
+        **_scaling(scaling),
     )
 
 

@@ -8,10 +8,15 @@ from .block import block
 
 NAME = "qwen2"
 HF_CLASSES = ("Qwen2ForCausalLM",)
-GGUF_ARCH = None  # llama.cpp's qwen2 GGUF is not read yet
+GGUF_ARCH = "qwen2"  # llama.cpp's Qwen GGUFs keep HF's split-half RoPE rows: no un-permute
 
 hf_tensor_name = llama.hf_tensor_name
 hparams_from_hf = llama.hparams_from_hf
+hparams_from_gguf = llama.hparams_from_gguf
+
+
+def gguf_transform(weights: dict, hp: dict) -> None:
+    """Nothing to fix: llama.cpp writes Qwen's q/k rows as Hugging Face has them."""
 
 
 def blocks(hp: dict) -> list:

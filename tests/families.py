@@ -1,0 +1,99 @@
+"""Tiny checkpoints of the model families, made by transformers itself.
+
+transformers' own config class and model define the architecture (tensor
+names, shapes, config.json); the values come from intdet.random_model's
+SplitMix64 normal PRNG keyed by tensor name, so the files are the same on
+every machine and torch version. Scales: matrices 1/sqrt(fan_in) (times
+GAIN, so the logits are peaked rather than flat), embeddings 2/sqrt(H),
+RMSNorm gammas 1 +- 0.1 (0 +- 0.1 where the family stores w of 1 + w),
+biases 0.1.
+
+``write_family(family, out_dir)`` writes the checkpoint with
+``save_pretrained`` plus the test tokenizer; ``hf_logits(dir, tokens)`` is
+transformers' float32 forward of it: the oracle no one here wrote."""
+
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+
+from intdet.random_model import BOS_ID, EOS_ID, name_seed, prng_normal_like, write_tokenizer_files
+
+TINY = dict(hidden_size=72, intermediate_size=136, num_hidden_layers=3, num_attention_heads=3,
+            num_key_value_heads=1, head_dim=48, vocab_size=320, max_position_embeddings=256,
+            bos_token_id=BOS_ID, eos_token_id=EOS_ID, rms_norm_eps=1e-6)
+GAIN = 1.0  # matrices 1/sqrt(fan_in): O(1) activations
+EMB = 4.0  # embeddings and lm_head 4/sqrt(H): logits of std ~4, peaked rather than flat
+
+# family -> (transformers model_type, config overrides, GGUF pre-tokenizer name for llama.cpp's converter)
+FAMILIES = {
+    "llama3": ("llama", dict(rope_theta=500000.0, tie_word_embeddings=True, max_position_embeddings=256,
+                             rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0,
+                                               high_freq_factor=4.0, original_max_position_embeddings=32)),
+               "llama-bpe"),
+    "llama-linear": ("llama", dict(rope_theta=10000.0, rope_scaling=dict(rope_type="linear", factor=4.0)),
+                     "llama-bpe"),
+    "mistral": ("mistral", dict(sliding_window=7, rope_theta=1000000.0), "llama-bpe"),
+    "qwen2": ("qwen2", dict(rope_theta=1000000.0, tie_word_embeddings=True), "qwen2"),
+    "qwen2-yarn": ("qwen2", dict(rope_theta=1000000.0, tie_word_embeddings=True,
+                                 rope_scaling=dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=64)),
+                   "qwen2"),
+    "qwen3": ("qwen3", dict(rope_theta=1000000.0, tie_word_embeddings=True), "qwen2"),
+    "qwen3-yarn": ("qwen3", dict(rope_theta=1000000.0, tie_word_embeddings=False,
+                                 rope_scaling=dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=64,
+                                                   attention_factor=1.25)),
+                   "qwen2"),
+}
+ONE_PLUS_W = ()  # families whose RMSNorm stores w of (1 + w)
+
+
+def _std_mean(name: str, shape, family: str, H: int):
+    if name.endswith("norm.weight"):
+        return 0.1, (0.0 if family in ONE_PLUS_W else 1.0)
+    if name.endswith(".bias"):
+        return 0.1, 0.0
+    if "embed_tokens" in name or name.startswith("lm_head"):
+        return EMB / math.sqrt(H), 0.0
+    return GAIN / math.sqrt(shape[-1]), 0.0
+
+
+def make_config(family: str, **overrides):
+    import transformers
+
+    model_type, extra, _ = FAMILIES[family]
+    kw = {**TINY, **extra, **overrides}
+    return transformers.AutoConfig.for_model(model_type, **kw)
+
+
+def write_family(family: str, out_dir: str, seed: int = 0, **overrides) -> str:
+    """Write the tiny checkpoint of ``family`` (config.json, model.safetensors,
+    tokenizer files) into out_dir; returns out_dir."""
+    import torch
+    import transformers
+
+    cfg = make_config(family, **overrides)
+    torch.manual_seed(0)  # only for the init that the values below replace
+    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    H = cfg.hidden_size
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            std, mean = _std_mean(name, tuple(p.shape), family, H)
+            v = prng_normal_like(name_seed(seed, f"{family}:{name}"), tuple(p.shape), std, mean)
+            p.copy_(torch.from_numpy(np.ascontiguousarray(v)))
+    os.makedirs(out_dir, exist_ok=True)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    write_tokenizer_files(out_dir, {"max_position_embeddings": cfg.max_position_embeddings,
+                                    "bos_token_id": BOS_ID, "eos_token_id": EOS_ID})
+    return out_dir
+
+
+def hf_logits(hf_dir: str, tokens) -> np.ndarray:
+    """transformers' float32 logits [T, V] (float64 array) of one prompt."""
+    import torch
+    import transformers
+
+    m = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        return m(torch.tensor([list(tokens)])).logits[0].double().numpy()
