@@ -6,8 +6,8 @@ models/llama.py."""
 
 from __future__ import annotations
 
+from ..errors import IntdetError
 from . import llama
-from .block import block
 
 NAME = "mistral"
 HF_CLASSES = ("MistralForCausalLM",)
@@ -21,12 +21,12 @@ def hparams_from_hf(cfg: dict, where: str) -> dict:
     window = cfg.get("sliding_window")
     if window is not None:
         if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-            raise llama.IntdetError(f"{where}: config.json sliding_window = {window!r} must be a positive integer")
+            raise IntdetError(f"{where}: config.json sliding_window = {window!r} must be a positive integer")
         hp["attention_window"] = window
     return hp
 
 
 def blocks(hp: dict) -> list:
-    bias = ("attn_q", "attn_k", "attn_v", "attn_output") if hp.get("attention_bias") else ()
+    """Llama's blocks with the window (none when it covers the whole context)."""
     w = hp.get("attention_window", 0)
-    return [block(bias=bias, attention_window=w if w < hp["context_length"] else 0) for _ in range(hp["num_layers"])]
+    return [dict(b, attention_window=w if w < hp["context_length"] else 0) for b in llama.blocks(hp)]

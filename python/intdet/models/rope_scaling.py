@@ -34,7 +34,6 @@ import numpy as np
 from ..errors import IntdetError
 
 TWO_PI = 6.283185307179586  # float64 nearest 2*pi (what 2 * math.pi gives)
-TYPES = ("linear", "llama3", "yarn", "freq_factors")
 
 
 def _ln(x: float) -> float:
