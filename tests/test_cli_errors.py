@@ -211,7 +211,7 @@ def test_corrupt_tokenizer_in_converted_model(converted_llama, tmp_path, cache):
 
 UNSUPPORTED = {
     "gpt2": ("llama", {"architectures": ["GPT2LMHeadModel"]}, "GPT2LMHeadModel"),
-    "yarn": ("qwen2", {"rope_scaling": {"rope_type": "yarn", "factor": 4}}, "yarn"),
+    "dynamic_rope": ("qwen2", {"rope_scaling": {"rope_type": "dynamic", "factor": 4}}, "dynamic"),  # yarn is supported now
     "sliding_window": ("qwen2", {"use_sliding_window": True, "sliding_window": 16}, "sliding"),
     "gelu": ("llama", {"hidden_act": "gelu"}, "gelu"),
 }
