@@ -14,6 +14,7 @@ transformers' float32 forward of it: the oracle no one here wrote."""
 
 from __future__ import annotations
 
+import json
 import math
 import os
 
@@ -45,7 +46,15 @@ FAMILIES = {
                                  rope_scaling=dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=64,
                                                    attention_factor=1.25)),
                    "qwen2"),
+    "granite": ("granite", dict(embedding_multiplier=2.0, attention_multiplier=0.3, residual_multiplier=0.7,
+                                logits_scaling=2.0, tie_word_embeddings=True, rope_theta=10000.0,
+                                head_dim=24), "llama-bpe"),  # llama.cpp drops head_dim: H / heads
+    "phi3": ("phi3", dict(sliding_window=9, pad_token_id=0, rope_theta=10000.0, original_max_position_embeddings=256,
+                          head_dim=24),  # llama.cpp assumes H / heads
+             "llama-bpe"),
 }
+# llama.cpp's Phi-3 converter reads tokenizer.model unless the class is GPT2Tokenizer (Phi-4's BPE)
+TOKENIZER_CLASS = {"phi3": "GPT2Tokenizer"}
 ONE_PLUS_W = ()  # families whose RMSNorm stores w of (1 + w)
 
 
@@ -86,6 +95,13 @@ def write_family(family: str, out_dir: str, seed: int = 0, **overrides) -> str:
     model.save_pretrained(out_dir, safe_serialization=True)
     write_tokenizer_files(out_dir, {"max_position_embeddings": cfg.max_position_embeddings,
                                     "bos_token_id": BOS_ID, "eos_token_id": EOS_ID})
+    if family in TOKENIZER_CLASS:
+        p = os.path.join(out_dir, "tokenizer_config.json")
+        with open(p, encoding="utf-8") as f:
+            tc = json.load(f)
+        tc["tokenizer_class"] = TOKENIZER_CLASS[family]
+        with open(p, "w", encoding="utf-8") as f:
+            json.dump(tc, f, indent=2)
     return out_dir
 
 

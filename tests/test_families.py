@@ -1,7 +1,7 @@
 """Model families against oracles no one here wrote, on tiny checkpoints
 that transformers itself defines (tests/families.py): Llama 3 RoPE scaling,
 linear RoPE scaling, Mistral (sliding window), Qwen2 / Qwen3 and their YaRN
-long-context forms.
+long-context forms, Granite (multipliers), Phi-3 (fused projections).
 
 Per family: the float reference equals transformers' forward; the integer
 logits stay close to it (RMS, top-1, mean |delta logprob|, pinned bounds);
@@ -38,6 +38,7 @@ FAMS = sorted(families.FAMILIES)
 GOLDEN = {
     "llama-linear": "11bf91dc3dc7", "llama3": "a53b4d82a911", "mistral": "01596055f2cc", "qwen2": "553c26c67d34",
     "qwen2-yarn": "df0dafb0b8e8", "qwen3": "1385167810a9", "qwen3-yarn": "e974d7f3aff6",
+    "granite": "f2dabcd33711", "phi3": "9d9b815217ad",
 }
 
 
@@ -111,7 +112,7 @@ def test_every_isa_and_thread_count_same_bits(fam, name, isa_threads):
     assert np.array_equal(Engine(lm, "ref").new_sequence(64).forward(PROMPT[:20], all_logits=True), want[:20])
 
 
-@pytest.mark.parametrize("name", ["llama3", "mistral", "qwen3-yarn"])
+@pytest.mark.parametrize("name", ["llama3", "mistral", "qwen3-yarn", "granite"])
 def test_cuda_emulator_same_bits(fam, name):
     """The CUDA kernels (host emulator) against the CPU: prefill, decode,
     chunks, batches (test_cuda._compare_model)."""
@@ -198,6 +199,39 @@ def test_hf_rope_scaling_refusals(fam, tmp_path, rs, words):
         convert(d, str(out), progress=False)
     assert words in str(e.value) and "\n" not in str(e.value)
     assert not out.exists()
+
+
+@pytest.mark.parametrize("family,change,words", [
+    ("phi3", dict(rope_parameters=dict(rope_type="longrope", rope_theta=10000.0, short_factor=[1.0] * 12,
+                                       long_factor=[1.0] * 12, original_max_position_embeddings=64)),
+     "'longrope' is not supported"),
+    ("phi3", dict(rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.75)),
+     "partial_rotary_factor = 0.75: partial RoPE is not supported"),
+    ("granite", dict(residual_multiplier=-0.5), "residual_multiplier = -0.5 must be a finite positive number"),
+    ("granite", dict(logits_scaling="8"), "logits_scaling = '8' must be a finite positive number"),
+])
+def test_family_config_refusals(fam, tmp_path, family, change, words):
+    hf, _ = fam(family)
+    d = _edited(hf, tmp_path, **change)
+    out = tmp_path / "out"
+    with pytest.raises(IntdetError, match="config.json") as e:
+        convert(d, str(out), progress=False)
+    assert words in str(e.value) and "\n" not in str(e.value)
+    assert not out.exists()
+
+
+def test_granite_multipliers_are_used(fam, tmp_path):
+    """Each multiplier changes the model: without them transformers' own
+    logits move far more than the integer error."""
+    hf, lm = fam("granite")
+    want = families.hf_logits(hf, PROMPT)
+    for key, v in (("embedding_multiplier", 1.0), ("attention_multiplier", 0.15), ("residual_multiplier", 1.0),
+                   ("logits_scaling", 1.0)):
+        d = _edited(hf, tmp_path / key, **{key: v})
+        other = families.hf_logits(d, PROMPT)
+        assert np.sqrt(np.mean((other - want) ** 2) / np.mean(want**2)) > 0.1, key
+        got = int_logits(load_model(convert(d, str(tmp_path / key / "int"), progress=False))) / 65536.0
+        assert np.sqrt(np.mean((got - other) ** 2) / np.mean(other**2)) < 0.04, key
 
 
 def test_mistral_bad_window_refused_by_the_cli(fam, tmp_path):

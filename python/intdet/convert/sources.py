@@ -242,9 +242,9 @@ def read_hf_dir(path: str) -> FloatModel:
     elif "output" not in weights:
         raise IntdetError(f"{path}: tie_word_embeddings is false but lm_head.weight is missing")
     hp["layers"] = arch.blocks(hp)
-    check_complete(weights, hp, path)
-    if hasattr(arch, "hf_transform"):
+    if hasattr(arch, "hf_transform"):  # before the check: it may split fused tensors (Phi-3)
         arch.hf_transform(weights, hp)
+    check_complete(weights, hp, path)
     tok_path = os.path.join(path, "tokenizer.json")
     if not os.path.isfile(tok_path):
         raise IntdetError(f"{path}: no tokenizer.json")

@@ -55,6 +55,10 @@ def refuse_hf(cfg: dict, where: str):
         bad("mlp_bias", "MLP biases are not supported")
     if cfg.get("partial_rotary_factor", 1.0) != 1.0:
         bad("partial_rotary_factor", "partial RoPE is not supported")
+    rp = cfg.get("rope_parameters")
+    if isinstance(rp, dict) and rp.get("partial_rotary_factor", 1.0) != 1.0:
+        raise IntdetError(f"{where}: config.json rope_parameters.partial_rotary_factor = "
+                          f"{rp['partial_rotary_factor']!r}: partial RoPE is not supported")
     if cfg.get("use_sliding_window") and cfg.get("sliding_window"):
         bad("use_sliding_window", "sliding-window attention is not supported")
     if cfg.get("layer_types") and any(t != "full_attention" for t in cfg["layer_types"]):
