@@ -52,6 +52,9 @@ FAMILIES = {
     "phi3": ("phi3", dict(sliding_window=9, pad_token_id=0, rope_theta=10000.0, original_max_position_embeddings=256,
                           head_dim=24),  # llama.cpp assumes H / heads
              "llama-bpe"),
+    "olmo2": ("olmo2", dict(rope_theta=500000.0, pad_token_id=0), "llama-bpe"),
+    "smollm3": ("smollm3", dict(rope_theta=2000000.0, pad_token_id=0, num_hidden_layers=4, tie_word_embeddings=True),
+                "llama-bpe"),  # layer 3 NoPE (no_rope_layer_interval 4)
 }
 # llama.cpp's Phi-3 converter reads tokenizer.model unless the class is GPT2Tokenizer (Phi-4's BPE)
 TOKENIZER_CLASS = {"phi3": "GPT2Tokenizer"}

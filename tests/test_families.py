@@ -1,7 +1,8 @@
 """Model families against oracles no one here wrote, on tiny checkpoints
 that transformers itself defines (tests/families.py): Llama 3 RoPE scaling,
 linear RoPE scaling, Mistral (sliding window), Qwen2 / Qwen3 and their YaRN
-long-context forms, Granite (multipliers), Phi-3 (fused projections).
+long-context forms, Granite (multipliers), Phi-3 (fused projections),
+OLMo 2 (post-norms only, projection-wide q/k RMSNorm), SmolLM3 (NoPE layers).
 
 Per family: the float reference equals transformers' forward; the integer
 logits stay close to it (RMS, top-1, mean |delta logprob|, pinned bounds);
@@ -38,7 +39,7 @@ FAMS = sorted(families.FAMILIES)
 GOLDEN = {
     "llama-linear": "11bf91dc3dc7", "llama3": "a53b4d82a911", "mistral": "01596055f2cc", "qwen2": "553c26c67d34",
     "qwen2-yarn": "df0dafb0b8e8", "qwen3": "1385167810a9", "qwen3-yarn": "e974d7f3aff6",
-    "granite": "f2dabcd33711", "phi3": "9d9b815217ad",
+    "granite": "f2dabcd33711", "phi3": "9d9b815217ad", "olmo2": "dcdeb9d68dc3", "smollm3": "79dace081594",
 }
 
 
@@ -112,7 +113,7 @@ def test_every_isa_and_thread_count_same_bits(fam, name, isa_threads):
     assert np.array_equal(Engine(lm, "ref").new_sequence(64).forward(PROMPT[:20], all_logits=True), want[:20])
 
 
-@pytest.mark.parametrize("name", ["llama3", "mistral", "qwen3-yarn", "granite"])
+@pytest.mark.parametrize("name", ["llama3", "mistral", "qwen3-yarn", "granite", "olmo2", "smollm3"])
 def test_cuda_emulator_same_bits(fam, name):
     """The CUDA kernels (host emulator) against the CPU: prefill, decode,
     chunks, batches (test_cuda._compare_model)."""
@@ -153,7 +154,8 @@ def test_llamacpp_gguf_is_the_same_integer_model(fam, name, tmp_path):
             assert np.array_equal(v, lg.tensors[k]), k
 
 
-@pytest.mark.parametrize("name,outtype", [("qwen3-yarn", "q8_0"), ("llama3", "bf16"), ("qwen2", "f16")])
+@pytest.mark.parametrize("name,outtype", [("qwen3-yarn", "q8_0"), ("llama3", "bf16"), ("qwen2", "f16"),
+                                          ("phi3", "q8_0"), ("olmo2", "bf16"), ("smollm3", "f16")])
 def test_llamacpp_gguf_types_close(fam, name, outtype, tmp_path):
     hf, lm = fam(name)
     g = llamacpp_convert.convert_hf_to_gguf(hf, str(tmp_path / "m.gguf"), outtype, pre=families.FAMILIES[name][2])
@@ -209,6 +211,9 @@ def test_hf_rope_scaling_refusals(fam, tmp_path, rs, words):
      "partial_rotary_factor = 0.75: partial RoPE is not supported"),
     ("granite", dict(residual_multiplier=-0.5), "residual_multiplier = -0.5 must be a finite positive number"),
     ("granite", dict(logits_scaling="8"), "logits_scaling = '8' must be a finite positive number"),
+    ("smollm3", dict(no_rope_layers=[1, 0]), "no_rope_layers must list 4 entries of 1 (RoPE) or 0 (NoPE)"),
+    ("smollm3", dict(no_rope_layers=None, no_rope_layer_interval=0), "no_rope_layer_interval = 0 must be a positive"),
+    ("olmo2", dict(sliding_window=16), "OLMo 3's sliding layers are not supported"),
 ])
 def test_family_config_refusals(fam, tmp_path, family, change, words):
     hf, _ = fam(family)
@@ -296,6 +301,12 @@ def test_gguf_refusals(fam, tmp_path):
             convert(bad, str(tmp_path / f"o{i}"), progress=False)
         assert words in str(e.value) and bad in str(e.value), str(e.value)
         assert not (tmp_path / f"o{i}").exists()
+    ho, _ = fam("olmo2")
+    go = llamacpp_convert.convert_hf_to_gguf(ho, str(tmp_path / "o.gguf"), "f32", pre="llama-bpe")
+    bad = _rewrite_gguf(go, str(tmp_path / "swa.gguf"), add_kv=[("ARCH.attention.sliding_window", 16,
+                                                                  gguf.GGUFValueType.UINT32)])
+    with pytest.raises(IntdetError, match="olmo2.attention.sliding_window: OLMo 3's sliding-window layers"):
+        convert(bad, str(tmp_path / "os"), progress=False)
     bad = _rewrite_gguf(gy, str(tmp_path / "ext.gguf"), drop=("qwen2.rope.scaling.yarn_ext_factor",),
                         add_kv=[("ARCH.rope.scaling.yarn_ext_factor", 0.5, gguf.GGUFValueType.FLOAT32)])
     with pytest.raises(IntdetError, match="yarn_ext_factor 0.5 is not supported"):

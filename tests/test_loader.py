@@ -41,6 +41,10 @@ def _bad_cfg(lm, edit):
     (lambda c: c["layers"][0].__setitem__("qk_norm", 1), r"layers\[0\]\.qk_norm = 1 is not true or false"),
     (lambda c: c.__setitem__("num_heads", True), r"num_heads = true is not an integer"),
     (lambda c: c.__setitem__("head_dim", 7), r"head counts/sizes outside"),
+    (lambda c: c["layers"][1].__setitem__("qk_norm_span", "group"), r"layers\[1\]\.qk_norm_span 'group'"),
+    (lambda c: c["layers"][1].update(qk_norm=False, qk_norm_span="head"), r"layers\[1\]\.qk_norm_span without qk_norm"),
+    (lambda c: c["layers"][0].__setitem__("qk_norm_span", "projection"), r"rms_eps_q60\.q_proj is missing"),
+    (lambda c: c["layers"][0].__setitem__("norms", ["post_ffw_norm"]), r"layers\[0\]\.norms \[\"post_ffw_norm\"\]"),
 ])
 def test_bad_config_is_refused_by_every_entry_point(lm, edit, match):
     cfg = _bad_cfg(lm, edit)

@@ -80,6 +80,7 @@ struct DevLinear {
 struct DevLayer {
   const int16_t* attn_norm = nullptr;
   DevLinear q, k, v, o;
+  bool qk_norm_projection = false;  // q/k RMSNorm over the whole projection (OLMo 2)
   const int16_t* q_norm = nullptr;
   const int16_t* k_norm = nullptr;
   int64_t score_mant = 0, score_shift = 0;
@@ -371,10 +372,12 @@ void enqueue_body(DeviceModel& m, int64_t T, int64_t sstride, int64_t rows_per, 
     const std::string blk = tr ? "blk." + std::to_string(l) + "." : "";
     // --- attention block ---
     bool ffn_normed = false;
-    if (!normed_ahead)  // else the previous down-proj's last block ran this norm
+    if (!L.attn_norm)  // no pre-norm (OLMo 2): the residual itself to int16
+      launch_quant16_i32(w.x.p, (int)T, H, w.act.p, w.act_e.p, st);
+    else if (!normed_ahead)  // else the previous down-proj's last block ran this norm
       launch_norm_quant16(w.x.p, nullptr, L.attn_norm, (int)T, H, c.eps_hidden, R, w.act.p, w.act_e.p, st, normed);
     normed_ahead = false;
-    if (tr) tr->rec(blk + "attn_norm", normed, {T, H});
+    if (tr && L.attn_norm) tr->rec(blk + "attn_norm", normed, {T, H});
     mark(m, "attn_norm", T * H * 4);
     if (fused_gemv(L.q, T) && L.k.w && L.v.w && L.k.K == L.q.K && L.v.K == L.q.K) {  // q, k, v: one launch
       GemvSegs s{};
@@ -398,11 +401,19 @@ void enqueue_body(DeviceModel& m, int64_t T, int64_t sstride, int64_t rows_per, 
     // q/k norm + RoPE of q and k, and the KV append: one launch.
     // Decode rows of distinct sequences (w.fold_rope): the attention's scores
     // kernel runs it instead (RopeFold), one launch fewer.
+    // A projection-wide q/k norm (OLMo 2) runs first, on whole rows; the
+    // per-head step then has no norm.
+    const int16_t* head_q_norm = L.qk_norm_projection ? nullptr : L.q_norm;
+    const int16_t* head_k_norm = L.qk_norm_projection ? nullptr : L.k_norm;
+    if (L.q_norm && L.qk_norm_projection) {
+      launch_norm_rows(w.qb.p, L.q_norm, (int)T, nh * D, c.eps_q, st);
+      launch_norm_rows(w.kb.p, L.k_norm, (int)T, nkv * D, c.eps_k, st);
+    }
     RopeFold rf{};
     if (w.fold_rope && !tr)
-      rf = RopeFold{1, L.q_norm, L.k_norm, c.eps_head, L.rope_cos, L.rope_sin, w.kb.p, w.vb.p};
+      rf = RopeFold{1, head_q_norm, head_k_norm, c.eps_head, L.rope_cos, L.rope_sin, w.kb.p, w.vb.p};
     else
-      launch_rope_append(w.qb.p, w.kb.p, w.vb.p, (int)T, nh, nkv, D, L.q_norm, L.k_norm, c.eps_head, w.pos(),
+      launch_rope_append(w.qb.p, w.kb.p, w.vb.p, (int)T, nh, nkv, D, head_q_norm, head_k_norm, c.eps_head, w.pos(),
                          L.rope_cos, L.rope_sin, (int)l, w.seq(), w.kvs.p, st);
     mark(m, "rope_append", T * (nh + 2 * nkv) * D * 4);
     for (int64_t r0 = 0; r0 < T; r0 += rows_per)
@@ -420,16 +431,18 @@ void enqueue_body(DeviceModel& m, int64_t T, int64_t sstride, int64_t rows_per, 
         lin(m, L.o, T, w.traced.p, false);
         tr->rec(blk + "attn_output", w.traced.p, {T, H});
       }
-      if (fold_norm(L.o, T))
+      if (L.ffn_norm && fold_norm(L.o, T))
         lin_norm(m, L.o, T, L.ffn_norm, normed), ffn_normed = true;  // x += o-proj, then ffn_norm: one launch
       else
         lin(m, L.o, T, w.x.p, true);  // x = sat32(x + o-proj)
     }
     mark(m, "o_proj", lin_bytes(L.o));
     // --- feed-forward block ---
-    if (!ffn_normed)
+    if (!L.ffn_norm)
+      launch_quant16_i32(w.x.p, (int)T, H, w.act.p, w.act_e.p, st);
+    else if (!ffn_normed)
       launch_norm_quant16(w.x.p, nullptr, L.ffn_norm, (int)T, H, c.eps_hidden, R, w.act.p, w.act_e.p, st, normed);
-    if (tr) tr->rec(blk + "ffn_norm", normed, {T, H});
+    if (tr && L.ffn_norm) tr->rec(blk + "ffn_norm", normed, {T, H});
     mark(m, "ffn_norm", T * H * 4);
     bool ffn_quantized = false;  // the gate+up GEMV's last block ran quant16 of the GLU rows
     if (fused_gemv(L.gate, T) && L.up.w && L.up.K == L.gate.K && L.up.N == L.gate.N) {
@@ -473,7 +486,7 @@ void enqueue_body(DeviceModel& m, int64_t T, int64_t sstride, int64_t rows_per, 
         lin(m, L.down, T, w.traced.p, false);
         tr->rec(blk + "ffn_down", w.traced.p, {T, H});
       }
-      if (next && fold_norm(L.down, T))  // x += down-proj, then the next layer's attn_norm: one launch
+      if (next && next->attn_norm && fold_norm(L.down, T))  // x += down-proj, then the next layer's attn_norm: one launch
         lin_norm(m, L.down, T, next->attn_norm, normed), normed_ahead = true;
       else
         lin(m, L.down, T, w.x.p, true);
@@ -671,8 +684,9 @@ ModelPtr upload_model(const Model& h) {
     d.k = upload_linear(*m, seen, L.k);
     d.v = upload_linear(*m, seen, L.v);
     d.o = upload_linear(*m, seen, L.o);
-    d.q_norm = upload(*m, seen, L.q_norm, c.head_dim);
-    d.k_norm = upload(*m, seen, L.k_norm, c.head_dim);
+    d.qk_norm_projection = L.qk_norm_projection;  // q_norm [nh*D], k_norm [nkv*D], else [D]
+    d.q_norm = upload(*m, seen, L.q_norm, L.qk_norm_projection ? c.n_heads * c.head_dim : c.head_dim);
+    d.k_norm = upload(*m, seen, L.k_norm, L.qk_norm_projection ? c.n_kv * c.head_dim : c.head_dim);
     d.score_mant = L.score_mant;
     d.score_shift = L.score_shift;
     d.ffn_norm = upload(*m, seen, L.ffn_norm, H);

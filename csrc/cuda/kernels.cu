@@ -203,6 +203,25 @@ __global__ void __launch_bounds__(kNormThreads)
   if (threadIdx.x == 0) e[r] = ex;
 }
 
+// quant16 of int32 rows (the residual itself where a block has no pre-norm: OLMo 2).
+__global__ void __launch_bounds__(kNormThreads)
+    quant16_i32_kernel(const int32_t* __restrict__ x, int n, int16_t* __restrict__ q, int32_t* __restrict__ e) {
+  __shared__ int64_t red[33];
+  const int64_t r = blockIdx.x;
+  const int ex = quant16_block(x + r * n, n, q + r * n, red);
+  if (threadIdx.x == 0) e[r] = ex;
+}
+
+// One block per row: RMSNorm of x's Q16 row in place (a projection-wide q/k
+// norm, OLMo 2). norm_row reads all of a row before its first write (the
+// reductions' barriers), then each thread writes only the elements it reads.
+__global__ void __launch_bounds__(kNormThreads)
+    norm_rows_kernel(int32_t* __restrict__ x, const int16_t* __restrict__ g, int n, int64_t eps_q60) {
+  __shared__ int64_t red[33];
+  const int64_t r = blockIdx.x;
+  norm_row(x + r * n, g, n, eps_q60, 16, x + r * n, red);
+}
+
 // ---------------------------------------------------------------- q/k norm + RoPE
 
 constexpr int kHeadThreads = 128;
@@ -212,6 +231,13 @@ constexpr int kMaxHeadDim = 256;
 // position p, in place on row [D], by the block. y, red: shared scratch.
 __device__ void norm_rope_head(int32_t* row, int D, const int16_t* g, int64_t eps_q60, int64_t p,
                                const int16_t* cos, const int16_t* sin, int32_t* y, int64_t* red) {
+  if (!cos) {  // a NoPE layer (SmolLM3): only the norm, if any
+    if (g) {
+      norm_row(row, g, D, eps_q60, 16, y, red);
+      for (int i = threadIdx.x; i < D; i += blockDim.x) row[i] = y[i];
+    }
+    return;
+  }
   if (g) {
     norm_row(row, g, D, eps_q60, 16, y, red);
   } else {
@@ -1691,6 +1717,19 @@ void launch_quant16_i64(const int64_t* x, int R, int n, int16_t* q, int32_t* e, 
   if (R <= 0) return;
   INTDET_LAUNCH(quant16_i64_kernel, R, kNormThreads, 0, st, x, n, q, e);
   check_launch("quant16_i64");
+}
+
+void launch_quant16_i32(const int32_t* x, int R, int n, int16_t* q, int32_t* e, cudaStream_t st) {
+  if (R <= 0) return;
+  INTDET_LAUNCH(quant16_i32_kernel, R, kNormThreads, 0, st, x, n, q, e);
+  check_launch("quant16_i32");
+}
+
+void launch_norm_rows(int32_t* x, const int16_t* g, int R, int n, int64_t eps_q60, cudaStream_t st) {
+  if (R <= 0) return;
+  if (n > 8192) throw std::invalid_argument("norm_rows: more than 8192 features");
+  INTDET_LAUNCH(norm_rows_kernel, R, kNormThreads, 0, st, x, g, n, eps_q60);
+  check_launch("norm_rows");
 }
 
 int g_gemv_split = -1;  // tests: force the split

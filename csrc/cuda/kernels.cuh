@@ -54,6 +54,9 @@ void launch_post_norm_add(const int32_t* y, const int16_t* g, int R, int n, int6
 
 // (q [R, n] int16, e [R]) = quant16 of each row of x [R, n] int64.
 void launch_quant16_i64(const int64_t* x, int R, int n, int16_t* q, int32_t* e, cudaStream_t st);
+void launch_quant16_i32(const int32_t* x, int R, int n, int16_t* q, int32_t* e, cudaStream_t st);
+// RMSNorm of R int32 Q16 rows of n (<= 8192) in place (gamma g, eps_q60 = round(n eps 2^60)).
+void launch_norm_rows(int32_t* x, const int16_t* g, int R, int n, int64_t eps_q60, cudaStream_t st);
 
 // out[t * ldo + j] (int32) = linear_epilogue(sum_k q[t,k] w[j,k], mant[j], shift[j], e[t], bias, j),
 // or sat32(out + that) when residual != 0. q [T, K] int16, w [N, K] int8.

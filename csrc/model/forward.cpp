@@ -301,17 +301,26 @@ void forward_impl(const Model& m, KVCache* const* caches, const Row* rows, int64
     const Layer& L = m.layers[l];
     const std::string blk = tr ? "blk." + std::to_string(l) + "." : "";
     // --- attention block ---
-    norm_quant_rows(nt, ks, x.data(), L.attn_norm, T, H, c.eps_hidden, R, h, act);  // [T, H] norm units, int16
+    if (L.attn_norm)
+      norm_quant_rows(nt, ks, x.data(), L.attn_norm, T, H, c.eps_hidden, R, h, act);  // [T, H] norm units, int16
+    else
+      act.from_rows(nt, ks, x.data(), T, H);  // no pre-norm (OLMo 2): the residual (Q R) itself, int16
     clk.mark("attn_norm", l);
     run_qkv(nt, ks, L, act, T, q.data(), k.data(), v.data());  // Q16
     clk.mark("attn_qkv", l);
     if (tr) {
-      rec(blk + "attn_norm", h, {T, H});
+      if (L.attn_norm) rec(blk + "attn_norm", h, {T, H});
       rec(blk + "attn_q", q, {T, nh, D});
       rec(blk + "attn_k", k, {T, nkv, D});
       rec(blk + "attn_v", v, {T, nkv, D});
     }
-    if (L.q_norm) {  // the block has per-head q/k RMSNorm (Qwen3, Gemma 3)
+    if (L.q_norm && L.qk_norm_projection) {  // q/k RMSNorm over the whole projection (OLMo 2)
+      norm_rows(nt, ks, q.data(), L.q_norm, T, nh * D, c.eps_q, 16, qn);
+      q.swap(qn);
+      norm_rows(nt, ks, k.data(), L.k_norm, T, nkv * D, c.eps_k, 16, qn);
+      k.swap(qn);
+      clk.mark("qk_norm", l);
+    } else if (L.q_norm) {  // the block has per-head q/k RMSNorm (Qwen3, Gemma 3)
       norm_rows(nt, ks, q.data(), L.q_norm, T * nh, D, c.eps_head, 16, qn);
       q.swap(qn);
       norm_rows(nt, ks, k.data(), L.k_norm, T * nkv, D, c.eps_head, 16, qn);
@@ -326,8 +335,10 @@ void forward_impl(const Model& m, KVCache* const* caches, const Row* rows, int64
       for (int64_t t = t0; t < t1; ++t) {
         const int64_t pos = rows[t].pos;
         KVCache& kv = *caches[rows[t].seq];
-        ks.rope(q.data() + t * nh * D, nh, D, L.rope_cos + pos * half, L.rope_sin + pos * half);
-        ks.rope(k.data() + t * nkv * D, nkv, D, L.rope_cos + pos * half, L.rope_sin + pos * half);
+        if (L.rope_cos) {  // null: a NoPE layer (SmolLM3)
+          ks.rope(q.data() + t * nh * D, nh, D, L.rope_cos + pos * half, L.rope_sin + pos * half);
+          ks.rope(k.data() + t * nkv * D, nkv, D, L.rope_cos + pos * half, L.rope_sin + pos * half);
+        }
         const int64_t r = kv.row(l, pos);
         for (int64_t g = 0; g < nkv; ++g) {
           const int64_t i = kv.at(l, r, g);
@@ -354,7 +365,10 @@ void forward_impl(const Model& m, KVCache* const* caches, const Row* rows, int64
       add_residual_range(ks, x.data(), tmp.data(), T, H, 0, H);
     clk.mark("attn_output", l);
     // --- feed-forward block ---
-    norm_quant_rows(nt, ks, x.data(), L.ffn_norm, T, H, c.eps_hidden, R, h, act);
+    if (L.ffn_norm)
+      norm_quant_rows(nt, ks, x.data(), L.ffn_norm, T, H, c.eps_hidden, R, h, act);
+    else
+      act.from_rows(nt, ks, x.data(), T, H);
     clk.mark("ffn_norm", l);
     const auto glu = L.geglu ? ks.geglu : ks.swiglu;
     // gate and up go in the same channel blocks, so the thread that made a
@@ -365,7 +379,7 @@ void forward_impl(const Model& m, KVCache* const* caches, const Row* rows, int64
       for (int64_t t = 0; t < T; ++t) glu(gate.data() + t * F + lo, up.data() + t * F + lo, hi - lo, gate.data() + t * F + lo);
     });
     if (tr) {
-      rec(blk + "ffn_norm", h, {T, H});
+      if (L.ffn_norm) rec(blk + "ffn_norm", h, {T, H});
       rec(blk + "ffn_gate", gate, {T, F});  // before SwiGLU overwrites it
       rec(blk + "ffn_up", up, {T, F});
       over_rows(nt, T, [&](int64_t t0, int64_t t1) {

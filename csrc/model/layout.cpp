@@ -71,21 +71,24 @@ std::vector<Param> model_params(const ModelDesc& d) {
     const BlockDesc& b = d.blocks[(size_t)l];
     const std::string p = "blk." + std::to_string(l) + ".";
     // --- attention block: RMSNorm, q/k/v, optional per-head q/k RMSNorm, scores, output projection
-    norm(p + "attn_norm", H, l, &Layer::attn_norm);
-    linear(p + "attn_q", qd, H, l, &Layer::q, p + "attn_norm", b.bias_q);
-    linear(p + "attn_k", kvd, H, l, &Layer::k, p + "attn_norm", b.bias_k);
-    linear(p + "attn_v", kvd, H, l, &Layer::v, p + "attn_norm", b.bias_v);
+    // without pre-norms (OLMo 2) the linears read the residual stream ("residual") itself
+    if (b.pre_norms) norm(p + "attn_norm", H, l, &Layer::attn_norm);
+    const std::string attn_in = b.pre_norms ? p + "attn_norm" : std::string("residual");
+    linear(p + "attn_q", qd, H, l, &Layer::q, attn_in, b.bias_q);
+    linear(p + "attn_k", kvd, H, l, &Layer::k, attn_in, b.bias_k);
+    linear(p + "attn_v", kvd, H, l, &Layer::v, attn_in, b.bias_v);
     if (b.qk_norm) {
-      norm(p + "attn_q_norm", D, l, &Layer::q_norm);
-      norm(p + "attn_k_norm", D, l, &Layer::k_norm);
+      norm(p + "attn_q_norm", b.qk_norm_projection ? qd : D, l, &Layer::q_norm);
+      norm(p + "attn_k_norm", b.qk_norm_projection ? kvd : D, l, &Layer::k_norm);
     }
     add(p + "attn_score", ParamKind::AttnScore, 1, 0, l);
     linear(p + "attn_output", H, qd, l, &Layer::o, p + "attn_out", b.bias_o);
     if (b.post_norms) post_norm(p + "post_attention_norm", l, &Layer::post_attn_norm, &Layer::post_attn_shift);
     // --- feed-forward block: RMSNorm, gate/up, SwiGLU or GeGLU, down
-    norm(p + "ffn_norm", H, l, &Layer::ffn_norm);
-    linear(p + "ffn_gate", F, H, l, &Layer::gate, p + "ffn_norm", false);
-    linear(p + "ffn_up", F, H, l, &Layer::up, p + "ffn_norm", false);
+    if (b.pre_norms) norm(p + "ffn_norm", H, l, &Layer::ffn_norm);
+    const std::string ffn_in = b.pre_norms ? p + "ffn_norm" : std::string("residual");
+    linear(p + "ffn_gate", F, H, l, &Layer::gate, ffn_in, false);
+    linear(p + "ffn_up", F, H, l, &Layer::up, ffn_in, false);
     linear(p + "ffn_down", H, F, l, &Layer::down, p + "ffn_act", false);
     if (b.post_norms) post_norm(p + "post_ffw_norm", l, &Layer::post_ffn_norm, &Layer::post_ffn_shift);
   }

@@ -52,10 +52,11 @@ std::string get_str(const json& o, const std::string& key, const std::string& wh
 BlockDesc parse_block(const json& b, const std::string& where, int64_t l) {
   const std::string at = "layers[" + std::to_string(l) + "].";
   if (!b.is_object()) fail(where, "layers[" + std::to_string(l) + "] is not an object");
-  static const std::set<std::string> keys = {"norms", "qk_norm", "bias", "activation", "attention_window", "rope"};
+  static const std::set<std::string> keys = {"norms", "qk_norm", "qk_norm_span", "bias", "activation",
+                                             "attention_window", "rope"};
   for (const auto& [k, v] : b.items())
-    if (!keys.count(k)) fail(where, at + k + ": unknown block feature (this engine implements: norms, qk_norm, bias, "
-                                          "activation, attention_window, rope)");
+    if (!keys.count(k)) fail(where, at + k + ": unknown block feature (this engine implements: norms, qk_norm, "
+                                          "qk_norm_span, bias, activation, attention_window, rope)");
   BlockDesc d;
   auto norms = b.find("norms");
   if (norms == b.end() || !norms->is_array()) fail(where, at + "norms is missing or not a list");
@@ -64,13 +65,23 @@ BlockDesc parse_block(const json& b, const std::string& where, int64_t l) {
     if (!n.is_string()) fail(where, at + "norms holds " + show(n) + ", not a name");
     ns.push_back(n.get<std::string>());
   }
-  static const std::vector<std::string> post = {"attn_norm", "post_attention_norm", "ffn_norm", "post_ffw_norm"};
-  if (ns != d.norms && ns != post)
-    fail(where, at + "norms " + show(*norms) + ": this engine implements [\"attn_norm\", \"ffn_norm\"] and "
-                                              "[\"attn_norm\", \"post_attention_norm\", \"ffn_norm\", \"post_ffw_norm\"]");
-  d.post_norms = ns == post;
+  static const std::vector<std::string> both = {"attn_norm", "post_attention_norm", "ffn_norm", "post_ffw_norm"};
+  static const std::vector<std::string> post = {"post_attention_norm", "post_ffw_norm"};
+  if (ns != d.norms && ns != both && ns != post)
+    fail(where, at + "norms " + show(*norms) + ": this engine implements [\"attn_norm\", \"ffn_norm\"], "
+                                              "[\"attn_norm\", \"post_attention_norm\", \"ffn_norm\", \"post_ffw_norm\"] "
+                                              "and [\"post_attention_norm\", \"post_ffw_norm\"]");
+  d.pre_norms = ns != post;
+  d.post_norms = ns != d.norms;
   d.norms = ns;
   d.qk_norm = get_bool(b, "qk_norm", where, at);
+  if (b.find("qk_norm_span") != b.end()) {  // absent: per head
+    const std::string span = get_str(b, "qk_norm_span", where, at);
+    if (span != "head" && span != "projection")
+      fail(where, at + "qk_norm_span '" + span + "': this engine implements 'head' and 'projection'");
+    if (!d.qk_norm) fail(where, at + "qk_norm_span without qk_norm");
+    d.qk_norm_projection = span == "projection";
+  }
   auto bias = b.find("bias");
   if (bias == b.end() || !bias->is_array()) fail(where, at + "bias is missing or not a list");
   for (const auto& n : *bias) {
@@ -87,8 +98,8 @@ BlockDesc parse_block(const json& b, const std::string& where, int64_t l) {
   // 0: full causal attention; W >= 1: the last W positions (sliding window)
   d.attention_window = get_int(b, "attention_window", where, 0, INT32_MAX, at);
   d.rope = get_str(b, "rope", where, at);
-  if (d.rope != "rope" && d.rope != "rope_local")
-    fail(where, at + "rope '" + d.rope + "': this engine implements the tables 'rope' and 'rope_local'");
+  if (d.rope != "rope" && d.rope != "rope_local" && d.rope != "none")
+    fail(where, at + "rope '" + d.rope + "': this engine implements the tables 'rope' and 'rope_local', and 'none'");
   return d;
 }
 
@@ -194,6 +205,14 @@ ModelDesc parse_config(const std::string& text, const std::string& where) {
     fail(where, "layers describes " + std::to_string(layers->size()) + " blocks but num_layers is " +
                     std::to_string(c.n_layers));
   for (int64_t l = 0; l < c.n_layers; ++l) d.blocks.push_back(parse_block((*layers)[(size_t)l], where, l));
+  for (const BlockDesc& b : d.blocks)
+    if (b.qk_norm_projection) {  // its own epsilons (n = nh*D, nkv*D) and the RMSNorm bound n <= 2^13
+      if (c.n_heads * c.head_dim > 8192)
+        fail(where, "a projection-wide q/k RMSNorm over more than 8192 features could overflow its sum of squares");
+      c.eps_q = get_int(*eps, "q_proj", where, 0, INT64_MAX, "rms_eps_q60.");
+      c.eps_k = get_int(*eps, "k_proj", where, 0, INT64_MAX, "rms_eps_q60.");
+      break;
+    }
   return d;
 }
 
@@ -290,9 +309,10 @@ Model build_model(const ModelDesc& d, const TensorMap& tensors, const std::strin
     Layer& L = m.layers[(size_t)l];
     L.geglu = b.activation == "gelu_tanh";
     L.window = b.attention_window;
-    const bool local = b.rope == "rope_local";
-    L.rope_cos = local ? m.rope_local_cos : m.rope_cos;
-    L.rope_sin = local ? m.rope_local_sin : m.rope_sin;
+    const bool local = b.rope == "rope_local", nope = b.rope == "none";
+    L.rope_cos = nope ? nullptr : local ? m.rope_local_cos : m.rope_cos;
+    L.rope_sin = nope ? nullptr : local ? m.rope_local_sin : m.rope_sin;
+    L.qk_norm_projection = b.qk_norm_projection;
   }
   return m;
 }

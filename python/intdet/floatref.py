@@ -69,16 +69,21 @@ class FloatModel:
         scale = self.dt.type(hp.get("attn_scale", 1.0 / np.sqrt(D)) * attention_factor(hp.get("rope_scaling")) ** 2)
         for i in range(hp["num_layers"]):
             p, blk = f"blk.{i}.", hp["layers"][i]  # the block description (models/block.py)
-            h = self._norm(x, w[p + "attn_norm"])
-            rec(p + "attn_norm", h)
+            pre = "attn_norm" in blk["norms"]  # OLMo 2: no pre-norm
+            h = self._norm(x, w[p + "attn_norm"]) if pre else x
+            if pre:
+                rec(p + "attn_norm", h)
             q, k, v = (h @ w[p + n].T + (w[p + n + ".bias"] if n in blk["bias"] else 0) for n in ("attn_q", "attn_k", "attn_v"))
             rec(p + "attn_q", q.reshape(T, nh, D))
             rec(p + "attn_k", k.reshape(T, nkv, D))
             rec(p + "attn_v", v.reshape(T, nkv, D))
-            q, k, v = q.reshape(T, nh, D), k.reshape(T, nkv, D), v.reshape(T, nkv, D)
-            if blk["qk_norm"]:
+            if blk["qk_norm"] and blk.get("qk_norm_span") == "projection":  # OLMo 2: over the whole projection
                 q, k = self._norm(q, w[p + "attn_q_norm"]), self._norm(k, w[p + "attn_k_norm"])
-            q, k = self._rope(q, pos, blk["rope"]), self._rope(k, pos, blk["rope"])
+            q, k, v = q.reshape(T, nh, D), k.reshape(T, nkv, D), v.reshape(T, nkv, D)
+            if blk["qk_norm"] and blk.get("qk_norm_span") != "projection":
+                q, k = self._norm(q, w[p + "attn_q_norm"]), self._norm(k, w[p + "attn_k_norm"])
+            if blk["rope"] != "none":  # SmolLM3's NoPE layers
+                q, k = self._rope(q, pos, blk["rope"]), self._rope(k, pos, blk["rope"])
             self.kc[i, pos], self.vc[i, pos] = k, v
             n = start + T
             K = np.repeat(self.kc[i, :n], nh // nkv, axis=1)  # [n, nh, D]
@@ -100,14 +105,15 @@ class FloatModel:
             rec(p + "attn_output", o)
             post = "post_attention_norm" in blk["norms"]  # Gemma: RMSNorm of each branch before its residual add
             x = x + (self._norm(o, w[p + "post_attention_norm"]) if post else o)
-            h = self._norm(x, w[p + "ffn_norm"])
+            h = self._norm(x, w[p + "ffn_norm"]) if pre else x
             g, u = h @ w[p + "ffn_gate"].T, h @ w[p + "ffn_up"].T
             if blk["activation"] == "gelu_tanh":
                 c = self.dt.type(np.sqrt(2.0 / np.pi))
                 a = self.dt.type(0.5) * g * (1 + np.tanh(c * (g + self.dt.type(0.044715) * g * g * g))) * u
             else:
                 a = (g / (1 + np.exp(-g))) * u
-            rec(p + "ffn_norm", h)
+            if pre:
+                rec(p + "ffn_norm", h)
             rec(p + "ffn_gate", g)
             rec(p + "ffn_up", u)
             rec(p + "ffn_swiglu", a)
@@ -125,7 +131,7 @@ class FloatModel:
 def torch_supported(hp) -> bool:
     """Whether torch_model implements every block (Llama-style ones only)."""
     return all(b["norms"] == ["attn_norm", "ffn_norm"] and b["activation"] == "silu" and not b["attention_window"]
-               and b["rope"] == "rope" for b in hp["layers"]) and "embed_scale" not in hp and "attn_scale" not in hp \
+               and b["rope"] == "rope" and b.get("qk_norm_span", "head") == "head" for b in hp["layers"]) and "embed_scale" not in hp and "attn_scale" not in hp \
         and not hp.get("rope_scaling")
 
 

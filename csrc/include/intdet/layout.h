@@ -23,15 +23,18 @@ enum class WeightFormat { Int8, Int4 };
 // Only what some engine computes is accepted; the loader refuses other
 // values by name, so a converter cannot write a feature an engine ignores.
 struct BlockDesc {
-  // The block's RMSNorms, in order: {"attn_norm", "ffn_norm"} (pre-norm), or
-  // with Gemma's post-norms {"attn_norm", "post_attention_norm", "ffn_norm", "post_ffw_norm"}.
+  // The block's RMSNorms, in order: {"attn_norm", "ffn_norm"} (pre-norm),
+  // with Gemma's post-norms {"attn_norm", "post_attention_norm", "ffn_norm", "post_ffw_norm"},
+  // or post-norms only (OLMo 2) {"post_attention_norm", "post_ffw_norm"}.
   std::vector<std::string> norms{"attn_norm", "ffn_norm"};
-  bool post_norms = false;                                   // the second form: branch RMSNorm before each residual add
-  bool qk_norm = false;                                      // per-head RMSNorm of q and k (Qwen3, Gemma 3)
+  bool pre_norms = true;                                     // attn_norm / ffn_norm before each branch
+  bool post_norms = false;                                   // branch RMSNorm before each residual add
+  bool qk_norm = false;                                      // RMSNorm of q and k before RoPE (Qwen3, Gemma 3, OLMo 2)
+  bool qk_norm_projection = false;                           // ... over the whole projection (OLMo 2), not per head
   bool bias_q = false, bias_k = false, bias_v = false, bias_o = false;  // linear biases (Qwen2: q, k, v)
   std::string activation = "silu";                           // gated FFN: "silu" SwiGLU, "gelu_tanh" GeGLU
   int64_t attention_window = 0;                              // 0: full causal attention; W: the last W positions
-  std::string rope = "rope";                                 // RoPE table: "rope" or "rope_local" (<rope>.cos / .sin)
+  std::string rope = "rope";  // RoPE table: "rope" or "rope_local" (<rope>.cos / .sin); "none": no RoPE (SmolLM3's NoPE layers)
 };
 
 // config.json of a converted model, checked (parse_config in loader.h).

@@ -32,10 +32,11 @@ struct Linear {
 };
 
 struct Layer {
-  const int16_t* attn_norm = nullptr;  // [H] gamma
+  const int16_t* attn_norm = nullptr;  // [H] gamma; null without pre-norms (OLMo 2: the residual itself feeds q/k/v)
   Linear q, k, v, o;
   const int16_t* q_norm = nullptr;  // [D] when the block has per-head q/k RMSNorm (Qwen3), else null
   const int16_t* k_norm = nullptr;
+  bool qk_norm_projection = false;  // q_norm [nh*D] / k_norm [nkv*D] over the whole projection (OLMo 2)
   int64_t score_mant = 0, score_shift = 0;
   // Post-norms (Gemma), else null: RMSNorm of the o / down output (Q16), then
   // shift_round_sat32 by the shift into the residual's Q R.
@@ -47,13 +48,14 @@ struct Layer {
   int32_t post_ffn_shift = 0;
   bool geglu = false;                 // gated FFN activation: GeGLU (tanh GELU), else SwiGLU
   int64_t window = 0;                 // attention window: 0 full causal, W the last W positions
-  const int16_t* rope_cos = nullptr;  // the block's RoPE table [ctx, D/2] Q14 (Model::rope_* or rope_local_*)
+  const int16_t* rope_cos = nullptr;  // the block's RoPE table [ctx, D/2] Q14 (Model::rope_* or rope_local_*); null: NoPE
   const int16_t* rope_sin = nullptr;
 };
 
 struct Config {
   int64_t hidden = 0, ffn = 0, n_layers = 0, n_heads = 0, n_kv = 0, head_dim = 0, vocab = 0, ctx = 0;
   int64_t eps_hidden = 0, eps_head = 0;  // round(n * eps * 2^60)
+  int64_t eps_q = 0, eps_k = 0;          // the same for a projection-wide q / k RMSNorm (n = nh*D, nkv*D), else 0
   int64_t residual_frac = 16;            // residual stream int32 in Q residual_frac (config residual_frac_bits)
 };
 

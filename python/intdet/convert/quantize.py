@@ -134,6 +134,10 @@ def model_config(arch: str, hp: dict, weights: str = "int8") -> dict:
         "rms_eps_q60": {
             "hidden": int(np.rint(H * hp["rms_eps"] * 2.0**60)),
             "head": int(np.rint(D * hp["rms_eps"] * 2.0**60)),
+            # a projection-wide q/k RMSNorm (OLMo 2) over nh*D and nkv*D features
+            **({"q_proj": int(np.rint(hp["num_heads"] * D * hp["rms_eps"] * 2.0**60)),
+                "k_proj": int(np.rint(hp["num_kv_heads"] * D * hp["rms_eps"] * 2.0**60))}
+               if any(b.get("qk_norm_span") == "projection" for b in hp["layers"]) else {}),
         },
         "layers": hp["layers"],
     }
@@ -177,6 +181,7 @@ def quantize_model(fm, progress: bool = False, weights: str = "int8") -> tuple[d
     Activations entering each linear layer carry a static factor c_in (the
     value of one unit of the int16 activation at exponent 0):
     - after RMSNorm over n elements: sqrt(n) * 2^-(14 + G);
+    - the residual stream itself (blocks without pre-norms, OLMo 2): 2^-R;
     - attention output: 1 / (127 * 2^(16 + PROJ_FRAC));
     - SwiGLU / GeGLU output: 2^-(2 * PROJ_FRAC).
 
@@ -195,7 +200,7 @@ def quantize_model(fm, progress: bool = False, weights: str = "int8") -> tuple[d
     cfg = model_config(fm.arch, hp, weights)
     T = {}
     norm_exp = {}  # G of every RMSNorm gamma (analysis: int -> real of norm outputs)
-    c_of = {}  # activation name -> c_in of the layers reading it
+    c_of = {"residual": 2.0**-R}  # activation name -> c_in of the layers reading it (no pre-norm: the residual, Q R)
 
     def put_linear(name, w, c_in, f_out, bias=None, int4=weights == "int4"):
         if int4:
@@ -301,6 +306,9 @@ def _check_bounds(hp, weights="int8"):
             raise IntdetError("--weights int4: a linear layer's input reaches 2^21 features: int64 accumulator bound")
     if H > 8192 or D > 8192:
         raise IntdetError(f"hidden_size {H} exceeds 8192: RMSNorm's int64 sum of squares could overflow")
+    if nh * D > 8192 and any(b.get("qk_norm_span") == "projection" for b in hp.get("layers", ())):
+        raise IntdetError(f"num_heads * head_dim = {nh * D} exceeds 8192: the projection-wide q/k RMSNorm's "
+                          "int64 sum of squares could overflow")
     if max(H, F, nh * D) > 1 << 24:
         raise IntdetError("a linear layer's input exceeds 2^24 features: int64 accumulator bound")
     if D > 256 or D % 2:

@@ -33,6 +33,8 @@ class RefModel:
         self.ctx = c["context_length"]
         self.eps_h = c["rms_eps_q60"]["hidden"]
         self.eps_d = c["rms_eps_q60"]["head"]
+        self.eps_q = c["rms_eps_q60"].get("q_proj")  # projection-wide q/k RMSNorm (OLMo 2) only
+        self.eps_k = c["rms_eps_q60"].get("k_proj")
         self._w4 = {}  # int4 layers' dequantized integer weights, made on first use
         self.reset()
 
@@ -86,23 +88,31 @@ class RefModel:
         for i in range(self.n_layers):
             p = f"blk.{i}."
             blk = self.cfg["layers"][i]
-            post = "post_attention_norm" in blk["norms"]  # Gemma: each branch RMSNorm-ed before its residual add
-            cos, sin = t[blk["rope"] + ".cos"][pos], t[blk["rope"] + ".sin"][pos]  # [T, D/2] Q14
+            post = "post_attention_norm" in blk["norms"]  # Gemma, OLMo 2: each branch RMSNorm-ed before its residual add
+            pre = "attn_norm" in blk["norms"]  # OLMo 2: no pre-norm, q/k/v and gate/up read the residual itself
             # --- attention block ---
-            h = ops.rms_norm(x, t[p + "attn_norm.g"], self.eps_h, R)  # [T, H] norm units
-            rec(p + "attn_norm", h, H**0.5 * 2.0 ** -(14 + G.get(p + "attn_norm", 0)))
-            hq, he = quant16(h)  # [T, H] int16, [T] exponents
+            if pre:
+                h = ops.rms_norm(x, t[p + "attn_norm.g"], self.eps_h, R)  # [T, H] norm units
+                rec(p + "attn_norm", h, H**0.5 * 2.0 ** -(14 + G.get(p + "attn_norm", 0)))
+                hq, he = quant16(h)  # [T, H] int16, [T] exponents
+            else:
+                hq, he = quant16(x)  # the residual, Q R
             q = self._lin(p + "attn_q", hq, he).reshape(T, nh, D)  # Q16
             k = self._lin(p + "attn_k", hq, he).reshape(T, nkv, D)  # Q16
             v = self._lin(p + "attn_v", hq, he).reshape(T, nkv, D)  # Q16
             rec(p + "attn_q", q, Q16)
             rec(p + "attn_k", k, Q16)
             rec(p + "attn_v", v, Q16)
-            if self.cfg["layers"][i]["qk_norm"]:  # per-head RMSNorm (Qwen3), gamma at runtime
+            if blk["qk_norm"] and blk.get("qk_norm_span") == "projection":  # OLMo 2: over all heads at once
+                q = ops.rms_norm(q.reshape(T, nh * D), t[p + "attn_q_norm.g"], self.eps_q, 16).reshape(T, nh, D)
+                k = ops.rms_norm(k.reshape(T, nkv * D), t[p + "attn_k_norm.g"], self.eps_k, 16).reshape(T, nkv, D)
+            elif blk["qk_norm"]:  # per-head RMSNorm (Qwen3), gamma at runtime
                 q = ops.rms_norm(q, t[p + "attn_q_norm.g"], self.eps_d, 16)
                 k = ops.rms_norm(k, t[p + "attn_k_norm.g"], self.eps_d, 16)
-            q = ops.rope(q, cos, sin)  # [T, nh, D]
-            k = ops.rope(k, cos, sin)  # [T, nkv, D]
+            if blk["rope"] != "none":  # "none": a NoPE layer (SmolLM3)
+                cos, sin = t[blk["rope"] + ".cos"][pos], t[blk["rope"] + ".sin"][pos]  # [T, D/2] Q14
+                q = ops.rope(q, cos, sin)  # [T, nh, D]
+                k = ops.rope(k, cos, sin)  # [T, nkv, D]
             kq, ka = ops.kv_quant(k)  # int8 [T, nkv, D], absmax [T, nkv]
             vq, va = ops.kv_quant(v)
             self.kc[i, pos], self.ka[i, pos] = kq, ka
@@ -119,13 +129,17 @@ class RefModel:
             rec(p + "attn_output", ao, Q16 if post else QR)
             x = sat32(x + (self._post_norm(p + "post_attention_norm", ao) if post else ao))  # residual Q R
             # --- feed-forward block ---
-            h = ops.rms_norm(x, t[p + "ffn_norm.g"], self.eps_h, R)
-            hq, he = quant16(h)
+            if pre:
+                h = ops.rms_norm(x, t[p + "ffn_norm.g"], self.eps_h, R)
+                hq, he = quant16(h)
+            else:
+                hq, he = quant16(x)
             gate = self._lin(p + "ffn_gate", hq, he)  # [T, F] Q16
             up = self._lin(p + "ffn_up", hq, he)  # [T, F] Q16
             act = ops.geglu if blk["activation"] == "gelu_tanh" else ops.swiglu
             a = act(gate, up)  # [T, F] Q32 int64
-            rec(p + "ffn_norm", h, H**0.5 * 2.0 ** -(14 + G.get(p + "ffn_norm", 0)))
+            if pre:
+                rec(p + "ffn_norm", h, H**0.5 * 2.0 ** -(14 + G.get(p + "ffn_norm", 0)))
             rec(p + "ffn_gate", gate, Q16)
             rec(p + "ffn_up", up, Q16)
             rec(p + "ffn_swiglu", a, 2.0**-32)
