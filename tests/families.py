@@ -27,6 +27,9 @@ TINY = dict(hidden_size=72, intermediate_size=136, num_hidden_layers=3, num_atte
             bos_token_id=BOS_ID, eos_token_id=EOS_ID, rms_norm_eps=1e-6)
 GAIN = 1.0  # matrices 1/sqrt(fan_in): O(1) activations
 EMB = 4.0  # embeddings and lm_head 4/sqrt(H): logits of std ~4, peaked rather than flat
+# MoE routers 4/sqrt(H): router logits of std ~4, so few rows sit on a near-tie between two random
+# experts, where any rounding picks the other (its output then differs wholly, as random experts do)
+ROUTER = 4.0
 
 # family -> (transformers model_type, config overrides, GGUF pre-tokenizer name for llama.cpp's converter)
 FAMILIES = {
@@ -55,6 +58,10 @@ FAMILIES = {
     "olmo2": ("olmo2", dict(rope_theta=500000.0, pad_token_id=0), "llama-bpe"),
     "smollm3": ("smollm3", dict(rope_theta=2000000.0, pad_token_id=0, num_hidden_layers=4, tie_word_embeddings=True),
                 "llama-bpe"),  # layer 3 NoPE (no_rope_layer_interval 4)
+    "qwen3-moe": ("qwen3_moe", dict(num_local_experts=8, num_experts_per_tok=2, moe_intermediate_size=40,
+                                    norm_topk_prob=True, rope_theta=1000000.0, pad_token_id=0), "qwen2"),
+    "mixtral": ("mixtral", dict(num_local_experts=4, num_experts_per_tok=2, rope_theta=1000000.0, pad_token_id=0,
+                                sliding_window=None), "llama-bpe"),
 }
 # llama.cpp's Phi-3 converter reads tokenizer.model unless the class is GPT2Tokenizer (Phi-4's BPE)
 TOKENIZER_CLASS = {"phi3": "GPT2Tokenizer"}
@@ -68,6 +75,8 @@ def _std_mean(name: str, shape, family: str, H: int):
         return 0.1, 0.0
     if "embed_tokens" in name or name.startswith("lm_head"):
         return EMB / math.sqrt(H), 0.0
+    if name.endswith(("mlp.gate.weight", "block_sparse_moe.gate.weight")):  # MoE router: clear choices
+        return ROUTER / math.sqrt(H), 0.0
     return GAIN / math.sqrt(shape[-1]), 0.0
 
 

@@ -2,7 +2,8 @@
 that transformers itself defines (tests/families.py): Llama 3 RoPE scaling,
 linear RoPE scaling, Mistral (sliding window), Qwen2 / Qwen3 and their YaRN
 long-context forms, Granite (multipliers), Phi-3 (fused projections),
-OLMo 2 (post-norms only, projection-wide q/k RMSNorm), SmolLM3 (NoPE layers).
+OLMo 2 (post-norms only, projection-wide q/k RMSNorm), SmolLM3 (NoPE layers),
+Qwen3-MoE and Mixtral (mixture of experts; more in test_moe.py).
 
 Per family: the float reference equals transformers' forward; the integer
 logits stay close to it (RMS, top-1, mean |delta logprob|, pinned bounds);
@@ -40,6 +41,7 @@ GOLDEN = {
     "llama-linear": "11bf91dc3dc7", "llama3": "a53b4d82a911", "mistral": "01596055f2cc", "qwen2": "553c26c67d34",
     "qwen2-yarn": "df0dafb0b8e8", "qwen3": "1385167810a9", "qwen3-yarn": "e974d7f3aff6",
     "granite": "f2dabcd33711", "phi3": "9d9b815217ad", "olmo2": "dcdeb9d68dc3", "smollm3": "79dace081594",
+    "qwen3-moe": "ea910d1978ff", "mixtral": "cdb13965ef28",
 }
 
 
@@ -74,22 +76,31 @@ def test_float_reference_matches_transformers(fam, name):
     assert np.abs(got - want).max() < 1e-3
 
 
+# Qwen3-MoE's 8 random experts: a row whose 2nd and 3rd router scores are
+# within the integer error (~1.4% of them) takes another expert, whose output
+# differs wholly (2-5 of 48 rows per layer here), and the change spreads
+# through attention: measured rel RMS 0.15, top-1 0.92, mean |d logprob|
+# 0.18. test_moe.py checks the MoE op itself to 3% where routing is clear.
+LOOSE = {"qwen3-moe": dict(rms=0.2, top1=0.85, dlp=0.25)}
+
+
 @pytest.mark.parametrize("name", FAMS)
 def test_integer_close_to_transformers(fam, name):
     """RMS error under 4% of the logits' RMS, the same top-1 wherever the
     float top-2 margin is clear (0.5), mean |delta logprob| of the float top token
-    under 0.08 (measured 0.03-0.05)."""
+    under 0.08 (measured 0.03-0.05); LOOSE above for routing flips."""
     hf, lm = fam(name)
+    tol = LOOSE.get(name, dict(rms=0.04, top1=1.0, dlp=0.08))
     want = families.hf_logits(hf, PROMPT)
     got = int_logits(lm) / 65536.0
-    assert np.sqrt(np.mean((got - want) ** 2) / np.mean(want**2)) < 0.04
+    assert np.sqrt(np.mean((got - want) ** 2) / np.mean(want**2)) < tol["rms"]
     top2 = np.sort(want, -1)[:, -2:]
     clear = top2[:, 1] - top2[:, 0] >= 0.5  # ~5x the integer logits' RMS error (~0.1 at std 4)
     assert clear.sum() >= len(PROMPT) // 2
-    assert np.array_equal(got.argmax(-1)[clear], want.argmax(-1)[clear])
+    assert np.mean(got.argmax(-1)[clear] == want.argmax(-1)[clear]) >= tol["top1"]
     top = want.argmax(-1)
     rows = np.arange(len(PROMPT))
-    assert np.abs(logprobs(got)[rows, top] - logprobs(want)[rows, top]).mean() < 0.08
+    assert np.abs(logprobs(got)[rows, top] - logprobs(want)[rows, top]).mean() < tol["dlp"]
 
 
 def test_scaling_changes_the_tables(fam):
@@ -113,7 +124,7 @@ def test_every_isa_and_thread_count_same_bits(fam, name, isa_threads):
     assert np.array_equal(Engine(lm, "ref").new_sequence(64).forward(PROMPT[:20], all_logits=True), want[:20])
 
 
-@pytest.mark.parametrize("name", ["llama3", "mistral", "qwen3-yarn", "granite", "olmo2", "smollm3"])
+@pytest.mark.parametrize("name", ["llama3", "mistral", "qwen3-yarn", "granite", "olmo2", "smollm3"])  # MoE: test_moe.py
 def test_cuda_emulator_same_bits(fam, name):
     """The CUDA kernels (host emulator) against the CPU: prefill, decode,
     chunks, batches (test_cuda._compare_model)."""

@@ -76,7 +76,9 @@ inline void bind_loader(py::module_& mod) {
           py::dict e;
           e["name"] = p.name;
           e["kind"] = param_kind_name(p.kind);
-          e["shape"] = p.cols ? py::tuple(py::make_tuple(p.rows, p.cols)) : py::tuple(py::make_tuple(p.rows));
+          e["shape"] = p.experts ? py::tuple(py::make_tuple(p.experts, p.rows, p.cols))
+                       : p.cols  ? py::tuple(py::make_tuple(p.rows, p.cols))
+                                 : py::tuple(py::make_tuple(p.rows));
           e["bias"] = p.bias;
           e["input"] = p.input;
           e["layer"] = p.layer;
@@ -87,7 +89,7 @@ inline void bind_loader(py::module_& mod) {
       },
       py::arg("config"), py::arg("config_path") = "config.json",
       "The model's parameters in forward order (the one tensor table, csrc/model/layout.cpp): dicts with name, kind "
-      "(embedding, rope, norm, linear, attn_score, lm_head), float shape, bias, input, layer and the stored tensors "
+      "(embedding, rope, norm, post_norm, linear, attn_score, router, experts, lm_head), float shape, bias, input, layer and the stored tensors "
       "[(name, dtype, shape)]. Raises ValueError for a bad config.");
   mod.def(
       "check_model",

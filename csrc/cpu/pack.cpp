@@ -147,8 +147,12 @@ namespace {
 // Every linear layer of m (the output head last).
 std::vector<Linear*> linears_of(Model& m) {
   std::vector<Linear*> linears;
-  for (Layer& L : m.layers)
-    for (Linear* x : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down}) linears.push_back(x);
+  for (Layer& L : m.layers) {
+    for (Linear* x : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down, &L.router})
+      if (x->w || x->w4) linears.push_back(x);  // a MoE block has no dense gate/up/down, a dense one no router
+    for (auto* v : {&L.gate_exps, &L.up_exps, &L.down_exps})
+      for (Linear& x : *v) linears.push_back(&x);
+  }
   linears.push_back(&m.output);
   return linears;
 }

@@ -664,6 +664,9 @@ ModelPtr upload_model(const Model& h) {
   const Config& c = h.cfg;
   if (c.n_heads <= 0 || c.n_kv <= 0 || c.n_heads % c.n_kv || c.head_dim % 2 || c.head_dim > 256 || c.hidden > 8192)
     throw std::invalid_argument("model config has unsupported head or hidden sizes");
+  for (const Layer& L : h.layers)  // refused by name rather than run wrong (the CPU engine runs it)
+    if (!L.gate_exps.empty())
+      throw std::invalid_argument("mixture-of-experts blocks are not implemented by the CUDA engine yet (use the CPU)");
   ModelPtr m(new DeviceModel());
   m->cfg = c;
   ck(cudaGetDevice(&m->device), "cudaGetDevice");

@@ -212,6 +212,79 @@ void add_post_norm(int nt, const Kernels& ks, std::vector<int64_t>& x, const std
   });
 }
 
+// The experts chosen for each row and their weights (Q16): the n_experts_used
+// largest router outputs z (Q16 log2 units), ties to the lowest expert id,
+// in that order; weights softmax_q16 over those k (norm_topk) or the full
+// softmax's entries. Row by row, so no split can change a bit.
+void moe_route(int nt, const Layer& L, const int64_t* z, int64_t T, int64_t* sel, int64_t* w) {
+  const int64_t E = L.router.N, k = L.n_experts_used;
+  over_rows(nt, T, [&](int64_t t0, int64_t t1) {
+    std::vector<int64_t> idx((size_t)E), zs((size_t)std::max(E, k)), p((size_t)E);
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t* zt = z + t * E;
+      for (int64_t e = 0; e < E; ++e) idx[(size_t)e] = e;
+      std::partial_sort(idx.begin(), idx.begin() + k, idx.end(),
+                        [&](int64_t a, int64_t b) { return zt[a] != zt[b] ? zt[a] > zt[b] : a < b; });
+      if (L.norm_topk) {
+        for (int64_t j = 0; j < k; ++j) zs[(size_t)j] = zt[idx[(size_t)j]];
+        softmax_q16_row(zs.data(), k, p.data());
+        for (int64_t j = 0; j < k; ++j) w[t * k + j] = p[(size_t)j];
+      } else {
+        softmax_q16_row(zt, E, p.data());
+        for (int64_t j = 0; j < k; ++j) w[t * k + j] = p[(size_t)idx[(size_t)j]];
+      }
+      for (int64_t j = 0; j < k; ++j) sel[t * k + j] = idx[(size_t)j];
+    }
+  });
+}
+
+// Mixture-of-experts FFN of T rows (a: their int16 FFN input) into out
+// [T, H]: router, moe_route, then per expert (ascending id) its SwiGLU FFN on
+// just the rows that chose it (decode reads only the chosen experts'
+// weights), and per row out = round_shift(sum_j w_j * down_j, 16) in exact
+// int64 (the grouping cannot change a bit: every linear is row-wise).
+// Format of out: the expert down's (Q R, or Q16 before a post-norm).
+void moe_ffn(int nt, const Kernels& ks, const Layer& L, const Act16& a, int64_t T, int64_t H,
+             std::vector<int64_t>& out, std::vector<int64_t>& z) {
+  const int64_t E = L.router.N, k = L.n_experts_used, Fm = L.gate_exps[0].N;
+  z.resize((size_t)(T * E));
+  run_linears<1>(nt, ks, {&L.router}, a, T, {z.data()}, [](int64_t, int64_t) {});
+  std::vector<int64_t> sel((size_t)(T * k)), w((size_t)(T * k));
+  moe_route(nt, L, z.data(), T, sel.data(), w.data());
+  std::vector<std::vector<int64_t>> slots((size_t)E);  // expert -> t * k + j of the rows choosing it
+  for (int64_t i = 0; i < T * k; ++i) slots[(size_t)sel[(size_t)i]].push_back(i);
+  std::vector<int64_t> acc((size_t)(T * H), 0), g, u, d;
+  Act16 sub, act2;
+  for (int64_t e = 0; e < E; ++e) {
+    const std::vector<int64_t>& sl = slots[(size_t)e];
+    const int64_t n = (int64_t)sl.size();
+    if (n == 0) continue;
+    sub.resize(ks, n, H);  // the rows' int16 inputs (quant16 is per row: the same values)
+    for (int64_t r = 0; r < n; ++r) {
+      const int64_t t = sl[(size_t)r] / k;
+      std::copy(a.q.begin() + t * H, a.q.begin() + (t + 1) * H, sub.q.begin() + r * H);
+      sub.e[(size_t)r] = a.e[(size_t)t];
+      if (sub.ld) ks.planes.split_row(sub.q.data() + r * H, H, sub.hi.data() + r * sub.ld, sub.lo.data() + r * sub.ld);
+    }
+    g.resize((size_t)(n * Fm));
+    u.resize((size_t)(n * Fm));
+    run_linears<2>(nt, ks, {&L.gate_exps[(size_t)e], &L.up_exps[(size_t)e]}, sub, n, {g.data(), u.data()},
+                   [&](int64_t lo, int64_t hi) {
+                     for (int64_t r = 0; r < n && hi > lo; ++r)
+                       ks.swiglu(g.data() + r * Fm + lo, u.data() + r * Fm + lo, hi - lo, g.data() + r * Fm + lo);
+                   });
+    act2.from_rows(nt, ks, g.data(), n, Fm);
+    d.resize((size_t)(n * H));
+    run_linears<1>(nt, ks, {&L.down_exps[(size_t)e]}, act2, n, {d.data()}, [](int64_t, int64_t) {});
+    for (int64_t r = 0; r < n; ++r) {
+      const int64_t t = sl[(size_t)r] / k, wt = w[(size_t)sl[(size_t)r]];
+      for (int64_t i = 0; i < H; ++i) acc[(size_t)(t * H + i)] += wt * d[(size_t)(r * H + i)];
+    }
+  }
+  out.resize((size_t)(T * H));
+  for (int64_t i = 0; i < T * H; ++i) out[(size_t)i] = round_shift(acc[(size_t)i], kProbFrac);
+}
+
 // Op timer for set_op_profile (trace.h): mark(op, layer) charges the time
 // since the previous mark to (layer, op). Reads no clock while profiling is off.
 class OpClock {
@@ -370,6 +443,21 @@ void forward_impl(const Model& m, KVCache* const* caches, const Row* rows, int64
     else
       act.from_rows(nt, ks, x.data(), T, H);
     clk.mark("ffn_norm", l);
+    if (!L.gate_exps.empty()) {  // mixture of experts
+      if (tr && L.ffn_norm) rec(blk + "ffn_norm", h, {T, H});  // before a post-norm reuses h
+      moe_ffn(nt, ks, L, act, T, H, tmp, up);
+      if (L.post_ffn_norm)
+        add_post_norm(nt, ks, x, tmp, L.post_ffn_norm, L.post_ffn_shift, T, H, c.eps_hidden, h);
+      else
+        add_residual_range(ks, x.data(), tmp.data(), T, H, 0, H);
+      if (tr) {
+        rec(blk + "ffn_gate_inp", up, {T, L.router.N});
+        rec(blk + "ffn_down", tmp, {T, H});
+        rec(blk + "residual", x, {T, H});
+      }
+      clk.mark("ffn_moe", l);
+      continue;
+    }
     const auto glu = L.geglu ? ks.geglu : ks.swiglu;
     // gate and up go in the same channel blocks, so the thread that made a
     // block runs SwiGLU / GeGLU on it (elementwise: the split cannot change a bit);

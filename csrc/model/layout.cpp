@@ -26,6 +26,8 @@ const char* param_kind_name(ParamKind k) {
     case ParamKind::PostNorm: return "post_norm";
     case ParamKind::Linear: return "linear";
     case ParamKind::AttnScore: return "attn_score";
+    case ParamKind::Router: return "router";
+    case ParamKind::Experts: return "experts";
     case ParamKind::LmHead: return "lm_head";
   }
   return "?";
@@ -87,9 +89,25 @@ std::vector<Param> model_params(const ModelDesc& d) {
     // --- feed-forward block: RMSNorm, gate/up, SwiGLU or GeGLU, down
     if (b.pre_norms) norm(p + "ffn_norm", H, l, &Layer::ffn_norm);
     const std::string ffn_in = b.pre_norms ? p + "ffn_norm" : std::string("residual");
-    linear(p + "ffn_gate", F, H, l, &Layer::gate, ffn_in, false);
-    linear(p + "ffn_up", F, H, l, &Layer::up, ffn_in, false);
-    linear(p + "ffn_down", H, F, l, &Layer::down, p + "ffn_act", false);
+    if (b.n_experts) {  // MoE: router, then the experts' gate, up and down as [E, N, K]
+      Param& r = add(p + "ffn_gate_inp", ParamKind::Router, b.n_experts, H, l);
+      r.linear = &Layer::router;
+      r.input = ffn_in;
+      auto experts = [&](const std::string& name, int64_t N, int64_t K, std::vector<Linear> Layer::*slot,
+                         const std::string& input) {
+        Param& e = add(name, ParamKind::Experts, N, K, l);
+        e.experts = b.n_experts;
+        e.experts_slot = slot;
+        e.input = input;
+      };
+      experts(p + "ffn_gate_exps", b.expert_ffn, H, &Layer::gate_exps, ffn_in);
+      experts(p + "ffn_up_exps", b.expert_ffn, H, &Layer::up_exps, ffn_in);
+      experts(p + "ffn_down_exps", H, b.expert_ffn, &Layer::down_exps, p + "ffn_act");
+    } else {
+      linear(p + "ffn_gate", F, H, l, &Layer::gate, ffn_in, false);
+      linear(p + "ffn_up", F, H, l, &Layer::up, ffn_in, false);
+      linear(p + "ffn_down", H, F, l, &Layer::down, p + "ffn_act", false);
+    }
     if (b.post_norms) post_norm(p + "post_ffw_norm", l, &Layer::post_ffn_norm, &Layer::post_ffn_shift);
   }
   add("output_norm", ParamKind::Norm, H, 0, -1);
@@ -135,6 +153,23 @@ std::vector<TensorSpec> param_tensors(const Param& p, const ModelDesc& d) {
       scale();
       if (p.bias) t.push_back({p.name + ".bias", DType::I32, {N}});
       break;
+    case ParamKind::Router:
+      t.push_back({p.name + ".q", DType::I8, {N, K}});
+      scale();
+      break;
+    case ParamKind::Experts: {
+      const int64_t E = p.experts;
+      if (d.weights == WeightFormat::Int4) {
+        t.push_back({p.name + ".q4", DType::U8, {E, N, K / 2}});
+        t.push_back({p.name + ".gd", DType::I16, {E, N, K / 32}});
+        t.push_back({p.name + ".gm", DType::I16, {E, N, K / 32}});
+      } else {
+        t.push_back({p.name + ".q", DType::I8, {E, N, K}});
+      }
+      t.push_back({p.name + ".mant", DType::I32, {E, N}});
+      t.push_back({p.name + ".shift", DType::I32, {E, N}});
+      break;
+    }
     case ParamKind::LmHead:
       if (!d.tied_embeddings) t.push_back({p.name + ".q", DType::I8, {N, K}});  // tied: tok_embd.q
       scale();

@@ -53,10 +53,10 @@ BlockDesc parse_block(const json& b, const std::string& where, int64_t l) {
   const std::string at = "layers[" + std::to_string(l) + "].";
   if (!b.is_object()) fail(where, "layers[" + std::to_string(l) + "] is not an object");
   static const std::set<std::string> keys = {"norms", "qk_norm", "qk_norm_span", "bias", "activation",
-                                             "attention_window", "rope"};
+                                             "attention_window", "rope", "moe"};
   for (const auto& [k, v] : b.items())
     if (!keys.count(k)) fail(where, at + k + ": unknown block feature (this engine implements: norms, qk_norm, "
-                                          "qk_norm_span, bias, activation, attention_window, rope)");
+                                          "qk_norm_span, bias, activation, attention_window, rope, moe)");
   BlockDesc d;
   auto norms = b.find("norms");
   if (norms == b.end() || !norms->is_array()) fail(where, at + "norms is missing or not a list");
@@ -97,6 +97,18 @@ BlockDesc parse_block(const json& b, const std::string& where, int64_t l) {
     fail(where, at + "activation '" + d.activation + "': this engine implements silu (SwiGLU) and gelu_tanh (GeGLU)");
   // 0: full causal attention; W >= 1: the last W positions (sliding window)
   d.attention_window = get_int(b, "attention_window", where, 0, INT32_MAX, at);
+  auto moe = b.find("moe");
+  if (moe != b.end()) {  // absent: a dense FFN
+    if (!moe->is_object()) fail(where, at + "moe is not an object");
+    static const std::set<std::string> mk = {"experts", "experts_per_token", "expert_ffn_size", "norm_topk_prob"};
+    for (const auto& [k, v] : moe->items())
+      if (!mk.count(k)) fail(where, at + "moe." + k + ": unknown (experts, experts_per_token, expert_ffn_size, norm_topk_prob)");
+    d.n_experts = get_int(*moe, "experts", where, 1, 4096, at + "moe.");
+    d.n_experts_used = get_int(*moe, "experts_per_token", where, 1, d.n_experts, at + "moe.");
+    d.expert_ffn = get_int(*moe, "expert_ffn_size", where, 1, ((int64_t)1 << 24) - 1, at + "moe.");
+    d.norm_topk = get_bool(*moe, "norm_topk_prob", where, at + "moe.");
+    if (d.activation != "silu") fail(where, at + "moe: experts implement SwiGLU (activation silu) only");
+  }
   d.rope = get_str(b, "rope", where, at);
   if (d.rope != "rope" && d.rope != "rope_local" && d.rope != "none")
     fail(where, at + "rope '" + d.rope + "': this engine implements the tables 'rope' and 'rope_local', and 'none'");
@@ -206,6 +218,9 @@ ModelDesc parse_config(const std::string& text, const std::string& where) {
                     std::to_string(c.n_layers));
   for (int64_t l = 0; l < c.n_layers; ++l) d.blocks.push_back(parse_block((*layers)[(size_t)l], where, l));
   for (const BlockDesc& b : d.blocks)
+    if (b.n_experts && d.weights == WeightFormat::Int4 && (b.expert_ffn % 32 || b.expert_ffn >= ((int64_t)1 << 21)))
+      fail(where, "int4 weights need moe.expert_ffn_size a multiple of 32 and below 2^21");
+  for (const BlockDesc& b : d.blocks)
     if (b.qk_norm_projection) {  // its own epsilons (n = nh*D, nkv*D) and the RMSNorm bound n <= 2^13
       if (c.n_heads * c.head_dim > 8192)
         fail(where, "a projection-wide q/k RMSNorm over more than 8192 features could overflow its sum of squares");
@@ -221,7 +236,7 @@ Model build_model(const ModelDesc& d, const TensorMap& tensors, const std::strin
   // what is wrong, not the tensors it would miss.
   const bool int4 = d.weights == WeightFormat::Int4;
   for (const auto& [name, v] : tensors)
-    if (name.rfind("blk.", 0) == 0 && ends_with(name, int4 ? ".q" : ".q4"))
+    if (name.rfind("blk.", 0) == 0 && ends_with(name, int4 ? ".q" : ".q4") && !ends_with(name, "ffn_gate_inp.q"))  // routers: int8
       fail(st, "tensor '" + name + "' is " + (int4 ? "int8" : "int4") + " weights but config.json says weight_format " +
                    (int4 ? "int4" : "int8"));
   std::set<std::string> wanted;
@@ -237,9 +252,10 @@ Model build_model(const ModelDesc& d, const TensorMap& tensors, const std::strin
       check_values(st, s, v.data);
       ptr[s.name] = v.data;
     }
-    if (p.kind == ParamKind::Linear && d.weights == WeightFormat::Int4)
+    if ((p.kind == ParamKind::Linear || p.kind == ParamKind::Experts) && d.weights == WeightFormat::Int4)
       check_int4(st, p.name, static_cast<const int16_t*>(ptr[p.name + ".gd"]),
-                 static_cast<const int16_t*>(ptr[p.name + ".gm"]), p.rows, p.cols / 32);
+                 static_cast<const int16_t*>(ptr[p.name + ".gm"]), std::max<int64_t>(p.experts, 1) * p.rows,
+                 p.cols / 32);
     if (release_source && (p.kind == ParamKind::Linear || p.kind == ParamKind::Embedding || p.kind == ParamKind::LmHead)) {
       // Checked: drop the big weight's pages until the engine reads (or packs) it.
       const std::string w = d.weights == WeightFormat::Int4 && p.kind == ParamKind::Linear ? ".q4" : ".q";
@@ -299,6 +315,23 @@ Model build_model(const ModelDesc& d, const TensorMap& tensors, const std::strin
         L->score_mant = I32(p.name + ".mant")[0];
         L->score_shift = I32(p.name + ".shift")[0];
         break;
+      case ParamKind::Router:
+        L->*p.linear = linear(p.name, p.rows, p.cols, p.name + ".q");  // always int8
+        break;
+      case ParamKind::Experts: {  // expert e: a view at row e * N of the [E, N, K] tensors
+        const Linear all = linear(p.name, p.rows, p.cols);
+        const int64_t N = p.rows, K = p.cols;
+        std::vector<Linear>& v = L->*p.experts_slot;
+        for (int64_t e = 0; e < p.experts; ++e) {
+          Linear x = all;
+          if (x.w) x.w += e * N * K;
+          if (x.w4) x.w4 += e * N * (K / 2), x.gd += e * N * (K / 32), x.gm += e * N * (K / 32);
+          x.mant += e * N;
+          x.shift += e * N;
+          v.push_back(x);
+        }
+        break;
+      }
       case ParamKind::LmHead:
         m.output = linear(p.name, p.rows, p.cols, d.tied_embeddings ? "tok_embd.q" : p.name + ".q");
         break;
@@ -313,6 +346,8 @@ Model build_model(const ModelDesc& d, const TensorMap& tensors, const std::strin
     L.rope_cos = nope ? nullptr : local ? m.rope_local_cos : m.rope_cos;
     L.rope_sin = nope ? nullptr : local ? m.rope_local_sin : m.rope_sin;
     L.qk_norm_projection = b.qk_norm_projection;
+    L.n_experts_used = b.n_experts_used;
+    L.norm_topk = b.norm_topk;
   }
   return m;
 }

@@ -48,6 +48,27 @@ class FloatModel:
         ms = np.mean(x * x, axis=-1, keepdims=True)
         return x / np.sqrt(ms + self.dt.type(self.hp["rms_eps"])) * g
 
+    def _moe(self, p, moe, h):
+        """transformers' Qwen3MoeSparseMoeBlock / MixtralSparseMoeBlock: softmax
+        of the router logits, the top k (ties: lowest id), renormalised when
+        norm_topk_prob, each chosen expert's SwiGLU FFN weighted."""
+        w = self.w
+        z = h @ w[p + "ffn_gate_inp"].T  # [T, E]
+        pr = np.exp(z - z.max(-1, keepdims=True))
+        pr = pr / pr.sum(-1, keepdims=True)
+        k = moe["experts_per_token"]
+        sel = np.argsort(-pr, axis=1, kind="stable")[:, :k]
+        wt = np.take_along_axis(pr, sel, axis=1)
+        if moe["norm_topk_prob"]:
+            wt = wt / wt.sum(-1, keepdims=True)
+        out = np.zeros_like(h)
+        for t in range(h.shape[0]):
+            for j in range(k):
+                e = sel[t, j]
+                g, u = w[p + "ffn_gate_exps"][e] @ h[t], w[p + "ffn_up_exps"][e] @ h[t]
+                out[t] += wt[t, j] * (w[p + "ffn_down_exps"][e] @ ((g / (1 + np.exp(-g))) * u))
+        return out
+
     def _rope(self, x, pos, table="rope"):
         h = x.shape[-1] // 2
         cos, sin = self.tables[table]
@@ -106,6 +127,14 @@ class FloatModel:
             post = "post_attention_norm" in blk["norms"]  # Gemma: RMSNorm of each branch before its residual add
             x = x + (self._norm(o, w[p + "post_attention_norm"]) if post else o)
             h = self._norm(x, w[p + "ffn_norm"]) if pre else x
+            if "moe" in blk:  # Qwen3-MoE / Mixtral: softmax router, top-k, (renormalised) weighted experts
+                if pre:
+                    rec(p + "ffn_norm", h)
+                dn = self._moe(p, blk["moe"], h)
+                rec(p + "ffn_down", dn)
+                x = x + (self._norm(dn, w[p + "post_ffw_norm"]) if "post_ffw_norm" in blk["norms"] else dn)
+                rec(p + "residual", x)
+                continue
             g, u = h @ w[p + "ffn_gate"].T, h @ w[p + "ffn_up"].T
             if blk["activation"] == "gelu_tanh":
                 c = self.dt.type(np.sqrt(2.0 / np.pi))
@@ -131,7 +160,8 @@ class FloatModel:
 def torch_supported(hp) -> bool:
     """Whether torch_model implements every block (Llama-style ones only)."""
     return all(b["norms"] == ["attn_norm", "ffn_norm"] and b["activation"] == "silu" and not b["attention_window"]
-               and b["rope"] == "rope" and b.get("qk_norm_span", "head") == "head" for b in hp["layers"]) and "embed_scale" not in hp and "attn_scale" not in hp \
+               and b["rope"] == "rope" and b.get("qk_norm_span", "head") == "head" and "moe" not in b
+               for b in hp["layers"]) and "embed_scale" not in hp and "attn_scale" not in hp \
         and not hp.get("rope_scaling")
 
 

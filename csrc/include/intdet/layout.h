@@ -34,6 +34,12 @@ struct BlockDesc {
   bool bias_q = false, bias_k = false, bias_v = false, bias_o = false;  // linear biases (Qwen2: q, k, v)
   std::string activation = "silu";                           // gated FFN: "silu" SwiGLU, "gelu_tanh" GeGLU
   int64_t attention_window = 0;                              // 0: full causal attention; W: the last W positions
+  // Mixture of experts (Qwen3-MoE, Mixtral), else n_experts 0 (a dense FFN):
+  // a router linear to Q16 log2 units, the n_experts_used largest (ties:
+  // lowest expert id), their weights softmax over those k (norm_topk) or the
+  // full softmax's entries, and the weighted sum of the chosen experts' SwiGLU FFNs.
+  int64_t n_experts = 0, n_experts_used = 0, expert_ffn = 0;
+  bool norm_topk = false;
   std::string rope = "rope";  // RoPE table: "rope" or "rope_local" (<rope>.cos / .sin); "none": no RoPE (SmolLM3's NoPE layers)
 };
 
@@ -55,6 +61,8 @@ enum class ParamKind {
   PostNorm,   // RMSNorm of a branch output straight to the residual: gamma int16 + shift to Q R (Gemma)
   Linear,     // decoder linear: int8 or int4 weights, per-channel dyadic scale, optional bias
   AttnScore,  // attention score scale (dyadic, one per layer)
+  Router,     // MoE router: int8 [E, H] + per-expert dyadic scale to Q16 log2 units (always int8)
+  Experts,    // MoE expert linears: [E, N, K] in the file's weight format, per-(expert, channel) dyadic scale
   LmHead,     // output: int8 (or tok_embd's when tied) + per-row dyadic scale
 };
 const char* param_kind_name(ParamKind k);
@@ -64,6 +72,7 @@ struct Param {
   ParamKind kind;
   int64_t rows = 0;       // float shape [rows, cols]; cols 0 for a vector
   int64_t cols = 0;
+  int64_t experts = 0;    // Experts: the float shape is [experts, rows, cols]
   bool bias = false;      // Linear: has "<name>.bias"
   std::string input;      // Linear/LmHead: the activation it reads (e.g. "blk.3.attn_norm", "blk.3.attn_out")
   int64_t layer = -1;     // -1 for model-level parameters
@@ -72,6 +81,7 @@ struct Param {
   Linear Layer::*linear = nullptr;
   const int16_t* Layer::*norm = nullptr;
   int32_t Layer::*norm_shift = nullptr;  // PostNorm: its shift to the residual
+  std::vector<Linear> Layer::*experts_slot = nullptr;  // Experts: one Linear per expert
 };
 
 struct TensorSpec {

@@ -46,6 +46,12 @@ struct Layer {
   Linear gate, up, down;
   const int16_t* post_ffn_norm = nullptr;
   int32_t post_ffn_shift = 0;
+  // Mixture of experts (gate/up/down then unused): router [E, H] to Q16 log2
+  // units, one Linear per expert (views into the [E, N, K] tensors).
+  Linear router;
+  std::vector<Linear> gate_exps, up_exps, down_exps;
+  int64_t n_experts_used = 0;
+  bool norm_topk = false;
   bool geglu = false;                 // gated FFN activation: GeGLU (tanh GELU), else SwiGLU
   int64_t window = 0;                 // attention window: 0 full causal, W the last W positions
   const int16_t* rope_cos = nullptr;  // the block's RoPE table [ctx, D/2] Q14 (Model::rope_* or rope_local_*); null: NoPE

@@ -163,7 +163,7 @@ def source_tensors(hp: dict, where: str) -> dict:
     from (rope and attention score scales are derived, not read)."""
     want = {}
     for p in model_params(model_config("", hp), where):
-        if p["kind"] in ("embedding", "norm", "post_norm", "linear") or (p["kind"] == "lm_head" and not hp["tied_embeddings"]):
+        if p["kind"] in ("embedding", "norm", "post_norm", "linear", "router", "experts") or (p["kind"] == "lm_head" and not hp["tied_embeddings"]):
             want[p["name"]] = tuple(p["shape"])
         if p["bias"]:
             want[p["name"] + ".bias"] = (p["shape"][0],)
@@ -244,6 +244,26 @@ def quantize_model(fm, progress: bool = False, weights: str = "int8") -> tuple[d
             put_linear(name, W[name], c_of[p["input"]], f_out, W.get(name + ".bias") if p["bias"] else None)
             if name.endswith("ffn_down"):
                 bar.update(1)
+        elif kind == "router":  # MoE router: int8, straight to Q16 log2 units (the integer softmax's input)
+            T[name + ".q"], s = quant_rows_int8(W[name])
+            T[name + ".mant"], T[name + ".shift"] = dyadic_vec(c_of[p["input"]] * s * LOG2E * 2.0**16)
+        elif kind == "experts":  # [E, N, K]: each expert's rows as a linear's, stored as one tensor
+            E, N, K = p["shape"]
+            c_of[pre + "ffn_act"] = 2.0 ** -(2 * PROJ_FRAC)  # SwiGLU output Q32
+            post = "post_ffw_norm" in hp["layers"][layer]["norms"]
+            f_out = R if name.endswith("ffn_down_exps") and not post else PROJ_FRAC
+            w = np.asarray(W[name]).reshape(E * N, K)
+            if weights == "int4":
+                q4, gd, gm, s = quant_rows_int4(w)
+                T[name + ".q4"], T[name + ".gd"], T[name + ".gm"] = (
+                    q4.reshape(E, N, K // 2), gd.reshape(E, N, K // W4_GROUP), gm.reshape(E, N, K // W4_GROUP))
+            else:
+                q, s = quant_rows_int8(w)
+                T[name + ".q"] = q.reshape(E, N, K)
+            mant, shift = dyadic_vec(c_of[p["input"]] * s * 2.0**f_out)
+            T[name + ".mant"], T[name + ".shift"] = mant.reshape(E, N), shift.reshape(E, N)
+            if name.endswith("ffn_down_exps"):
+                bar.update(1)
         elif kind == "attn_score":
             # z (Q16 log2 units) = raw * mk * 2^(e_q + ek) * c_q * c_k * log2(e) / (127 * sqrt(D)) * 2^16;
             # q and k leave their projection in Q16, or a per-head RMSNorm.
@@ -306,6 +326,12 @@ def _check_bounds(hp, weights="int8"):
             raise IntdetError("--weights int4: a linear layer's input reaches 2^21 features: int64 accumulator bound")
     if H > 8192 or D > 8192:
         raise IntdetError(f"hidden_size {H} exceeds 8192: RMSNorm's int64 sum of squares could overflow")
+    for b in hp.get("layers", ()):
+        fm = b.get("moe", {}).get("expert_ffn_size", 0)
+        if weights == "int4" and fm % W4_GROUP:
+            raise IntdetError(f"--weights int4: expert intermediate size {fm} is not a multiple of {W4_GROUP}")
+        if fm > 1 << 24:
+            raise IntdetError("an expert's input exceeds 2^24 features: int64 accumulator bound")
     if nh * D > 8192 and any(b.get("qk_norm_span") == "projection" for b in hp.get("layers", ())):
         raise IntdetError(f"num_heads * head_dim = {nh * D} exceeds 8192: the projection-wide q/k RMSNorm's "
                           "int64 sum of squares could overflow")

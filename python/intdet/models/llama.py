@@ -9,7 +9,7 @@ import math
 import numpy as np
 
 from ..errors import IntdetError
-from . import rope_scaling
+from . import moe, rope_scaling
 from .block import block
 
 NAME = "llama"
@@ -100,7 +100,7 @@ def _scaling(rs):
 
 def blocks(hp: dict) -> list:
     bias = ("attn_q", "attn_k", "attn_v", "attn_output") if hp.get("attention_bias") else ()
-    return [block(bias=bias) for _ in range(hp["num_layers"])]
+    return [block(bias=bias, moe=hp.get("moe")) for _ in range(hp["num_layers"])]  # moe: a Mixtral GGUF
 
 
 def hparams_from_gguf(need, where: str) -> dict:
@@ -116,6 +116,7 @@ def hparams_from_gguf(need, where: str) -> dict:
     if rot != D:
         raise IntdetError(f"{where}: partial rotary embedding (rope.dimension_count {rot} != head_dim {D}) is not supported")
     ctx = need("context_length")
+    experts = moe.from_gguf(need, where, "llama", norm=True)  # Mixtral: llama.cpp renormalises the top-k
     scaling = rope_scaling.from_gguf(need, where, ctx)
     theta = need("rope.freq_base", float, 10000.0)
     if not math.isfinite(theta):
@@ -131,6 +132,7 @@ def hparams_from_gguf(need, where: str) -> dict:
         rope_theta=theta,
         rms_eps=need("attention.layer_norm_rms_epsilon", float),
         **_scaling(scaling),
+        **({"moe": experts} if experts else {}),
     )
 
 

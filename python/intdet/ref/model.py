@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import ops
-from .intmath import I64, quant16, sat32
+from .intmath import I64, quant16, round_shift, sat32
 
 
 class RefModel:
@@ -55,6 +55,47 @@ class RefModel:
         else:
             w = t[name + ".q"]
         return ops.linear(q, e, w, t[name + ".mant"], t[name + ".shift"], t.get(name + ".bias"))
+
+    def _moe(self, p, moe, hq, he):
+        """Mixture of experts on the FFN input (int16 hq, exponents he):
+        router z (Q16 log2 units) [T, E]; per row the k largest (ties: lowest
+        id), weights softmax_q16 over those k (norm_topk_prob) or the full
+        softmax's entries; out = round_shift(sum_j w_j * down_j, 16), the
+        experts' down in the residual's format. Returns (z, out)."""
+        t = self.t
+        z = ops.linear(hq, he, t[p + "ffn_gate_inp.q"], t[p + "ffn_gate_inp.mant"], t[p + "ffn_gate_inp.shift"])
+        T, E = z.shape
+        k = moe["experts_per_token"]
+        # stable sort of -z: equal scores keep ascending expert ids
+        sel = np.argsort(-z, axis=1, kind="stable")[:, :k]
+        if moe["norm_topk_prob"]:
+            w = ops.softmax_q16(np.take_along_axis(z, sel, axis=1))
+        else:
+            w = np.take_along_axis(ops.softmax_q16(z), sel, axis=1)
+        acc = np.zeros((T, self.cfg["hidden_size"]), dtype=I64)
+        for e in range(E):
+            rows, slots = np.nonzero(sel == e)
+            if len(rows) == 0:
+                continue
+            ex = lambda n: self._expert(p + n, e)  # noqa: E731
+            g = ops.linear(hq[rows], he[rows], *ex("ffn_gate_exps"))
+            u = ops.linear(hq[rows], he[rows], *ex("ffn_up_exps"))
+            aq, ae = quant16(ops.swiglu(g, u))
+            d = ops.linear(aq, ae, *ex("ffn_down_exps"))
+            np.add.at(acc, rows, w[rows, slots][:, None] * d)
+        return z, round_shift(acc, ops.PROB_FRAC)
+
+    def _expert(self, name, e):
+        """(w, mant, shift) of expert e of an [E, N, K] tensor (int4: its integer weights)."""
+        t = self.t
+        if name + ".q4" in t:
+            key = (name, e)
+            if key not in self._w4:
+                self._w4[key] = ops.dequant_int4(t[name + ".q4"][e], t[name + ".gd"][e], t[name + ".gm"][e])
+            w = self._w4[key]
+        else:
+            w = t[name + ".q"][e]
+        return w, t[name + ".mant"][e], t[name + ".shift"][e]
 
     def _post_norm(self, name, y):
         """RMSNorm of a branch output y (int32 Q16, [T, H]) straight to the
@@ -134,6 +175,15 @@ class RefModel:
                 hq, he = quant16(h)
             else:
                 hq, he = quant16(x)
+            if "moe" in blk:  # mixture of experts instead of the dense FFN
+                if pre:
+                    rec(p + "ffn_norm", h, H**0.5 * 2.0 ** -(14 + G.get(p + "ffn_norm", 0)))
+                z, dn = self._moe(p, blk["moe"], hq, he)
+                rec(p + "ffn_gate_inp", z, Q16)
+                rec(p + "ffn_down", dn, Q16 if post else QR)
+                x = sat32(x + (self._post_norm(p + "post_ffw_norm", dn) if post else dn))
+                rec(p + "residual", x, QR)
+                continue
             gate = self._lin(p + "ffn_gate", hq, he)  # [T, F] Q16
             up = self._lin(p + "ffn_up", hq, he)  # [T, F] Q16
             act = ops.geglu if blk["activation"] == "gelu_tanh" else ops.swiglu
