@@ -42,7 +42,7 @@ def main(argv=None) -> int:
     if len(backends) < 2:
         ap.error("--backends needs at least two")
     engine = Engine(lm, "cpu", threads=a.threads)
-    n = len(trace_names(lm.cfg["num_layers"]))
+    n = len(trace_names(lm.cfg))
     ok = True
     try:
         results = compare_backends(engine, ids, backends)

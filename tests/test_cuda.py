@@ -981,7 +981,7 @@ def test_trace_is_the_cpu_trace(monkeypatch, backend, converted, converted_int4,
     cpu = trace_cpu(Engine(lm, "cpu"), TRACE_IDS)
     gpu_engine = Engine(lm, "cuda", cuda_graphs=graphs)
     gpu = trace_cuda(gpu_engine, TRACE_IDS)
-    names = trace_names(lm.cfg["num_layers"])
+    names = trace_names(lm.cfg)
     assert list(cpu) == names and list(gpu) == names
     for n in names:
         assert gpu[n].dtype == np.int64 and gpu[n].shape == cpu[n].shape, n
@@ -1075,7 +1075,7 @@ def test_first_divergence_names_a_perturbed_cuda_tensor(monkeypatch, converted):
     mod = _emu_or_skip()
     monkeypatch.setattr(M, "cuda_module", lambda: mod)
     lm = converted["qwen2"]
-    names = trace_names(lm.cfg["num_layers"])
+    names = trace_names(lm.cfg)
     gpu = trace_cuda(Engine(lm, "cuda"), TRACE_IDS)
     for name in ("blk.0.attn_v", "blk.1.ffn_norm", "output"):
         bad = dict(gpu)

@@ -151,3 +151,19 @@ def test_int4_experts(tmp_path):
     with pytest.raises(IntdetError, match="expert intermediate size 40 is not a multiple of 32"):
         convert(bad, str(tmp_path / "o"), progress=False, weights="int4")
     assert not (tmp_path / "o").exists()
+
+
+def test_every_intermediate_same_bits_spec_and_cpu(moe_model):
+    """intdet.trace: the router outputs (ffn_gate_inp), the MoE output
+    (ffn_down) and every other named tensor agree between the numpy spec and
+    the scalar and active kernel sets."""
+    from intdet import _core
+    from intdet.trace import compare_backends, trace_cpu, trace_names, trace_ref
+
+    _, lm = moe_model
+    names = trace_names(lm.cfg)
+    assert any(n.endswith("ffn_gate_inp") for n in names) and not any(n.endswith("ffn_swiglu") for n in names)
+    engine = Engine(lm, "cpu")
+    assert list(trace_ref(lm, PROMPT[:10])) == names and list(trace_cpu(engine, PROMPT[:10])) == names
+    got = compare_backends(engine, PROMPT[:10], ["ref", "scalar", _core.isa()])
+    assert all(d is None for _, d in got), got

@@ -42,7 +42,7 @@ def ref_trace(engine):
 
 
 def test_cpu_trace_is_the_ref_trace(engine, ref_trace, isa_threads):
-    names = trace_names(engine.lm.cfg["num_layers"])
+    names = trace_names(engine.lm.cfg)
     cpu = trace_cpu(engine, IDS)
     assert list(ref_trace) == names and list(cpu) == names  # every name, in forward order
     for name in names:

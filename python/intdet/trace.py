@@ -15,13 +15,26 @@ import numpy as np
 from .model import Engine, LoadedModel
 from .ref.model import RefModel
 
-LAYER_OPS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_out", "attn_output", "ffn_norm", "ffn_gate",
-             "ffn_up", "ffn_swiglu", "ffn_down", "residual")
+LAYER_OPS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_out", "attn_output", "ffn_norm", "ffn_gate_inp",
+             "ffn_gate", "ffn_up", "ffn_swiglu", "ffn_down", "residual")
+_PRE_NORMS = ("attn_norm", "ffn_norm")  # absent where a block has no pre-norm (OLMo 2)
+_DENSE_FFN = ("ffn_gate", "ffn_up", "ffn_swiglu")  # a mixture-of-experts block records ffn_gate_inp instead
 
 
-def trace_names(n_layers: int) -> list[str]:
-    """Every traced name in forward order."""
-    return ["tok_embd", *(f"blk.{i}.{op}" for i in range(n_layers) for op in LAYER_OPS), "output"]
+def layer_ops(block: dict) -> list[str]:
+    """The names one layer records, in forward order, from its block entry
+    (cfg["layers"][i]: "norms" list, optional "moe")."""
+    pre = "attn_norm" in block.get("norms", ["attn_norm"])
+    moe = "moe" in block
+    return [op for op in LAYER_OPS
+            if (pre or op not in _PRE_NORMS) and (op != "ffn_gate_inp" or moe) and not (moe and op in _DENSE_FFN)]
+
+
+def trace_names(cfg: dict) -> list[str]:
+    """Every traced name of the model with config `cfg` (LoadedModel.cfg),
+    in forward order: exactly the names every backend records."""
+    layers = cfg.get("layers") or [{}] * cfg["num_layers"]
+    return ["tok_embd", *(f"blk.{i}.{op}" for i, b in enumerate(layers) for op in layer_ops(b)), "output"]
 
 
 def trace_ref(lm: LoadedModel, ids) -> dict:
@@ -86,6 +99,6 @@ def trace_backend(engine: Engine, ids, backend: str) -> dict:
 def compare_backends(engine: Engine, ids, backends) -> list[tuple[str, tuple[str, str] | None]]:
     """Each backend after the first against the first: (backend,
     first_divergence or None)."""
-    names = trace_names(engine.lm.cfg["num_layers"])
+    names = trace_names(engine.lm.cfg)
     base = trace_backend(engine, ids, backends[0])
     return [(b, first_divergence(base, trace_backend(engine, ids, b), names)) for b in backends[1:]]
