@@ -60,12 +60,17 @@ FAMILIES = {
                 "llama-bpe"),  # layer 3 NoPE (no_rope_layer_interval 4)
     "qwen3-moe": ("qwen3_moe", dict(num_local_experts=8, num_experts_per_tok=2, moe_intermediate_size=40,
                                     norm_topk_prob=True, rope_theta=1000000.0, pad_token_id=0), "qwen2"),
+    # Soft caps small enough to bind on these logits (std ~4) and scores (O(1)); real Gemma 2: 50 and 30.
+    "gemma2": ("gemma2", dict(query_pre_attn_scalar=48, sliding_window=7, rope_theta=10000.0, pad_token_id=0,
+                              attn_logit_softcapping=1.5, final_logit_softcapping=12.0),
+               "llama-bpe"),  # unused: the SentencePiece vocab has no pre-tokenizer
     "mixtral": ("mixtral", dict(num_local_experts=4, num_experts_per_tok=2, rope_theta=1000000.0, pad_token_id=0,
                                 sliding_window=None), "llama-bpe"),
 }
 # llama.cpp's Phi-3 converter reads tokenizer.model unless the class is GPT2Tokenizer (Phi-4's BPE)
 TOKENIZER_CLASS = {"phi3": "GPT2Tokenizer"}
-ONE_PLUS_W = ()  # families whose RMSNorm stores w of (1 + w)
+ONE_PLUS_W = ("gemma2",)  # families whose RMSNorm stores w of (1 + w)
+SPM = ("gemma2",)  # llama.cpp's converter reads their vocab from a SentencePiece tokenizer.model
 
 
 def _std_mean(name: str, shape, family: str, H: int):
@@ -107,6 +112,8 @@ def write_family(family: str, out_dir: str, seed: int = 0, **overrides) -> str:
     model.save_pretrained(out_dir, safe_serialization=True)
     write_tokenizer_files(out_dir, {"max_position_embeddings": cfg.max_position_embeddings,
                                     "bos_token_id": BOS_ID, "eos_token_id": EOS_ID})
+    if family in SPM:
+        write_spm_model(os.path.join(out_dir, "tokenizer.model"), cfg.vocab_size)
     if family in TOKENIZER_CLASS:
         p = os.path.join(out_dir, "tokenizer_config.json")
         with open(p, encoding="utf-8") as f:
@@ -115,6 +122,36 @@ def write_family(family: str, out_dir: str, seed: int = 0, **overrides) -> str:
         with open(p, "w", encoding="utf-8") as f:
             json.dump(tc, f, indent=2)
     return out_dir
+
+
+def write_spm_model(path: str, vocab_size: int) -> None:
+    """A SentencePiece tokenizer.model of exactly vocab_size pieces (the test
+    tokenizer's three specials, <unk>, 256 byte pieces, then letters and digits), built
+    as sentencepiece's own ModelProto, for converters that read one."""
+    from sentencepiece import sentencepiece_model_pb2 as pb
+
+    from intdet.random_model import SPECIAL_TOKENS
+
+    m = pb.ModelProto()
+    T = pb.ModelProto.SentencePiece.Type
+    pieces = [(s, T.CONTROL) for s in SPECIAL_TOKENS] + [("<unk>", T.UNKNOWN)]
+    pieces += [(f"<0x{b:02X}>", T.BYTE) for b in range(256)]
+    letters = [chr(c) for c in range(ord("a"), ord("z") + 1)]
+    normal = ["\u2581", *letters, *("\u2581" + c for c in letters), *"0123456789"]
+    pieces += [(p, T.NORMAL) for p in normal[: vocab_size - len(pieces)]]
+    assert len(pieces) == vocab_size, len(pieces)
+    for i, (piece, typ) in enumerate(pieces):
+        sp = m.pieces.add()
+        sp.piece, sp.type, sp.score = piece, typ, (-float(i) if typ == T.NORMAL else 0.0)
+    m.trainer_spec.model_type = pb.TrainerSpec.BPE
+    m.trainer_spec.vocab_size = vocab_size
+    m.trainer_spec.byte_fallback = True
+    m.trainer_spec.unk_id, m.trainer_spec.bos_id, m.trainer_spec.eos_id, m.trainer_spec.pad_id = len(SPECIAL_TOKENS), BOS_ID, EOS_ID, -1
+    m.normalizer_spec.name = "identity"
+    m.normalizer_spec.add_dummy_prefix = False
+    m.normalizer_spec.escape_whitespaces = True
+    with open(path, "wb") as f:
+        f.write(m.SerializeToString())
 
 
 def hf_logits(hf_dir: str, tokens) -> np.ndarray:

@@ -41,7 +41,7 @@ GOLDEN = {
     "llama-linear": "11bf91dc3dc7", "llama3": "a53b4d82a911", "mistral": "01596055f2cc", "qwen2": "553c26c67d34",
     "qwen2-yarn": "df0dafb0b8e8", "qwen3": "1385167810a9", "qwen3-yarn": "e974d7f3aff6",
     "granite": "f2dabcd33711", "phi3": "9d9b815217ad", "olmo2": "dcdeb9d68dc3", "smollm3": "79dace081594",
-    "qwen3-moe": "ea910d1978ff", "mixtral": "cdb13965ef28",
+    "qwen3-moe": "ea910d1978ff", "mixtral": "cdb13965ef28", "gemma2": "035b16009140",
 }
 
 
@@ -124,7 +124,7 @@ def test_every_isa_and_thread_count_same_bits(fam, name, isa_threads):
     assert np.array_equal(Engine(lm, "ref").new_sequence(64).forward(PROMPT[:20], all_logits=True), want[:20])
 
 
-@pytest.mark.parametrize("name", ["llama3", "mistral", "qwen3-yarn", "granite", "olmo2", "smollm3"])  # MoE: test_moe.py
+@pytest.mark.parametrize("name", ["llama3", "mistral", "qwen3-yarn", "granite", "olmo2", "smollm3", "gemma2"])  # MoE: test_moe.py
 def test_cuda_emulator_same_bits(fam, name):
     """The CUDA kernels (host emulator) against the CPU: prefill, decode,
     chunks, batches (test_cuda._compare_model)."""
@@ -225,6 +225,10 @@ def test_hf_rope_scaling_refusals(fam, tmp_path, rs, words):
     ("smollm3", dict(no_rope_layers=[1, 0]), "no_rope_layers must list 4 entries of 1 (RoPE) or 0 (NoPE)"),
     ("smollm3", dict(no_rope_layers=None, no_rope_layer_interval=0), "no_rope_layer_interval = 0 must be a positive"),
     ("olmo2", dict(sliding_window=16), "OLMo 3's sliding layers are not supported"),
+    ("gemma2", dict(attn_logit_softcapping=-50.0), "attn_logit_softcapping = -50.0 must be a positive number"),
+    ("gemma2", dict(final_logit_softcapping=1e7), "final_logit_softcapping = 10000000.0 is outside [2^-16, 20000.0]"),
+    ("gemma2", dict(rope_parameters=dict(rope_type="linear", factor=2.0, rope_theta=10000.0)),
+     "RoPE scaling is not supported"),
 ])
 def test_family_config_refusals(fam, tmp_path, family, change, words):
     hf, _ = fam(family)
@@ -247,6 +251,25 @@ def test_granite_multipliers_are_used(fam, tmp_path):
         other = families.hf_logits(d, PROMPT)
         assert np.sqrt(np.mean((other - want) ** 2) / np.mean(want**2)) > 0.1, key
         got = int_logits(load_model(convert(d, str(tmp_path / key / "int"), progress=False))) / 65536.0
+        assert np.sqrt(np.mean((got - other) ** 2) / np.mean(other**2)) < 0.04, key
+
+
+def test_gemma2_softcaps_are_used(fam, tmp_path):
+    """Each soft-cap changes the model (transformers' logits move by more
+    than 10% without it) and the integer model follows either way."""
+    hf, _ = fam("gemma2")
+    want = families.hf_logits(hf, PROMPT)
+    for key in ("attn_logit_softcapping", "final_logit_softcapping"):
+        d = _edited(hf, tmp_path / key)
+        cfg = json.loads(open(os.path.join(d, "config.json")).read())
+        cfg[key] = None  # null: no cap (absent would be Gemma2Config's default)
+        open(os.path.join(d, "config.json"), "w").write(json.dumps(cfg))
+        other = families.hf_logits(d, PROMPT)
+        assert np.sqrt(np.mean((other - want) ** 2) / np.mean(want**2)) > 0.1, key
+        lm = load_model(convert(d, str(tmp_path / key / "int"), progress=False))
+        assert ("output_softcap.cap" in lm.tensors) == (key != "final_logit_softcapping")
+        assert ("blk.0.attn_softcap.cap" in lm.tensors) == (key != "attn_logit_softcapping")
+        got = int_logits(lm) / 65536.0
         assert np.sqrt(np.mean((got - other) ** 2) / np.mean(other**2)) < 0.04, key
 
 

@@ -478,3 +478,33 @@ def test_dequant_int4_layout():
         for k in range(K):
             u = (int(w4[n, k // 2]) >> (4 * (k % 2))) & 15
             assert w[n, k] == int(gd[n, k // 32]) * u + int(gm[n, k // 32])
+
+
+@pytest.mark.parametrize("c, k", [(50.0, math.log2(math.e) * 65536), (30.0, 65536.0), (1.5, 65536.0), (1000.0, 65536.0)],
+                         ids=["gemma2-scores", "gemma2-logits", "small-cap", "large-cap"])
+def test_softcap_error(c, k):
+    """ref/intmath.py softcap against float64 c k tanh(x / (c k)): within
+    0.5 + cap / 2^22 units (0.5 the output's rounding, the rest the Q30 tanh
+    and the exp2 of the Q20 exponent), every x in [-2^22, 2^22) (step 7) and
+    200,001 points over the int32 range; the C++ twin (intmath.h, all
+    backends) gives the same bits; odd and saturating at +-cap."""
+    from intdet.convert.quantize import softcap_constants
+
+    cap, mant, shift = softcap_constants(c, k, "c")
+    x = np.concatenate([np.arange(-(2**22), 2**22, 7, dtype=I64),
+                        np.linspace(-(2**31 - 1), 2**31 - 1, 200001).astype(I64)])
+    y = im.softcap(x, cap, mant, shift)
+    err = np.abs(y - c * k * np.tanh(x / (c * k)))
+    assert err.max() <= 0.5 + cap / 2**22, err.max()
+    assert err.max() > 0.25  # measured, not assumed
+    assert np.array_equal(y, -im.softcap(-x, cap, mant, shift)) and np.abs(y).max() == cap
+    assert np.array_equal(C.softcap(x[::13], cap, mant, shift), y[::13])
+
+
+def test_softcap_constants_refuse_bad_caps():
+    from intdet.convert.quantize import softcap_constants
+    from intdet.errors import IntdetError
+
+    for bad in (0.0, -1.0, float("nan"), float("inf"), 1e6):
+        with pytest.raises(IntdetError, match="final_logit_softcapping"):
+            softcap_constants(bad, 65536.0, "final_logit_softcapping")

@@ -150,6 +150,16 @@ PYBIND11_MODULE(INTDET_CORE_MODULE_NAME, mod) {
     }
     return out;
   });
+  ops.def("softcap", [](const I64Arr& x, int64_t cap, int64_t inv_mant, int64_t inv_shift) {  // intmath.h
+    if (cap < 1 || cap > kInt32Max || inv_mant < 1 || inv_mant > kInt32Max || inv_shift < 5 || inv_shift > 62)
+      oa::fail("softcap", "constants outside cap, inv_mant in [1, 2^31), inv_shift in [5, 62]");
+    I64Arr out = new_like(x);
+    for (py::ssize_t i = 0; i < x.size(); ++i) {
+      if (iabs(x.data()[i]) > kInt32Max) oa::fail("softcap", "input outside the int32 range");
+      out.mutable_data()[i] = softcap(x.data()[i], Softcap{cap, inv_mant, inv_shift});
+    }
+    return out;
+  });
   ops.def("exp2_neg_q30", [](const I64Arr& x) {  // active ISA's row kernel
     I64Arr out = new_like(x);
     for (py::ssize_t i = 0; i < x.size(); ++i)

@@ -84,6 +84,7 @@ struct DevLayer {
   const int16_t* q_norm = nullptr;
   const int16_t* k_norm = nullptr;
   int64_t score_mant = 0, score_shift = 0;
+  Softcap attn_softcap;                     // Gemma 2's score soft-capping, else cap 0
   const int16_t* post_attn_norm = nullptr;  // Gemma's post-norms, else null
   int32_t post_attn_shift = 0;
   const int16_t* ffn_norm = nullptr;
@@ -226,6 +227,7 @@ struct DeviceModel {
   std::vector<DevLayer> layers;
   const int16_t* out_norm = nullptr;
   DevLinear output;
+  Softcap final_softcap;  // Gemma 2's logit soft-capping, else cap 0
   cudaStream_t stream = nullptr;
   Workspace ws;
   bool use_graphs = false;
@@ -419,7 +421,7 @@ void enqueue_body(DeviceModel& m, int64_t T, int64_t sstride, int64_t rows_per, 
     for (int64_t r0 = 0; r0 < T; r0 += rows_per)
       launch_attention(w.qb.p, (int)r0, (int)std::min(rows_per, T - r0), nh, nkv, D, (int)l, w.seq(), w.pos(),
                        w.kvs.p, L.score_mant, L.score_shift, asc, w.o.p, w.act.p, w.act_e.p, st, L.window, 0,
-                       kAttnAuto, rf);
+                       kAttnAuto, rf, L.attn_softcap);
     mark(m, "attention", m.prof ? m.prof->attn_bytes : 0);
     if (tr) tr->rec(blk + "attn_out", w.o.p, {T, nh * D});
     if (L.post_attn_norm) {  // o-proj (Q16), its RMSNorm, then into the residual
@@ -503,6 +505,7 @@ void enqueue_head(DeviceModel& m, int64_t r0, int64_t nr) {
                       (int)m.cfg.residual_frac, w.act.p, w.act_e.p, m.stream);
   mark(m, "out_norm", nr * m.cfg.hidden * 4);
   lin(m, m.output, nr, w.logits.p, false);  // [nr, V] Q16
+  if (m.final_softcap.cap) launch_softcap(w.logits.p, nr * m.cfg.vocab, m.final_softcap, m.stream);  // Gemma 2
   mark(m, "lm_head", lin_bytes(m.output));
 }
 
@@ -692,6 +695,7 @@ ModelPtr upload_model(const Model& h) {
     d.k_norm = upload(*m, seen, L.k_norm, L.qk_norm_projection ? c.n_kv * c.head_dim : c.head_dim);
     d.score_mant = L.score_mant;
     d.score_shift = L.score_shift;
+    d.attn_softcap = L.attn_softcap;
     d.ffn_norm = upload(*m, seen, L.ffn_norm, H);
     d.gate = upload_linear(*m, seen, L.gate);
     d.up = upload_linear(*m, seen, L.up);
@@ -708,6 +712,7 @@ ModelPtr upload_model(const Model& h) {
   }
   m->out_norm = upload(*m, seen, h.out_norm, H);
   m->output = upload_linear(*m, seen, h.output);
+  m->final_softcap = h.final_softcap;
   // The copies ran on the legacy stream, which the model's non-blocking
   // stream does not wait for (a pageable cudaMemcpy may return before its DMA).
   ck(cudaDeviceSynchronize(), "upload");

@@ -312,6 +312,12 @@ __global__ void swiglu_kernel(const int32_t* __restrict__ gate, const int32_t* _
     a[i] = glu_one(gate[i], up[i], false);
 }
 
+// Soft-capping in place (Gemma 2's final logits): intmath.h softcap per element.
+__global__ void softcap_kernel(int32_t* __restrict__ x, int64_t count, Softcap cap) {
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < count; i += (int64_t)gridDim.x * blockDim.x)
+    x[i] = (int32_t)softcap(x[i], cap);
+}
+
 // GeGLU: geglu_row's steps per element (gelu_exp2_arg in ops.h, shared with the CPU).
 __global__ void geglu_kernel(const int32_t* __restrict__ gate, const int32_t* __restrict__ up, int64_t count,
                              int64_t* __restrict__ a) {
@@ -1272,7 +1278,7 @@ __global__ void __launch_bounds__(kAttnThreads)
                        const int32_t* __restrict__ seq, const int32_t* __restrict__ pos, const DevKV* __restrict__ kvs,
                        int64_t score_mant, int64_t score_shift, int32_t* __restrict__ scratch, int64_t sstride,
                        int64_t* __restrict__ zpart, int chunk, int* __restrict__ cnt, int32_t* __restrict__ sarr,
-                       int64_t window, RopeFold rf) {
+                       int64_t window, RopeFold rf, Softcap cap) {
   __shared__ __align__(16) int16_t qq[kMaxGroupDim];
   __shared__ int eq[kMaxGroup];
   __shared__ int64_t red[33];
@@ -1346,9 +1352,10 @@ __global__ void __launch_bounds__(kAttnThreads)
           for (int d = sub; d < D; d += 32) raw += (int32_t)qq[g * D + d] * (int32_t)kr[d];
         }
         raw = group_sum32(raw, L);  // |q . k| <= 2^15 * 127 * 256 < 2^31
-        if (ok && sub == 0)
-          scratch[(tl * nh + h0 + g) * sstride + i] =
-              (int32_t)attn_score(raw, mine ? k8a : kv.ka[lay + i * nkv], eq[g], score_mant, score_shift);  // sat32
+        if (ok && sub == 0) {
+          const int64_t z = attn_score(raw, mine ? k8a : kv.ka[lay + i * nkv], eq[g], score_mant, score_shift);  // sat32
+          scratch[(tl * nh + h0 + g) * sstride + i] = (int32_t)(cap.cap ? softcap(z, cap) : z);  // Gemma 2
+        }
       }
     }
     __syncthreads();  // the block's scores are visible to the block
@@ -1495,7 +1502,8 @@ __global__ void __launch_bounds__(kAttnThreads)
     attn_mma_kernel(const int32_t* __restrict__ qbuf, int row0, int nrows, int nh, int nkv, int grp, int P, int D,
                     int layer, const int32_t* __restrict__ seq, const int32_t* __restrict__ pos,
                     const DevKV* __restrict__ kvs, int64_t score_mant, int64_t score_shift,
-                    int32_t* __restrict__ scratch, int64_t sstride, int64_t* __restrict__ out, int64_t window) {
+                    int32_t* __restrict__ scratch, int64_t sstride, int64_t* __restrict__ out, int64_t window,
+                    Softcap cap) {
   __shared__ __align__(16) uint8_t Qh[kAmRows * kAmQRow];  // hi bytes of the queries [tile row][d]
   __shared__ __align__(16) uint8_t Ql[kAmRows * kAmQRow];  // lo bytes
   __shared__ __align__(16) uint8_t KV[kAmKvBytes];         // K [key][d], then V^T [d][key]
@@ -1588,8 +1596,8 @@ __global__ void __launch_bounds__(kAttnThreads)
           const int64_t p = k0 + nt * 8 + 2 * tq + (c & 1);
           if (r < R && p >= rlo[r] && p < rhi[r]) {
             const int64_t raw = (int64_t)ph[c] * 256 + pl[c];  // |q . k| < 2^31
-            scratch[rbase[r] + p - rlo[r]] =
-                (int32_t)attn_score(raw, kv.ka[(lay0 + p) * nkv + kvh], eq[r], score_mant, score_shift);
+            const int64_t z = attn_score(raw, kv.ka[(lay0 + p) * nkv + kvh], eq[r], score_mant, score_shift);
+            scratch[rbase[r] + p - rlo[r]] = (int32_t)(cap.cap ? softcap(z, cap) : z);  // Gemma 2
           }
         }
       }
@@ -1883,7 +1891,7 @@ int attn_chunk(int64_t sstride, int nkv, int nrows) {
 void launch_attention(const int32_t* q, int row0, int nrows, int nh, int nkv, int D, int layer, const int32_t* seq,
                       const int32_t* pos, const DevKV* kvs, int64_t score_mant, int64_t score_shift,
                       const AttnScratch& sc, int64_t* out, int16_t* act, int32_t* act_e, cudaStream_t st,
-                      int64_t window, int chunk, int path, const RopeFold& rope) {
+                      int64_t window, int chunk, int path, const RopeFold& rope, const Softcap& cap) {
   if (nrows <= 0) return;
   if (D > kMaxHeadDim || nrows > 65535 || nkv > 65535 || nkv <= 0 || nh % nkv)
     throw std::invalid_argument("attention: shape out of range");
@@ -1897,7 +1905,7 @@ void launch_attention(const int32_t* q, int row0, int nrows, int nh, int nkv, in
     const unsigned tiles = (unsigned)((nrows + P - 1) / P);
     if (nrows > sc.rows) throw std::invalid_argument("attention: scratch too small");
     INTDET_LAUNCH(attn_mma_kernel, dim3(tiles, (unsigned)nkv), kAttnThreads, 0, st, q, row0, nrows, nh, nkv, grp, P, D,
-                  layer, seq, pos, kvs, score_mant, score_shift, sc.scores, sc.sstride, out, window);
+                  layer, seq, pos, kvs, score_mant, score_shift, sc.scores, sc.sstride, out, window, cap);
     check_launch("attention (tensor cores)");
     const int64_t HD = (int64_t)nh * D;
     launch_quant16_i64(out + row0 * HD, nrows, (int)HD, act + row0 * HD, act_e + row0, st);
@@ -1911,11 +1919,17 @@ void launch_attention(const int32_t* q, int row0, int nrows, int nh, int nkv, in
   const dim3 grid((unsigned)nsplit, (unsigned)nkv, (unsigned)nrows);
   INTDET_LAUNCH(attn_scores_kernel, grid, kAttnThreads, 0, st, q, row0, nh, nkv, grp, D, layer, seq, pos, kvs,
                 score_mant, score_shift, sc.scores, sc.sstride, sc.zpart, chunk, sc.counters, sc.shifts, window,
-                rope);
+                rope, cap);
   check_launch("attention (scores)");
   INTDET_LAUNCH(attn_pv_kernel, grid, kAttnThreads, 0, st, row0, nh, nkv, grp, D, layer, seq, pos, kvs, sc.scores,
                 sc.sstride, sc.shifts, chunk, sc.oacc, sc.counters + (int64_t)nrows * nkv, out, act, act_e, window);
   check_launch("attention (P.V)");
+}
+
+void launch_softcap(int32_t* x, int64_t count, const Softcap& cap, cudaStream_t st) {
+  if (count <= 0) return;
+  INTDET_LAUNCH(softcap_kernel, grid_1d(count, 256), 256, 0, st, x, count, cap);
+  check_launch("softcap");
 }
 
 void launch_swiglu(const int32_t* g, const int32_t* u, int64_t count, int64_t* a, cudaStream_t st) {

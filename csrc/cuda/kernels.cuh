@@ -15,6 +15,8 @@
 
 #include <cstdint>
 
+#include "intdet/intmath.h"  // Softcap
+
 namespace intdet {
 namespace cuda {
 
@@ -201,9 +203,12 @@ void set_attn_path_override(int path);
 void launch_attention(const int32_t* q, int row0, int nrows, int nh, int nkv, int D, int layer, const int32_t* seq,
                       const int32_t* pos, const DevKV* kvs, int64_t score_mant, int64_t score_shift,
                       const AttnScratch& sc, int64_t* out, int16_t* act, int32_t* act_e, cudaStream_t st,
-                      int64_t window = 0, int chunk = 0, int path = kAttnAuto, const RopeFold& rope = RopeFold{});
+                      int64_t window = 0, int chunk = 0, int path = kAttnAuto, const RopeFold& rope = RopeFold{},
+                      const Softcap& cap = Softcap{});
 
 // a[i] = swiglu(g[i], u[i]) (Q32 int64) for count elements of int32 Q16 inputs.
+// x[i] = softcap(x[i], cap) in place (Gemma 2's final logits, Q16).
+void launch_softcap(int32_t* x, int64_t count, const Softcap& cap, cudaStream_t st);
 void launch_swiglu(const int32_t* g, const int32_t* u, int64_t count, int64_t* a, cudaStream_t st);
 // a[i] = geglu(g[i], u[i]) (Q32 int64): tanh-GELU gate (geglu_row).
 void launch_geglu(const int32_t* g, const int32_t* u, int64_t count, int64_t* a, cudaStream_t st);

@@ -109,6 +109,14 @@ struct Ctx {
                  L.score_shift, s.z.data() + (p0 - tl.s0), span);
       std::copy(cv.va.data() + i0, cv.va.data() + i0 + n, s.va.data() + (p0 - tl.s0));
     });
+    const Softcap& sc = L.attn_softcap;
+    if (!sc.cap) return;
+    for (int64_t r = 0; r < R; ++r) {  // Gemma 2: z = c tanh(z / c) before the softmax (intmath.h softcap)
+      int64_t a, b;
+      range(s, c, r, &a, &b);
+      int64_t* z = s.z.data() + r * span - tl.s0;
+      for (int64_t p = a; p < b; ++p) z[p] = softcap(z[p], sc);
+    }
   }
 
   // Pass 1b: each row's score maximum in the chunk.

@@ -510,8 +510,11 @@ void forward_impl(const Model& m, KVCache* const* caches, const Row* rows, int64
     thread_local std::vector<int64_t> blk;
     if ((int64_t)blk.size() < Tout * n) blk.resize((size_t)(Tout * n));
     linear_range(ks, m.output, act, Tout, blk.data(), n, lo, hi);
+    const Softcap& sc = m.final_softcap;  // Gemma 2: c tanh(logits / c), still Q16
     for (int64_t r = 0; r < Tout; ++r)
-      for (int64_t i = 0; i < n; ++i) logits[r * V + lo + i] = (int32_t)blk[r * n + i];
+      for (int64_t i = 0; i < n; ++i)
+        logits[r * V + lo + i] =
+            (int32_t)(sc.cap ? softcap(blk[r * n + i], sc) : blk[r * n + i]);
   });
   if (tr) rec("output", std::vector<int64_t>(logits, logits + Tout * V), {Tout, V});
   clk.mark("output", -1);

@@ -26,6 +26,7 @@ const char* param_kind_name(ParamKind k) {
     case ParamKind::PostNorm: return "post_norm";
     case ParamKind::Linear: return "linear";
     case ParamKind::AttnScore: return "attn_score";
+    case ParamKind::Softcap: return "softcap";
     case ParamKind::Router: return "router";
     case ParamKind::Experts: return "experts";
     case ParamKind::LmHead: return "lm_head";
@@ -84,6 +85,7 @@ std::vector<Param> model_params(const ModelDesc& d) {
       norm(p + "attn_k_norm", b.qk_norm_projection ? kvd : D, l, &Layer::k_norm);
     }
     add(p + "attn_score", ParamKind::AttnScore, 1, 0, l);
+    if (b.attn_softcap) add(p + "attn_softcap", ParamKind::Softcap, 1, 0, l).softcap = &Layer::attn_softcap;
     linear(p + "attn_output", H, qd, l, &Layer::o, p + "attn_out", b.bias_o);
     if (b.post_norms) post_norm(p + "post_attention_norm", l, &Layer::post_attn_norm, &Layer::post_attn_shift);
     // --- feed-forward block: RMSNorm, gate/up, SwiGLU or GeGLU, down
@@ -112,6 +114,7 @@ std::vector<Param> model_params(const ModelDesc& d) {
   }
   add("output_norm", ParamKind::Norm, H, 0, -1);
   add("output", ParamKind::LmHead, c.vocab, H, -1).input = "output_norm";
+  if (d.final_softcap) add("output_softcap", ParamKind::Softcap, 1, 0, -1);
   return ps;
 }
 
@@ -141,6 +144,11 @@ std::vector<TensorSpec> param_tensors(const Param& p, const ModelDesc& d) {
     case ParamKind::AttnScore:
       t.push_back({p.name + ".mant", DType::I32, {1}});
       t.push_back({p.name + ".shift", DType::I32, {1}});
+      break;
+    case ParamKind::Softcap:
+      t.push_back({p.name + ".cap", DType::I32, {1}});
+      t.push_back({p.name + ".inv_mant", DType::I32, {1}});
+      t.push_back({p.name + ".inv_shift", DType::I32, {1}});
       break;
     case ParamKind::Linear:
       if (d.weights == WeightFormat::Int4) {  // codes, and per group of 32 inputs a step and an offset

@@ -53,10 +53,10 @@ BlockDesc parse_block(const json& b, const std::string& where, int64_t l) {
   const std::string at = "layers[" + std::to_string(l) + "].";
   if (!b.is_object()) fail(where, "layers[" + std::to_string(l) + "] is not an object");
   static const std::set<std::string> keys = {"norms", "qk_norm", "qk_norm_span", "bias", "activation",
-                                             "attention_window", "rope", "moe"};
+                                             "attention_window", "rope", "moe", "attn_softcap"};
   for (const auto& [k, v] : b.items())
     if (!keys.count(k)) fail(where, at + k + ": unknown block feature (this engine implements: norms, qk_norm, "
-                                          "qk_norm_span, bias, activation, attention_window, rope, moe)");
+                                          "qk_norm_span, bias, activation, attention_window, rope, moe, attn_softcap)");
   BlockDesc d;
   auto norms = b.find("norms");
   if (norms == b.end() || !norms->is_array()) fail(where, at + "norms is missing or not a list");
@@ -109,6 +109,7 @@ BlockDesc parse_block(const json& b, const std::string& where, int64_t l) {
     d.norm_topk = get_bool(*moe, "norm_topk_prob", where, at + "moe.");
     if (d.activation != "silu") fail(where, at + "moe: experts implement SwiGLU (activation silu) only");
   }
+  d.attn_softcap = b.find("attn_softcap") != b.end() && get_bool(b, "attn_softcap", where, at);  // absent: none
   d.rope = get_str(b, "rope", where, at);
   if (d.rope != "rope" && d.rope != "rope_local" && d.rope != "none")
     fail(where, at + "rope '" + d.rope + "': this engine implements the tables 'rope' and 'rope_local', and 'none'");
@@ -143,6 +144,12 @@ void check_values(const std::string& st, const TensorSpec& s, const void* data) 
     const int32_t* p = static_cast<const int32_t*>(data);
     for (int64_t i = 0; i < n; ++i)
       if (p[i] < -64 || p[i] > 200) fail(st, "tensor '" + s.name + "' has a shift outside [-64, 200]");
+  } else if (ends_with(s.name, ".cap") || ends_with(s.name, ".inv_mant")) {  // softcap: |x| * inv_mant < 2^62
+    const int32_t v = *static_cast<const int32_t*>(data);
+    if (v < 1) fail(st, "tensor '" + s.name + "' must be positive (soft-capping constant)");
+  } else if (ends_with(s.name, ".inv_shift")) {
+    const int32_t v = *static_cast<const int32_t*>(data);
+    if (v < 5 || v > 62) fail(st, "tensor '" + s.name + "' is outside [5, 62] (soft-capping shift)");
   } else if (s.dtype == DType::I8) {
     const int8_t* p = static_cast<const int8_t*>(data);
     for (int64_t i = 0; i < n; ++i)
@@ -201,6 +208,7 @@ ModelDesc parse_config(const std::string& text, const std::string& where) {
   // Residual stream format (absent: Q16); 8..16 keeps the RMSNorm eps term in range (docs/format.md).
   c.residual_frac = j.contains("residual_frac_bits") ? get_int(j, "residual_frac_bits", where, 8, 16) : 16;
   d.tied_embeddings = get_bool(j, "tied_embeddings", where);
+  d.final_softcap = j.contains("final_logit_softcap") && get_bool(j, "final_logit_softcap", where);  // absent: none
   const std::string wf = j.contains("weight_format") ? get_str(j, "weight_format", where) : "int8";
   if (wf != "int8" && wf != "int4") fail(where, "weight_format '" + wf + "' is not int8 or int4");
   d.weights = wf == "int4" ? WeightFormat::Int4 : WeightFormat::Int8;
@@ -314,6 +322,10 @@ Model build_model(const ModelDesc& d, const TensorMap& tensors, const std::strin
       case ParamKind::AttnScore:
         L->score_mant = I32(p.name + ".mant")[0];
         L->score_shift = I32(p.name + ".shift")[0];
+        break;
+      case ParamKind::Softcap:
+        (L ? L->*p.softcap : m.final_softcap) =
+            Softcap{I32(p.name + ".cap")[0], I32(p.name + ".inv_mant")[0], I32(p.name + ".inv_shift")[0]};
         break;
       case ParamKind::Router:
         L->*p.linear = linear(p.name, p.rows, p.cols, p.name + ".q");  // always int8

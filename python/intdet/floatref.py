@@ -112,6 +112,9 @@ class FloatModel:
             # matmul, not einsum: numpy's einsum does not reach BLAS here and
             # took half of a Gemma 3 window's time
             sc = np.matmul(q.transpose(1, 0, 2), K.transpose(1, 2, 0)) * scale  # [nh, T, n]
+            if blk.get("attn_softcap"):  # Gemma 2: c tanh(scores / c)
+                c = self.dt.type(hp["attn_softcap"])
+                sc = np.tanh(sc / c) * c
             mask = np.arange(n)[None, :] > pos[:, None]
             if blk["attention_window"]:  # sliding window: positions pos - W + 1 .. pos
                 mask |= np.arange(n)[None, :] <= pos[:, None] - blk["attention_window"]
@@ -153,6 +156,9 @@ class FloatModel:
         h = self._norm(x, w["output_norm"])
         out = w["output"] if "output" in w else w["tok_embd"]
         logits = h @ out.T
+        if hp.get("final_softcap"):  # Gemma 2: c tanh(logits / c)
+            c = self.dt.type(hp["final_softcap"])
+            logits = np.tanh(logits / c) * c
         rec("output", logits)
         return logits
 
@@ -161,7 +167,7 @@ def torch_supported(hp) -> bool:
     """Whether torch_model implements every block (Llama-style ones only)."""
     return all(b["norms"] == ["attn_norm", "ffn_norm"] and b["activation"] == "silu" and not b["attention_window"]
                and b["rope"] == "rope" and b.get("qk_norm_span", "head") == "head" and "moe" not in b
-               for b in hp["layers"]) and "embed_scale" not in hp and "attn_scale" not in hp \
+               and not b.get("attn_softcap") for b in hp["layers"]) and "embed_scale" not in hp and "attn_scale" not in hp \
         and not hp.get("rope_scaling")
 
 

@@ -27,6 +27,7 @@ constexpr int kExpFrac = 16;  // exp2_neg_q30 input: Q16
 constexpr int64_t kExp2Poly[7] = {1073741824, -744260975, 257938938, -59583045,
                                   10286509,   -1369790,   117454};
 constexpr int64_t kLog2eQ30 = 1549082005;  // round(log2(e) * 2^30)
+constexpr int64_t kLn2Q24 = 11629080;      // round(ln(2) * 2^24)
 
 INTDET_HD int64_t imax(int64_t a, int64_t b) { return a > b ? a : b; }
 INTDET_HD int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
@@ -150,6 +151,30 @@ INTDET_HD int64_t exp2_neg_q30(int64_t u) {
   for (int k = 5; k >= 0; --k) p = c[k] + round_shift(p * f, kExpFrac);
   return round_shift(p, i);
 }
+
+// Soft-capping c * tanh(X / c) (Gemma 2) of x = X * k (|x| < 2^31): with
+// u = round_shift(|x| mant, shift - 4) (2|X|/c log2(e), Q20),
+// d = e^(-2|X|/c) in Q30 from exp2_neg_q30 of u's Q16 part and a first-order
+// step for its last 4 bits, t = round_div((2^30 - d) 2^30, 2^30 + d) =
+// tanh(|X|/c) in Q30, returns sign(x) round_shift(cap t, 30).
+// cap = round(c k) < 2^31, mant < 2^31, shift >= 5 (ref/intmath.py softcap).
+INTDET_HD int64_t softcap(int64_t x, int64_t cap, int64_t mant, int64_t shift) {
+  const int64_t u = round_shift(iabs(x) * mant, shift - 4);
+  const int64_t d0 = exp2_neg_q30(u >> 4), one = (int64_t)1 << 30;
+  const int64_t d = d0 - round_shift(d0 * (u & 15) * kLn2Q24, 44);
+  const int64_t t = round_div((one - d) << 30, one + d);
+  const int64_t y = round_shift(cap * t, 30);
+  return x < 0 ? -y : y;
+}
+
+// The constants of one soft-capping site (a layer's scores, the logits):
+// cap = round(c k) and the dyadic inv_mant / 2^inv_shift of 2 log2(e) 2^16 /
+// cap, from the model file (<name>.cap / .inv_mant / .inv_shift). cap 0: none.
+struct Softcap {
+  int64_t cap = 0, inv_mant = 0, inv_shift = 0;
+};
+
+INTDET_HD int64_t softcap(int64_t x, const Softcap& s) { return softcap(x, s.cap, s.inv_mant, s.inv_shift); }
 
 // a ~= m * 2^k with m <= 2^15: keeps score products inside int64.
 INTDET_HD void normalize_scale15(int64_t a, int64_t* m, int64_t* k) {

@@ -40,6 +40,7 @@ struct BlockDesc {
   // full softmax's entries, and the weighted sum of the chosen experts' SwiGLU FFNs.
   int64_t n_experts = 0, n_experts_used = 0, expert_ffn = 0;
   bool norm_topk = false;
+  bool attn_softcap = false;  // soft-capped attention scores (Gemma 2): tensor <blk>.attn_softcap
   std::string rope = "rope";  // RoPE table: "rope" or "rope_local" (<rope>.cos / .sin); "none": no RoPE (SmolLM3's NoPE layers)
 };
 
@@ -49,6 +50,7 @@ struct ModelDesc {
   Config cfg;  // sizes, eps, residual format
   WeightFormat weights = WeightFormat::Int8;
   bool tied_embeddings = false;
+  bool final_softcap = false;  // soft-capped logits (Gemma 2): tensor output_softcap
   std::vector<BlockDesc> blocks;  // one per layer
 };
 
@@ -61,6 +63,7 @@ enum class ParamKind {
   PostNorm,   // RMSNorm of a branch output straight to the residual: gamma int16 + shift to Q R (Gemma)
   Linear,     // decoder linear: int8 or int4 weights, per-channel dyadic scale, optional bias
   AttnScore,  // attention score scale (dyadic, one per layer)
+  Softcap,    // soft-capping constants: .cap, .inv_mant, .inv_shift (one int32 each; Gemma 2)
   Router,     // MoE router: int8 [E, H] + per-expert dyadic scale to Q16 log2 units (always int8)
   Experts,    // MoE expert linears: [E, N, K] in the file's weight format, per-(expert, channel) dyadic scale
   LmHead,     // output: int8 (or tok_embd's when tied) + per-row dyadic scale
@@ -82,6 +85,7 @@ struct Param {
   const int16_t* Layer::*norm = nullptr;
   int32_t Layer::*norm_shift = nullptr;  // PostNorm: its shift to the residual
   std::vector<Linear> Layer::*experts_slot = nullptr;  // Experts: one Linear per expert
+  Softcap Layer::*softcap = nullptr;  // Softcap of a layer (null: the model's final_softcap)
 };
 
 struct TensorSpec {

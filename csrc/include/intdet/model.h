@@ -8,6 +8,8 @@
 #include <mutex>
 #include <vector>
 
+#include "intdet/intmath.h"  // Softcap
+
 namespace intdet {
 
 struct Kernels;  // kernels.h
@@ -38,6 +40,7 @@ struct Layer {
   const int16_t* k_norm = nullptr;
   bool qk_norm_projection = false;  // q_norm [nh*D] / k_norm [nkv*D] over the whole projection (OLMo 2)
   int64_t score_mant = 0, score_shift = 0;
+  Softcap attn_softcap;  // of the Q16 log2-domain scores before the softmax (Gemma 2), else cap 0
   // Post-norms (Gemma), else null: RMSNorm of the o / down output (Q16), then
   // shift_round_sat32 by the shift into the residual's Q R.
   const int16_t* post_attn_norm = nullptr;
@@ -82,6 +85,7 @@ struct Model {
   std::vector<Layer> layers;
   const int16_t* out_norm = nullptr;
   Linear output;  // lm_head (may share w with tok_embd)
+  Softcap final_softcap;  // of the Q16 logits (Gemma 2), else cap 0
   // Memory made at load and later (the repacked weights' arenas), shared so
   // a copy stays valid; the mutex serializes ensure_packed between threads.
   struct Packs {

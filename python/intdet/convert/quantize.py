@@ -46,6 +46,24 @@ def dyadic(c: float):
     return mant, 15 - e
 
 
+def softcap_constants(c: float, k: float, what: str):
+    """Soft-capping c * tanh(X / c) of a value held as x = X * k
+    (ref/intmath.py softcap) -> (cap, inv_mant, inv_shift): cap = round(c k)
+    and inv_mant / 2^inv_shift ~= 2 log2(e) 2^16 / (c k) with inv_mant in
+    [2^30, 2^31). IntdetError naming ``what`` if c k is not in [1, 2^31)."""
+    ck = float(c) * k
+    if not (math.isfinite(ck) and 1.0 <= ck < 2.0**31 - 1):
+        raise IntdetError(f"{what} = {c!r}: soft-capping needs a cap c with c * {k:g} in [1, 2^31)")
+    v = 2.0 * LOG2E * 2.0**16 / ck
+    m, e = math.frexp(v)  # v = m 2^e, m in [0.5, 1)
+    mant, shift = int(np.rint(m * 2.0**31)), 31 - e
+    if mant == 2**31:
+        mant, shift = 2**30, shift - 1
+    if not 5 <= shift <= 62:
+        raise IntdetError(f"{what} = {c!r}: soft-capping cap outside the supported range")
+    return int(np.rint(ck)), mant, shift
+
+
 def dyadic_vec(c: np.ndarray):
     """Vector form of ``dyadic``: float64 [N] -> int32 mant [N], int32 shift [N]."""
     c = np.asarray(c, dtype=np.float64)
@@ -141,6 +159,8 @@ def model_config(arch: str, hp: dict, weights: str = "int8") -> dict:
         },
         "layers": hp["layers"],
     }
+    if hp.get("final_softcap"):  # absent without (Gemma 2 has it), so other files keep their bytes
+        cfg["final_logit_softcap"] = True
     if weights == "int4":  # absent for int8
         cfg["weight_format"] = "int4"
         cfg["weight_group_size"] = W4_GROUP
@@ -277,6 +297,12 @@ def quantize_model(fm, progress: bool = False, weights: str = "int8") -> tuple[d
                 sm, ss = dyadic(c_q * c_k * LOG2E * 2.0**16 / (127.0 * math.sqrt(D)))
             T[name + ".mant"] = np.array([sm], np.int32)
             T[name + ".shift"] = np.array([ss], np.int32)
+        elif kind == "softcap":  # Gemma 2: of the Q16 log2-domain scores (a layer's) or of the Q16 logits
+            c, k, what = ((hp["attn_softcap"], LOG2E * 2.0**16, "attn_logit_softcapping") if layer >= 0
+                          else (hp["final_softcap"], 2.0**LOGIT_FRAC, "final_logit_softcapping"))
+            vals = softcap_constants(c, k, what)
+            for suffix, v in zip((".cap", ".inv_mant", ".inv_shift"), vals):
+                T[name + suffix] = np.array([v], np.int32)
         elif kind == "lm_head":
             if hp["tied_embeddings"]:
                 _, s_out = quant_rows_int8(W["tok_embd"])

@@ -27,6 +27,7 @@ INT8_QMAX = 127  # int8 KV cache is symmetric: [-127, 127]
 EXP2_POLY_Q30 = (1073741824, -744260975, 257938938, -59583045, 10286509, -1369790, 117454)
 EXP2_FRAC_BITS = 16  # input format of exp2_neg_q30
 LOG2E_Q30 = 1549082005  # round(log2(e) * 2^30)
+LN2_Q24 = 11629080  # round(ln(2) * 2^24)
 
 
 def as_i64(x) -> np.ndarray:
@@ -124,6 +125,34 @@ def exp2_neg_q30(u):
     for c in EXP2_POLY_Q30[-2::-1]:
         p = c + round_shift(p * f, EXP2_FRAC_BITS)
     return np.where(i >= 31, I64(0), round_shift(p, np.minimum(i, 31)))
+
+
+def softcap(x, cap, mant, shift):
+    """Soft-capping c * tanh(X / c) (Gemma 2's attention scores and final
+    logits; Gemma Team 2024, "Gemma 2", sec. 2.2), integer only.
+
+    x: int64 (int32 range) holding X * k in some fixed-point format (k = 2^16
+    for Q16 logits, log2(e) * 2^16 for Q16 log2-domain attention scores).
+    cap = round(c * k) (0 < cap < 2^31) and mant / 2^shift ~= 2 log2(e) 2^16 /
+    (c * k) (mant < 2^31, shift >= 5), both made at conversion
+    (convert/quantize.py softcap_constants). u = round_shift(|x| * mant,
+    shift - 4) = 2|X|/c * log2(e) in Q20; its Q16 part gives
+    d0 = exp2_neg_q30(u >> 4) and its last 4 bits r a first-order step,
+    d = d0 - round_shift(d0 * r * LN2_Q24, 44) = e^(-2|X|/c) (Q30; the step's
+    own error is under (16 ln2 / 2^20)^2 / 2 relative). tanh(|X|/c) =
+    (1 - d) / (1 + d): t = round_div((2^30 - d) * 2^30, 2^30 + d) in Q30;
+    returns sign(x) * round_shift(cap * t, 30), |result| <= cap.
+    Error against float64 c*k*tanh(x/(c*k)): tests/test_intmath.py
+    test_softcap_error.
+    """
+    x = as_i64(x)
+    u = round_shift(np.abs(x) * I64(mant), I64(shift) - 4)
+    d0 = exp2_neg_q30(u >> 4)
+    d = d0 - round_shift(d0 * (u & 15) * I64(LN2_Q24), 44)
+    one = I64(1) << 30
+    t = round_div((one - d) << 30, one + d)
+    y = round_shift(I64(cap) * t, 30)
+    return np.where(x < 0, -y, y)
 
 
 def quant16(x, axis=-1):

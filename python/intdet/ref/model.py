@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import ops
-from .intmath import I64, quant16, round_shift, sat32
+from .intmath import I64, quant16, round_shift, sat32, softcap
 
 
 class RefModel:
@@ -106,6 +106,10 @@ class RefModel:
         h = ops.rms_norm(y, t[name + ".g"], self.eps_h, 16)
         return ops.shift_round_sat32(h, int(t[name + ".shift"][0]))
 
+    def _softcap(self, name):
+        """(cap, inv_mant, inv_shift) of soft-capping tensor group ``name``."""
+        return tuple(int(self.t[f"{name}.{k}"][0]) for k in ("cap", "inv_mant", "inv_shift"))
+
     def forward(self, tokens, start: int, trace: dict | None = None):
         """trace, if given, receives name -> (int array, factor) for every
         named intermediate (GGUF-style names, e.g. ``blk.3.ffn_down``); the
@@ -163,6 +167,7 @@ class RefModel:
             o = ops.attention(
                 qq, qe, self.kc[i, :n], self.ka[i, :n], self.vc[i, :n], self.va[i, :n], pos,
                 int(t[p + "attn_score.mant"][0]), int(t[p + "attn_score.shift"][0]), blk["attention_window"],
+                self._softcap(p + "attn_softcap") if blk.get("attn_softcap") else None,
             )  # [T, nh, D], V units / (127 * 2^16)
             rec(p + "attn_out", o.reshape(T, nh * D), 1.0 / (127 * 2.0**32))
             oq, oe = quant16(o.reshape(T, nh * D))
@@ -202,6 +207,8 @@ class RefModel:
         hq, he = quant16(h)
         w = t["output.q"] if "output.q" in t else t["tok_embd.q"]
         logits = ops.linear(hq, he, w, t["output.mant"], t["output.shift"])  # [T, V] Q16
+        if self.cfg.get("final_logit_softcap"):  # Gemma 2: c tanh(logits / c), still Q16
+            logits = softcap(logits, *self._softcap("output_softcap"))
         rec("output", logits, Q16)
         self.n_past = start + T
         return logits

@@ -25,6 +25,7 @@ from .intmath import (
     round_shift,
     sat32,
     shift_round_sat32,
+    softcap,
 )
 
 NORM_TOP_BIT = 24  # RMSNorm pre-shifts each row so max|x| has exactly 24 bits
@@ -143,7 +144,7 @@ def softmax_q16(z):
     return round_shift(e * r, 62 - PROB_FRAC)
 
 
-def attention(q, e_q, kc, ka, vc, va, pos, score_mant, score_shift, window=0):
+def attention(q, e_q, kc, ka, vc, va, pos, score_mant, score_shift, window=0, score_softcap=None):
     """Causal GQA attention of T new queries over the int8 KV cache.
 
     q: int64 [T, nh, D] int16 queries with per-(token, head) exponents
@@ -156,7 +157,8 @@ def attention(q, e_q, kc, ka, vc, va, pos, score_mant, score_shift, window=0):
     c_q * c_k * log2(e) * 2^16 / (127 * sqrt(D)).
     raw = q . k (exact), ka split as mk * 2^ek (mk <= 2^15);
     z = sat32(round_shift(raw * mk * score_mant, score_shift - e_q - ek)) is Q16
-    log2 units; p = softmax_q16(z). The value weights w = p * va (< 2^47) are
+    log2 units; with score_softcap = (cap, inv_mant, inv_shift) (Gemma 2)
+    z = softcap(z, ...) (intmath.softcap) first; p = softmax_q16(z). The value weights w = p * va (< 2^47) are
     quantized like an activation row, (w16, s) = quant16(w), so that
     sum_p w16 * vc runs on int16 x int8 products with int32 partial sums;
     out = (sum_p w16 * vc) << s.
@@ -177,6 +179,8 @@ def attention(q, e_q, kc, ka, vc, va, pos, score_mant, score_shift, window=0):
             raw = kc[lo:n, kvh, :] @ as_i64(q[t, h])  # [n - lo]
             prod = raw * mk[lo:n, kvh] * I64(score_mant)
             z = shift_round_sat32(prod, I64(score_shift) - e_q[t, h] - ek[lo:n, kvh])
+            if score_softcap is not None:
+                z = softcap(z, *score_softcap)
             p = softmax_q16(z)
             w16, s = quant16(p * va[lo:n, kvh])
             out[t, h] = (w16 @ vc[lo:n, kvh, :]) << s
