@@ -22,7 +22,9 @@ FLOAT_OPS = re.compile(
 
 def main():
     build = sys.argv[1] if len(sys.argv) > 1 else os.path.join(ROOT, "build", "core-check")
-    subprocess.run(["cmake", "-S", ROOT, "-B", build, "-DINTDET_PYTHON=OFF", "-DCMAKE_BUILD_TYPE=Release"],
+    subprocess.run(["cmake", "-S", ROOT, "-B", build, "-DINTDET_PYTHON=OFF", "-DCMAKE_BUILD_TYPE=Release",
+                    # this interpreter finds the nlohmann-json package, not another python on PATH
+                    f"-DPython_EXECUTABLE={sys.executable}"],
                    check=True, stdout=subprocess.DEVNULL)
     subprocess.run(["cmake", "--build", build, "-j2"], check=True, stdout=subprocess.DEVNULL)
     lib = os.path.join(build, "libintdet_core.a")

@@ -104,6 +104,9 @@ BAD = {
                                         np.array([0, 5], np.int64), 1 << 14, 30, 0), ["attend_rows", "pos"]),
     "attend_rows_window": ("attend_rows", (i64(2, 2, 16), i8(5, 1, 16), i32(5, 1), i8(5, 1, 16), i32(5, 1), i64(2),
                                            1 << 14, 30, -1), ["attend_rows", "window"]),
+    "softcap_cap_zero": ("softcap", (i64(4), 0, 1 << 20, 30), ["softcap", "cap"]),
+    "softcap_shift": ("softcap", (i64(4), 5, 1 << 20, 63), ["softcap", "inv_shift"]),
+    "softcap_past_int32": ("softcap", (np.array([0, 2**31], I64), 5, 1 << 20, 30), ["softcap", "int32"]),
     "attend_kc_rank": ("attend", (i16(16), 0, i8(80), i32(5), i8(5, 16), i32(5), 1 << 14, 30), ["attend", "kc"]),
 }
 
@@ -137,6 +140,7 @@ GOOD = [
     ("attend", (i16(16), 0, i8(5, 16), i32(5), i8(5, 16), i32(5), 1 << 14, 30)),
     ("attend_rows", (i64(2, 2, 16), i8(5, 1, 16), i32(5, 1), i8(5, 1, 16), i32(5, 1), np.array([3, 4], np.int64),
                      1 << 14, 30, 0)),
+    ("softcap", (i64(2, 4), 5, 1 << 20, 30)),
     ("softmax_q16", (i64(2, 0),)),  # empty rows: nothing to read
 ]
 
