@@ -124,7 +124,8 @@ def test_every_isa_and_thread_count_same_bits(fam, name, isa_threads):
     assert np.array_equal(Engine(lm, "ref").new_sequence(64).forward(PROMPT[:20], all_logits=True), want[:20])
 
 
-@pytest.mark.parametrize("name", ["llama3", "mistral", "qwen3-yarn", "granite", "olmo2", "smollm3", "gemma2"])  # MoE: test_moe.py
+@pytest.mark.parametrize("name", ["llama3", "mistral", "qwen3-yarn", "granite", "olmo2", "smollm3", "gemma2",
+                                  "qwen3-moe", "mixtral"])
 def test_cuda_emulator_same_bits(fam, name):
     """The CUDA kernels (host emulator) against the CPU: prefill, decode,
     chunks, batches (test_cuda._compare_model)."""

@@ -2,7 +2,7 @@
 tests/test_families.py: the integer MoE op against the float one on the same
 input, bits unchanged by batch composition (rows are grouped by expert),
 dense and MoE layers mixed, the router's tie rule, and the CUDA engine's
-refusal by name."""
+MoE kernels (host emulator) against the CPU."""
 
 import copy
 
@@ -127,15 +127,70 @@ def test_router_ties_go_to_the_lowest_expert_id(moe_model):
     assert w.tolist() == [[32768, 32768]]  # norm_topk_prob over two tied experts: half each
 
 
-def test_cuda_engine_refuses_moe_by_name(moe_model):
+@pytest.fixture(scope="module")
+def wide_moe(tmp_path_factory):
+    """Sizes that take the CUDA kernels' vector paths (inputs multiples of 16
+    and 32), int8 and int4, with 3 of 8 experts per token."""
+    d = tmp_path_factory.mktemp("wide_moe")
+    hf = families.write_family("qwen3-moe", str(d / "hf"), hidden_size=64, intermediate_size=128, moe_intermediate_size=64,
+                               head_dim=32,
+                               num_experts_per_tok=3)
+    return {"int8": load_model(convert(hf, str(d / "int8"), progress=False)),
+            "int4": load_model(convert(hf, str(d / "int4"), progress=False, weights="int4"))}
+
+
+@pytest.mark.parametrize("weights,graphs", [("int8", True), ("int4", False)])
+def test_cuda_emulator_same_bits_vector_paths(wide_moe, weights, graphs):
+    """The device router, gathered expert linears and weighted sum against
+    the CPU: prefill, decode (graphs on: the routing lives on the device),
+    chunks and batches (test_cuda._compare_model)."""
+    from test_cuda import _compare_model, _emu_or_skip
+
+    mod = _emu_or_skip()
+    lm = wide_moe[weights]
+    assert lm.cfg.get("weight_format", "int8") == weights and lm.cfg["layers"][0]["moe"]["experts_per_token"] == 3
+    _compare_model(mod, lm, graphs, PROMPT[:12], 3, batch_co=2, ctx=64)
+
+
+def test_cuda_trace_is_the_cpu_trace(monkeypatch, moe_model):
+    """Every named intermediate of a MoE model (router outputs, the weighted
+    sum, the residual) from the CUDA engine equals the CPU's, bit for bit."""
+    import intdet.model as M
+    from intdet.trace import first_divergence, trace_cpu, trace_cuda, trace_names
+    from test_cuda import _emu_or_skip
+
+    mod = _emu_or_skip()
+    monkeypatch.setattr(M, "cuda_module", lambda: mod)
+    _, lm = moe_model
+    cpu = trace_cpu(Engine(lm, "cpu"), PROMPT[:10])
+    gpu = trace_cuda(Engine(lm, "cuda"), PROMPT[:10])
+    names = trace_names(lm.cfg)
+    assert "blk.0.ffn_gate_inp" in names and list(gpu) == names
+    assert first_divergence(cpu, gpu, names) is None
+
+
+def test_cuda_engine_refuses_moe_with_a_post_norm_by_name(moe_model):
+    """A MoE block with a post-FFN norm (no family has one yet; the CPU runs
+    it) is refused by the CUDA engine rather than run wrong."""
     from test_cuda import _emu_or_skip
 
     mod = _emu_or_skip()
     _, lm = moe_model
-    with pytest.raises(ValueError, match="mixture-of-experts blocks are not implemented by the CUDA engine yet"):
-        mod.Model(lm.cfg, lm.tensors, False)
+    cfg = copy.deepcopy(lm.cfg)
+    cfg["layers"][0]["norms"] = ["attn_norm", "post_attention_norm", "ffn_norm", "post_ffw_norm"]  # Gemma's placement
+    t = dict(lm.tensors)
+    for name in ("post_attention_norm", "post_ffw_norm"):
+        t[f"blk.0.{name}.g"] = t["blk.0.ffn_norm.g"].copy()
+        t[f"blk.0.{name}.shift"] = np.zeros(1, np.int32)
+        cfg["norm_gamma_exponents"][f"blk.0.{name}"] = cfg["norm_gamma_exponents"]["blk.0.ffn_norm"]
+    lm2 = copy.copy(lm)
+    lm2.cfg, lm2.tensors = cfg, t
+    Engine(lm2, "cpu").new_sequence(8).forward(PROMPT[:4])  # a model the CPU engine runs
+    with pytest.raises(ValueError, match="mixture-of-experts blocks with a post-FFN norm are not implemented by the "
+                                         "CUDA engine"):
+        mod.Model(cfg, t, False)
     with pytest.raises(IntdetError):
-        Engine(lm, "cuda")
+        Engine(lm2, "cuda")
 
 
 def test_int4_experts(tmp_path):

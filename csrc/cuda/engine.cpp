@@ -95,6 +95,12 @@ struct DevLayer {
   int64_t window = 0;
   const int16_t* rope_cos = nullptr;  // the block's RoPE table
   const int16_t* rope_sin = nullptr;
+  // Mixture of experts (gate/up/down then unused), else n_experts 0: the
+  // int8 router [E, H] and the experts' [E, N, K] tensors.
+  int64_t n_experts = 0, n_experts_used = 0;
+  bool norm_topk = false;
+  DevLinear router;
+  MoeLinear gate_exps{}, up_exps{}, down_exps{};
 };
 
 // Attention scratch (int32 per (row, head, position)) is bounded by this many
@@ -116,6 +122,12 @@ struct Workspace {
   HostBuf<DevKV> h_kvs;
   Buf<int32_t> x, qb, kb, vb, gate, up, logits, act_e, scratch;
   Buf<int32_t> branch;  // [rows, H]: o / down output in front of a post-norm (Gemma)
+  // Mixture of experts: router outputs [rows, E], the chosen experts and
+  // their weights [rows, k], per gathered row (rows * k) gate, up, SwiGLU,
+  // its quant16 and the down output; comb [rows, H] the weighted sum (trace).
+  Buf<int32_t> moe_z, moe_sel, moe_g, moe_u, moe_act_e, moe_d;
+  Buf<int64_t> moe_w, moe_a, moe_comb;
+  Buf<int16_t> moe_act;
   Buf<int16_t> act;
   Buf<int64_t> o, a;
   // Attention work buffers (AttnScratch): chunk maxima, shifts, arrival
@@ -228,6 +240,7 @@ struct DeviceModel {
   const int16_t* out_norm = nullptr;
   DevLinear output;
   Softcap final_softcap;  // Gemma 2's logit soft-capping, else cap 0
+  int64_t moe_E = 0, moe_k = 0, moe_F = 0;  // the largest experts, experts per token and expert FFN of any block
   cudaStream_t stream = nullptr;
   Workspace ws;
   bool use_graphs = false;
@@ -317,6 +330,33 @@ DevLinear upload_linear(DeviceModel& m, std::map<const void*, void*>& seen, cons
   return d;
 }
 
+// The E experts' Linear views (loader.cpp: expert e at row e * N of one
+// [E, N, K] tensor) as that one tensor on the device.
+MoeLinear upload_experts(DeviceModel& m, std::map<const void*, void*>& seen, const std::vector<Linear>& ex) {
+  const Linear& a = ex[0];
+  const int64_t E = (int64_t)ex.size(), N = a.N, K = a.K;
+  for (int64_t e = 0; e < E; ++e) {
+    const Linear& b = ex[(size_t)e];
+    if (b.N != N || b.K != K || b.mant != a.mant + e * N || b.shift != a.shift + e * N ||
+        (a.w && b.w != a.w + e * N * K) || (a.w4 && b.w4 != a.w4 + e * N * (K / 2)))
+      throw std::logic_error("experts are not views of one [E, N, K] tensor");
+  }
+  MoeLinear d{};
+  d.N = (int)N;
+  d.K = (int)K;
+  if (a.w4) {
+    if (K % 32) throw std::invalid_argument("int4 weights: input size is not a multiple of 32");
+    d.w4 = upload(m, seen, a.w4, E * N * (K / 2));
+    d.gd = upload(m, seen, a.gd, E * N * (K / 32));
+    d.gm = upload(m, seen, a.gm, E * N * (K / 32));
+  } else {
+    d.w = upload(m, seen, a.w, E * N * K);
+  }
+  d.mant = upload(m, seen, a.mant, E * N);
+  d.shift = upload(m, seen, a.shift, E * N);
+  return d;
+}
+
 void lin(DeviceModel& m, const DevLinear& L, int64_t T, int32_t* out, bool residual) {
   if (L.w4) {
     launch_linear_w4(m.ws.act.p, m.ws.act_e.p, (int)T, (int)L.K, L.w4, L.gd, L.gm, L.mant, L.shift, L.bias, (int)L.N,
@@ -350,6 +390,35 @@ void lin_norm(DeviceModel& m, const DevLinear& L, int64_t T, const int16_t* g, i
   s.n = 1;
   const NormAfter na{w.gemv_cnt.p, g, (int)c.hidden, c.eps_hidden, (int)c.residual_frac, w.act.p, w.act_e.p, normed};
   launch_gemv(w.act.p, w.act_e.p, (int)T, (int)L.K, s, true, m.stream, na);
+}
+
+// Mixture-of-experts FFN of T rows (act: their int16 FFN input) into the
+// residual x: router, route (device top-k), the chosen experts' SwiGLU FFNs
+// on the T * k gathered rows, the weighted sum. Fixed launch shapes for T,
+// so a decode step is graph-captured as a dense one; only the chosen
+// experts' weight rows are read.
+void enqueue_moe(DeviceModel& m, const DevLayer& L, int64_t T, Tracer* tr, const std::string& blk) {
+  Workspace& w = m.ws;
+  const cudaStream_t st = m.stream;
+  const int E = (int)L.n_experts, k = (int)L.n_experts_used, Fm = L.gate_exps.N, H = (int)m.cfg.hidden;
+  const int G = (int)(T * k);
+  lin(m, L.router, T, w.moe_z.p, false);  // [T, E] Q16 log2 units
+  launch_moe_route(w.moe_z.p, (int)T, E, k, L.norm_topk, w.moe_sel.p, w.moe_w.p, st);
+  launch_moe_linear(w.act.p, w.act_e.p, G, k, L.gate_exps, w.moe_sel.p, w.moe_g.p, st);  // [G, Fm] Q16
+  launch_moe_linear(w.act.p, w.act_e.p, G, k, L.up_exps, w.moe_sel.p, w.moe_u.p, st);
+  launch_swiglu(w.moe_g.p, w.moe_u.p, (int64_t)G * Fm, w.moe_a.p, st);  // Q32 int64
+  launch_quant16_i64(w.moe_a.p, G, Fm, w.moe_act.p, w.moe_act_e.p, st);
+  launch_moe_linear(w.moe_act.p, w.moe_act_e.p, G, 1, L.down_exps, w.moe_sel.p, w.moe_d.p, st);  // [G, H]
+  launch_moe_combine(w.moe_d.p, w.moe_w.p, (int)T, k, H, w.x.p, tr ? w.moe_comb.p : nullptr, st);
+  if (tr) {
+    tr->rec(blk + "ffn_gate_inp", w.moe_z.p, {T, E});
+    tr->rec(blk + "ffn_down", w.moe_comb.p, {T, H});
+    tr->rec(blk + "residual", w.x.p, {T, H});
+  }
+  const auto exp_bytes = [&](const MoeLinear& X) {
+    return (int64_t)(X.w ? X.N * X.K : X.N * X.K / 2 + X.N * (X.K / 32) * 4);
+  };
+  mark(m, "ffn_moe", lin_bytes(L.router) + (int64_t)k * (exp_bytes(L.gate_exps) + exp_bytes(L.up_exps) + exp_bytes(L.down_exps)));
 }
 
 // All layers for T rows (metadata already on the device); no host sync
@@ -446,6 +515,10 @@ void enqueue_body(DeviceModel& m, int64_t T, int64_t sstride, int64_t rows_per, 
       launch_norm_quant16(w.x.p, nullptr, L.ffn_norm, (int)T, H, c.eps_hidden, R, w.act.p, w.act_e.p, st, normed);
     if (tr && L.ffn_norm) tr->rec(blk + "ffn_norm", normed, {T, H});
     mark(m, "ffn_norm", T * H * 4);
+    if (L.n_experts) {  // mixture of experts: forward.cpp moe_ffn's values, routed on the device
+      enqueue_moe(m, L, T, tr, blk);
+      continue;
+    }
     bool ffn_quantized = false;  // the gate+up GEMV's last block ran quant16 of the GLU rows
     if (fused_gemv(L.gate, T) && L.up.w && L.up.K == L.gate.K && L.up.N == L.gate.N) {
       // gate and up in one launch, SwiGLU / GeGLU of each pair in its epilogue
@@ -560,6 +633,19 @@ void forward_chunk(DeviceModel& m, DeviceState* const* states, int64_t n_states,
   moved |= w.up.grow((size_t)(cap * F));
   moved |= w.a.grow((size_t)(cap * F));
   moved |= w.logits.grow((size_t)(std::max<int64_t>(group, 1) * V));
+  if (m.moe_E) {
+    const size_t g = (size_t)(cap * m.moe_k);  // gathered rows
+    moved |= w.moe_z.grow((size_t)(cap * m.moe_E));
+    moved |= w.moe_sel.grow(g);
+    moved |= w.moe_w.grow(g);
+    moved |= w.moe_g.grow(g * (size_t)m.moe_F);
+    moved |= w.moe_u.grow(g * (size_t)m.moe_F);
+    moved |= w.moe_a.grow(g * (size_t)m.moe_F);
+    moved |= w.moe_act.grow(g * (size_t)std::max(m.moe_F, H));
+    moved |= w.moe_act_e.grow(g);
+    moved |= w.moe_d.grow(g * (size_t)H);
+    moved |= w.moe_comb.grow((size_t)(cap * H));
+  }
   moved |= w.scratch.grow((size_t)(rows_per * nh * sstride));
   moved |= w.zpart.grow((size_t)(rows_per * nh * attn_max_splits(sstride)));
   moved |= w.shifts.grow((size_t)(rows_per * nh));
@@ -668,8 +754,9 @@ ModelPtr upload_model(const Model& h) {
   if (c.n_heads <= 0 || c.n_kv <= 0 || c.n_heads % c.n_kv || c.head_dim % 2 || c.head_dim > 256 || c.hidden > 8192)
     throw std::invalid_argument("model config has unsupported head or hidden sizes");
   for (const Layer& L : h.layers)  // refused by name rather than run wrong (the CPU engine runs it)
-    if (!L.gate_exps.empty())
-      throw std::invalid_argument("mixture-of-experts blocks are not implemented by the CUDA engine yet (use the CPU)");
+    if (!L.gate_exps.empty() && L.post_ffn_norm)
+      throw std::invalid_argument("mixture-of-experts blocks with a post-FFN norm are not implemented by the CUDA "
+                                  "engine (use the CPU)");
   ModelPtr m(new DeviceModel());
   m->cfg = c;
   ck(cudaGetDevice(&m->device), "cudaGetDevice");
@@ -708,6 +795,18 @@ ModelPtr upload_model(const Model& h) {
     d.window = L.window;
     d.rope_cos = upload(*m, seen, L.rope_cos, c.ctx * half);  // the tables above: already on the device
     d.rope_sin = upload(*m, seen, L.rope_sin, c.ctx * half);
+    if (!L.gate_exps.empty()) {
+      d.n_experts = L.router.N;
+      d.n_experts_used = L.n_experts_used;
+      d.norm_topk = L.norm_topk;
+      d.router = upload_linear(*m, seen, L.router);
+      d.gate_exps = upload_experts(*m, seen, L.gate_exps);
+      d.up_exps = upload_experts(*m, seen, L.up_exps);
+      d.down_exps = upload_experts(*m, seen, L.down_exps);
+      m->moe_E = std::max(m->moe_E, d.n_experts);
+      m->moe_k = std::max(m->moe_k, d.n_experts_used);
+      m->moe_F = std::max<int64_t>(m->moe_F, d.gate_exps.N);
+    }
     m->layers.push_back(d);
   }
   m->out_norm = upload(*m, seen, h.out_norm, H);

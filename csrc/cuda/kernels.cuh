@@ -206,9 +206,48 @@ void launch_attention(const int32_t* q, int row0, int nrows, int nh, int nkv, in
                       int64_t window = 0, int chunk = 0, int path = kAttnAuto, const RopeFold& rope = RopeFold{},
                       const Softcap& cap = Softcap{});
 
-// a[i] = swiglu(g[i], u[i]) (Q32 int64) for count elements of int32 Q16 inputs.
+// ---- Mixture of experts (csrc/model/forward.cpp moe_route / moe_ffn, bit for bit)
+//
+// Every launch has a shape fixed by the row count alone (the routing lives on
+// the device), so a decode step with MoE blocks is captured into a CUDA graph
+// like a dense one; the experts' linears read only the chosen experts' rows.
+
+// sel [T, k] int32 = per router row z [T, E] (Q16 log2 units) the k largest,
+// ties to the lowest expert id, in that order; wts [T, k] int64 Q16 =
+// softmax_q16 over those k (norm_topk) or the entries of the softmax over
+// all E. k <= E.
+void launch_moe_route(const int32_t* z, int T, int E, int k, bool norm_topk, int32_t* sel, int64_t* wts,
+                      cudaStream_t st);
+
+// One [E, N, K] expert tensor on the device (int8 w [E, N, K], or int4 w4
+// [E, N, K/2] with gd, gm [E, N, K/32]) and its per-(expert, channel) dyadic
+// scale mant, shift [E, N]; no bias.
+struct MoeLinear {
+  const int8_t* w;
+  const uint8_t* w4;
+  const int16_t* gd;
+  const int16_t* gm;
+  const int32_t* mant;
+  const int32_t* shift;
+  int N, K;
+};
+// Gathered rows: out[i * N + j] (int32, i < rows) = the linear of expert
+// sel[i] on input row i / in_div of q [*, K] int16 (exponents e): in_div k
+// for gate and up (the k slots of a row share its FFN input), 1 for down
+// (each slot's own SwiGLU row). launch_linear's value for that expert.
+void launch_moe_linear(const int16_t* q, const int32_t* e, int rows, int in_div, const MoeLinear& L,
+                       const int32_t* sel, int32_t* out, cudaStream_t st);
+
+// The weighted sum of the chosen experts' down outputs d [T * k, H] int32:
+// v = round_shift(sum_j wts[t, j] * d[t * k + j], 16) in exact int64, then
+// x[t] = sat32(x[t] + v) (the residual); comb [T, H] int64 gets v when not
+// null (the trace's ffn_down).
+void launch_moe_combine(const int32_t* d, const int64_t* wts, int T, int k, int H, int32_t* x, int64_t* comb,
+                        cudaStream_t st);
+
 // x[i] = softcap(x[i], cap) in place (Gemma 2's final logits, Q16).
 void launch_softcap(int32_t* x, int64_t count, const Softcap& cap, cudaStream_t st);
+// a[i] = swiglu(g[i], u[i]) (Q32 int64) for count elements of int32 Q16 inputs.
 void launch_swiglu(const int32_t* g, const int32_t* u, int64_t count, int64_t* a, cudaStream_t st);
 // a[i] = geglu(g[i], u[i]) (Q32 int64): tanh-GELU gate (geglu_row).
 void launch_geglu(const int32_t* g, const int32_t* u, int64_t count, int64_t* a, cudaStream_t st);
