@@ -66,7 +66,7 @@ def _cap_threads(ctx, param, value):
 
 # intdet.random_model.SHAPES, spelled out here so that --help needs no import
 # of numpy (tests/test_entry_points.py checks the two agree).
-RANDOM_MODEL_SHAPES = ("qwen3-0.6b", "tiny-llama", "tiny-qwen3", "tiny-gemma3")
+RANDOM_MODEL_SHAPES = ("qwen3-0.6b", "tiny-llama", "tiny-qwen3", "tiny-gemma3", "qwen3-1.7b", "qwen3-4b", "llama3-8b")
 
 
 def _fail(msg: str, code: int = 1):

@@ -17,6 +17,10 @@ Shapes (``write_random_model``):
       intermediate 3072, 28 layers, 16 heads, 8 kv heads, head_dim 128, vocab
       151936, tied embeddings, q/k norm) in bf16 like the real checkpoint
       (~1.2 GB); vocab rows past the tokenizer are never produced by it.
+  qwen3-1.7b, qwen3-4b, llama3-8b (``LARGE_SHAPES``): the published
+      models' sizes in bf16 (3.4, 8.0 and 16.1 GB), in shards with
+      model.safetensors.index.json as transformers writes them; for the
+      scale benchmarks (scripts/bench_scale.py). Written streamed.
 """
 
 from __future__ import annotations
@@ -173,6 +177,19 @@ TINY = dict(hidden_size=72, intermediate_size=136, num_hidden_layers=3, num_atte
 QWEN3_0_6B = dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
                   num_key_value_heads=8, head_dim=128, vocab_size=151936, max_position_embeddings=40960,
                   rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True)
+# The published configs' sizes (Qwen/Qwen3-1.7B, Qwen/Qwen3-4B, meta-llama/Llama-3.1-8B), for the scale
+# benchmarks (scripts/bench_scale.py): (architecture, config, shard size in bytes as transformers writes them).
+LARGE_SHAPES = {
+    "qwen3-1.7b": ("qwen3", dict(QWEN3_0_6B, hidden_size=2048, intermediate_size=6144), 2 << 30),
+    "qwen3-4b": ("qwen3", dict(QWEN3_0_6B, hidden_size=2560, intermediate_size=9728, num_hidden_layers=36,
+                               num_attention_heads=32), 2 << 30),
+    "llama3-8b": ("llama", dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+                                num_key_value_heads=8, head_dim=128, vocab_size=128256, max_position_embeddings=131072,
+                                rope_theta=500000.0, rms_norm_eps=1e-5, tie_word_embeddings=False,
+                                rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0,
+                                                  high_freq_factor=4.0, original_max_position_embeddings=8192)),
+                  5 << 30),
+}
 
 
 def hf_config(arch: str, **overrides) -> dict:
@@ -307,23 +324,53 @@ def _dump_json(path, obj):
         f.write("\n")
 
 
-def write_hf_model(out_dir: str, arch: str, seed: int = 0, log=None, **overrides) -> str:
+def shard_specs(specs: list, esz: int, shard_bytes: int) -> list:
+    """Split the tensor list into consecutive shards of at most shard_bytes
+    (a larger tensor gets a shard of its own), as save_pretrained does."""
+    shards, cur, size = [], [], 0
+    for spec in specs:
+        n = int(np.prod(spec[1], dtype=np.int64)) * esz
+        if cur and size + n > shard_bytes:
+            shards.append(cur)
+            cur, size = [], 0
+        cur.append(spec)
+        size += n
+    return shards + ([cur] if cur else [])
+
+
+def write_hf_model(out_dir: str, arch: str, seed: int = 0, log=None, shard_bytes: int | None = None,
+                   **overrides) -> str:
     """Write a Hugging Face checkpoint dir (config.json, model.safetensors,
     tokenizer.json, tokenizer_config.json, generation_config.json).
     overrides change any config key; dtype/torch_dtype="bfloat16" stores
-    BF16 (round-to-nearest-even of the same float32 values)."""
+    BF16 (round-to-nearest-even of the same float32 values). shard_bytes:
+    write model-0000k-of-0000n.safetensors shards of at most that size and
+    model.safetensors.index.json, as transformers does for large models."""
     cfg = hf_config(arch, **overrides)
     os.makedirs(out_dir, exist_ok=True)
     _dump_json(os.path.join(out_dir, "config.json"), cfg)
-    write_safetensors(os.path.join(out_dir, "model.safetensors"), tensor_specs(cfg), seed,
-                      bf16=cfg["torch_dtype"] == "bfloat16", log=log)
+    bf16 = cfg["torch_dtype"] == "bfloat16"
+    specs = tensor_specs(cfg)
+    if shard_bytes is None:
+        write_safetensors(os.path.join(out_dir, "model.safetensors"), specs, seed, bf16=bf16, log=log)
+    else:
+        shards = shard_specs(specs, 2 if bf16 else 4, shard_bytes)
+        weight_map, total = {}, 0
+        for k, part in enumerate(shards):
+            fname = f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors"
+            write_safetensors(os.path.join(out_dir, fname), part, seed, bf16=bf16, log=log)
+            for spec in part:
+                weight_map[spec[0]] = fname
+                total += int(np.prod(spec[1], dtype=np.int64)) * (2 if bf16 else 4)
+        _dump_json(os.path.join(out_dir, "model.safetensors.index.json"),
+                   {"metadata": {"total_size": total}, "weight_map": weight_map})
     write_tokenizer_files(out_dir, cfg)
     return str(out_dir)
 
 
 # ------------------------------------------------------------ entry point
 
-SHAPES = ("qwen3-0.6b", "tiny-llama", "tiny-qwen3", "tiny-gemma3")
+SHAPES = ("qwen3-0.6b", "tiny-llama", "tiny-qwen3", "tiny-gemma3", *LARGE_SHAPES)
 
 
 def write_random_model(out_dir: str, shape: str = "qwen3-0.6b", seed: int = 0, log=None) -> str:
@@ -352,7 +399,11 @@ def _write_into(out_dir: str, parent: str, shape: str, seed: int, log) -> None:
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}.partial-", dir=parent)
     try:
-        if shape == "qwen3-0.6b":
+        if shape in LARGE_SHAPES:
+            arch, cfg, shard = LARGE_SHAPES[shape]
+            extra = dict(max_window_layers=cfg["num_hidden_layers"]) if arch == "qwen3" else {}
+            write_hf_model(tmp, arch, seed=seed, log=log, torch_dtype="bfloat16", shard_bytes=shard, **extra, **cfg)
+        elif shape == "qwen3-0.6b":
             # max_window_layers follows the real config (= layer count; unused without sliding window)
             write_hf_model(tmp, "qwen3", seed=seed, log=log, torch_dtype="bfloat16",
                            max_window_layers=QWEN3_0_6B["num_hidden_layers"], **QWEN3_0_6B)
