@@ -28,6 +28,7 @@ from pathlib import Path
 
 import gguf_bytes as gb
 import models
+import numpy as np
 import pytest
 
 from intdet.errors import IntdetError
@@ -367,7 +368,7 @@ def test_check_accepts_valid_and_realigned(sources, tmp_path):
     assert check_gguf_structure(p64)["alignment"] == 64
     fm = read_gguf(str(p64))
     ref = read_gguf(str(p))
-    assert all((fm.weights[k] == ref.weights[k]).all() for k in ref.weights if ref.weights[k] is not None)
+    assert all(np.array_equal(np.asarray(fm.weights[k]), np.asarray(ref.weights[k])) for k in ref.weights if ref.weights[k] is not None)
 
 
 # ---------------------------------------------------------- truncation

@@ -196,6 +196,9 @@ class Engine:
                 raise IntdetError(str(e)) from None
             if threads is not None:  # 0: auto (all cores, fewer while others keep some busy)
                 _core.set_num_threads(threads)
+            from .preflight import check_load
+
+            check_load(lm.cfg, lm.tensors, lm.st_path or "model.safetensors")  # before packing: a refusal, not an OOM kill
             try:
                 # mapped: the tensors are views of the read-only file mapping,
                 # so the core may drop each weight's pages once it has packed it.

@@ -119,6 +119,21 @@ class SafetensorsFile:
             return (arr.astype(np.uint32) << 16).view(np.float32)
         return arr
 
+    def rows(self, name, lo: int, hi: int) -> np.ndarray:
+        """float32 rows lo..hi of the tensor's 2-D view (all axes but the
+        last flattened), converting only those rows (F16, BF16, F64 and
+        integer dtypes widened or narrowed to float32)."""
+        dt, shape, b, _ = self._entries[name]
+        K = shape[-1] if shape else 1
+        npdt = np.dtype(DTYPES[dt][0]).newbyteorder("<")
+        n = (hi - lo) * K
+        if n == 0:
+            return np.zeros((hi - lo, K), np.float32)
+        arr = np.frombuffer(self._mm, dtype=npdt, count=n, offset=self._base + b + lo * K * npdt.itemsize)
+        if dt == "BF16":
+            return (arr.astype(np.uint32) << 16).view(np.float32).reshape(hi - lo, K)
+        return arr.astype(np.float32).reshape(hi - lo, K)
+
     def release(self, name):
         """Drop this tensor's pages from the process (madvise MADV_DONTNEED on
         the whole pages inside its byte range), e.g. once the C++ core holds a

@@ -5,7 +5,7 @@ set it to ``STAGE`` or ``STAGE:SIGNAL`` (a name such as ``SIGTERM``; default
 ``SIGINT``) so that an interrupt lands at a known point instead of after a
 guessed delay, which a faster or slower machine would move. Stages:
 
-* convert: ``read`` (source read), ``quantize`` (halfway through the layers),
+* convert: ``read`` (source read), ``quantize`` (halfway through the tensors),
   ``written`` (model.safetensors written into the temporary directory),
   ``install`` (just before the final rename), ``installed`` (just after it);
 * generate: ``prefill-N`` (the N-th prefill call returned; calls are of
@@ -35,23 +35,16 @@ def signal_at(stage: str) -> None:
         os.kill(os.getpid(), signal.Signals[sig])
 
 
-class _SignalOnRead(dict):
-    """The weights dict, sending the signal when quantize first reads a
-    weight of layer ``prefix`` (quantize goes through the layers in order)."""
+def watch_quantize(plan) -> None:
+    """Arm the ``quantize`` stage on convert's quantize.Plan ``plan`` (just
+    before its middle job: halfway through writing the tensors) when the
+    hook names it; otherwise leave plan untouched."""
+    if _armed()[0] == "quantize" and plan.jobs:
+        mid = len(plan.jobs) // 2
+        job = plan.jobs[mid]
 
-    def __init__(self, weights: dict, prefix: str):
-        super().__init__(weights)
-        self._prefix = prefix
-
-    def __getitem__(self, key):
-        if self._prefix and key.startswith(self._prefix):
-            self._prefix = ""
+        def signalled(put, job=job):
             signal_at("quantize")
-        return super().__getitem__(key)
+            job(put)
 
-
-def watch_quantize(fm) -> None:
-    """Arm the ``quantize`` stage on FloatModel ``fm`` (halfway through its
-    layers) when the hook names it; otherwise leave fm untouched."""
-    if _armed()[0] == "quantize":
-        fm.weights = _SignalOnRead(fm.weights, f"blk.{fm.hp['num_layers'] // 2}.")
+        plan.jobs[mid] = signalled

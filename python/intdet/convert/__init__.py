@@ -20,14 +20,19 @@ from ..format import WEIGHT_FORMATS, is_converted
 from ..signals import sigterm_raises
 from ..testhook import signal_at, watch_quantize
 from .output import TMP_PREFIX, check_output, claim, install, old_path, release, remove_tree, sweep_stale
-from .quantize import quantize_model
-from .sources import read_source
+from ..preflight import check_convert
+from .quantize import plan_model
+from .sources import read_source, resolve_source
+from .writer import SafetensorsWriter
 
 
 def convert(src: str, out_dir: str, force: bool = False, progress: bool = True, weights: str = "int8",
             on_read=None) -> str:
     """Convert ``src`` (GGUF file or Hugging Face directory) into ``out_dir``
-    with "int8" or "int4" linear weights (quantize.quantize_model).
+    with "int8" or "int4" linear weights (quantize.plan_model), streamed:
+    each source tensor is read, quantized and written a block of rows at a
+    time (convert/lazy.py, convert/writer.py), so memory stays bounded
+    whatever the model's size.
 
     Raises IntdetError if the source is unreadable or unsupported, or if
     ``out_dir`` exists and is not empty, unless force and out_dir is an
@@ -53,17 +58,19 @@ def _convert(src: str, out_dir: str, force: bool, progress: bool, weights: str, 
     if on_read:
         on_read()
     signal_at("read")
-    watch_quantize(fm)
-    tensors, cfg = quantize_model(fm, progress=progress, weights=weights)
+    plan = plan_model(fm, weights=weights, progress=progress)
+    check_convert(plan.output_bytes(), out_dir)
+    watch_quantize(plan)
     try:
-        _write(fm, tensors, cfg, src, out_dir, force)
+        _write(fm, plan, src, out_dir, force)
     except OSError as e:  # named by the output the user gave, not by the temporary directory
         raise IntdetError(f"{out_dir}: cannot write the converted model ({e.strerror or e})") from None
     return out_dir
 
 
-def _write(fm, tensors, cfg, src: str, out_dir: str, force: bool) -> None:
-    """Write the model into a temporary sibling of out_dir, then install it there."""
+def _write(fm, plan, src: str, out_dir: str, force: bool) -> None:
+    """Quantize and write the model (plan: quantize.Plan), tensor by tensor,
+    into a temporary sibling of out_dir, then install it there."""
     from ..tokenizer import save_tokenizer
 
     parent = os.path.dirname(out_dir) or "."
@@ -76,10 +83,18 @@ def _write(fm, tensors, cfg, src: str, out_dir: str, force: bool) -> None:
     try:
         os.mkdir(tmp)
         lock = claim(tmp)
-        from ..safetensors_io import save_atomic
-
-        save_atomic(tensors, os.path.join(tmp, "model.safetensors"), metadata={"format": "intdet"})
+        writer = SafetensorsWriter(os.path.join(tmp, "model.safetensors"), plan.specs, metadata={"format": "intdet"})
+        try:
+            plan.run(writer.write, workers=quantize_workers())
+        except BaseException:
+            writer.abort()
+            raise
+        finally:
+            plan.close()
+        writer.close()
         signal_at("written")
+        cfg = plan.cfg
+        cfg["source"] = resolve_source(cfg["source"])
         cfg["tokenizer"] = {"bos_token_id": fm.tok_meta.get("bos_token_id"), "eos_token_ids": fm.tok_meta.get("eos_token_ids", [])}
         with open(os.path.join(tmp, "config.json"), "w", encoding="utf-8") as f:
             json.dump(cfg, f, indent=2, sort_keys=True)
@@ -93,6 +108,16 @@ def _write(fm, tensors, cfg, src: str, out_dir: str, force: bool) -> None:
         remove_tree(tmp)  # the old model after a swap, or the partial new one
         remove_tree(old_path(tmp))
         release(lock)
+
+
+def quantize_workers() -> int:
+    """Threads for the row blocks: the cores this process may use (at most 8:
+    past that the source's read and the writes are the limit)."""
+    try:
+        n = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        n = os.cpu_count() or 1
+    return max(1, min(8, n))
 
 
 def _readable_by_all(d: str):

@@ -26,7 +26,9 @@ from ..errors import IntdetError
 from ..format import FORMAT_VERSION, W4_GROUP, W4_MAX, WEIGHT_FORMATS
 from ..ref.ops import NORM_OUT_FRAC, PROB_FRAC
 from ..models.rope_scaling import attention_factor
+from .lazy import row_blocks, rows_of
 from .rope_tables import rope_tables
+from .sources import resolve_source
 
 RESIDUAL_FRAC = 16  # residual stream int32 Q16
 PROJ_FRAC = 16  # q/k/v/gate/up/o/down outputs int32 Q16
@@ -78,13 +80,25 @@ def dyadic_vec(c: np.ndarray):
 
 def quant_rows_int8(w: np.ndarray):
     """Symmetric per-row int8: returns (q int8 [N, K], s float64 [N]) with
-    w ~= q * s[:, None]; an all-zero row gets s = 0."""
-    w = np.asarray(w, dtype=np.float64)
-    amax = np.abs(w).max(axis=1)
+    w ~= q * s[:, None], q = rint(w / s) in float64, s = max|w_row| / 127;
+    an all-zero row gets s = 0. (One float64 buffer, divided, rounded and
+    narrowed in place: the values of the plain numpy expression.)"""
+    w = np.asarray(w)
+    if w.dtype not in (np.float32, np.float64):
+        w = w.astype(np.float64)
+    # max |w| from max and -min: exact in the input's precision, as abs then max is
+    amax = np.maximum(w.max(axis=1, initial=-np.inf), -w.min(axis=1, initial=np.inf)).astype(np.float64)
+    amax[~np.isfinite(amax)] = 0.0  # an empty row (K = 0)
     s = amax / 127.0
     safe = np.where(s > 0, s, 1.0)
-    q = np.clip(np.rint(w / safe[:, None]), -127, 127).astype(np.int8)
-    return q, s
+    buf = w.astype(np.float64)  # a copy: the caller's array is left as it was
+    np.divide(buf, safe[:, None], out=buf)
+    np.rint(buf, out=buf)
+    # |w| <= amax and s = fl(amax / 127) give |w / s| < 127.5, so rint stays in [-127, 127]; only a
+    # subnormal s (its relative error unbounded) could leave the range: clip those rows' values
+    if np.any((s > 0) & (s < 2.0**-1000)):
+        np.clip(buf, -127, 127, out=buf)
+    return buf.astype(np.int8), s
 
 
 def quant_rows_int4(w: np.ndarray):
@@ -190,9 +204,132 @@ def source_tensors(hp: dict, where: str) -> dict:
     return want
 
 
-def quantize_model(fm, progress: bool = False, weights: str = "int8") -> tuple[dict, dict]:
-    """FloatModel -> (tensors: name -> int array, config dict), one tensor
-    table entry (model_params) at a time.
+# Row blocks of this many elements: float64 temporaries of 8 MiB each, so a
+# tensor of any size is quantized in a bounded working set.
+BLOCK_ELEMS = 1 << 20
+
+
+def fixed_point_notes(weights: str, R: int) -> dict:
+    """config.json "fixed_point": the formats, for readers of the file."""
+    return {
+        "residual_frac_bits": R,
+        "proj_frac_bits": PROJ_FRAC,
+        "logit_frac_bits": LOGIT_FRAC,
+        "norm_out_frac_bits": NORM_OUT_FRAC,
+        "rope_frac_bits": 14,
+        "prob_frac_bits": PROB_FRAC,
+        "exp_in_frac_bits": 16,
+        "exp_out_frac_bits": 30,
+        "activations": "int16 per token, power-of-two scale",
+        "weights": "int8 per output channel, dyadic scale (15-bit mantissa)" if weights == "int8" else (
+            "decoder linears: int4 codes, per group of 32 inputs w = gd * u + gm (|w| <= 2047), per-channel dyadic "
+            "scale; embedding and lm_head int8 per channel"),
+        "kv_cache": "int8 per (position, kv head), absmax scale",
+    }
+
+
+class Plan:
+    """What a conversion writes, known before any large tensor is read.
+
+    ``specs``: output name -> (numpy dtype, shape) of every integer tensor;
+    ``static``: the small ones already computed (norm gammas, RoPE tables,
+    scales, biases); ``jobs``: callables, one per row block of each large
+    tensor (embedding, linears, router, experts, lm_head), that quantize the
+    block and hand its parts to ``put(name, element_offset, array)``;
+    ``cfg``: the config.json contents. ``run(put, workers)`` writes
+    everything, in the source's layer order. ``output_bytes()``: the
+    tensors' total size."""
+
+    def __init__(self, cfg: dict):
+        self.cfg, self.specs, self.static, self.jobs = cfg, {}, {}, []
+        self.close = lambda: None  # the progress bar's
+
+    def add_static(self, name: str, a: np.ndarray) -> None:
+        self.static[name] = a
+        self.specs[name] = (a.dtype, a.shape)
+
+    def output_bytes(self) -> int:
+        return sum(int(np.prod(shape, dtype=np.int64)) * np.dtype(dt).itemsize for dt, shape in self.specs.values())
+
+    def run(self, put, workers: int = 1) -> None:
+        """Run every job; ``workers`` > 1: on that many threads (numpy and
+        the file writes release the GIL), at most 2 x workers blocks in
+        flight, so memory stays bounded. Blocks are independent (rows are
+        quantized alone), so any order gives the same bytes. ``put`` must
+        take calls from several threads (disjoint ranges)."""
+        for name, a in self.static.items():
+            put(name, 0, a)
+        if workers <= 1:
+            for job in self.jobs:
+                job(put)
+            return
+        from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+
+        ex = ThreadPoolExecutor(workers, thread_name_prefix="intdet-quantize")
+        pending = set()
+        try:
+            for job in self.jobs:
+                while len(pending) >= 2 * workers:
+                    done, pending = wait(pending, return_when=FIRST_COMPLETED)
+                    for f in done:
+                        f.result()  # a block's error (NaN in the source...) stops the run
+                pending.add(ex.submit(job, put))
+            for f in pending:
+                f.result()
+        finally:  # on an error or Ctrl-C: no new blocks, wait for the running ones
+            ex.shutdown(wait=True, cancel_futures=True)
+
+
+def _release(t) -> None:
+    """Drop a source tensor's pages once it is quantized (lazy.LazyTensor)."""
+    rel = getattr(t, "release", None)
+    if rel is not None:
+        rel()
+
+
+def _rows_job(plan: Plan, name: str, src, lead: tuple, K: int, quant: str, scale, done=None):
+    """Plan the quantized rows of ``src`` (2-D view rows x K, as ``lead`` +
+    (K,)) under ``name``: quant "int8" (.q), "int4" (.q4, .gd, .gm) or
+    "scales" (no weights: a tied lm_head reads the embedding's), and
+    .mant/.shift = dyadic_vec(scale(s)) of each row's float64 int8 step s
+    (int4: its own step). One job per row block; ``done()`` after the
+    last block's (a progress count: blocks may finish in any order)."""
+    if quant == "int8":
+        plan.specs[name + ".q"] = (np.dtype(np.int8), lead + (K,))
+    elif quant == "int4":
+        plan.specs[name + ".q4"] = (np.dtype(np.uint8), lead + (K // 2,))
+        plan.specs[name + ".gd"] = (np.dtype(np.int16), lead + (K // W4_GROUP,))
+        plan.specs[name + ".gm"] = (np.dtype(np.int16), lead + (K // W4_GROUP,))
+    plan.specs[name + ".mant"] = (np.dtype(np.int32), lead)
+    plan.specs[name + ".shift"] = (np.dtype(np.int32), lead)
+    R = int(np.prod(lead, dtype=np.int64))
+    blocks = list(row_blocks(R, K, BLOCK_ELEMS))
+
+    def block(put, lo, hi, last):
+        w = rows_of(src, lo, hi)
+        if quant == "int4":
+            q4, gd, gm, s = quant_rows_int4(w)
+            put(name + ".q4", lo * (K // 2), q4)
+            put(name + ".gd", lo * (K // W4_GROUP), gd)
+            put(name + ".gm", lo * (K // W4_GROUP), gm)
+        else:
+            q, s = quant_rows_int8(w)
+            if quant == "int8":
+                put(name + ".q", lo * K, q)
+        mant, shift = dyadic_vec(scale(s))
+        put(name + ".mant", lo, mant)
+        put(name + ".shift", lo, shift)
+        _release(src)  # the source pages read so far: RSS stays a few blocks, not the tensor
+        if last and done:
+            done()
+
+    for i, (lo, hi) in enumerate(blocks):
+        plan.jobs.append(lambda put, lo=lo, hi=hi, last=i == len(blocks) - 1: block(put, lo, hi, last))
+
+
+def plan_model(fm, weights: str = "int8", progress: bool = False) -> Plan:
+    """FloatModel -> Plan (above): every output tensor's name, dtype and
+    shape, the small tensors computed, and one job per large tensor.
 
     weights: "int8" (per-channel int8) or "int4" (the decoder layers' linear
     weights as per-group int4, quant_rows_int4; the embedding and lm_head
@@ -210,6 +347,10 @@ def quantize_model(fm, progress: bool = False, weights: str = "int8") -> tuple[d
     embedding scale hp["embed_scale"] into tok_embd's dyadic scale, the
     attention scale hp["attn_scale"] (default 1/sqrt(D)) into attn_score,
     and a post-norm's sqrt(H) into its gamma (post_norm kind).
+
+    Every weight matrix is read a row block at a time (quantization is per
+    row, so the blocks give the whole tensor's bytes) and its source pages
+    are dropped once it is done: peak memory does not grow with the model.
     """
     hp, W = fm.hp, fm.weights
     D = hp["head_dim"]
@@ -217,42 +358,40 @@ def quantize_model(fm, progress: bool = False, weights: str = "int8") -> tuple[d
     if weights not in WEIGHT_FORMATS:
         raise IntdetError(f"--weights {weights!r}: choose int8 or int4")
     _check_bounds(hp, weights)
-    cfg = model_config(fm.arch, hp, weights)
-    T = {}
+    plan = Plan(model_config(fm.arch, hp, weights))
     norm_exp = {}  # G of every RMSNorm gamma (analysis: int -> real of norm outputs)
     c_of = {"residual": 2.0**-R}  # activation name -> c_in of the layers reading it (no pre-norm: the residual, Q R)
-
-    def put_linear(name, w, c_in, f_out, bias=None, int4=weights == "int4"):
-        if int4:
-            T[name + ".q4"], T[name + ".gd"], T[name + ".gm"], s = quant_rows_int4(w)
-        else:
-            T[name + ".q"], s = quant_rows_int8(w)
-        T[name + ".mant"], T[name + ".shift"] = dyadic_vec(c_in * s * 2.0**f_out)
-        if bias is not None:
-            T[name + ".bias"] = _fixed_i32(bias, f_out, name + ".bias")
+    int4 = "int4" if weights == "int4" else "int8"
 
     from tqdm import tqdm
 
-    params = model_params(cfg)
     bar = tqdm(total=hp["num_layers"], desc="quantize", unit="layer", disable=not progress, leave=False)
-    for p in params:
+
+    def matrix(name, src, c_in, f_out, quant, done=None):
+        shape = tuple(src.shape)
+        _rows_job(plan, name, src, shape[:-1], shape[-1], quant, lambda s: c_in * s * 2.0**f_out, done)
+
+    for p in model_params(plan.cfg):
         name, kind, layer = p["name"], p["kind"], p["layer"]
         pre = f"blk.{layer}."
         if kind == "embedding":  # int8 rows, dyadic per-row scale straight to the residual
-            T[name + ".q"], s = quant_rows_int8(W[name])
-            T[name + ".mant"], T[name + ".shift"] = dyadic_vec(s * hp.get("embed_scale", 1.0) * 2.0**R)
+            e = hp.get("embed_scale", 1.0)
+            _rows_job(plan, name, W[name], tuple(W[name].shape[:-1]), W[name].shape[-1], "int8",
+                      lambda s, e=e: s * e * 2.0**R)
         elif kind == "rope":  # "rope" (rope_theta) or "rope_local" (rope_local_theta: Gemma's local layers)
             theta = hp["rope_local_theta"] if name == "rope_local" else hp["rope_theta"]
             scaling = None if name == "rope_local" else hp.get("rope_scaling")  # local layers keep plain RoPE
-            T[name + ".cos"], T[name + ".sin"] = rope_tables(theta, D, hp["context_length"], scaling=scaling)
+            cos, sin = rope_tables(theta, D, hp["context_length"], scaling=scaling)
+            plan.add_static(name + ".cos", cos)
+            plan.add_static(name + ".sin", sin)
         elif kind == "post_norm":  # RMSNorm of a branch straight to the residual (Gemma)
             gi, G = quant_gamma(np.asarray(W[name], np.float64) * math.sqrt(p["shape"][0]))
-            T[name + ".g"] = gi
-            T[name + ".shift"] = np.array([NORM_OUT_FRAC + G - R], np.int32)
+            plan.add_static(name + ".g", gi)
+            plan.add_static(name + ".shift", np.array([NORM_OUT_FRAC + G - R], np.int32))
             norm_exp[name] = G
         elif kind == "norm":
             gi, G = quant_gamma(W[name])
-            T[name + ".g"] = gi
+            plan.add_static(name + ".g", gi)
             norm_exp[name] = G
             c_of[name] = math.sqrt(p["shape"][0]) * 2.0 ** -(NORM_OUT_FRAC + G)
         elif kind == "linear":
@@ -261,29 +400,20 @@ def quantize_model(fm, progress: bool = False, weights: str = "int8") -> tuple[d
             # o and down write the residual (Q R), or with post-norms their Q16 input.
             post = "post_attention_norm" in hp["layers"][layer]["norms"]
             f_out = R if p["input"] in (pre + "attn_out", pre + "ffn_act") and not post else PROJ_FRAC
-            put_linear(name, W[name], c_of[p["input"]], f_out, W.get(name + ".bias") if p["bias"] else None)
-            if name.endswith("ffn_down"):
-                bar.update(1)
+            matrix(name, W[name], c_of[p["input"]], f_out, int4,
+                   done=(lambda: bar.update(1)) if name.endswith("ffn_down") else None)
+            if p["bias"]:
+                plan.add_static(name + ".bias", _fixed_i32(W.get(name + ".bias"), f_out, name + ".bias"))
         elif kind == "router":  # MoE router: int8, straight to Q16 log2 units (the integer softmax's input)
-            T[name + ".q"], s = quant_rows_int8(W[name])
-            T[name + ".mant"], T[name + ".shift"] = dyadic_vec(c_of[p["input"]] * s * LOG2E * 2.0**16)
+            c_in = c_of[p["input"]]
+            _rows_job(plan, name, W[name], tuple(W[name].shape[:-1]), W[name].shape[-1], "int8",
+                      lambda s, c=c_in: c * s * LOG2E * 2.0**16)
         elif kind == "experts":  # [E, N, K]: each expert's rows as a linear's, stored as one tensor
-            E, N, K = p["shape"]
             c_of[pre + "ffn_act"] = 2.0 ** -(2 * PROJ_FRAC)  # SwiGLU output Q32
             post = "post_ffw_norm" in hp["layers"][layer]["norms"]
             f_out = R if name.endswith("ffn_down_exps") and not post else PROJ_FRAC
-            w = np.asarray(W[name]).reshape(E * N, K)
-            if weights == "int4":
-                q4, gd, gm, s = quant_rows_int4(w)
-                T[name + ".q4"], T[name + ".gd"], T[name + ".gm"] = (
-                    q4.reshape(E, N, K // 2), gd.reshape(E, N, K // W4_GROUP), gm.reshape(E, N, K // W4_GROUP))
-            else:
-                q, s = quant_rows_int8(w)
-                T[name + ".q"] = q.reshape(E, N, K)
-            mant, shift = dyadic_vec(c_of[p["input"]] * s * 2.0**f_out)
-            T[name + ".mant"], T[name + ".shift"] = mant.reshape(E, N), shift.reshape(E, N)
-            if name.endswith("ffn_down_exps"):
-                bar.update(1)
+            matrix(name, W[name], c_of[p["input"]], f_out, int4,
+                   done=(lambda: bar.update(1)) if name.endswith("ffn_down_exps") else None)
         elif kind == "attn_score":
             # z (Q16 log2 units) = raw * mk * 2^(e_q + ek) * c_q * c_k * log2(e) / (127 * sqrt(D)) * 2^16;
             # q and k leave their projection in Q16, or a per-head RMSNorm.
@@ -295,41 +425,43 @@ def quantize_model(fm, progress: bool = False, weights: str = "int8") -> tuple[d
                 sm, ss = dyadic(c_q * c_k * LOG2E * 2.0**16 * scale / 127.0)
             else:  # 1/sqrt(D), written as before so existing files keep their bits
                 sm, ss = dyadic(c_q * c_k * LOG2E * 2.0**16 / (127.0 * math.sqrt(D)))
-            T[name + ".mant"] = np.array([sm], np.int32)
-            T[name + ".shift"] = np.array([ss], np.int32)
+            plan.add_static(name + ".mant", np.array([sm], np.int32))
+            plan.add_static(name + ".shift", np.array([ss], np.int32))
         elif kind == "softcap":  # Gemma 2: of the Q16 log2-domain scores (a layer's) or of the Q16 logits
             c, k, what = ((hp["attn_softcap"], LOG2E * 2.0**16, "attn_logit_softcapping") if layer >= 0
                           else (hp["final_softcap"], 2.0**LOGIT_FRAC, "final_logit_softcapping"))
             vals = softcap_constants(c, k, what)
             for suffix, v in zip((".cap", ".inv_mant", ".inv_shift"), vals):
-                T[name + suffix] = np.array([v], np.int32)
+                plan.add_static(name + suffix, np.array([v], np.int32))
         elif kind == "lm_head":
-            if hp["tied_embeddings"]:
-                _, s_out = quant_rows_int8(W["tok_embd"])
-            else:
-                T[name + ".q"], s_out = quant_rows_int8(W[name])
-            T[name + ".mant"], T[name + ".shift"] = dyadic_vec(c_of[p["input"]] * s_out * 2.0**LOGIT_FRAC)
+            c_in = c_of[p["input"]]
+            src = W["tok_embd"] if hp["tied_embeddings"] else W[name]
+            _rows_job(plan, name, src, tuple(src.shape[:-1]), src.shape[-1],
+                      "scales" if hp["tied_embeddings"] else "int8", lambda s, c=c_in: c * s * 2.0**LOGIT_FRAC)
         else:
             raise IntdetError(f"internal: no quantizer for parameter kind {kind!r}")
-    bar.close()
-    cfg["fixed_point"] = {
-        "residual_frac_bits": R,
-        "proj_frac_bits": PROJ_FRAC,
-        "logit_frac_bits": LOGIT_FRAC,
-        "norm_out_frac_bits": NORM_OUT_FRAC,
-        "rope_frac_bits": 14,
-        "prob_frac_bits": PROB_FRAC,
-        "exp_in_frac_bits": 16,
-        "exp_out_frac_bits": 30,
-        "activations": "int16 per token, power-of-two scale",
-        "weights": "int8 per output channel, dyadic scale (15-bit mantissa)" if weights == "int8" else (
-            "decoder linears: int4 codes, per group of 32 inputs w = gd * u + gm (|w| <= 2047), per-channel dyadic "
-            "scale; embedding and lm_head int8 per channel"),
-        "kv_cache": "int8 per (position, kv head), absmax scale",
-    }
-    cfg["norm_gamma_exponents"] = norm_exp
-    cfg["source"] = fm.source
-    return T, cfg
+    plan.cfg["fixed_point"] = fixed_point_notes(weights, R)
+    plan.cfg["norm_gamma_exponents"] = norm_exp
+    plan.cfg["source"] = fm.source  # its sha256 may still be computing (sources.resolve_source)
+    plan.close = bar.close
+    return plan
+
+
+def quantize_model(fm, progress: bool = False, weights: str = "int8") -> tuple[dict, dict]:
+    """FloatModel -> (tensors: name -> int array, config dict), in memory:
+    plan_model's tensors gathered into arrays (the converter streams them
+    into the file instead; this form is for analysis and tests)."""
+    plan = plan_model(fm, weights=weights, progress=progress)
+    out = {name: np.empty(shape, dt) for name, (dt, shape) in plan.specs.items()}
+
+    def put(name, start, a):
+        flat = out[name].reshape(-1)
+        flat[start:start + a.size] = np.asarray(a).reshape(-1)
+
+    plan.run(put)
+    plan.close()
+    plan.cfg["source"] = resolve_source(plan.cfg["source"])
+    return out, plan.cfg
 
 
 def _fixed_i32(v, frac, name):

@@ -15,12 +15,14 @@ import glob
 import hashlib
 import json
 import math
+import mmap
 import os
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..errors import IntdetError
+from .lazy import LazyTensor
 
 @dataclass
 class FloatModel:
@@ -39,6 +41,38 @@ class FloatModel:
     source: dict = field(default_factory=dict)
 
 
+class Background:
+    """fn(*args) computed on a thread from now on; ``result()`` waits for it
+    (and raises what it raised). The source's sha256 reads every byte of a
+    multi-GB checkpoint: it runs while the tensors are quantized (hashlib
+    releases the GIL)."""
+
+    def __init__(self, fn, *args):
+        import threading
+
+        self._value, self._error = None, None
+
+        def target():
+            try:
+                self._value = fn(*args)
+            except BaseException as e:  # handed to result()
+                self._error = e
+
+        self._thread = threading.Thread(target=target, name="intdet-sha256", daemon=True)
+        self._thread.start()
+
+    def result(self):
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+
+def resolve_source(source: dict) -> dict:
+    """FloatModel.source with any Background value waited for."""
+    return {k: (v.result() if isinstance(v, Background) else v) for k, v in source.items()}
+
+
 def sha256_file(path, bufsize=1 << 22) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -48,11 +82,6 @@ def sha256_file(path, bufsize=1 << 22) -> str:
                 break
             h.update(b)
     return h.hexdigest()
-
-
-def _check_finite(name, w, where):
-    if not np.all(np.isfinite(w)):
-        raise IntdetError(f"{where}: tensor '{name}' holds NaN or Inf values")
 
 
 def _check_hparams(hp, where, n_tensors):
@@ -93,7 +122,6 @@ def read_gguf(path: str) -> FloatModel:
     not GGUF, is truncated, holds another architecture, an unsupported
     tensor type, inconsistent shapes, or NaN/Inf values."""
     import gguf
-    from gguf.quants import dequantize
 
     from .. import models
     from ..tokenizer import tokenizer_from_gguf
@@ -136,14 +164,11 @@ def read_gguf(path: str) -> FloatModel:
         if end > size:
             raise IntdetError(f"{path}: tensor '{t.name}' data runs past the end of the file")
         shape = tuple(int(d) for d in reversed(t.shape.tolist()))  # GGUF lists ne0 first
-        with np.errstate(all="ignore"):  # NaN/Inf block scales are reported just below, without a warning
-            w = dequantize(t.data, t.tensor_type).astype(np.float32).reshape(shape)
         name = t.name[: -len(".weight")] if t.name.endswith(".weight") else t.name
         name = "tok_embd" if name == "token_embd" else name
         if name in weights:
             raise IntdetError(f"{path}: duplicate tensor name '{t.name}'")
-        _check_finite(name, w, path)
-        weights[name] = w
+        weights[name] = _gguf_lazy(r, t, shape, name, path)
     V = weights["tok_embd"].shape[0] if "tok_embd" in weights else None
     vocab_kv = need("vocab_size") if r.fields.get(f"{arch_name}.vocab_size") is not None else None
     try:
@@ -165,8 +190,39 @@ def read_gguf(path: str) -> FloatModel:
     check_complete(weights, hp, path)
     return FloatModel(
         arch=arch.NAME, hp=hp, weights=weights, tokenizer=tok, tok_meta=meta,
-        source={"kind": "gguf", "name": os.path.basename(path), "sha256": sha256_file(path)},
+        source={"kind": "gguf", "name": os.path.basename(path), "sha256": Background(sha256_file, path)},
     )
+
+
+def _gguf_lazy(reader, t, shape, name: str, path: str) -> LazyTensor:
+    """One GGUF tensor as a LazyTensor: rows dequantized from the file's map
+    (every GGUF type stores whole rows: blocks run along ne0)."""
+    from gguf.quants import dequantize
+
+    nrows = 1
+    for d in shape[:-1]:
+        nrows *= d
+    data, qtype, K = t.data, t.tensor_type, shape[-1]
+
+    def read(lo, hi):
+        with np.errstate(all="ignore"):  # NaN/Inf block scales are reported by LazyTensor.rows, without a warning
+            return dequantize(data.reshape(nrows, -1)[lo:hi], qtype).astype(np.float32).reshape(hi - lo, K)
+
+    mm = getattr(reader.data, "_mmap", None)  # the np.memmap's mmap.mmap: its pages can be dropped
+
+    def release():
+        if mm is None or not hasattr(mmap, "MADV_DONTNEED"):
+            return
+        page = mmap.PAGESIZE
+        lo = -(-int(t.data_offset) // page) * page
+        hi = (int(t.data_offset) + int(t.n_bytes)) // page * page
+        if hi > lo:
+            try:
+                mm.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+            except (OSError, ValueError):
+                pass
+
+    return LazyTensor(shape, read, name, path, release)
 
 
 def check_complete(weights, hp, where):
@@ -223,12 +279,11 @@ def read_hf_dir(path: str) -> FloatModel:
     if not files:
         raise IntdetError(f"{path}: no *.safetensors weights (PyTorch .bin checkpoints are not read)")
     hf = {}
-    for fp in files:
+    for fp in files:  # mapped, read a block of rows at a time by the quantizer (convert/lazy.py)
         st = SafetensorsFile(fp)
         for n in st.names():
-            w = np.array(st.get(n), dtype=np.float32)
-            _check_finite(n, w, fp)
-            hf[n] = w
+            hf[n] = LazyTensor(st.info(n)[1], lambda lo, hi, st=st, n=n: st.rows(n, lo, hi), n, fp,
+                               lambda st=st, n=n: st.release(n))
     _check_hparams(hp, cfg_path, len(hf))
     weights = {}
     for n, w in hf.items():
@@ -260,7 +315,7 @@ def read_hf_dir(path: str) -> FloatModel:
         raise IntdetError(str(e) if str(path) in str(e) else f"{path}: {e}") from None
     return FloatModel(
         arch=arch.NAME, hp=hp, weights=weights, tokenizer=tok, tok_meta=tok_meta,
-        source={"kind": "hf", "name": os.path.basename(os.path.abspath(path)), "sha256": source_sha256(path)},
+        source={"kind": "hf", "name": os.path.basename(os.path.abspath(path)), "sha256": Background(source_sha256, path)},
     )
 
 

@@ -151,4 +151,5 @@ def gguf_transform(weights: dict, hp: dict) -> None:
         for nm, heads in (("attn_q", hp["num_heads"]), ("attn_k", hp["num_kv_heads"])):
             w = weights.get(f"blk.{i}.{nm}")
             if w is not None and w.shape[0] == heads * D and D % 2 == 0:
-                weights[f"blk.{i}.{nm}"] = unpermute_rope_rows(w, heads)
+                # as a row index, so a lazily read tensor stays lazy (convert/lazy.py)
+                weights[f"blk.{i}.{nm}"] = w[unpermute_rope_rows(np.arange(w.shape[0]), heads)]

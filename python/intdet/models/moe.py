@@ -54,6 +54,8 @@ def hf_tensor_name(n: str, dense):
 def stack_experts(weights: dict, hp: dict, where: str) -> None:
     """Per-expert matrices -> one [E, N, K] float32 tensor per layer and kind,
     in place; a missing or surplus expert is an IntdetError naming it."""
+    from ..convert.lazy import stack
+
     moe = hp.get("moe")
     if not moe:
         return
@@ -72,7 +74,7 @@ def stack_experts(weights: dict, hp: dict, where: str) -> None:
                 missing = sorted(set(range(E)) - set(parts))
                 raise IntdetError(f"{where}: layer {i} {kind}: expert {missing[0] if missing else max(parts)} "
                                   f"is {'missing' if missing else 'beyond num_experts ' + str(E)}")
-            weights[p + kind] = np.stack([weights.pop(parts[e]) for e in range(E)])
+            weights[p + kind] = stack([weights.pop(parts[e]) for e in range(E)])  # lazy: rows read on demand
 
 
 def moe_config(E, k, F, norm, where: str, shown: str) -> dict:
