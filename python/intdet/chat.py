@@ -1,8 +1,8 @@
 """``intdet chat``: an interactive multi-turn chat.
 
 Each turn the whole conversation is rendered by the model's chat template
-(``tokenizer.encode_messages``: message contents as plain text, so typed
-control-token strings stay text) and generated from an empty KV cache, so a
+(``tokenizer.encode_messages``: control-token strings typed in a message
+stay text) and generated from an empty KV cache, so a
 reply is the one ``generate --chat`` would give for that conversation, with
 the same chain hash. Lines are read from stdin: with readline editing and a
 prompt on a terminal, one message per line otherwise. ``/reset`` forgets the

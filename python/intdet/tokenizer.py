@@ -570,22 +570,45 @@ def encode_messages(tok: Tokenizer, meta: dict, messages: list[dict],
     """Token ids of a chat (``[{"role", "content"}, ...]``) rendered by the
     model's template, ending with the generation prompt.
 
-    The template is rendered around placeholders, and only the template's
-    own text is matched for special tokens: message contents are encoded as
-    plain text, so "<|im_end|>" typed by a user cannot inject a control token.
-    BOS is added when meta asks for it and the template did not write it.
-    Raises what :func:`render_chat` raises.
+    As in transformers' ``apply_chat_template``, the template sees the real
+    contents (it may trim them or look inside them) and its output is
+    tokenized as one text, so tokens that span a content's edges come out as
+    they would there. Unlike there, a special-token string typed inside a
+    content ("<|im_end|>") cannot become a control token: it is swapped for a
+    private marker before rendering, and each marker is encoded as the plain
+    text of its string. BOS is added when meta asks for it and the template
+    did not write it. Raises what :func:`render_chat` raises, and IntdetError
+    naming ``messages[i].content`` for text that is not valid Unicode.
     """
-    holes = [f"\x00intdet-content-{i}\x00" for i in range(len(messages))]
-    rendered = render_chat(meta, [dict(m, content=h) for m, h in zip(messages, holes)],
-                           add_generation_prompt=add_generation_prompt)
+    contents = [m.get("content") if isinstance(m, dict) else None for m in messages] if isinstance(
+        messages, list) else []
+    for i, c in enumerate(contents):
+        if isinstance(c, str):
+            check_text(c, f"messages[{i}].content")
+    specials = sorted({t.content for t in tok.get_added_tokens_decoder().values() if t.special}, key=len,
+                      reverse=True)
+    typed: list[str] = []  # the special-token strings found in contents, by marker number
+    if specials and any(isinstance(c, str) for c in contents):
+        n = 0  # a marker prefix no content holds
+        while any(isinstance(c, str) and f"\x00intdet-{n}-" in c for c in contents):
+            n += 1
+        prefix, found = f"\x00intdet-{n}-", re.compile("|".join(map(re.escape, specials)))
+
+        def swap(match):
+            typed.append(match.group(0))
+            return f"{prefix}{len(typed) - 1}\x00"
+
+        messages = [dict(m, content=found.sub(swap, m["content"])) if isinstance(c, str) else m
+                    for m, c in zip(messages, contents)]
+    rendered = render_chat(meta, messages, add_generation_prompt=add_generation_prompt)
     bos = meta.get("bos_token")
     add_bos = bool(meta.get("add_bos_token")) and not (bos and rendered.startswith(bos))
-    pieces = re.split("(\x00intdet-content-\\d+\x00)", rendered)
+    if not typed:
+        return encode(tok, meta, rendered, add_bos=add_bos, special=True)
+    pieces = re.split(f"{re.escape(prefix)}(\\d+)\x00", rendered)
     ids = encode(tok, meta, pieces[0], add_bos=add_bos, special=True)
     for j in range(1, len(pieces), 2):
-        i = int(pieces[j][len("\x00intdet-content-"):-1])
-        ids += encode(tok, meta, messages[i]["content"], add_bos=False, what=f"messages[{i}].content")
+        ids += encode(tok, meta, typed[int(pieces[j])], add_bos=False)  # plain text
         ids += encode(tok, meta, pieces[j + 1], add_bos=False, special=True)
     return ids
 
