@@ -543,17 +543,24 @@ def render_chat(meta: dict, messages: list[dict], add_generation_prompt: bool = 
     Raises:
         ValueError: the model has no chat template.
         TypeError: ``messages`` is not a list of dicts.
-        jinja2.TemplateError: the template is invalid or calls ``raise_exception``;
-            ``jinja2.exceptions.SecurityError`` for unsafe attribute access.
+        jinja2.TemplateError: the template is invalid, calls ``raise_exception`` or fails
+            in its own code (a TypeError there, say); ``jinja2.exceptions.SecurityError``
+            for unsafe attribute access.
     """
     source = meta.get("chat_template")
     if not source:
         raise ValueError("model has no chat template; drop --chat")
     if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
         raise TypeError("messages must be a list of dicts")
-    return _compile_template(source).render(
-        messages=messages, add_generation_prompt=add_generation_prompt,
-        bos_token=meta.get("bos_token") or "", eos_token=meta.get("eos_token") or "", **variables)
+    template = _compile_template(source)
+    try:
+        return template.render(
+            messages=messages, add_generation_prompt=add_generation_prompt,
+            bos_token=meta.get("bos_token") or "", eos_token=meta.get("eos_token") or "", **variables)
+    except (TypeError, ValueError, LookupError, ArithmeticError, AttributeError, RecursionError) as e:
+        # Python's own errors inside the template's code ('a' + 1): the template failed, name it so
+        msg = str(e).splitlines()[0] if str(e) else ""
+        raise jinja2.TemplateError(f"{type(e).__name__}: {msg}" if msg else type(e).__name__) from None
 
 
 def encode_chat(tok: Tokenizer, meta: dict, user_text: str, system: str | None = None) -> list[int]:
