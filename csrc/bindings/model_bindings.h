@@ -60,7 +60,9 @@ inline TensorMap tensor_map(const py::dict& t) {
 inline Model load(const py::object& cfg, const py::dict& tensors, const std::string& cfg_path,
                   const std::string& st_path, bool release_source) {
   const ModelDesc d = parse_config(config_text(cfg), cfg_path);
-  return build_model(d, tensor_map(tensors), st_path, release_source);
+  const TensorMap m = tensor_map(tensors);
+  py::gil_scoped_release nogil;  // the checks read every weight: let Python threads (the sha256) run meanwhile
+  return build_model(d, m, st_path, release_source);
 }
 
 // Adds model_params(config) and check_model(config, tensors) to a module.

@@ -88,7 +88,10 @@ PYBIND11_MODULE(INTDET_CORE_MODULE_NAME, mod) {
              // pages may be dropped once checked and once packed.
              pm->m = pybind::load(cfg, t, cfg_path, st_path, mapped);
              pm->cfg = pm->m.cfg;
-             pack_model(pm->m, mapped);
+             {
+               py::gil_scoped_release nogil;  // pure C++ on raw views: Python threads (the sha256) run meanwhile
+               pack_model(pm->m, mapped);
+             }
              return pm.release();
            }),
            py::arg("config"), py::arg("tensors"), py::arg("mapped") = false, py::arg("config_path") = "config.json",
@@ -105,7 +108,13 @@ PYBIND11_MODULE(INTDET_CORE_MODULE_NAME, mod) {
            }),
            py::arg("model"), py::arg("max_len"))
       .def_readonly("n_past", &PyState::n_past)
-      .def("reset", [](PyState& s) { s.n_past = 0; });
+      .def("reset", [](PyState& s) { s.n_past = 0; })
+      // Keep the first n cached positions: rows carry their positions, so the
+      // next forward writes over the dropped ones (speculative decoding).
+      .def("truncate", [](PyState& s, int64_t n) {
+        if (n < 0 || n > s.n_past) throw std::invalid_argument("truncate: n outside [0, cached positions]");
+        s.n_past = n;
+      }, py::arg("n"));
   pybind::bind_forward<Cpu>(mod);
   pybind::bind_loader(mod);
 

@@ -183,26 +183,41 @@ void pack_layout(Model& m, const Packing* p) {
   // read unless a row-major set is chosen; then the pages fault back in from
   // the file.
   constexpr int64_t kPackChunk = 4096;
+  // The blocks are independent (each writes its own bytes of the arena), so
+  // they run on the forward's threads: a multi-GB model packs at the
+  // memory's speed rather than one core's.
+  struct Block {
+    Linear* L;
+    int8_t* out;
+    int64_t j0;
+  };
+  std::vector<Block> blocks;
+  std::vector<std::pair<Linear*, int8_t*>> placed;
   for (Linear* L : linears) {
     const int64_t bytes = copy_bytes(p, *L);
     if (bytes == 0) continue;
     int8_t* out = next;
     next += padded(bytes);
-    const int64_t G = L->K / kW4Group;
-    for (int64_t j0 = 0; j0 < L->N; j0 += kPackChunk) {
-      const int64_t n = std::min(kPackChunk, L->N - j0);
+    placed.emplace_back(L, out);
+    for (int64_t j0 = 0; j0 < L->N; j0 += kPackChunk) blocks.push_back({L, out, j0});
+  }
+  parallel_tasks(num_threads(), static_cast<int64_t>(blocks.size()), [&](int64_t b) {
+    const Block& x = blocks[static_cast<size_t>(b)];
+    Linear* L = x.L;
+    const int64_t j0 = x.j0, n = std::min(kPackChunk, L->N - j0), G = L->K / kW4Group;
+    if (L->w4)
+      p->w4.pack(L->w4 + j0 * (L->K / 2), L->gd + j0 * G, L->gm + j0 * G, n, L->K,
+                 reinterpret_cast<uint8_t*>(x.out + j0 * p->w4.channel_bytes(L->K)));
+    else
+      p->w8.pack(L->w + j0 * L->K, n, L->K, x.out + j0 * p->w8.channel_bytes(L->K));
+    if (release_source) {
       if (L->w4)
-        p->w4.pack(L->w4 + j0 * (L->K / 2), L->gd + j0 * G, L->gm + j0 * G, n, L->K,
-                   reinterpret_cast<uint8_t*>(out + j0 * p->w4.channel_bytes(L->K)));
+        release_pages(L->w4 + j0 * (L->K / 2), n * L->K / 2);
       else
-        p->w8.pack(L->w + j0 * L->K, n, L->K, out + j0 * p->w8.channel_bytes(L->K));
-      if (release_source) {
-        if (L->w4)
-          release_pages(L->w4 + j0 * (L->K / 2), n * L->K / 2);
-        else
-          release_pages(L->w + j0 * L->K, n * L->K);
-      }
+        release_pages(L->w + j0 * L->K, n * L->K);
     }
+  });
+  for (auto& [L, out] : placed) {
     if (release_source) {  // and the pages that straddle two blocks
       if (L->w4)
         release_pages(L->w4, L->N * L->K / 2);

@@ -113,7 +113,13 @@ PYBIND11_MODULE(INTDET_CUDA_MODULE_NAME, mod) {
            }),
            py::arg("model"), py::arg("max_len"), py::keep_alive<1, 2>())
       .def_readonly("n_past", &PyState::n_past)
-      .def("reset", [](PyState& s) { s.n_past = 0; });
+      .def("reset", [](PyState& s) { s.n_past = 0; })
+      // Keep the first n cached positions: rows carry their positions, so the
+      // next forward writes over the dropped ones (speculative decoding).
+      .def("truncate", [](PyState& s, int64_t n) {
+        if (n < 0 || n > s.n_past) throw std::invalid_argument("truncate: n outside [0, cached positions]");
+        s.n_past = n;
+      }, py::arg("n"));
 
   pybind::bind_forward<Gpu>(mod);
   mod.def(

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .convert.sources import sha256_file
+from .convert.sources import Background, sha256_file
 from .errors import IntdetError
 from .safetensors_io import SafetensorsFile
 from .sampling import draw_u64
@@ -32,10 +32,19 @@ class LoadedModel:
     tensors: dict  # name -> read-only numpy view into the mmapped file
     tokenizer: object
     tok_meta: dict
-    model_sha256: str
+    sha256_job: object  # model.safetensors' sha256: a str, or a convert.sources.Background computing it
     st: object = None  # the SafetensorsFile the tensors view
     cfg_path: str = ""
     st_path: str = ""
+
+    @property
+    def model_sha256(self) -> str:
+        """sha256 of model.safetensors (hex). It is computed on a thread from
+        load_model on, beside the engine's checks and packing (which release
+        the GIL); the first use waits for it."""
+        if not isinstance(self.sha256_job, str):
+            self.sha256_job = self.sha256_job.result()
+        return self.sha256_job
 
 
 def load_model(path: str) -> LoadedModel:
@@ -58,6 +67,7 @@ def load_model(path: str) -> LoadedModel:
     except (OSError, ValueError) as e:
         raise IntdetError(f"{cfg_path}: cannot read JSON ({e})") from None
     st = SafetensorsFile(st_path)
+    job = Background(sha256_file, st_path)  # reads the whole file: alongside the checks below
     tensors = {name: st.get(name) for name in st.names()}
     try:
         # mapped: each weight's pages are dropped once checked, until the engine reads (or packs) it.
@@ -69,7 +79,7 @@ def load_model(path: str) -> LoadedModel:
     except (OSError, ValueError) as e:  # missing or malformed tokenizer files
         raise IntdetError(str(e) if str(path) in str(e) else f"{path}: {e}") from None
     return LoadedModel(path=path, cfg=cfg, tensors=tensors, tokenizer=tok, tok_meta=meta,
-                       model_sha256=sha256_file(st_path), st=st, cfg_path=cfg_path, st_path=st_path)
+                       sha256_job=job, st=st, cfg_path=cfg_path, st_path=st_path)
 
 
 class Sequence:
@@ -113,6 +123,17 @@ class Sequence:
             out = z if out is None else out
         self.n_past += len(tokens)
         return out
+
+    def truncate(self, n: int) -> None:
+        """Keep the first ``n`` cached positions (0 <= n <= n_past) and drop
+        the rest: the next forward continues at position n, writing over
+        them (speculative decoding's rejected drafts). IntdetError for n
+        outside that range."""
+        if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= self.n_past:
+            raise IntdetError(f"truncate: {n!r} is outside [0, {self.n_past}] (the cached positions)")
+        if self.engine.device in NATIVE:
+            self._state.truncate(n)
+        self.n_past = n  # the numpy spec indexes its cache by absolute position
 
     @property
     def device_pick(self) -> bool:
