@@ -151,7 +151,9 @@ class Completion:
     ``intdet generate``'s; hashes: {step: hash} at steps 1, 64, 128, 256,
     512; seed: the sampler's seed; logprobs: [TokenLogprob] per generated
     token (when asked); prompt_logprobs: [None, TokenLogprob, ...] per
-    prompt position (when asked); truncated: prompt tokens cut.
+    prompt position (when asked); truncated: prompt tokens cut;
+    spec_drafted / spec_accepted: draft tokens proposed / kept by
+    speculative decoding (``LLM(spec_tokens=K)``; 0 without).
     """
 
     prompt_ids: list
@@ -165,6 +167,8 @@ class Completion:
     prompt_logprobs: Union[list, None] = None
     truncated: int = 0
     error: str = ""
+    spec_drafted: int = 0
+    spec_accepted: int = 0
 
     @property
     def cumulative_logprob(self) -> Union[float, None]:
@@ -229,6 +233,9 @@ class LLM:
         weights: "int8" or "int4" when the source needs converting.
         revision: Hub revision for a repo id.
         max_batch, step_tokens, kv_bytes: the scheduler's limits (scheduler.py).
+        spec_tokens: speculative decoding, up to that many prompt-lookup
+            drafts per decode step (0: off; speculate.py). The tokens,
+            logits and hashes are those of plain decoding.
         progress: a conversion progress bar on stderr; notice: None or a
             callable given a one-line message when the model is converted
             into the cache (or waits for another process converting it).
@@ -238,7 +245,7 @@ class LLM:
     def __init__(self, model=None, device: str = "cpu", threads: Union[int, None] = None,
                  weights: Union[str, None] = None, revision: Union[str, None] = None,
                  max_batch: int = DEFAULT_MAX_BATCH, step_tokens: int = DEFAULT_STEP_TOKENS,
-                 kv_bytes: int = DEFAULT_KV_BYTES, progress: bool = False, notice=None):
+                 kv_bytes: int = DEFAULT_KV_BYTES, progress: bool = False, notice=None, spec_tokens: int = 0):
         from .model import Engine, LoadedModel, load_model
         from .resolve import resolve_model
 
@@ -252,7 +259,8 @@ class LLM:
             raise IntdetError(_api_names(str(e), (("-m", "model"), ("--threads", "threads"),
                                                   ("--device", "device"), ("--weights", "weights"),
                                                   ("--revision", "revision")))) from None
-        self.scheduler = Scheduler(self.engine, max_batch=max_batch, step_tokens=step_tokens, kv_bytes=kv_bytes)
+        self.scheduler = Scheduler(self.engine, max_batch=max_batch, step_tokens=step_tokens, kv_bytes=kv_bytes,
+                                   spec_tokens=spec_tokens)
         self.tokenizer, self.meta = self.lm.tokenizer, self.lm.tok_meta
         self.eos_ids = tuple(self.meta.get("eos_token_ids") or ())
         self._run_lock = threading.RLock()  # one thread steps at a time; re-entrant for generate inside stream
@@ -357,7 +365,8 @@ class LLM:
                           seed=req.sampler.seed,
                           logprobs=list(req.token_logprobs) if req.logprobs is not None else None,
                           prompt_logprobs=list(req.prompt_token_logprobs) if req.prompt_logprobs is not None else None,
-                          truncated=getattr(req, "truncated", 0), error=req.error)
+                          truncated=getattr(req, "truncated", 0), error=req.error,
+                          spec_drafted=req.spec_drafted, spec_accepted=req.spec_accepted)
 
     def _run(self, reqs: list) -> None:
         with self._run_lock:

@@ -475,13 +475,15 @@ def _prefill_bar(n_prompt: int, quiet: bool):
               help="Cut a prompt too long for the context at its start (left) or end (right) instead of failing.")
 @model_options
 @sampling_options
+@click.option("--spec-ngram", "spec_ngram", default=0, show_default=True, type=click.IntRange(0, 64), metavar="K",
+              help="Speculative decoding: draft up to K tokens a step by prompt lookup (the same tokens and hash).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of streaming text.")
 @verbosity_options
 @click.pass_context
 @user_errors
 def generate(ctx, prompt, prompt_opt, file, ids, chat, system, truncate, model, revision, weights, device, threads,
-             max_new_tokens, temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, stops, seed, as_json,
-             quiet, verbose):
+             max_new_tokens, temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, stops, seed, spec_ngram,
+             as_json, quiet, verbose):
     """Generate text; stream it to stdout, stats and the chain hash to stderr."""
     import time
 
@@ -520,7 +522,7 @@ def generate(ctx, prompt, prompt_opt, file, ids, chat, system, truncate, model, 
     # The Python API's scheduler runs the request (one sequence; prefill in
     # PREFILL_CHUNK calls, Ctrl-C honoured between them); the whole KV cache
     # is the request's, so no KV budget applies.
-    llm = LLM(lm, device, threads, max_batch=1, step_tokens=PREFILL_CHUNK, kv_bytes=1 << 62)
+    llm = LLM(lm, device, threads, max_batch=1, step_tokens=PREFILL_CHUNK, kv_bytes=1 << 62, spec_tokens=spec_ngram)
     p = ctx.params
     params = SamplingParams(max_tokens=max_new_tokens, temperature=p["temperature"], top_p=p["top_p"],
                             top_k=p["top_k"], min_p=p["min_p"], repeat_penalty=p["repeat_penalty"],
@@ -571,12 +573,16 @@ def generate(ctx, prompt, prompt_opt, file, ids, chat, system, truncate, model, 
         st["text"] = c.text
         st["tokens"] = g.tokens
         st["seed"] = sampler.seed
+        if spec_ngram:
+            st["spec_drafted"], st["spec_accepted"] = c.spec_drafted, c.spec_accepted
         click.echo(json.dumps(st))
     else:
         out.write(tail + "\n")
         out.flush()
         if not quiet:
             _err(stats_line(g))
+            if spec_ngram and verbose:
+                _err(f"speculative decoding: {c.spec_accepted} of {c.spec_drafted} drafted tokens kept")
     if g.stop == "interrupted":
         sys.exit(130)
 

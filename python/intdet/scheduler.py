@@ -20,12 +20,17 @@ A step (``Scheduler.step``):
      reserves its whole KV cache at admission: (prompt + max_new_tokens)
      positions x ``kv_bytes_per_position``); the head of the queue is never
      overtaken, so no request starves;
-  3. every decoding sequence contributes one row; prefilling sequences, in
-     admission order, take the rest of ``step_tokens`` (the token budget)
-     in chunks; one forward_batch call runs them all (rows whose prompt
-     log-probabilities are asked return the logits of every position);
+  3. every decoding sequence contributes one row (with ``spec_tokens``,
+     its last token and up to that many prompt-lookup drafts,
+     speculate.py); prefilling sequences, in admission order, take the
+     rest of ``step_tokens`` (the token budget) in chunks; one
+     forward_batch call runs them all (rows whose prompt log-probabilities
+     are asked return the logits of every position);
   4. each sequence whose prompt is done picks its token, extends its chain
-     hash and log-probabilities, and emits an ``Event``.
+     hash and log-probabilities, and emits an ``Event``; with drafts, it
+     picks again from the next row while the pick equals the draft, then
+     drops the KV entries of the rejected drafts (the kept tokens are plain
+     decoding's, bit for bit: speculate.py).
 
 Requests come from any thread (``submit``); ``step`` runs in one thread at a
 time: the caller's (``run_until_idle``, as the Python API does) or the loop
@@ -46,6 +51,7 @@ from .errors import IntdetError
 from .hashing import ChainHash
 from .logprobs import LogSoftmax, to_float
 from .sampling import Sampler
+from .speculate import DraftState, ngram_drafts
 
 DEFAULT_MAX_BATCH = 16
 DEFAULT_STEP_TOKENS = 512  # rows per forward call: decode rows + prefill chunks
@@ -157,7 +163,19 @@ class Request:
         self._stream = None
         self._history = None
         self._n_total = 0
-        self._logits = None  # the logits the next token is picked from
+        self._logits = None  # the logits rows the next tokens are picked from
+        self._draft = None  # speculate.DraftState with speculative decoding
+        self._drafts: list = []  # this step's drafts (fed after the last token)
+
+    @property
+    def spec_drafted(self) -> int:
+        """Draft tokens proposed for this request (speculative decoding)."""
+        return self._draft.drafted if self._draft else 0
+
+    @property
+    def spec_accepted(self) -> int:
+        """Draft tokens kept (each one saved a forward call's row of its own)."""
+        return self._draft.accepted if self._draft else 0
 
     def cancel(self) -> None:
         """Ask the scheduler to retire this request at its next step (its
@@ -175,14 +193,18 @@ class Request:
 class Scheduler:
     """The engine loop. ``max_batch``: sequences running at once;
     ``step_tokens``: rows per forward call (the token budget); ``kv_bytes``:
-    KV cache memory the running sequences may hold together.
-    Raises IntdetError for a limit < 1."""
+    KV cache memory the running sequences may hold together; ``spec_tokens``:
+    prompt-lookup drafts per decode step (0: none; speculate.py).
+    Raises IntdetError for a limit < 1 (spec_tokens < 0)."""
 
     def __init__(self, engine, max_batch: int = DEFAULT_MAX_BATCH, step_tokens: int = DEFAULT_STEP_TOKENS,
-                 kv_bytes: int = DEFAULT_KV_BYTES):
+                 kv_bytes: int = DEFAULT_KV_BYTES, spec_tokens: int = 0):
         for name, v in (("max_batch", max_batch), ("step_tokens", step_tokens), ("kv_bytes", kv_bytes)):
             if not isinstance(v, int) or v < 1:
                 raise IntdetError(f"{name}: {v!r} must be an integer >= 1")
+        if not isinstance(spec_tokens, int) or isinstance(spec_tokens, bool) or not 0 <= spec_tokens <= 64:
+            raise IntdetError(f"spec_tokens: {spec_tokens!r} must be an integer in [0, 64]")
+        self.spec_tokens = spec_tokens
         self.engine = engine
         self.max_batch = max_batch
         self.step_tokens = step_tokens
@@ -197,6 +219,7 @@ class Scheduler:
         self._stopping = False
         self.steps = 0
         self.max_running_seen = 0
+        self.spec_drafted = self.spec_accepted = 0  # over every request (speculative decoding)
 
     # ---------------------------------------------------------------- submit
 
@@ -309,6 +332,8 @@ class Scheduler:
             req._stream = TextStream(req.tokenizer, req.stop)
         if req.prompt_logprobs is not None:
             req.prompt_token_logprobs = [None]
+        if self.spec_tokens and req._seq is not None:
+            req._draft = DraftState(self.spec_tokens)
 
     def step(self) -> bool:
         """Run one forward call for the running sequences (admitting and
@@ -331,16 +356,19 @@ class Scheduler:
         budget = self.step_tokens
         for r in running:
             if r._prefilled == len(r.prompt_ids):
-                plan.append((r, [r.tokens[-1]]))
-                budget -= 1
+                r._drafts = self._propose(r, budget - 1) if r._draft is not None else []
+                plan.append((r, [r.tokens[-1]] + r._drafts))
+                budget -= 1 + len(r._drafts)
         for r in running:
             if r._prefilled < len(r.prompt_ids) and budget > 0:
                 n = min(budget, len(r.prompt_ids) - r._prefilled)
                 plan.append((r, r.prompt_ids[r._prefilled:r._prefilled + n]))
                 budget -= n
         # rows of prompts whose every position's logits are needed (prompt
-        # log-probabilities, scoring) return all their logits; the rest only the last
-        flags = [r.needs_all_logits and r._prefilled < len(r.prompt_ids) for r, _ in plan]
+        # log-probabilities, scoring) and decode rows with drafts return all
+        # their logits; the rest only the last
+        flags = [(r.needs_all_logits and r._prefilled < len(r.prompt_ids))
+                 or (r._prefilled == len(r.prompt_ids) and len(t) > 1) for r, t in plan]
         if not plan:
             return False
         try:
@@ -373,7 +401,18 @@ class Scheduler:
             if r.max_new_tokens == 0:
                 self._retire(r, "length")
                 return
-        r._logits = out[-1]
+            r._logits = out[-1:]
+            return
+        r._logits = out  # the last token's row, then one per draft
+
+    def _propose(self, r: Request, room: int) -> list:
+        """This step's drafts for decoding request r: within the step's
+        budget (room), the tokens it may still make after the next one, and
+        its KV cache."""
+        k = min(r._draft.want(), room, r.max_new_tokens - len(r.tokens) - 1, r._n_total - r._seq.n_past - 1)
+        if k < 1:
+            return []
+        return ngram_drafts(r.prompt_ids + r.tokens, k)
 
     def _prompt_rows(self, r: Request, start: int, out) -> None:
         """Rows of prompt positions start..start+len(out)-1: the log-probability
@@ -394,9 +433,32 @@ class Scheduler:
                 r._chain.update(rows[j], r.prompt_ids[p + 1])
 
     def _advance(self, r: Request) -> None:
-        """Pick the next token from r._logits and apply generate()'s stop rules."""
-        logits, r._logits = r._logits, None
-        tok = r.sampler.pick(logits, r._seq.n_past, r._history)
+        """Pick the next token(s) from r._logits: the last token's row, then,
+        while each pick equals this step's draft, the draft's row; then drop
+        the KV entries of the drafts not kept."""
+        rows, r._logits = r._logits, None
+        drafts, r._drafts = r._drafts, []
+        base = r._seq.n_past - len(rows) + 1  # positions cached after row 0 in plain decoding
+        kept = 0
+        for i in range(len(rows)):
+            tok = self._take(r, rows[i], base + i)
+            if r._seq is None:  # retired (eos, stop, length, context)
+                break
+            if i < len(drafts) and tok == drafts[i]:
+                kept += 1
+                continue
+            if r._seq.n_past > base + i:
+                r._seq.truncate(base + i)  # the rejected drafts' KV entries
+            break
+        if drafts:
+            r._draft.record(len(drafts), kept)
+            self.spec_drafted += len(drafts)
+            self.spec_accepted += kept
+
+    def _take(self, r: Request, logits, n_past: int) -> int:
+        """Pick one token from logits (the row plain decoding has when n_past
+        positions are cached) and apply generate()'s stop rules."""
+        tok = r.sampler.pick(logits, n_past, r._history)
         r._chain.update(logits, tok)
         r.tokens.append(tok)
         if not r.t_first:
@@ -418,8 +480,9 @@ class Scheduler:
             self._retire(r, "stop")
         elif len(r.tokens) >= r.max_new_tokens:
             self._retire(r, "length")
-        elif r._seq.n_past >= r._n_total:
+        elif n_past >= r._n_total:
             self._retire(r, "context")
+        return tok
 
     # ---------------------------------------------------------------- driving
 

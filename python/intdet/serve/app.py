@@ -268,7 +268,9 @@ class Server:
     async def stats(self, request: Request):
         s = self.llm.scheduler
         return JSONResponse({"running": len(s.running), "waiting": len(s.waiting), "kv_used_bytes": s.kv_used,
-                             "kv_bytes": s.kv_bytes, "steps": s.steps, "max_batch": s.max_batch, **self.counts})
+                             "kv_bytes": s.kv_bytes, "steps": s.steps, "max_batch": s.max_batch,
+                             "spec_drafted_tokens": s.spec_drafted, "spec_accepted_tokens": s.spec_accepted,
+                             **self.counts})
 
     async def models(self, request: Request):
         return JSONResponse({"object": "list", "data": [{

@@ -1,0 +1,83 @@
+"""Prompt-lookup drafts for speculative decoding (scheduler.py).
+
+Speculative decoding feeds a sequence's last token together with k guessed
+next tokens ("drafts") in one forward call and keeps each draft while the
+token the sampler picks from the previous row's logits equals it. In intdet
+this cannot change a bit: a row's logits are the same in any batch and any
+prefill split (docs/chain-hash.md), and the sampler's draw is keyed by
+(seed, position), so every kept token, its logits and the chain hash are
+those of plain decoding; rejected drafts only cost their rows, and their KV
+entries are dropped (``Sequence.truncate``).
+
+Drafts come from the text itself (prompt lookup: Saxena 2023,
+"Prompt Lookup Decoding"; vLLM's ``ngram`` speculator, llama.cpp's lookup
+decoding): the longest suffix of the context, of ``max_n`` down to
+``min_n`` tokens, that occurred earlier, and the tokens that followed its
+latest earlier occurrence. It pays off where the output repeats its input
+(code edits, summaries, extraction, RL rollouts over a fixed context).
+
+Back-off (``DraftState``): a draft with nothing accepted makes the request
+wait 1, 2, 4, ... up to 16 steps before drafting again, and the next draft
+length is one more than the last accepted run, so text that the lookup
+cannot predict costs almost nothing over plain decoding.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def ngram_drafts(context, k: int, max_n: int = 3, min_n: int = 1) -> list:
+    """Up to k tokens following the latest earlier occurrence of the longest
+    suffix of ``context`` (int token ids) of max_n..min_n tokens; [] when
+    no suffix recurs or k < 1."""
+    L = len(context)
+    if k < 1 or L < min_n + 1:
+        return []
+    a = np.asarray(context, dtype=np.int64)
+    for n in range(min(max_n, L - 1), min_n - 1, -1):
+        pat = a[L - n:]
+        # windows a[i:i+n] for i in [0, L-n): earlier starts only (the suffix itself is at L-n)
+        win = np.lib.stride_tricks.sliding_window_view(a[:L - 1], n)
+        hits = np.flatnonzero((win == pat).all(axis=1))
+        if hits.size:
+            start = int(hits[-1]) + n  # the token after the latest earlier occurrence
+            return [int(t) for t in a[start:start + k]]
+    return []
+
+
+class DraftState:
+    """One request's draft bookkeeping: how many tokens to draft next, the
+    back-off after rejected drafts, and the counts reported to users."""
+
+    MAX_SKIP = 16
+
+    def __init__(self, k_max: int):
+        self.k_max = k_max
+        self.k = k_max
+        self.skip = 0  # steps left without drafting
+        self.backoff = 1
+        self.drafted = 0
+        self.accepted = 0
+        self.steps = 0  # forward calls that carried drafts
+
+    def want(self) -> int:
+        """Draft length for this step (0: skip)."""
+        if self.skip > 0:
+            self.skip -= 1
+            return 0
+        return self.k
+
+    def record(self, drafted: int, accepted: int) -> None:
+        if drafted == 0:
+            return
+        self.drafted += drafted
+        self.accepted += accepted
+        self.steps += 1
+        if accepted == 0:
+            self.skip = self.backoff
+            self.backoff = min(2 * self.backoff, self.MAX_SKIP)
+            self.k = 1
+        else:
+            self.backoff = 1
+            self.k = min(self.k_max, accepted + 1 if accepted < drafted else 2 * drafted)

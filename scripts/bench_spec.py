@@ -1,0 +1,118 @@
+#!/usr/bin/env python3
+"""Speculative decoding (prompt lookup, ``--spec-ngram K``) against plain
+decoding, batch 1, in one process, alternating, with the outputs compared.
+
+    python scripts/bench_spec.py [-m MODEL] [--spec 5] [--tokens 128] [--rounds 3] [--threads N] [--json OUT]
+
+Workloads (the default model, SmolLM2-135M-Instruct, through its chat
+template, greedy):
+  - repeat: "Repeat the following text exactly" + a WikiText-2 paragraph
+    (the text the lookup predicts: copy, edit, extract, summarise);
+  - code: "Rename the variable x to total in this function" + a function;
+  - open: an open question (nothing to look up: the back-off case).
+Each round runs every workload plain and drafted, alternately; the table
+gives median decode tok/s (generated tokens / time after the first token),
+the ratio, drafts kept / drafted, and whether tokens and chain hash are
+identical (they must be: the tool exits 1 otherwise).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+WIKI = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "data",
+                    "wikitext-2-raw-test.txt")
+
+CODE = '''def mean(values):
+    x = 0
+    for v in values:
+        x = x + v
+    if len(values) == 0:
+        return 0
+    return x / len(values)
+'''
+
+
+def workloads() -> dict:
+    para = ("Robert Boulter is an English film , television and theatre actor . He had a guest starring role on the "
+            "television series The Bill in 2000 . This was followed by a starring role in the play Herons written "
+            "by Simon Stephens , which was performed in 2001 at the Royal Court Theatre .")
+    if os.path.isfile(WIKI):
+        with open(WIKI, encoding="utf-8") as f:
+            lines = [ln.strip() for ln in f if len(ln.strip()) > 400]
+        if lines:
+            para = lines[0][:700]
+    return {
+        "repeat": f"Repeat the following text exactly, word for word:\n\n{para}",
+        "code": f"Rename the variable x to total in this Python function and print the whole function:\n\n{CODE}",
+        "open": "Write a short story about a lighthouse keeper who finds a strange map.",
+    }
+
+
+def run(llm, ids, n):
+    from intdet.api import SamplingParams
+
+    t0 = time.perf_counter()
+    t_first = None
+    count = 0
+    for ch in llm.stream(ids, SamplingParams(max_tokens=n, temperature=0)):
+        if ch.token is not None:
+            count += 1
+            t_first = t_first or time.perf_counter()
+        if ch.completion is not None:
+            c = ch.completion
+    t_end = time.perf_counter()
+    dec = (count - 1) / (t_end - t_first) if count > 1 else 0.0
+    return c, dec, t_first - t0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("-m", "--model", default=None)
+    ap.add_argument("--spec", type=int, default=5, help="drafts per step (--spec-ngram K)")
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--json", dest="json_out", default=None)
+    a = ap.parse_args(argv)
+    from intdet.api import LLM
+    from intdet.chat import conversation_ids
+
+    plain = LLM(a.model, threads=a.threads, max_batch=1)
+    spec = LLM(plain.lm, threads=a.threads, max_batch=1, spec_tokens=a.spec)
+    res = {}
+    same = True
+    for name, text in workloads().items():
+        ids = conversation_ids(plain.lm, [{"role": "user", "content": text}])
+        rp, rs = [], []
+        for r in range(a.rounds):
+            cp, dp, _ = run(plain, ids, a.tokens)
+            cs, ds, _ = run(spec, ids, a.tokens)
+            rp.append(dp)
+            rs.append(ds)
+            same &= (cp.tokens, cp.hash) == (cs.tokens, cs.hash)
+            print(f"{name} round {r + 1}: plain {dp:.1f} tok/s, drafted {ds:.1f} tok/s "
+                  f"({cs.spec_accepted}/{cs.spec_drafted} drafts kept, {len(cs.tokens)} tokens)", file=sys.stderr)
+        res[name] = {"plain_tok_s": statistics.median(rp), "spec_tok_s": statistics.median(rs),
+                     "kept": cs.spec_accepted, "drafted": cs.spec_drafted, "tokens": len(cs.tokens),
+                     "identical": (cp.tokens, cp.hash) == (cs.tokens, cs.hash), "text": cs.text[:200]}
+    cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?")
+    print(f"cpu: {cpu}; batch 1, greedy, {a.tokens} tokens, --spec-ngram {a.spec}, median of {a.rounds}")
+    print("| workload | plain tok/s | drafted tok/s | speed-up | drafts kept / drafted | tokens and hash identical |")
+    print("|---|---|---|---|---|---|")
+    for name, r in res.items():
+        print(f"| {name} | {r['plain_tok_s']:.1f} | {r['spec_tok_s']:.1f} | {r['spec_tok_s'] / r['plain_tok_s']:.2f}x | "
+              f"{r['kept']} / {r['drafted']} | {'yes' if r['identical'] else 'NO'} |")
+    if a.json_out:
+        with open(a.json_out, "w") as f:
+            json.dump(res, f, indent=2)
+    return 0 if same else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
