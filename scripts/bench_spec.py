@@ -47,6 +47,12 @@ def workloads() -> dict:
             lines = [ln.strip() for ln in f if len(ln.strip()) > 400]
         if lines:
             para = lines[0][:700]
+    # WikiText's tokenized spacing (" , ", " @-@ ") is not how text is written: undo it, so the
+    # workload is a copy task a model does, not a rewrite of odd spacing
+    for a, b in ((" @-@ ", "-"), (" @,@ ", ","), (" @.@ ", "."), (" , ", ", "), (" . ", ". "), (" ; ", "; "),
+                 (" : ", ": "), (" 's", "'s"), ("( ", "("), (" )", ")"), (' " ', ' "')):
+        para = para.replace(a, b)
+    para = para.rsplit(". ", 1)[0] + "."  # whole sentences
     return {
         "repeat": f"Repeat the following text exactly, word for word:\n\n{para}",
         "code": f"Rename the variable x to total in this Python function and print the whole function:\n\n{CODE}",

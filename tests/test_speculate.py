@@ -21,7 +21,8 @@ def test_ngram_drafts():
     assert ngram_drafts([4, 7, 7, 7], 5) == [7]  # the suffix 7 7 recurs at 1: what follows it there is 7
     assert ngram_drafts([1, 2, 3, 4], 3) == []  # nothing recurs
     assert ngram_drafts([1, 1], 0) == [] and ngram_drafts([1], 4) == []
-    assert ngram_drafts([3, 4, 9, 4], 2, max_n=3) == [9, 4]  # only the 1-gram 4 recurs
+    assert ngram_drafts([3, 4, 9, 4], 2, min_n=1) == [9, 4]  # only the 1-gram 4 recurs
+    assert ngram_drafts([3, 4, 9, 4], 2) == []  # by default a match is of 2 tokens at least
 
 
 def test_draft_state_backs_off_and_recovers():

@@ -127,8 +127,11 @@ class Sequence:
     def truncate(self, n: int) -> None:
         """Keep the first ``n`` cached positions (0 <= n <= n_past) and drop
         the rest: the next forward continues at position n, writing over
-        them (speculative decoding's rejected drafts). IntdetError for n
-        outside that range."""
+        them (speculative decoding's rejected drafts). A sliding-window
+        layer's ring holds window + 512 rows (csrc kForwardRows), so rolling
+        back fewer than 512 positions never loses a row the window still
+        needs (the scheduler drafts at most 64). IntdetError for n outside
+        that range."""
         if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= self.n_past:
             raise IntdetError(f"truncate: {n!r} is outside [0, {self.n_past}] (the cached positions)")
         if self.engine.device in NATIVE:

@@ -11,9 +11,10 @@ entries are dropped (``Sequence.truncate``).
 
 Drafts come from the text itself (prompt lookup: Saxena 2023,
 "Prompt Lookup Decoding"; vLLM's ``ngram`` speculator, llama.cpp's lookup
-decoding): the longest suffix of the context, of ``max_n`` down to
-``min_n`` tokens, that occurred earlier, and the tokens that followed its
-latest earlier occurrence. It pays off where the output repeats its input
+decoding): the longest suffix of the context, of ``max_n`` (3) down to
+``min_n`` (2) tokens, that occurred earlier, and the tokens that followed
+its latest earlier occurrence (a single recurring token predicted too
+little to pay for its rows in scripts/bench_spec.py). It pays off where the output repeats its input
 (code edits, summaries, extraction, RL rollouts over a fixed context).
 
 Back-off (``DraftState``): a draft with nothing accepted makes the request
@@ -27,7 +28,7 @@ from __future__ import annotations
 import numpy as np
 
 
-def ngram_drafts(context, k: int, max_n: int = 3, min_n: int = 1) -> list:
+def ngram_drafts(context, k: int, max_n: int = 3, min_n: int = 2) -> list:
     """Up to k tokens following the latest earlier occurrence of the longest
     suffix of ``context`` (int token ids) of max_n..min_n tokens; [] when
     no suffix recurs or k < 1."""
