@@ -256,3 +256,35 @@ def test_large_random_shapes_are_models_intdet_reads():
         assert hp["hidden_size"] == cfg["hidden_size"] and hp["num_layers"] == cfg["num_hidden_layers"]
         n = sum(int(np.prod(s[1])) for s in tensor_specs(c))
         assert abs(n - want[shape]) / want[shape] < 0.01, (shape, n)
+
+
+def test_preflight_reads_this_process_cgroup(tmp_path):
+    """In a real memory cgroup (v1, as on these machines; root needed) of
+    300 MiB, loading a model that needs 0.5 GiB by the estimate is refused
+    in one line naming both numbers, instead of an OOM kill."""
+    import models
+
+    base = "/sys/fs/cgroup/memory"
+    cg = os.path.join(base, f"intdet-test-{os.getpid()}")
+    try:
+        os.mkdir(cg)
+    except OSError as e:
+        pytest.skip(f"no writable memory cgroup here ({e.strerror})")
+    try:
+        with open(os.path.join(cg, "memory.limit_in_bytes"), "w") as f:
+            f.write(str(300 << 20))
+        out = convert(models.write_gguf_model(str(tmp_path / "m.gguf"), "F32"), str(tmp_path / "m"), progress=False)
+        script = f'echo $$ > {cg}/cgroup.procs && exec "$0" -m intdet generate -m "$1" --ids 1,2 -n 1'
+        r = subprocess.run(["sh", "-c", script, sys.executable, out], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
+        assert r.stderr.startswith(f"intdet: error: {out}/model.safetensors: loading needs about 0.5 GiB of memory, "
+                                   f"0.") and r.stderr.rstrip().endswith("GiB available"), r.stderr
+    finally:
+        for _ in range(50):
+            try:
+                os.rmdir(cg)
+                break
+            except OSError:
+                import time
+
+                time.sleep(0.1)

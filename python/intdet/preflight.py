@@ -29,25 +29,64 @@ def gib(n: int) -> str:
     return f"{n / GiB:.1f} GiB"
 
 
+def _read_int(path: str) -> int | None:
+    try:
+        with open(path) as f:
+            raw = f.read().strip()
+    except OSError:
+        return None
+    if raw == "max":
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        return None
+
+
+def _file_cache(d: str) -> int:
+    """Page cache charged to cgroup directory d (memory.stat): reclaimable,
+    e.g. the model file's pages that the loader's checks just read."""
+    try:
+        with open(os.path.join(d, "memory.stat")) as f:
+            stat = dict(line.split() for line in f if line.count(" ") == 1)
+    except (OSError, ValueError):
+        return 0
+    return int(stat.get("total_cache", stat.get("file", 0)))
+
+
 def _cgroup_free() -> int | None:
-    """Bytes the cgroup (v2, else v1) still allows, or None."""
-    for limit_p, usage_p in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
-                             ("/sys/fs/cgroup/memory/memory.limit_in_bytes",
-                              "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
-        try:
-            with open(limit_p) as f:
-                raw = f.read().strip()
-            if raw == "max":
-                return None
-            limit = int(raw)
-            with open(usage_p) as f:
-                usage = int(f.read().strip())
-        except (OSError, ValueError):
+    """Bytes this process's memory cgroups (v1 or v2, and their parents)
+    still allow: limit - usage + page cache, the least over the hierarchy;
+    None without a limit."""
+    try:
+        with open("/proc/self/cgroup") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    best = None
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
             continue
-        if limit >= 1 << 60:  # v1's "no limit"
-            return None
-        return max(0, limit - usage)
-    return None
+        hid, ctrls, path = parts
+        if "memory" in ctrls.split(","):  # v1
+            root, limit_f, usage_f = "/sys/fs/cgroup/memory", "memory.limit_in_bytes", "memory.usage_in_bytes"
+        elif hid == "0" and ctrls == "":  # v2 (the unified hierarchy)
+            root = "/sys/fs/cgroup/unified" if os.path.isdir("/sys/fs/cgroup/unified") else "/sys/fs/cgroup"
+            limit_f, usage_f = "memory.max", "memory.current"
+        else:
+            continue
+        p = path
+        while True:
+            d = os.path.join(root, p.lstrip("/"))
+            limit, usage = _read_int(os.path.join(d, limit_f)), _read_int(os.path.join(d, usage_f))
+            if limit is not None and usage is not None and limit < 1 << 60:  # v1 writes "no limit" as ~2^63
+                free = max(0, limit - usage + _file_cache(d))
+                best = free if best is None else min(best, free)
+            if p in ("/", ""):
+                break
+            p = os.path.dirname(p)
+    return best
 
 
 def mem_available() -> int | None:
