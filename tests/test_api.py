@@ -245,3 +245,15 @@ def test_derive_seed():
     assert intdet.derive_seed(7, 0) == 7
     seeds = {intdet.derive_seed(7, i) for i in range(100)}
     assert len(seeds) == 100 and all(0 <= s < 2**64 for s in seeds)
+
+
+def test_check_token_ids_names_the_field():
+    from intdet.errors import IntdetError, check_token_ids
+
+    check_token_ids([0, 5, 9], 10, "prompt")
+    with pytest.raises(IntdetError, match=r"^prompt: token id 10 is outside the vocabulary \[0, 10\)$") as e:
+        check_token_ids([3, 10, -1], 10, "prompt")
+    assert e.value.field == "prompt"
+    with pytest.raises(IntdetError, match=r"^token id -1 is outside") as e:
+        check_token_ids([-1], 10)
+    assert e.value.field is None

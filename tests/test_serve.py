@@ -594,3 +594,16 @@ def test_mailbox_one_wakeup_per_batch_and_order_kept():
         assert loop.run_until_complete(queues[0].get()) == "late" and len(drains) == 2
     finally:
         loop.close()
+
+
+@pytest.mark.parametrize("body,param", [
+    ({"prompt": "x", "top_p": 2}, "top_p"),
+    ({"prompt": "x", "temperature": -1}, "temperature"),
+    ({"prompt": "x", "logprobs": 10**6}, "logprobs"),
+    ({"prompt": [[1, 2, 10**9]]}, "prompt"),
+])
+def test_error_param_is_the_field(server, body, param):
+    """The OpenAI error's param comes from IntdetError.field (not from
+    parsing the message)."""
+    got, r = post(server, "/v1/completions", body)
+    assert got == 400 and r["error"]["param"] == param, r

@@ -30,7 +30,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Iterator, Sequence, Union
 
-from .errors import IntdetError
+from .errors import IntdetError, check_token_ids
 from .logprobs import MAX_LOGPROBS, to_float
 from .sampling import MASK64, Sampler, splitmix64
 from .scheduler import DEFAULT_KV_BYTES, DEFAULT_MAX_BATCH, DEFAULT_STEP_TOKENS, Event, Request, Scheduler, TokenLogprob
@@ -43,12 +43,14 @@ FINISH_REASONS = ("eos", "stop", "length", "context", "cancelled", "error")
 CHAT_ROLES = ("system", "user", "assistant")
 
 
-def _api_names(msg: str, pairs) -> str:
-    """msg with its leading CLI option name ("--top-p: ...") as the API's argument name."""
+def _api_error(e: IntdetError, pairs) -> IntdetError:
+    """e as the API says it: a leading CLI option name ("--top-p: ...") as
+    the API's argument name, which also becomes the error's field."""
+    msg = str(e)
     for opt, name in pairs:
         if msg.startswith(opt + ":"):
-            return name + msg[len(opt):]
-    return msg
+            return IntdetError(name + msg[len(opt):], field=name)
+    return IntdetError(msg, field=e.field)
 
 
 def _check_params(params, n: int) -> list:
@@ -115,26 +117,26 @@ class SamplingParams:
                            seed=self.seed, min_p=str(self.min_p), repeat_penalty=str(self.repeat_penalty),
                            repeat_last_n=self.repeat_last_n)
         except IntdetError as e:  # the sampler names CLI options: name the field instead
-            raise IntdetError(_api_names(str(e), (
+            raise _api_error(e, (
                 ("--temperature", "temperature"), ("--top-p", "top_p"), ("--top-k", "top_k"), ("--min-p", "min_p"),
                 ("--repeat-penalty", "repeat_penalty"), ("--repeat-last-n", "repeat_last_n"),
-                ("--seed", "seed")))) from None
+                ("--seed", "seed"))) from None
 
     def __post_init__(self):
         self.check()  # a bad value fails where it is written, not at generate()
 
     def check(self) -> None:
         if not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool) or self.max_tokens < 0:
-            raise IntdetError(f"max_tokens: {self.max_tokens!r} must be an integer >= 0")
+            raise IntdetError(f"max_tokens: {self.max_tokens!r} must be an integer >= 0", field="max_tokens")
         for name in ("logprobs", "prompt_logprobs"):
             v = getattr(self, name)
             if v is not None and (not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= MAX_LOGPROBS):
                 raise IntdetError(f"{name}: {v!r} must be None or an integer in [0, {MAX_LOGPROBS}] "
-                                  "(as the server's, vLLM's default max_logprobs)")
+                                  "(as the server's, vLLM's default max_logprobs)", field=name)
         if self.truncate not in (None, "left", "right"):
-            raise IntdetError(f"truncate: {self.truncate!r}: choose None, 'left' or 'right'")
+            raise IntdetError(f"truncate: {self.truncate!r}: choose None, 'left' or 'right'", field="truncate")
         if not isinstance(self.stop, (list, tuple)) or not all(isinstance(s, str) for s in self.stop):
-            raise IntdetError(f"stop: must be a list of strings (got {type(self.stop).__name__})")
+            raise IntdetError(f"stop: must be a list of strings (got {type(self.stop).__name__})", field="stop")
         self.sampler()
 
 
@@ -256,9 +258,8 @@ class LLM:
                 self.lm = load_model(resolve_model(model, revision, progress=progress, weights=weights, notice=notice))
             self.engine = Engine(self.lm, device, threads)
         except IntdetError as e:  # the loaders name CLI options: name the arguments instead
-            raise IntdetError(_api_names(str(e), (("-m", "model"), ("--threads", "threads"),
-                                                  ("--device", "device"), ("--weights", "weights"),
-                                                  ("--revision", "revision")))) from None
+            raise _api_error(e, (("-m", "model"), ("--threads", "threads"), ("--device", "device"),
+                                 ("--weights", "weights"), ("--revision", "revision"))) from None
         self.scheduler = Scheduler(self.engine, max_batch=max_batch, step_tokens=step_tokens, kv_bytes=kv_bytes,
                                    spec_tokens=spec_tokens)
         self.tokenizer, self.meta = self.lm.tokenizer, self.lm.tok_meta
@@ -324,9 +325,7 @@ class LLM:
     def _check_ids(self, ids, what: str) -> None:
         if not _is_ids(ids):
             raise IntdetError(f"{what}: expected a list of integer token ids")
-        bad = [t for t in ids if not 0 <= t < self.vocab_size]
-        if bad:
-            raise IntdetError(f"{what}: token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})")
+        check_token_ids(ids, self.vocab_size, what)
 
     def prompt_ids(self, prompt: Prompt) -> list:
         """A prompt (text or ids) as checked ids."""

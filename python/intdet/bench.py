@@ -28,7 +28,7 @@ import time
 
 import numpy as np
 
-from .errors import IntdetError
+from .errors import IntdetError, check_token_ids
 from .model import Engine, LoadedModel, default_threads
 from .rss import peak_rss_bytes
 from .sampling import Sampler
@@ -95,9 +95,7 @@ def run_bench(lm: LoadedModel, prompt_tokens: int = 512, gen_tokens: int = 128, 
         raise IntdetError(f"--batch: {batch} must be >= 1")
     if prompt_tokens + gen_tokens > ctx:
         raise IntdetError(f"--prompt-tokens {prompt_tokens} + --gen-tokens {gen_tokens} exceed the context length {ctx}")
-    bad = [t for t in prompt_ids if not 0 <= t < lm.cfg["vocab_size"]]
-    if bad:
-        raise IntdetError(f"token id {bad[0]} is outside the vocabulary [0, {lm.cfg['vocab_size']})")
+    check_token_ids(prompt_ids, lm.cfg["vocab_size"])
     for t in threads:
         if not 0 <= t <= 1024:
             raise IntdetError(f"--threads: {t} must be in [0, 1024] (0 = auto)")

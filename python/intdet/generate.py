@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from .errors import IntdetError
+from .errors import IntdetError, check_token_ids
 from .hashing import ChainHash
 from .model import Engine
 from .sampling import Sampler
@@ -73,9 +73,7 @@ def check_prompt(prompt_ids, ctx: int, vocab_size: int, max_new_tokens: int, tru
     if len(prompt_ids) >= ctx:
         raise IntdetError(f"prompt: {len(prompt_ids)} tokens do not fit the context length {ctx} "
                           "(leave room for one generated token, or cut it with --truncate left|right)")
-    bad = [t for t in prompt_ids if not 0 <= t < vocab_size]
-    if bad:
-        raise IntdetError(f"--ids: token id {bad[0]} is outside the vocabulary [0, {vocab_size})")
+    check_token_ids(prompt_ids, vocab_size, "--ids")
     return prompt_ids
 
 

@@ -47,7 +47,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from .errors import IntdetError
+from .errors import IntdetError, check_token_ids
 from .hashing import ChainHash
 from .logprobs import LogSoftmax, to_float
 from .sampling import Sampler
@@ -230,9 +230,7 @@ class Scheduler:
         ctx, vocab = self.engine.context_length, self.engine.vocab_size
         if not req.prompt_ids:
             raise IntdetError("prompt: empty")
-        bad = [t for t in req.prompt_ids if not 0 <= t < vocab]
-        if bad:
-            raise IntdetError(f"prompt: token id {bad[0]} is outside the vocabulary [0, {vocab})")
+        check_token_ids(req.prompt_ids, vocab, "prompt")
         if req.max_new_tokens < 0:
             raise IntdetError(f"max_tokens: {req.max_new_tokens} must be >= 0")
         if len(req.prompt_ids) > ctx or (len(req.prompt_ids) == ctx and req.max_new_tokens > 0):

@@ -34,7 +34,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from ..api import LLM, SamplingParams, derive_seed
-from ..errors import IntdetError
+from ..errors import IntdetError, check_token_ids
 from ..logprobs import to_float
 from . import protocol as P
 
@@ -152,7 +152,7 @@ class Server:
                                 r.repetition_penalty not in (None, 1) else 64, seed=seed, stop=stops,
                                 logprobs=logprobs, prompt_logprobs=prompt_logprobs)
         except IntdetError as e:
-            raise BadRequest(str(e), str(e).split(":")[0]) from None
+            raise BadRequest(str(e), e.field) from None
         return sp
 
     def check_shape(self, r, n_prompts: int):
@@ -327,10 +327,10 @@ class Server:
                 raise BadRequest(str(e).replace("prompt", where, 1), "prompt") from None
             if not ids:
                 raise BadRequest(f"{where}: empty", "prompt")
-            bad = [t for t in ids if not 0 <= t < self.llm.vocab_size]
-            if bad:
-                raise BadRequest(f"{where}: token id {bad[0]} is outside the vocabulary [0, {self.llm.vocab_size})",
-                                 "prompt")
+            try:
+                check_token_ids(ids, self.llm.vocab_size, where)
+            except IntdetError as e:
+                raise BadRequest(str(e), "prompt") from None
             out.append((ids, p if isinstance(p, str) else None))
         return out
 
