@@ -9,6 +9,7 @@
 #include <pybind11/stl.h>
 
 #include <algorithm>
+#include <cstring>
 #include <memory>
 #include <optional>
 #include <string>
@@ -52,6 +53,28 @@ struct Cpu {
     forward_rows(pm.m, caches.data(), rows, T, logits);
   }
 };
+
+// Positions [0, n) of src into dst (caches of one model, maybe of different
+// lengths): per layer the last min(n, cap) positions, as a ring layer keeps
+// only those (a layer's window is at most its cap - kForwardRows).
+void copy_kv_prefix(const KVCache& src, KVCache& dst, int64_t n) {
+  if (src.cap.size() != dst.cap.size() || src.n_kv != dst.n_kv || src.k.size() * dst.ka.size() != dst.k.size() * src.ka.size())
+    throw std::invalid_argument("copy_prefix: the states belong to different models");
+  const int64_t D = src.ka.empty() ? 0 : (int64_t)(src.k.size() / src.ka.size());
+  for (size_t l = 0; l < src.cap.size(); ++l) {
+    const int64_t keep = std::min({n, src.cap[l], dst.cap[l]});
+    for (int64_t pos = n - keep; pos < n; ++pos) {
+      const int64_t rs = src.row((int64_t)l, pos), rd = dst.row((int64_t)l, pos);
+      for (int64_t g = 0; g < src.n_kv; ++g) {
+        const int64_t is = src.at((int64_t)l, rs, g), id = dst.at((int64_t)l, rd, g);
+        std::memcpy(&dst.k[(size_t)(id * D)], &src.k[(size_t)(is * D)], (size_t)D);
+        std::memcpy(&dst.v[(size_t)(id * D)], &src.v[(size_t)(is * D)], (size_t)D);
+        dst.ka[(size_t)id] = src.ka[(size_t)is];
+        dst.va[(size_t)id] = src.va[(size_t)is];
+      }
+    }
+  }
+}
 
 using I64Arr = py::array_t<int64_t, py::array::c_style>;
 
@@ -114,7 +137,18 @@ PYBIND11_MODULE(INTDET_CORE_MODULE_NAME, mod) {
       .def("truncate", [](PyState& s, int64_t n) {
         if (n < 0 || n > s.n_past) throw std::invalid_argument("truncate: n outside [0, cached positions]");
         s.n_past = n;
-      }, py::arg("n"));
+      }, py::arg("n"))
+      // Start an empty state from the first n cached positions of src (a
+      // state of the same model): the prefix cache. The K/V rows and scales
+      // of a position are what a forward writes for it, so the copy is the
+      // KV a prefill of those tokens would make, bit for bit.
+      .def("copy_prefix", [](PyState& s, const PyState& src, int64_t n) {
+        if (s.n_past != 0) throw std::invalid_argument("copy_prefix: the state is not empty");
+        if (n < 0 || n > src.n_past || n > s.kv.max_len)
+          throw std::invalid_argument("copy_prefix: n outside [0, min(cached positions, max_len)]");
+        copy_kv_prefix(src.kv, s.kv, n);
+        s.n_past = n;
+      }, py::arg("src"), py::arg("n"));
   pybind::bind_forward<Cpu>(mod);
   pybind::bind_loader(mod);
 

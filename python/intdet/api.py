@@ -155,7 +155,8 @@ class Completion:
     token (when asked); prompt_logprobs: [None, TokenLogprob, ...] per
     prompt position (when asked); truncated: prompt tokens cut;
     spec_drafted / spec_accepted: draft tokens proposed / kept by
-    speculative decoding (``LLM(spec_tokens=K)``; 0 without).
+    speculative decoding (``LLM(spec_tokens=K)``; 0 without);
+    cached_tokens: prompt positions reused from the prefix cache.
     """
 
     prompt_ids: list
@@ -171,6 +172,7 @@ class Completion:
     error: str = ""
     spec_drafted: int = 0
     spec_accepted: int = 0
+    cached_tokens: int = 0
 
     @property
     def cumulative_logprob(self) -> Union[float, None]:
@@ -238,6 +240,9 @@ class LLM:
         spec_tokens: speculative decoding, up to that many prompt-lookup
             drafts per decode step (0: off; speculate.py). The tokens,
             logits and hashes are those of plain decoding.
+        prefix_cache: keep finished requests' KV for prompts that start
+            with the same tokens (prefix_cache.py; the same bits as a cold
+            run; CPU and ref devices).
         progress: a conversion progress bar on stderr; notice: None or a
             callable given a one-line message when the model is converted
             into the cache (or waits for another process converting it).
@@ -247,7 +252,8 @@ class LLM:
     def __init__(self, model=None, device: str = "cpu", threads: Union[int, None] = None,
                  weights: Union[str, None] = None, revision: Union[str, None] = None,
                  max_batch: int = DEFAULT_MAX_BATCH, step_tokens: int = DEFAULT_STEP_TOKENS,
-                 kv_bytes: int = DEFAULT_KV_BYTES, progress: bool = False, notice=None, spec_tokens: int = 0):
+                 kv_bytes: int = DEFAULT_KV_BYTES, progress: bool = False, notice=None, spec_tokens: int = 0,
+                 prefix_cache: bool = False):
         from .model import Engine, LoadedModel, load_model
         from .resolve import resolve_model
 
@@ -261,7 +267,7 @@ class LLM:
             raise _api_error(e, (("-m", "model"), ("--threads", "threads"), ("--device", "device"),
                                  ("--weights", "weights"), ("--revision", "revision"))) from None
         self.scheduler = Scheduler(self.engine, max_batch=max_batch, step_tokens=step_tokens, kv_bytes=kv_bytes,
-                                   spec_tokens=spec_tokens)
+                                   spec_tokens=spec_tokens, prefix_cache=prefix_cache)
         self.tokenizer, self.meta = self.lm.tokenizer, self.lm.tok_meta
         self.eos_ids = tuple(self.meta.get("eos_token_ids") or ())
         self._run_lock = threading.RLock()  # one thread steps at a time; re-entrant for generate inside stream
@@ -365,7 +371,8 @@ class LLM:
                           logprobs=list(req.token_logprobs) if req.logprobs is not None else None,
                           prompt_logprobs=list(req.prompt_token_logprobs) if req.prompt_logprobs is not None else None,
                           truncated=getattr(req, "truncated", 0), error=req.error,
-                          spec_drafted=req.spec_drafted, spec_accepted=req.spec_accepted)
+                          spec_drafted=req.spec_drafted, spec_accepted=req.spec_accepted,
+                          cached_tokens=req.cached_tokens)
 
     def _run(self, reqs: list) -> None:
         with self._run_lock:

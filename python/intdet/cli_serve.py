@@ -33,6 +33,8 @@ _OPTIONS = [
                  help="KV cache memory for running sequences; requests beyond it wait in the queue."),
     click.option("--spec-ngram", "spec_ngram", default=0, show_default=True, type=click.IntRange(0, 64), metavar="K",
                  help="Speculative decoding: up to K prompt-lookup drafts per decode step (the same outputs)."),
+    click.option("--prefix-cache/--no-prefix-cache", default=False, show_default=True,
+                 help="Keep finished requests' KV for prompts that start with the same tokens (the same outputs)."),
     click.option("--api-key", default=None, metavar="KEY",
                  help="Require 'Authorization: Bearer KEY' (default: $INTDET_API_KEY; none = open)."),
     click.option("--served-model-name", default=None, metavar="NAME",
@@ -61,7 +63,7 @@ def command(model_options, user_errors) -> click.Command:
 
 
 def serve(model, revision, weights, device, threads, host, port, max_batch, step_tokens, kv_cache_mib, spec_ngram,
-          api_key, served_model_name, max_connections, max_body_mib, max_n, drain_timeout, idle_timeout, verbose):
+          prefix_cache, api_key, served_model_name, max_connections, max_body_mib, max_n, drain_timeout, idle_timeout, verbose):
     """Serve the model over an OpenAI-compatible HTTP API (deterministic continuous batching)."""
     try:
         import uvicorn
@@ -97,7 +99,7 @@ def serve(model, revision, weights, device, threads, host, port, max_batch, step
 
     llm = LLM(model, device=device, threads=threads, weights=weights, revision=revision, max_batch=max_batch,
               step_tokens=step_tokens, kv_bytes=kv_cache_mib << 20, progress=sys.stderr.isatty(),
-              notice=_log(True), spec_tokens=spec_ngram)
+              notice=_log(True), spec_tokens=spec_ngram, prefix_cache=prefix_cache)
     app = create_app(llm, name, api_key, Limits(max_body_bytes=max_body_mib << 20, max_n=max_n))
     install_json_503()
     config = uvicorn.Config(app, http=protocol_class(idle_timeout), log_level="info" if verbose else "warning",

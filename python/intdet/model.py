@@ -139,6 +139,32 @@ class Sequence:
         self.n_past = n  # the numpy spec indexes its cache by absolute position
 
     @property
+    def can_copy_prefix(self) -> bool:
+        """Whether ``copy_prefix`` is available (CPU and numpy spec; not yet
+        the CUDA engine)."""
+        return self.engine.device == "ref" or hasattr(self._state, "copy_prefix")
+
+    def copy_prefix(self, src: "Sequence", n: int) -> None:
+        """Start this empty sequence from the first ``n`` cached positions of
+        ``src`` (a sequence of the same engine): their K/V rows and scales
+        are copied, so the next forward continues at position n exactly as
+        after a prefill of those tokens (the prefix cache). IntdetError if
+        this sequence is not empty, n is outside [0, min(src.n_past,
+        max_len)], or the backend cannot copy."""
+        if self.n_past != 0 or src.engine is not self.engine:
+            raise IntdetError("copy_prefix: needs an empty sequence and a source of the same engine")
+        if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= min(src.n_past, self.max_len):
+            raise IntdetError(f"copy_prefix: {n!r} is outside [0, {min(src.n_past, self.max_len)}]")
+        if not self.can_copy_prefix:
+            raise IntdetError(f"copy_prefix: not available on --device {self.engine.device}")
+        if self.engine.device in NATIVE:
+            self._state.copy_prefix(src._state, n)
+        else:
+            for name in ("kc", "ka", "vc", "va"):
+                getattr(self._ref, name)[:, :n] = getattr(src._ref, name)[:, :n]
+        self.n_past = n
+
+    @property
     def device_pick(self) -> bool:
         """Whether this backend chooses tokens on the device (submit_pick /
         wait_pick; the CUDA engine)."""

@@ -51,6 +51,7 @@ from .errors import IntdetError, check_token_ids
 from .hashing import ChainHash
 from .logprobs import LogSoftmax, to_float
 from .sampling import Sampler
+from .prefix_cache import PrefixCache
 from .speculate import DraftState, ngram_drafts
 
 DEFAULT_MAX_BATCH = 16
@@ -154,7 +155,7 @@ class Request:
         self.hash = ""
         self.hashes: dict = {}
         self.done = threading.Event()
-        self.t_submit = self.t_first = self.t_done = 0.0
+        self.t_submit = self.t_start = self.t_first = self.t_done = 0.0  # t_start: admitted
         # engine state (the scheduler's)
         self._cancel = False
         self._seq = None
@@ -164,8 +165,10 @@ class Request:
         self._history = None
         self._n_total = 0
         self._logits = None  # the logits rows the next tokens are picked from
+        self._looked_up = True  # prefix cache: looked up (or not to be)
         self._draft = None  # speculate.DraftState with speculative decoding
         self._drafts: list = []  # this step's drafts (fed after the last token)
+        self.cached_tokens = 0  # prompt positions taken from the prefix cache (not computed)
 
     @property
     def spec_drafted(self) -> int:
@@ -193,18 +196,21 @@ class Request:
 class Scheduler:
     """The engine loop. ``max_batch``: sequences running at once;
     ``step_tokens``: rows per forward call (the token budget); ``kv_bytes``:
-    KV cache memory the running sequences may hold together; ``spec_tokens``:
-    prompt-lookup drafts per decode step (0: none; speculate.py).
+    KV cache memory the running sequences (and the prefix cache) may hold
+    together; ``spec_tokens``: prompt-lookup drafts per decode step (0: none;
+    speculate.py); ``prefix_cache``: keep retired sequences' KV for prompts
+    that start with the same tokens (prefix_cache.py; CPU and numpy spec).
     Raises IntdetError for a limit < 1 (spec_tokens < 0)."""
 
     def __init__(self, engine, max_batch: int = DEFAULT_MAX_BATCH, step_tokens: int = DEFAULT_STEP_TOKENS,
-                 kv_bytes: int = DEFAULT_KV_BYTES, spec_tokens: int = 0):
+                 kv_bytes: int = DEFAULT_KV_BYTES, spec_tokens: int = 0, prefix_cache: bool = False):
         for name, v in (("max_batch", max_batch), ("step_tokens", step_tokens), ("kv_bytes", kv_bytes)):
             if not isinstance(v, int) or v < 1:
                 raise IntdetError(f"{name}: {v!r} must be an integer >= 1")
         if not isinstance(spec_tokens, int) or isinstance(spec_tokens, bool) or not 0 <= spec_tokens <= 64:
             raise IntdetError(f"spec_tokens: {spec_tokens!r} must be an integer in [0, 64]")
         self.spec_tokens = spec_tokens
+        self.cache = PrefixCache() if prefix_cache else None
         self.engine = engine
         self.max_batch = max_batch
         self.step_tokens = step_tokens
@@ -284,8 +290,13 @@ class Scheduler:
         req.finish_reason, req.error = reason, error
         if req._chain is not None:
             req.hash, req.hashes = req._chain.hex(), dict(req._chain.at)
-        req._seq = req._logits = None  # frees the KV cache
+        seq = req._seq
+        req._seq = req._logits = None  # frees the KV cache, or hands it to the prefix cache
         self.kv_used -= self._positions(req) * self.kv_per_pos
+        if self.cache is not None and seq is not None:
+            self.cache.drop_live(seq)
+            if reason != "error" and seq.can_copy_prefix:
+                self.cache.insert((req.prompt_ids + req.tokens)[:seq.n_past], seq, self._positions(req) * self.kv_per_pos)
         req.t_done = time.perf_counter()
         with self._lock:
             if req in self.running:
@@ -301,6 +312,8 @@ class Scheduler:
             while self.waiting and len(self.running) < self.max_batch:
                 req = self.waiting[0]
                 need = self._positions(req) * self.kv_per_pos
+                while self.cache is not None and self.kv_used + self.cache.bytes + need > self.kv_bytes and self.cache:
+                    self.cache.evict_oldest()  # cached prefixes give way to requests
                 if self.kv_used + need > self.kv_bytes:
                     break  # queued, not failed: it runs when a sequence retires
                 self.waiting.popleft()
@@ -321,6 +334,7 @@ class Scheduler:
         from .generate import TextStream
 
         req._n_total = self._positions(req)
+        req.t_start = time.perf_counter()
         if req.max_new_tokens > 0 or req.needs_all_logits:
             req._seq = self.engine.new_sequence(req._n_total)
         req._chain = ChainHash(self.engine.lm.cfg["format_version"], self.engine.lm.model_sha256,
@@ -332,6 +346,31 @@ class Scheduler:
             req.prompt_token_logprobs = [None]
         if self.spec_tokens and req._seq is not None:
             req._draft = DraftState(self.spec_tokens)
+        # the prefix cache is looked up when the prompt's first chunk is
+        # planned (_lookup), so a request admitted with others can use the
+        # prompt of one whose prefill ran before its own
+        req._looked_up = not (self.cache is not None and req._seq is not None and not req.needs_all_logits
+                              and req._seq.can_copy_prefix)
+
+    def _shares_a_pending_prompt(self, req: Request, running) -> bool:
+        """Whether an earlier-admitted request still prefilling has a prompt
+        that starts with at least the cache's min_tokens of req's."""
+        n = self.cache.min_tokens
+        head = req.prompt_ids[:n]
+        for o in running:
+            if o is req:
+                return False
+            if o._looked_up and o._seq is not None and o._prefilled < len(o.prompt_ids) and o.prompt_ids[:n] == head:
+                return True
+        return False
+
+    def _lookup(self, req: Request) -> None:
+        """Start req's prefill from the longest cached prefix of its prompt."""
+        req._looked_up = True
+        hit, m = self.cache.lookup(req.prompt_ids)
+        if hit is not None:
+            req._seq.copy_prefix(hit.seq, m)  # those positions' KV, bit for bit what a prefill writes
+            req._prefilled = req.cached_tokens = m
 
     def step(self) -> bool:
         """Run one forward call for the running sequences (admitting and
@@ -359,6 +398,10 @@ class Scheduler:
                 budget -= 1 + len(r._drafts)
         for r in running:
             if r._prefilled < len(r.prompt_ids) and budget > 0:
+                if not r._looked_up:
+                    if self._shares_a_pending_prompt(r, running):
+                        continue  # an earlier prompt with the same start is being prefilled: copy it when done
+                    self._lookup(r)
                 n = min(budget, len(r.prompt_ids) - r._prefilled)
                 plan.append((r, r.prompt_ids[r._prefilled:r._prefilled + n]))
                 budget -= n
@@ -396,6 +439,8 @@ class Scheduler:
                     r._cancel = True
             if r._prefilled < len(r.prompt_ids):
                 return  # more prompt chunks to come
+            if self.cache is not None and r._seq.can_copy_prefix:
+                self.cache.insert_live(r.prompt_ids, r._seq)  # its prompt's KV, for the prompts planned after it
             if r.max_new_tokens == 0:
                 self._retire(r, "length")
                 return

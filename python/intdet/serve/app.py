@@ -270,6 +270,9 @@ class Server:
         return JSONResponse({"running": len(s.running), "waiting": len(s.waiting), "kv_used_bytes": s.kv_used,
                              "kv_bytes": s.kv_bytes, "steps": s.steps, "max_batch": s.max_batch,
                              "spec_drafted_tokens": s.spec_drafted, "spec_accepted_tokens": s.spec_accepted,
+                             **({"prefix_cache": {"entries": len(s.cache), "bytes": s.cache.bytes,
+                                                  "lookups": s.cache.lookups, "hits": s.cache.hits,
+                                                  "hit_tokens": s.cache.hit_tokens}} if s.cache is not None else {}),
                              **self.counts})
 
     async def models(self, request: Request):
@@ -382,8 +385,16 @@ class Server:
         n_out = sum(len(req.tokens) for req, _ in runs)
         return JSONResponse({"id": cid, "object": "text_completion", "created": created, "model": self.model_name,
                              "system_fingerprint": self.llm.system_fingerprint, "choices": choices,
-                             "usage": {"prompt_tokens": n_prompt, "completion_tokens": n_out,
-                                       "total_tokens": n_prompt + n_out}})
+                             "usage": self.usage(runs, n_prompt, n_out)})
+
+    def usage(self, runs, n_prompt: int, n_out: int) -> dict:
+        """OpenAI's usage block; with the prefix cache, prompt_tokens_details
+        .cached_tokens: the prompt positions reused, summed over the runs
+        (at most prompt_tokens, which counts a prompt once for its n choices)."""
+        u = {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out}
+        if self.llm.scheduler.cache is not None:
+            u["prompt_tokens_details"] = {"cached_tokens": min(n_prompt, sum(req.cached_tokens for req, _ in runs))}
+        return u
 
     def echo_text(self, req, text):
         return text if text is not None else self.llm.decode(req.prompt_ids)
@@ -442,8 +453,7 @@ class Server:
         n_out = sum(len(req.tokens) for req, _ in runs)
         return JSONResponse({"id": cid, "object": "chat.completion", "created": created, "model": self.model_name,
                              "system_fingerprint": self.llm.system_fingerprint, "choices": choices,
-                             "usage": {"prompt_tokens": len(ids), "completion_tokens": n_out,
-                                       "total_tokens": len(ids) + n_out}})
+                             "usage": self.usage(runs, len(ids), n_out)})
 
     def chat_delta(self, i, ev, k):
         req = ev.request
@@ -501,8 +511,7 @@ class Server:
                         left -= 1
                 if include_usage:
                     n_out = sum(len(req.tokens) for req, _ in runs)
-                    yield _sse(usage_chunk({"prompt_tokens": n_prompt, "completion_tokens": n_out,
-                                            "total_tokens": n_prompt + n_out}))
+                    yield _sse(usage_chunk(self.usage(runs, n_prompt, n_out)))
                 yield "data: [DONE]\n\n"
             finally:
                 for p in pumps:
