@@ -160,8 +160,7 @@ class Sequence:
         if self.engine.device in NATIVE:
             self._state.copy_prefix(src._state, n)
         else:
-            for name in ("kc", "ka", "vc", "va"):
-                getattr(self._ref, name)[:, :n] = getattr(src._ref, name)[:, :n]
+            self._ref.copy_prefix(src._ref, n)
         self.n_past = n
 
     @property

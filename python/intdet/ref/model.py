@@ -46,6 +46,13 @@ class RefModel:
         self.va = np.zeros((L, P, nkv), dtype=I64)
         self.n_past = 0
 
+    def copy_prefix(self, src: "RefModel", n: int) -> None:
+        """The KV of positions [0, n) from src (the same model): the spec of
+        the core's State.copy_prefix (cache rows indexed by position)."""
+        for name in ("kc", "ka", "vc", "va"):
+            getattr(self, name)[:, :n] = getattr(src, name)[:, :n]
+        self.n_past = n
+
     def _lin(self, name, q, e):
         t = self.t
         if name + ".q4" in t:  # int4 weights: the same linear on their integer values
