@@ -1,7 +1,8 @@
 """intdet: LLM inference with bit-identical integer-only logits on every machine.
 The public API is intdet.api (imported lazily, so `import intdet` stays light)."""
 
-_API = ("LLM", "load", "SamplingParams", "Completion", "StreamChunk", "Stream", "Score", "TokenLogprob", "derive_seed")
+_API = ("LLM", "load", "SamplingParams", "Completion", "StreamChunk", "Stream", "Score", "TokenLogprob", "derive_seed",
+        "StructuredOutputsParams")
 __all__ = list(_API)
 
 

@@ -23,8 +23,10 @@ hash), whatever else is in the batch. Log-probabilities are fixed-point
 
 from __future__ import annotations
 
+import collections
 import functools
 import hashlib
+import json
 import threading
 from collections import deque
 from dataclasses import dataclass, field
@@ -33,10 +35,12 @@ from typing import Iterator, Sequence, Union
 from .errors import IntdetError, check_token_ids
 from .logprobs import MAX_LOGPROBS, to_float
 from .sampling import MASK64, Sampler, splitmix64
+from .structured import Grammar, StructuredOutputsParams, structured_from_any
 from .scheduler import DEFAULT_KV_BYTES, DEFAULT_MAX_BATCH, DEFAULT_STEP_TOKENS, Event, Request, Scheduler, TokenLogprob
 
 Prompt = Union[str, Sequence[int]]
 
+GRAMMAR_CACHE = 64  # compiled structured-output grammars an LLM keeps
 FINISH_REASONS = ("eos", "stop", "length", "context", "cancelled", "error")
 
 
@@ -94,6 +98,9 @@ class SamplingParams:
         after the first.
     truncate: None (a prompt that does not fit is an error), "left" or
         "right" (as ``intdet generate --truncate``).
+    structured_outputs: None, or a ``StructuredOutputsParams`` (or a dict
+        of its fields: json, json_object, regex, choice, grammar): the
+        output matches it (an exact mask on the logits; structured.py).
     Raises IntdetError (naming the field) for a value out of range.
     """
 
@@ -109,6 +116,7 @@ class SamplingParams:
     logprobs: Union[int, None] = None
     prompt_logprobs: Union[int, None] = None
     truncate: Union[str, None] = None
+    structured_outputs: Union[StructuredOutputsParams, dict, None] = None
 
     def sampler(self) -> Sampler:
         """The integer ``Sampler`` of these parameters (IntdetError naming the field)."""
@@ -137,6 +145,7 @@ class SamplingParams:
             raise IntdetError(f"truncate: {self.truncate!r}: choose None, 'left' or 'right'", field="truncate")
         if not isinstance(self.stop, (list, tuple)) or not all(isinstance(s, str) for s in self.stop):
             raise IntdetError(f"stop: must be a list of strings (got {type(self.stop).__name__})", field="stop")
+        self.structured_outputs = structured_from_any(self.structured_outputs)
         self.sampler()
 
 
@@ -271,6 +280,8 @@ class LLM:
         self.tokenizer, self.meta = self.lm.tokenizer, self.lm.tok_meta
         self.eos_ids = tuple(self.meta.get("eos_token_ids") or ())
         self._run_lock = threading.RLock()  # one thread steps at a time; re-entrant for generate inside stream
+        self._grammars: collections.OrderedDict = collections.OrderedDict()  # structured outputs compiled, LRU
+        self._grammars_lock = threading.Lock()
 
     # ---------------------------------------------------------------- facts
 
@@ -355,12 +366,30 @@ class LLM:
         if params.truncate is not None and len(prompt_ids) >= self.context_length:
             prompt_ids = truncate_prompt(prompt_ids, self.context_length, params.max_tokens, params.truncate,
                                          self.meta.get("bos_token_id"))
+        grammar = self.grammar(params.structured_outputs) if params.structured_outputs is not None else None
         req = Request(prompt_ids, params.max_tokens, params.sampler(), eos_ids=self.eos_ids, stop=params.stop,
                       logprobs=params.logprobs, prompt_logprobs=params.prompt_logprobs, score_from=score_from,
-                      on_event=on_event, tokenizer=self.tokenizer, on_prefill=on_prefill)
+                      on_event=on_event, tokenizer=self.tokenizer, on_prefill=on_prefill, grammar=grammar)
         req.truncated = n_given - len(prompt_ids)
         self.scheduler.check(req)
         return req
+
+    def grammar(self, so: StructuredOutputsParams) -> Grammar:
+        """``so`` compiled for this model (IntdetError naming the field for a
+        bad schema or grammar); the last GRAMMAR_CACHE compiled are kept, so
+        a schema sent with every request is compiled once."""
+        key = (so.kind(), json.dumps(getattr(so, so.kind()), sort_keys=True))
+        with self._grammars_lock:
+            g = self._grammars.get(key)
+            if g is not None:
+                self._grammars.move_to_end(key)
+                return g
+        g = Grammar(so, self.tokenizer, self.eos_ids, self.vocab_size)
+        with self._grammars_lock:
+            self._grammars[key] = g
+            while len(self._grammars) > GRAMMAR_CACHE:
+                self._grammars.popitem(last=False)
+        return g
 
     @staticmethod
     def completion(req: Request) -> Completion:

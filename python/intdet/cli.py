@@ -391,6 +391,61 @@ def sampling_options(fn):
     return fn
 
 
+GRAMMAR_FILE_LIMIT = 1 << 20  # a schema or grammar file's most bytes
+
+
+def structured_options(fn):
+    """--json-schema(-file), --grammar(-file), --regex: structured output."""
+    for dec in reversed([
+        click.option("-j", "--json-schema", "json_schema", default=None, metavar="SCHEMA",
+                     help="The output is JSON matching this JSON schema (text; '{}' = any JSON object)."),
+        click.option("--json-schema-file", default=None, metavar="FILE", help="--json-schema read from FILE."),
+        click.option("--grammar", default=None, metavar="GRAMMAR",
+                     help="The output matches this GBNF (llama.cpp's) or Lark grammar."),
+        click.option("--grammar-file", default=None, metavar="FILE", help="--grammar read from FILE."),
+        click.option("--regex", default=None, metavar="REGEX", help="The whole output matches this regular expression."),
+    ]):
+        fn = dec(fn)
+    return fn
+
+
+def structured_params(p: dict):
+    """(StructuredOutputsParams or None, the option it came from), from the
+    structured_options; IntdetError naming the option."""
+    from .structured import StructuredOutputsParams
+
+    given = [o for o in ("json_schema", "json_schema_file", "grammar", "grammar_file", "regex") if p.get(o) is not None]
+    if not given:
+        return None, None
+    opt = f"--{given[0].replace('_', '-')}"
+    if len(given) > 1:
+        raise IntdetError(f"{opt}: give one of --json-schema, --json-schema-file, --grammar, --grammar-file, --regex")
+    v = p[given[0]]
+    if given[0].endswith("_file"):
+        v = read_text_file(v, opt, GRAMMAR_FILE_LIMIT)
+    try:
+        if given[0].startswith("json_schema"):
+            so = StructuredOutputsParams(json_object=True) if v.strip() == "{}" else StructuredOutputsParams(json=v)
+        elif given[0].startswith("grammar"):
+            so = StructuredOutputsParams(grammar=v)
+        else:
+            so = StructuredOutputsParams(regex=v)
+    except IntdetError as e:
+        raise IntdetError(f"{opt}: {str(e).split(': ', 1)[-1]}") from None
+    return so, opt
+
+
+def compile_structured(llm, so, opt: str):
+    """``llm.grammar(so)`` with errors naming the CLI option."""
+    try:
+        return llm.grammar(so)
+    except IntdetError as e:
+        msg = str(e)
+        if e.field and msg.startswith(e.field):
+            msg = opt + msg[len(e.field):]
+        raise IntdetError(msg) from None
+
+
 def verbosity_options(fn):
     fn = click.option("-v", "--verbose", is_flag=True, help="Say what is being loaded, hashed and converted.")(fn)
     return click.option("-q", "--quiet", is_flag=True, help="No stats line (token counts, speed, hash) on stderr.")(fn)
@@ -475,6 +530,7 @@ def _prefill_bar(n_prompt: int, quiet: bool):
               help="Cut a prompt too long for the context at its start (left) or end (right) instead of failing.")
 @model_options
 @sampling_options
+@structured_options
 @click.option("--spec-ngram", "spec_ngram", default=0, show_default=True, type=click.IntRange(0, 64), metavar="K",
               help="Speculative decoding: draft up to K tokens a step by prompt lookup (the same tokens and hash).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of streaming text.")
@@ -482,8 +538,8 @@ def _prefill_bar(n_prompt: int, quiet: bool):
 @click.pass_context
 @user_errors
 def generate(ctx, prompt, prompt_opt, file, ids, chat, system, truncate, model, revision, weights, device, threads,
-             max_new_tokens, temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, stops, seed, spec_ngram,
-             as_json, quiet, verbose):
+             max_new_tokens, temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, stops, seed, json_schema,
+             json_schema_file, grammar, grammar_file, regex, spec_ngram, as_json, quiet, verbose):
     """Generate text; stream it to stdout, stats and the chain hash to stderr."""
     import time
 
@@ -504,6 +560,7 @@ def generate(ctx, prompt, prompt_opt, file, ids, chat, system, truncate, model, 
     if quiet and verbose:
         raise IntdetError("-q and -v: choose one")
     sampler = _make_sampler(ctx, ctx.params, as_json)
+    structured, structured_opt = structured_params(ctx.params)
     text, prompt_ids = _read_prompt(prompt, prompt_opt, file, ids)
     lm = _load(model, revision, weights, verbose, quiet)
     tok, meta = lm.tokenizer, lm.tok_meta
@@ -523,10 +580,13 @@ def generate(ctx, prompt, prompt_opt, file, ids, chat, system, truncate, model, 
     # PREFILL_CHUNK calls, Ctrl-C honoured between them); the whole KV cache
     # is the request's, so no KV budget applies.
     llm = LLM(lm, device, threads, max_batch=1, step_tokens=PREFILL_CHUNK, kv_bytes=1 << 62, spec_tokens=spec_ngram)
+    if structured is not None:
+        compile_structured(llm, structured, structured_opt)  # a bad schema fails before the prompt runs
     p = ctx.params
     params = SamplingParams(max_tokens=max_new_tokens, temperature=p["temperature"], top_p=p["top_p"],
                             top_k=p["top_k"], min_p=p["min_p"], repeat_penalty=p["repeat_penalty"],
-                            repeat_last_n=p["repeat_last_n"], seed=sampler.seed, stop=list(stops))
+                            repeat_last_n=p["repeat_last_n"], seed=sampler.seed, stop=list(stops),
+                            structured_outputs=structured)
     out = sys.stdout
     bar, show_prefill = _prefill_bar(len(prompt_ids), quiet or as_json)
     chunks = [0]

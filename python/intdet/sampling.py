@@ -129,21 +129,39 @@ class Sampler:
             return []
         return list(history) if self.repeat_last_n < 0 else list(history[-self.repeat_last_n:])
 
-    def pick(self, logits: np.ndarray, position: int, history=()) -> int:
+    def pick(self, logits: np.ndarray, position: int, history=(), allowed: np.ndarray | None = None) -> int:
         """logits: int32 [V] (Q16); position: the absolute position of the
         token being chosen (keys the draw); history: the ids so far (prompt
-        and generated) for the repetition penalty. Returns the chosen id."""
+        and generated) for the repetition penalty; allowed: None, or bool [V]
+        (structured output's mask): the pick is made over the allowed ids
+        alone, exactly as if the others were not in the vocabulary (after
+        the repetition penalty; top-k, top-p and min-p count allowed ids
+        only). Returns the chosen id. Raises IntdetError if no id is
+        allowed."""
         if self.penalized:
             logits = apply_repeat_penalty(logits, self.recent(history), self.r_num, self.r_den)
-        if self.greedy:  # argmax of the int32 (or penalized int64) logits as they are: no copy
-            return int(np.argmax(logits))  # lowest id wins ties
+        if allowed is not None and not allowed.any():
+            raise IntdetError("structured output: the grammar allows no token here")
+        return self._choose(logits, position, allowed)
+
+    def _choose(self, logits: np.ndarray, position: int, allowed: np.ndarray | None = None) -> int:
+        """The pick from (penalized) logits, over the allowed ids when a mask
+        is given: the same id as picking from logits[ids] (ids = the allowed
+        ids, ascending) and mapping back, without building that copy."""
+        best = int(np.argmax(logits))  # lowest id wins ties
+        masked_out = allowed is not None and not allowed[best]
+        if masked_out:  # the model's favourite is not allowed: the largest allowed logit
+            best = int(np.argmax(np.where(allowed, np.asarray(logits, dtype=np.int64), np.iinfo(np.int64).min)))
+        if self.greedy:
+            return best
         logits = np.asarray(logits, dtype=np.int64)
         # Only tokens whose weight can be non-zero matter: exp2_neg_q30 is 0
         # once u >= 31 * 2^16. Filtering them first keeps the sort small and
         # changes nothing (weights are non-increasing along the order).
-        top = int(logits.max())
-        d_all = np.minimum(top - logits, DIFF_CAP)
-        live = np.flatnonzero(round_div(round_shift(d_all * LOG2E_Q30, 30) * self.t_den, self.t_num) < (31 << 16))
+        top = int(logits[best])
+        d_all = np.minimum(np.maximum(top - logits, 0), DIFF_CAP)  # masked-out ids above top: filtered below
+        keep = round_div(round_shift(d_all * LOG2E_Q30, 30) * self.t_den, self.t_num) < (31 << 16)
+        live = np.flatnonzero(keep if allowed is None else keep & allowed)
         order = live[np.lexsort((live, -logits[live]))]  # logit desc, id asc
         if self.top_k:
             order = order[: self.top_k]

@@ -128,11 +128,15 @@ class Request:
             ``total`` have run); an exception from it cancels the request,
             except KeyboardInterrupt, which propagates (Ctrl-C in the CLI).
         tokenizer: for the text and stop strings (None: no text).
+        grammar: None, or a ``structured.Grammar``: each token is picked
+            over the ids it allows (the chain hash and log-probabilities
+            still see the unmasked logits); the generation ends ("stop")
+            when the grammar can take nothing more.
     """
 
     def __init__(self, prompt_ids, max_new_tokens: int, sampler: Sampler | None = None, eos_ids=(), stop=(),
                  logprobs: int | None = None, prompt_logprobs: int | None = None, score_from: int | None = None,
-                 on_event=None, tokenizer=None, on_prefill=None):
+                 on_event=None, tokenizer=None, on_prefill=None, grammar=None):
         self.id = next(_ids)
         self.prompt_ids = [int(t) for t in prompt_ids]
         self.max_new_tokens = int(max_new_tokens)
@@ -145,6 +149,7 @@ class Request:
         self.on_event = on_event
         self.on_prefill = on_prefill
         self.tokenizer = tokenizer
+        self._grammar = grammar.matcher() if grammar is not None else None  # built here, in the caller's thread
         # results
         self.tokens: list[int] = []
         self.token_logprobs: list[TokenLogprob] = []
@@ -226,6 +231,7 @@ class Scheduler:
         self.steps = 0
         self.max_running_seen = 0
         self.spec_drafted = self.spec_accepted = 0  # over every request (speculative decoding)
+        self._grammar_pool = None  # one worker computing structured-output masks beside the forward call
 
     # ---------------------------------------------------------------- submit
 
@@ -412,12 +418,15 @@ class Scheduler:
                  or (r._prefilled == len(r.prompt_ids) and len(t) > 1) for r, t in plan]
         if not plan:
             return False
+        masks = self._prefetch_masks(plan)
         try:
             outs = self.engine.forward_batch([r._seq for r, _ in plan], [t for _, t in plan], all_logits=flags)
         except Exception as e:  # noqa: BLE001  (inputs were checked; keep serving the others)
             for r, _ in plan:
                 self._retire(r, "error", f"engine: {e}")
         else:
+            if masks is not None:
+                masks.result()
             for (r, toks), out, all_logits in zip(plan, outs, flags):
                 self._after_forward(r, toks, out, all_logits)
         self.steps += 1
@@ -425,6 +434,20 @@ class Scheduler:
             if r._seq is not None and r._logits is not None and not r._cancel:
                 self._advance(r)
         return True
+
+    def _prefetch_masks(self, plan):
+        """Start computing the structured-output masks of this step's first
+        picks in a worker thread (the grammar states cannot change before
+        the forward returns), so the forward hides their cost; the future,
+        or None when no request in the plan has a grammar."""
+        states = [r._grammar for r, _ in plan if r._grammar is not None]
+        if not states:
+            return None
+        if self._grammar_pool is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._grammar_pool = ThreadPoolExecutor(1, thread_name_prefix="intdet-grammar")
+        return self._grammar_pool.submit(lambda: [g.prefetch() for g in states])
 
     def _after_forward(self, r: Request, toks, out, all_logits: bool) -> None:
         if r._prefilled < len(r.prompt_ids):
@@ -501,8 +524,15 @@ class Scheduler:
     def _take(self, r: Request, logits, n_past: int) -> int:
         """Pick one token from logits (the row plain decoding has when n_past
         positions are cached) and apply generate()'s stop rules."""
-        tok = r.sampler.pick(logits, n_past, r._history)
-        r._chain.update(logits, tok)
+        try:
+            allowed = r._grammar.allowed() if r._grammar is not None else None
+            tok = r.sampler.pick(logits, n_past, r._history, allowed)
+            if r._grammar is not None:
+                r._grammar.advance(tok)
+        except IntdetError as e:
+            self._retire(r, "error", str(e))
+            return -1
+        r._chain.update(logits, tok)  # the unmasked logits: the model's (docs/chain-hash.md)
         r.tokens.append(tok)
         if not r.t_first:
             r.t_first = time.perf_counter()
@@ -519,7 +549,7 @@ class Scheduler:
         self._emit(r, Event("token", r, token=tok, text=piece, logprob=lp))
         if tok in r.eos_ids:
             self._retire(r, "eos")
-        elif stopped:
+        elif stopped or (r._grammar is not None and r._grammar.done):
             self._retire(r, "stop")
         elif len(r.tokens) >= r.max_new_tokens:
             self._retire(r, "length")

@@ -145,15 +145,51 @@ class Server:
         if len(stops) > self.limits.max_stop:
             raise BadRequest(f"stop: at most {self.limits.max_stop} strings", "stop")
         temperature = 1 if r.temperature is None else r.temperature
+        structured = self.structured(r)
         try:  # SamplingParams checks every field when made
             sp = SamplingParams(max_tokens=max_tokens, temperature=_dec(temperature), top_p=_dec(r.top_p or 1),
                                 top_k=max(r.top_k or 0, 0), min_p=_dec(r.min_p or 0),
                                 repeat_penalty=_dec(r.repetition_penalty or 1), repeat_last_n=-1 if
                                 r.repetition_penalty not in (None, 1) else 64, seed=seed, stop=stops,
-                                logprobs=logprobs, prompt_logprobs=prompt_logprobs)
+                                logprobs=logprobs, prompt_logprobs=prompt_logprobs, structured_outputs=structured)
         except IntdetError as e:
             raise BadRequest(str(e), e.field) from None
         return sp
+
+    def structured(self, r):
+        """The request's StructuredOutputsParams (response_format, OpenAI's,
+        or structured_outputs, vLLM's), compiled here so a bad schema or
+        grammar is a 400 naming the field (compiled grammars are cached by
+        the LLM: a schema sent with every request is compiled once)."""
+        from ..structured import StructuredOutputsParams
+
+        rf, so = r.response_format, r.structured_outputs
+        if rf is not None and rf.type != "text" and so is not None:
+            raise BadRequest("response_format: give response_format or structured_outputs, not both",
+                             "response_format")
+        if rf is not None and rf.type == "json_schema" and rf.json_schema is None:
+            raise BadRequest("response_format.json_schema: required when type is \"json_schema\"", "response_format")
+        where = {}
+        try:
+            if rf is not None and rf.type == "json_object":
+                params, where = StructuredOutputsParams(json_object=True), {"json_object": "response_format"}
+            elif rf is not None and rf.type == "json_schema":
+                params = StructuredOutputsParams(json=rf.json_schema.schema_)
+                where = {"json": "response_format.json_schema.schema"}
+            elif so is not None:
+                params = StructuredOutputsParams(**{k: v for k, v in so.model_dump(by_alias=True).items()
+                                                    if v is not None})
+            else:
+                return None
+            self.llm.grammar(params)
+        except IntdetError as e:
+            msg, field = str(e), e.field or "structured_outputs"
+            for k, name in where.items():  # name the field the client sent
+                f = f"structured_outputs.{k}"
+                if field == f:
+                    msg, field = name + msg[len(f):], name
+            raise BadRequest(msg, field) from None
+        return params
 
     def check_shape(self, r, n_prompts: int):
         if r.n > self.limits.max_n:

@@ -39,6 +39,34 @@ class StreamOptions(Strict):
     continuous_usage_stats: StrictBool = False
 
 
+class JsonSchemaFormat(Strict):
+    """OpenAI's response_format.json_schema."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    name: Optional[StrictStr] = None
+    description: Optional[StrictStr] = None
+    schema_: Union[dict, StrictBool] = Field(alias="schema")
+    strict: Optional[StrictBool] = None
+
+
+class ResponseFormat(Strict):
+    """OpenAI's response_format: text, any JSON object, or a JSON schema."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: Optional[JsonSchemaFormat] = None
+
+
+class StructuredOutputs(Strict):
+    """vLLM's structured_outputs (set one; checked by structured.StructuredOutputsParams)."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    json_: Optional[Union[dict, StrictStr]] = Field(default=None, alias="json")
+    json_object: Optional[StrictBool] = None
+    regex: Optional[StrictStr] = None
+    choice: Optional[List[StrictStr]] = None
+    grammar: Optional[StrictStr] = None
+
+
 class SamplingFields(Strict):
     """What completions and chat completions share."""
 
@@ -58,6 +86,8 @@ class SamplingFields(Strict):
     frequency_penalty: Optional[Annotated[Num, Field(ge=0, le=0)]] = None
     logit_bias: Optional[Annotated[dict, Field(max_length=0)]] = None
     user: Optional[StrictStr] = None
+    response_format: Optional[ResponseFormat] = None
+    structured_outputs: Optional[StructuredOutputs] = None
 
 
 class CompletionRequest(SamplingFields):
