@@ -786,31 +786,53 @@ def test_int4_model_matches_cpu(backend, converted_int4, graphs):
     _compare_model(backend, converted_int4, graphs, prompt, steps, batch_co=2)
 
 
+def _lane_run(lm, device, prompt, n, sampler=None, eos_ids=(), stop=(), tokenizer=None, max_batch=1, extra=None,
+              graphs=None):
+    """The product's loop (the scheduler) on ``device``: (request, extra request or None)."""
+    from intdet.scheduler import Request, Scheduler
+
+    eng = Engine(lm, device)
+    if graphs is not None:
+        eng._model.cuda_graphs = graphs
+    sch = Scheduler(eng, max_batch=max_batch, step_tokens=4, kv_bytes=1 << 40)
+    req = sch.submit(Request(prompt, n, sampler, eos_ids=eos_ids, stop=stop, tokenizer=tokenizer))
+    other = None
+    if extra is not None:  # a second request joining after `extra` steps
+        for _ in range(extra):
+            sch.step()
+        other = sch.submit(Request([5, 6, 7], 4))
+    sch.run_until_idle()
+    return req, other
+
+
 def test_engine_generate_hash_equal(monkeypatch, converted):
-    """Engine(device='cuda') end to end (emulator here, the GPU below): the
-    chain hash of a greedy generation equals the CPU's."""
+    """Engine(device='cuda') end to end through the scheduler (emulator here,
+    the GPU below): the chain hash of a greedy generation equals the CPU
+    reference loop's."""
     import intdet.model as M
-    from intdet.generate import generate
+    from oracle import generate
 
     mod = _emu_or_skip()
     monkeypatch.setattr(M, "cuda_module", lambda: mod)
     lm = converted["qwen3"]
     g_cpu = generate(Engine(lm, "cpu"), [1, 40, 41, 42, 43], 6)
     for graphs in (False, True):
-        g = generate(Engine(lm, "cuda", cuda_graphs=graphs), [1, 40, 41, 42, 43], 6)
-        assert g.hash == g_cpu.hash and g.tokens == g_cpu.tokens
+        r, _ = _lane_run(lm, "cuda", [1, 40, 41, 42, 43], 6, graphs=graphs)
+        assert r.hash == g_cpu.hash and r.tokens == g_cpu.tokens
 
 
-def test_generate_device_pick(monkeypatch, converted):
-    """Generation on the CUDA engine chooses each token on the device and
-    enqueues the next step before hashing (submit_pick / wait_pick): the
-    same tokens and chain hash as the CPU for prefill splits, graphs, an eos
-    stop, a stop from on_token (the step enqueued ahead is dropped), the end
-    of the context and temperature sampling; top-k and min-p stay on the host
-    and match too."""
+def test_scheduler_device_lane(monkeypatch, converted):
+    """The scheduler's device lane (one request alone on the CUDA engine):
+    each token after the first is chosen on the device and the next step is
+    enqueued before the host hashes (submit_pick / wait_pick): the same
+    tokens and chain hashes as the CPU reference loop for prefill splits,
+    graphs, an eos stop, a stop string (the step enqueued ahead is dropped),
+    the end of the context, temperature sampling with top-k/top-p/min-p, a
+    repetition penalty (host picks), and a second request joining midway
+    (the lane ends; both equal their runs alone)."""
     import intdet.model as M
-    from intdet.generate import generate
     from intdet.sampling import Sampler
+    from oracle import generate
 
     mod = _emu_or_skip()
     monkeypatch.setattr(M, "cuda_module", lambda: mod)
@@ -819,32 +841,53 @@ def test_generate_device_pick(monkeypatch, converted):
     monkeypatch.setattr(M.Sequence, "submit_pick", lambda self, t=None, s=None: calls.append(t) or real(self, t, s))
     lm = converted["wide"]
     prompt = [1, 40, 41, 42, 43, 44, 45]
-    cpu, gpu = Engine(lm, "cpu"), Engine(lm, "cuda")
+    cpu = Engine(lm, "cpu")
     want = generate(cpu, prompt, 6)
-    for chunk, graphs in ((0, False), (3, True)):
-        gpu._model.cuda_graphs = graphs
+    for graphs in (False, True):
         calls.clear()
-        g = generate(gpu, prompt, 6, prefill_chunk=chunk)
-        assert g.tokens == want.tokens and g.hash == want.hash and g.hashes == want.hashes
-        assert len(calls) == 6 and calls[1:] == [None] * 5  # the prompt's last chunk, then 5 device tokens
-    eos = want.tokens[2]
-    g, w = generate(gpu, prompt, 6, eos_ids=[eos]), generate(cpu, prompt, 6, eos_ids=[eos])
-    assert g.stop == w.stop == "eos" and g.tokens == w.tokens and g.hash == w.hash
-    seen = []
-    g = generate(gpu, prompt, 6, on_token=lambda t: seen.append(t) or len(seen) == 2)
-    assert g.stop == "stop" and g.tokens == want.tokens[:2] and seen == want.tokens[:2]
+        r, _ = _lane_run(lm, "cuda", prompt, 6, graphs=graphs)
+        assert r.tokens == want.tokens and r.hash == want.hash and r.hashes == want.hashes
+        # the first token picked on the host from the prefill's logits and fed by the first submit, 5 on the device
+        assert len(calls) == 5 and list(calls[0]) == want.tokens[:1] and calls[1:] == [None] * 4
+    for eos in dict.fromkeys(want.tokens):  # each id as the eos, ending at its first occurrence
+        calls.clear()
+        r, _ = _lane_run(lm, "cuda", prompt, 6, eos_ids=[eos])
+        w = generate(cpu, prompt, 6, eos_ids=[eos])
+        assert r.finish_reason == w.stop == "eos" and r.tokens == w.tokens and r.hash == w.hash
+        assert len(calls) == want.tokens.index(eos)  # no step enqueued after the eos
+
+    class Tok:  # each id is one character: a stop string at the second token
+        def id_to_token(self, i):
+            return str(i)
+
+        def decode(self, ids, skip_special_tokens=False):
+            return "".join(chr(65 + i % 26) for i in ids)
+
+    stop = "".join(chr(65 + t % 26) for t in want.tokens[1:2])
+    calls.clear()
+    r, _ = _lane_run(lm, "cuda", prompt, 6, stop=[stop], tokenizer=Tok())
+    k = next(i for i, t in enumerate(want.tokens) if chr(65 + t % 26) == stop)
+    assert r.finish_reason == "stop" and r.tokens == want.tokens[:k + 1] and len(calls) == k + 1
+    assert r.hash == generate(cpu, prompt, 6, on_token=lambda t, n=[0]: (n.__setitem__(0, n[0] + 1) or n[0]) > k).hash
     small = converted["qwen3"]
     ctx = small.cfg["context_length"]
     long_prompt = [int(t) for t in np.random.default_rng(3).integers(0, small.cfg["vocab_size"], size=ctx - 3)]
-    g, w = generate(Engine(small, "cuda"), long_prompt, 10), generate(Engine(small, "cpu"), long_prompt, 10)
-    assert g.stop == w.stop == "context" and g.tokens == w.tokens and g.hash == w.hash
+    r, _ = _lane_run(small, "cuda", long_prompt, 10)
+    w = generate(Engine(small, "cpu"), long_prompt, 10)
+    assert r.finish_reason == w.stop == "context" and r.tokens == w.tokens and r.hash == w.hash
     for samp, on_device in ((dict(temperature="0.8", seed=5), True), (dict(temperature="3", seed=2**64 - 1), True),
                             (dict(temperature="0.8", top_k=3), True), (dict(temperature="1", min_p="0.1"), True),
                             (dict(temperature="2", top_p="0.5", top_k=40, min_p="0.01"), True),
                             (dict(temperature="0.8", repeat_penalty="1.3"), False)):
         calls.clear()
-        g, w = generate(gpu, prompt, 5, Sampler(**samp)), generate(cpu, prompt, 5, Sampler(**samp))
-        assert g.tokens == w.tokens and g.hash == w.hash and bool(calls) == on_device, samp
+        r, _ = _lane_run(lm, "cuda", prompt, 5, Sampler(**samp))
+        w = generate(cpu, prompt, 5, Sampler(**samp))
+        assert r.tokens == w.tokens and r.hash == w.hash and bool(calls) == on_device, samp
+    calls.clear()
+    r, o = _lane_run(lm, "cuda", prompt, 8, max_batch=2, extra=4)
+    assert r.tokens == generate(cpu, prompt, 8).tokens and r.hash == generate(cpu, prompt, 8).hash
+    assert o.hash == generate(cpu, [5, 6, 7], 4).hash
+    assert 0 < len(calls) < 7  # the lane ran, then stopped when the second request came
 
 
 @given(V=st.integers(1, 700), spread=st.sampled_from([0, 3, 2**16, 2**22, 2**31]), temp=st.sampled_from(
@@ -893,20 +936,22 @@ def test_sample_cuts_inside_ties(backend, k, p, m):
 @needs_gpu
 @pytest.mark.parametrize("name", ["llama", "qwen2", "qwen3", "wide", "gemma3"])
 def test_gpu_generate_hash_equal(converted, name):
-    from intdet.generate import generate
+    from oracle import generate
 
     lm = converted[name]
     want = generate(Engine(lm, "cpu"), [1, 40, 41, 42, 43, 44, 45], 40)
     for graphs in (False, True):
         g = generate(Engine(lm, "cuda", cuda_graphs=graphs), [1, 40, 41, 42, 43, 44, 45], 40, prefill_chunk=3)
         assert g.hash == want.hash and g.tokens == want.tokens
+        r, _ = _lane_run(lm, "cuda", [1, 40, 41, 42, 43, 44, 45], 40, graphs=graphs)  # the device lane
+        assert r.hash == want.hash and r.tokens == want.tokens
 
 
 @needs_gpu
 def test_gpu_int4_generate_hash_equal(converted_int4):
     """Int4 weights on the GPU: a 200-token prefill (GEMM) then greedy decode
     (GEMV), with and without graphs: the CPU's chain hash."""
-    from intdet.generate import generate
+    from oracle import generate
 
     lm = converted_int4
     prompt = [int(t) for t in np.random.default_rng(12).integers(0, lm.cfg["vocab_size"], size=200)]

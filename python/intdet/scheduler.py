@@ -9,9 +9,9 @@ and retires sequences when they finish or are cancelled.
 Why every request equals the same request run alone (``intdet generate``):
 its logits do not depend on the batch or on how its prompt was cut into
 chunks (the core's guarantee, tests/test_batch.py), the sampler's draw is
-keyed by (seed, absolute position), and the stop rules are those of
-``generate.generate``. Nothing here reads the clock or the load to decide
-a token; the load only decides *when* a row runs.
+keyed by (seed, absolute position), and the stop rules are those of the
+plain reference loop of the tests (tests/oracle.py). Nothing here reads the
+clock or the load to decide a token; the load only decides *when* a row runs.
 
 A step (``Scheduler.step``):
   1. cancelled requests are retired;
@@ -32,6 +32,18 @@ A step (``Scheduler.step``):
      drops the KV entries of the rejected drafts (the kept tokens are plain
      decoding's, bit for bit: speculate.py).
 
+The device lane (CUDA): while one request runs alone and its sampler can
+run on the GPU (greedy or temperature with top-k/top-p/min-p, no repetition
+penalty, no grammar, no drafts), its next step is enqueued as soon as its
+token is chosen, before the host hashes this step's logits and emits the
+token (``Sequence.submit_pick``: the forward of the chosen token and the
+pick of the next one on the device, the logits copied to pinned memory).
+The next ``step`` only waits for that pick (``wait_pick``) instead of
+running a forward call, so the GPU never waits for the host. The tokens are
+``Sampler.pick``'s (tests/test_cuda.py); a request that stops early (a stop
+string, a cancel) drops the step enqueued ahead; a second request joining
+ends the lane at the next step.
+
 Requests come from any thread (``submit``); ``step`` runs in one thread at a
 time: the caller's (``run_until_idle``, as the Python API does) or the loop
 thread of ``start`` (as the server does). Events are delivered by the
@@ -46,6 +58,8 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from .errors import IntdetError, check_token_ids
 from .hashing import ChainHash
@@ -123,6 +137,8 @@ class Request:
             (as if generated), then goes on with the generated tokens.
             Default: len(prompt_ids) (the hash of ``intdet generate``).
         on_event: callable(Event) or None.
+        step_hashes: keep the chain hash after every generated token in
+            ``step_hashes`` (hash-check's divergence report).
         on_prefill: callable(done, total) or None, called in the stepping
             thread after each prefill chunk (``done`` prompt positions of
             ``total`` have run); an exception from it cancels the request,
@@ -136,7 +152,7 @@ class Request:
 
     def __init__(self, prompt_ids, max_new_tokens: int, sampler: Sampler | None = None, eos_ids=(), stop=(),
                  logprobs: int | None = None, prompt_logprobs: int | None = None, score_from: int | None = None,
-                 on_event=None, tokenizer=None, on_prefill=None, grammar=None):
+                 on_event=None, tokenizer=None, on_prefill=None, grammar=None, step_hashes: bool = False):
         self.id = next(_ids)
         self.prompt_ids = [int(t) for t in prompt_ids]
         self.max_new_tokens = int(max_new_tokens)
@@ -159,6 +175,7 @@ class Request:
         self.error = ""
         self.hash = ""
         self.hashes: dict = {}
+        self.step_hashes: list | None = [] if step_hashes else None
         self.done = threading.Event()
         self.t_submit = self.t_start = self.t_first = self.t_done = 0.0  # t_start: admitted
         # engine state (the scheduler's)
@@ -173,6 +190,7 @@ class Request:
         self._looked_up = True  # prefix cache: looked up (or not to be)
         self._draft = None  # speculate.DraftState with speculative decoding
         self._drafts: list = []  # this step's drafts (fed after the last token)
+        self._pending = False  # the device lane: a step enqueued on the GPU (submit_pick), not yet waited for
         self.cached_tokens = 0  # prompt positions taken from the prefix cache (not computed)
 
     @property
@@ -297,6 +315,9 @@ class Scheduler:
         if req._chain is not None:
             req.hash, req.hashes = req._chain.hex(), dict(req._chain.at)
         seq = req._seq
+        if req._pending:  # the step the device lane enqueued ahead is not used
+            seq.wait_pick()
+            req._pending = False
         req._seq = req._logits = None  # frees the KV cache, or hands it to the prefix cache
         self.kv_used -= self._positions(req) * self.kv_per_pos
         if self.cache is not None and seq is not None:
@@ -391,9 +412,16 @@ class Scheduler:
         for r in running:  # max_new_tokens 0 and no prompt log-probabilities: nothing to run
             if r._seq is None:
                 self._retire(r, "length")
-        running = [r for r in running if r._seq is not None]
+        lane = [r for r in running if r._pending]
+        for r in lane:  # the device lane: the step enqueued last time; its pick may enqueue the next
+            r._pending = False
+            tok, logits = r._seq.wait_pick()
+            self._take(r, logits, r._seq.n_past, tok)
+        running = [r for r in running if r._seq is not None and not r._pending]
         if not running:
-            return False
+            if lane:
+                self.steps += 1
+            return bool(lane)
         # rows: every decoding sequence one, then prefill chunks in admission order
         plan = []
         budget = self.step_tokens
@@ -513,7 +541,7 @@ class Scheduler:
             if i < len(drafts) and tok == drafts[i]:
                 kept += 1
                 continue
-            if r._seq.n_past > base + i:
+            if r._seq.n_past > base + i and not r._pending:
                 r._seq.truncate(base + i)  # the rejected drafts' KV entries
             break
         if drafts:
@@ -521,18 +549,30 @@ class Scheduler:
             self.spec_drafted += len(drafts)
             self.spec_accepted += kept
 
-    def _take(self, r: Request, logits, n_past: int) -> int:
+    def _take(self, r: Request, logits, n_past: int, tok: int | None = None) -> int:
         """Pick one token from logits (the row plain decoding has when n_past
-        positions are cached) and apply generate()'s stop rules."""
-        try:
-            allowed = r._grammar.allowed() if r._grammar is not None else None
-            tok = r.sampler.pick(logits, n_past, r._history, allowed)
-            if r._grammar is not None:
-                r._grammar.advance(tok)
-        except IntdetError as e:
-            self._retire(r, "error", str(e))
-            return -1
+        positions are cached; ``tok``: the token the device lane chose from
+        it) and apply the stop rules."""
+        on_device = tok is not None  # chosen by the device lane: the GPU holds it for the next step
+        if tok is None:
+            try:
+                allowed = r._grammar.allowed() if r._grammar is not None else None
+                tok = r.sampler.pick(logits, n_past, r._history, allowed)
+                if r._grammar is not None:
+                    r._grammar.advance(tok)
+            except IntdetError as e:
+                self._retire(r, "error", str(e))
+                return -1
+        if (tok not in r.eos_ids and len(r.tokens) + 1 < r.max_new_tokens and r._seq.n_past < r._n_total
+                and self._device_lane(r)):
+            if not on_device:  # forward_batch's rows may live in the pinned buffer the submit writes
+                logits = np.array(logits)
+            # the next step runs on the GPU while the host hashes this one
+            r._seq.submit_pick(None if on_device else [tok], r.sampler)
+            r._pending = True
         r._chain.update(logits, tok)  # the unmasked logits: the model's (docs/chain-hash.md)
+        if r.step_hashes is not None:
+            r.step_hashes.append(r._chain.hex())
         r.tokens.append(tok)
         if not r.t_first:
             r.t_first = time.perf_counter()
@@ -556,6 +596,12 @@ class Scheduler:
         elif n_past >= r._n_total:
             self._retire(r, "context")
         return tok
+
+    def _device_lane(self, r: Request) -> bool:
+        """Whether r's next token may be chosen on the device, enqueued now
+        (the module docstring's device lane)."""
+        return (r._seq.device_pick and r.sampler.device_ok and r._grammar is None and r._draft is None
+                and not r._cancel and len(self.running) == 1 and not self.waiting)
 
     # ---------------------------------------------------------------- driving
 
