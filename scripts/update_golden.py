@@ -12,9 +12,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 
 import models  # noqa: E402
 
+import intdet  # noqa: E402
 from intdet.convert import convert  # noqa: E402
-from intdet.generate import generate  # noqa: E402
-from intdet.model import Engine, load_model  # noqa: E402
 
 PROMPT = [5, 17, 99, 230, 41, 7, 300, 12, 64, 128, 3, 77]  # as in test_engine.py
 
@@ -26,7 +25,7 @@ def golden(d: str, prefix: str, weights: str, **shape) -> None:
     out = convert(src, os.path.join(d, "out-" + weights), progress=False, weights=weights)
     with open(os.path.join(out, "model.safetensors"), "rb") as f:
         sha = hashlib.sha256(f.read()).hexdigest()
-    g = generate(Engine(load_model(out), "cpu"), PROMPT, 16)
+    g = intdet.LLM(out, threads=1).generate(PROMPT, intdet.SamplingParams(max_tokens=16))  # greedy, as generate
     print(f'{prefix}MODEL_SHA256 = "{sha}"')
     print(f'{prefix}HASH = "{g.hash}"')
     print(f"{prefix}TOKENS = {g.tokens}")

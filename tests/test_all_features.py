@@ -16,7 +16,7 @@ from intdet import _core
 from intdet.convert import convert
 from intdet.convert.sources import read_source
 from intdet.floatref import FloatModel
-from intdet.generate import generate
+from oracle import generate
 from intdet.model import Engine, load_model
 
 PROMPT = [5, 17, 99, 230, 41, 7, 300, 12]

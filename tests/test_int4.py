@@ -17,7 +17,7 @@ from intdet.convert import convert
 from intdet.convert.quantize import W4_MAX, quant_rows_int4
 from intdet.convert.sources import read_source
 from intdet.errors import IntdetError
-from intdet.generate import generate
+from oracle import generate
 from intdet.model import Engine, load_model
 from intdet.ref.ops import dequant_int4
 from intdet.resolve import resolve_model

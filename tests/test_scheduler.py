@@ -1,8 +1,8 @@
 """The scheduler's promise: whatever the arrival order, concurrency, token
 budget (prefill chunking) and KV memory, each request's tokens, text,
 log-probabilities and chain hash (which covers every step's int32 logits)
-equal those of the same request run alone with generate.generate, the loop
-of `intdet generate`."""
+equal those of the same request run alone with the plain reference loop
+(tests/oracle.py)."""
 
 import threading
 import time
@@ -12,7 +12,8 @@ import pytest
 
 from intdet.convert import convert
 from intdet.errors import IntdetError
-from intdet.generate import TextStream, generate
+from intdet.generate import TextStream
+from oracle import generate
 from intdet.logprobs import LogSoftmax
 from intdet.model import Engine, load_model
 from intdet.sampling import Sampler
@@ -47,7 +48,7 @@ def specs(seed=0, n=14):
 
 
 def alone(engine, s, stop=()):
-    """The request run by itself through generate.generate, plus its
+    """The request run by itself through the reference loop (tests/oracle.py), plus its
     log-probabilities from one whole forward of prompt + tokens."""
     tok = engine.lm.tokenizer
     ts = TextStream(tok, stop)

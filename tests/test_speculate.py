@@ -52,7 +52,7 @@ def _run(engine, ss, stops, spec_tokens, max_batch=16, step_tokens=512):
 def test_speculative_requests_equal_plain(engine, reference, spec_tokens, max_batch, step_tokens):  # noqa: F811
     """The scheduler's mixed requests (greedy and sampled, log-probabilities,
     prompt log-probabilities, scored continuations, stop strings), drafted,
-    against each one run alone by generate.generate."""
+    against each one run alone by the reference loop (tests/oracle.py)."""
     ss, stops, want = reference
     sch, reqs, events = _run(engine, ss, stops, spec_tokens, max_batch, step_tokens)
     for r, ev, w in zip(reqs, events, want):

@@ -2,9 +2,9 @@
 
 Each turn the whole conversation is rendered by the model's chat template
 (``tokenizer.encode_messages``: control-token strings typed in a message
-stay text) and generated from an empty KV cache, so a
-reply is the one ``generate --chat`` would give for that conversation, with
-the same chain hash. Lines are read from stdin: with readline editing and a
+stay text) and generated from an empty KV cache by the scheduler (the one
+generation loop, scheduler.py), so a reply is the one ``generate --chat``
+would give for that conversation, with the same chain hash. Lines are read from stdin: with readline editing and a
 prompt on a terminal, one message per line otherwise. ``/reset`` forgets the
 conversation (the system prompt stays), ``/help`` lists the commands, Ctrl-D
 (end of input) or ``/exit`` leaves, Ctrl-C stops the current reply only (the
@@ -16,7 +16,8 @@ from __future__ import annotations
 import sys
 
 from .errors import IntdetError
-from .generate import TextStream, generate
+from .generate import PREFILL_CHUNK, Generation
+from .scheduler import Request, Scheduler
 
 HELP = """commands:
   /reset   forget the conversation (the system prompt stays)
@@ -77,7 +78,15 @@ def run_chat(engine, lm, sampler, max_new_tokens: int, system: str | None = None
     messages = list(base)
     conversation_ids(lm, messages + [{"role": "user", "content": ""}])  # a broken template fails now, not mid-chat
     eos = lm.tok_meta.get("eos_token_ids") or []
+    # one sequence, its whole KV cache its own (no budget); the prompt in PREFILL_CHUNK calls
+    sched = Scheduler(engine, max_batch=1, step_tokens=PREFILL_CHUNK, kv_bytes=1 << 62)
     replies = 0
+
+    def show(ev):  # the reply's text as it comes (a stop string and what follows never shown)
+        if ev.kind == "token" and ev.text:
+            out.write(ev.text)
+            out.flush()
+
     if tty:
         err.write("intdet chat: type a message; /help for commands, Ctrl-D to leave\n")
     for line in _lines(inp, tty, "> ", err):
@@ -104,21 +113,20 @@ def run_chat(engine, lm, sampler, max_new_tokens: int, system: str | None = None
             err.write(f"intdet: the conversation ({len(ids)} tokens) no longer fits the context length "
                       f"{engine.context_length}: /reset to start again\n")
             continue
-        ts = TextStream(lm.tokenizer, stop)
-
-        def on_token(t, ts=ts):
-            text, stopped = ts.push(t)
-            if text:
-                out.write(text)
-                out.flush()
-            return stopped
-
-        g = generate(engine, ids, max_new_tokens, sampler, eos_ids=eos, on_token=on_token)
-        if g.stop != "stop":
-            out.write(ts.flush())
+        req = Request(ids, max_new_tokens, sampler, eos_ids=eos, stop=stop, tokenizer=lm.tokenizer, on_event=show)
+        sched.submit(req)
+        try:
+            sched.run_until_idle()
+        except KeyboardInterrupt:  # Ctrl-C stops this reply; what was shown stays
+            req.cancel()
+            sched.run_until_idle()
         out.write("\n")
         out.flush()
-        messages.append({"role": "assistant", "content": ts.text})
+        g = Generation(prompt_ids=ids, tokens=list(req.tokens), hash=req.hash, hashes=dict(req.hashes),
+                       prefill_s=(req.t_first - req.t_start) if req.t_first else 0.0,
+                       decode_s=(req.t_done - req.t_first) if req.t_first else 0.0,
+                       stop="interrupted" if req.finish_reason == "cancelled" else req.finish_reason)
+        messages.append({"role": "assistant", "content": req.text})
         replies += 1
         if not quiet and stats_line:
             err.write(stats_line(g) + "\n")

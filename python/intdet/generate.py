@@ -1,15 +1,14 @@
-"""Generation loop: prefill, decode, sampling, streaming and the chain hash."""
+"""What generation needs beside its loop: the prompt checks and truncation
+of ``intdet generate``, its stats (``Generation``), and the streamed text
+with stop strings (``TextStream``). The loop itself is the scheduler's step
+(scheduler.py), the one loop of the CLI, chat, hash-check, the Python API,
+the server, batch jobs and decompression."""
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 from .errors import IntdetError, check_token_ids
-from .hashing import ChainHash
-from .model import Engine
-from .sampling import Sampler
-from .testhook import signal_at
 
 
 @dataclass
@@ -75,96 +74,6 @@ def check_prompt(prompt_ids, ctx: int, vocab_size: int, max_new_tokens: int, tru
                           "(leave room for one generated token, or cut it with --truncate left|right)")
     check_token_ids(prompt_ids, vocab_size, "--ids")
     return prompt_ids
-
-
-def generate(engine: Engine, prompt_ids, max_new_tokens: int, sampler: Sampler | None = None,
-             eos_ids=(), on_token=None, prefill_chunk: int = PREFILL_CHUNK, on_prefill=None,
-             truncate: str | None = None, bos_id=None) -> Generation:
-    """Prefill ``prompt_ids`` then decode up to ``max_new_tokens`` tokens.
-
-    Stops after an id in ``eos_ids`` (which is kept and hashed), after
-    ``max_new_tokens``, at the end of the context, or when ``on_token(id)``
-    (called as each token is chosen) returns True (``stop == "stop"``: the
-    token is kept and hashed). The prefill runs in calls of ``prefill_chunk``
-    tokens (0 = one call; the logits are identical for any split), calling
-    ``on_prefill(done, total)`` after each. ``truncate`` "left"/"right" cuts a
-    prompt that does not fit (see :func:`truncate_prompt`); None refuses it.
-    Raises IntdetError for an empty prompt or one that leaves no room in the
-    context. KeyboardInterrupt (between prefill calls or decode steps) stops
-    generation and returns what was made (``stop == "interrupted"``).
-    """
-    sampler = sampler or Sampler()
-    n_given = len(prompt_ids)
-    prompt_ids = check_prompt(prompt_ids, engine.context_length, engine.vocab_size, max_new_tokens, truncate, bos_id)
-    ctx = engine.context_length
-    g = Generation(prompt_ids=prompt_ids, truncated=n_given - len(prompt_ids))
-    chain = ChainHash(engine.lm.cfg["format_version"], engine.lm.model_sha256, prompt_ids)
-    g.hash = chain.hex()
-    n_total = min(ctx, len(prompt_ids) + max_new_tokens)
-    if max_new_tokens == 0:
-        g.stop = "length"
-        return g
-    seq = engine.new_sequence(n_total)
-    eos = set(int(e) for e in eos_ids)
-    history = list(prompt_ids) if sampler.penalized else None
-    # On the CUDA engine, greedy or plain temperature sampling: the token is
-    # chosen on the device and the next step is enqueued before this step's
-    # logits are hashed (they arrive in pinned memory), so the GPU never
-    # waits for the hash; the tokens and the chain hash are the host's.
-    device = sampler.device_ok and seq.device_pick
-    t1 = None  # decode start: set once the prompt is in
-    try:
-        t0 = time.perf_counter()
-        step = prefill_chunk if prefill_chunk > 0 else len(prompt_ids)
-        for i in range(0, len(prompt_ids), step):
-            chunk = prompt_ids[i:i + step]
-            if device and i + step >= len(prompt_ids):
-                seq.submit_pick(chunk, sampler)
-                tok, logits = seq.wait_pick()
-            else:
-                logits = seq.forward(chunk)[-1]
-            if on_prefill:
-                on_prefill(min(i + step, len(prompt_ids)), len(prompt_ids))
-            signal_at(f"prefill-{i // step + 1}")  # test hook (testhook.py), inert unless its variable is set
-        g.prefill_s = time.perf_counter() - t0
-        t1 = time.perf_counter()
-        while True:
-            if not device:
-                tok = sampler.pick(logits, seq.n_past, history)
-            at_end = seq.n_past >= n_total
-            submitted = device and tok not in eos and len(g.tokens) + 1 < max_new_tokens and not at_end
-            if submitted:
-                seq.submit_pick(None, sampler)  # the next step runs on the device's token while the host hashes this one
-            chain.update(logits, tok)
-            g.tokens.append(tok)
-            if history is not None:
-                history.append(tok)
-            stop_now = on_token(tok) if on_token else False
-            signal_at(f"token-{len(g.tokens)}")  # test hook (testhook.py), inert unless its variable is set
-            if tok in eos:
-                g.stop = "eos"
-            elif stop_now:
-                g.stop = "stop"
-            elif len(g.tokens) >= max_new_tokens:
-                g.stop = "length"
-            elif at_end:
-                g.stop = "context"
-            if g.stop:
-                if submitted:
-                    seq.wait_pick()  # the step enqueued ahead is not used
-                break
-            if device:
-                tok, logits = seq.wait_pick()
-            else:
-                logits = seq.forward([tok])[-1]
-        g.decode_s = time.perf_counter() - t1
-    except KeyboardInterrupt:
-        g.stop = "interrupted"
-        if t1 is not None:  # during decode: the rate of the tokens made (interrupted in prefill: none, prefill_s 0)
-            g.decode_s = time.perf_counter() - t1
-    g.hash = chain.hex()
-    g.hashes = dict(chain.at)
-    return g
 
 
 class TextStream:

@@ -19,6 +19,7 @@ import xxhash
 from .hashing import ChainHash
 from .model import Engine, default_threads
 from .sampling import Sampler
+from .scheduler import Request, Scheduler
 
 
 @dataclass
@@ -39,40 +40,23 @@ def _tokens_hash(tokens) -> str:
 
 def run_one(engine: Engine, prompt, steps: int, sampler: Sampler, prefill_chunk: int = 0,
             batch: int = 1, co_seed: int = 0) -> Run:
-    """Generate ``steps`` tokens for ``prompt``; with batch > 1 the sequence
-    runs inside a batch with batch-1 random co-prompts (greedy, own lengths)."""
+    """Generate ``steps`` tokens for ``prompt`` through the scheduler (the
+    product's loop), the prompt in calls of ``prefill_chunk`` tokens (0: one
+    call); with batch > 1 the sequence runs inside a batch with batch-1
+    random co-prompts (greedy, own lengths, submitted with it)."""
     lm = engine.lm
-    chain = ChainHash(lm.cfg["format_version"], lm.model_sha256, prompt)
     rng = random.Random(co_seed)
-    n = len(prompt) + steps
     cos = [[rng.randrange(lm.cfg["vocab_size"]) for _ in range(rng.randrange(1, max(2, len(prompt) * 2)))]
            for _ in range(batch - 1)]
-    seqs = [engine.new_sequence(n)] + [engine.new_sequence(len(c) + steps) for c in cos]
-    r = Run(config="")
+    budget = prefill_chunk or len(prompt) + sum(len(c) for c in cos)
+    sched = Scheduler(engine, max_batch=batch, step_tokens=budget, kv_bytes=1 << 62)
     t0 = time.perf_counter()
-    if batch == 1:
-        step = prefill_chunk or len(prompt)
-        for i in range(0, len(prompt), step):
-            logits = seqs[0].forward(prompt[i:i + step])[-1]
-        others = []
-    else:
-        outs = engine.forward_batch(seqs, [prompt] + cos)
-        logits, others = outs[0][-1], [o[-1] for o in outs[1:]]
-    for _ in range(steps):
-        tok = sampler.pick(logits, seqs[0].n_past)
-        chain.update(logits, tok)
-        r.step_hashes.append(chain.hex())
-        r.tokens.append(tok)
-        if len(r.tokens) == steps:
-            break
-        if batch == 1:
-            logits = seqs[0].forward([tok])[-1]
-        else:
-            co_next = [[int(o.argmax())] for o in others]
-            outs = engine.forward_batch(seqs, [[tok]] + co_next)
-            logits, others = outs[0][-1], [o[-1] for o in outs[1:]]
-    r.seconds = time.perf_counter() - t0
-    r.hash = chain.hex()
+    req = sched.submit(Request(prompt, steps, sampler, step_hashes=True))
+    for c in cos:
+        sched.submit(Request(c, steps))
+    sched.run_until_idle()
+    r = Run(config="", hash=req.hash, step_hashes=list(req.step_hashes), tokens=list(req.tokens),
+            seconds=time.perf_counter() - t0)
     r.tokens_hash = _tokens_hash(r.tokens)
     return r
 
