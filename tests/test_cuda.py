@@ -793,7 +793,7 @@ def _lane_run(lm, device, prompt, n, sampler=None, eos_ids=(), stop=(), tokenize
 
     eng = Engine(lm, device)
     if graphs is not None:
-        eng._model.cuda_graphs = graphs
+        eng.cuda_graphs = graphs
     sch = Scheduler(eng, max_batch=max_batch, step_tokens=4, kv_bytes=1 << 40)
     req = sch.submit(Request(prompt, n, sampler, eos_ids=eos_ids, stop=stop, tokenizer=tokenizer))
     other = None
@@ -819,6 +819,14 @@ def test_engine_generate_hash_equal(monkeypatch, converted):
     for graphs in (False, True):
         r, _ = _lane_run(lm, "cuda", [1, 40, 41, 42, 43], 6, graphs=graphs)
         assert r.hash == g_cpu.hash and r.tokens == g_cpu.tokens
+    gpu = Engine(lm, "cuda", cuda_graphs=False)  # the backend's controls on cuda
+    assert (gpu.isa, gpu.available_isas(), gpu.threads, gpu.cuda_graphs) == ("cuda", ["cuda"], 1, False)
+    gpu.cuda_graphs = True
+    assert gpu.cuda_graphs and gpu.device_name == mod.device_name()
+    from intdet.trace import first_divergence, trace_names
+
+    ids = [1, 40, 41, 42, 43]
+    assert first_divergence(gpu.trace(ids), Engine(lm, "cpu").trace(ids), trace_names(lm.cfg)) is None
 
 
 def test_scheduler_device_lane(monkeypatch, converted):
@@ -971,7 +979,7 @@ def test_gpu_batch_invariance(converted, batch):
     cs, gs = [cpu.new_sequence(128) for _ in prompts], [gpu.new_sequence(128) for _ in prompts]
     assert all(np.array_equal(a, b) for a, b in zip(gpu.forward_batch(gs, prompts, True), cpu.forward_batch(cs, prompts, True)))
     for graphs in (False, True, True):
-        gpu._model.cuda_graphs = graphs
+        gpu.cuda_graphs = graphs
         nxt = [[int(rng.integers(0, 320))] for _ in prompts]
         assert all(np.array_equal(a, b) for a, b in zip(gpu.forward_batch(gs, nxt), cpu.forward_batch(cs, nxt)))
 

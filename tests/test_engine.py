@@ -164,3 +164,35 @@ def test_golden_chain_hash(tiny_qwen3_hf, tmp_path):
     out = convert(tiny_qwen3_hf, str(tmp_path / "m"), progress=False)
     g = generate(Engine(load_model(out), "cpu"), PROMPT, 16)
     assert (g.hash, g.tokens) == (GOLDEN_HASH, GOLDEN_TOKENS)
+
+
+def test_backend_controls(converted):
+    """Engine's controls (what callers use instead of _core/_model): kernel
+    set, threads, name, CUDA graphs, trace; they are the core's settings."""
+    from conftest import ISAS, using_isa
+
+    from intdet import _core
+    from intdet.errors import IntdetError
+    from intdet.trace import trace_ref
+
+    lm = load_model(converted[1])
+    eng, ref = Engine(lm, "cpu"), Engine(lm, "ref")
+    assert eng.available_isas() == list(ISAS) and eng.isa == _core.isa()
+    with using_isa(ISAS[0], 3):
+        assert (eng.isa, eng.threads, eng.thread_setting) == (ISAS[0], 3, 3)
+        eng.set_isa(ISAS[-1])
+        eng.set_threads(2)
+        assert (_core.isa(), _core.num_threads()) == (ISAS[-1], 2)
+        eng.new_sequence(8).forward([1, 2, 3])
+        assert 1 <= eng.last_forward_threads() <= 2
+    with pytest.raises(IntdetError, match="sse9"):
+        eng.set_isa("sse9")
+    assert eng.device_name == f"cpu ({eng.isa})" and not eng.cuda_graphs
+    with pytest.raises(IntdetError, match="cuda_graphs"):
+        eng.cuda_graphs = True
+    assert (ref.isa, ref.available_isas(), ref.threads) == ("ref", ["ref"], 1)
+    with pytest.raises(IntdetError, match="one kernel set"):
+        ref.set_isa("scalar")
+    ids = [1, 5, 9, 13]
+    got, want = eng.trace(ids, ISAS[0]), trace_ref(lm, ids)
+    assert set(want) <= set(got) and all(np.array_equal(np.asarray(got[k], np.int64), want[k]) for k in want)

@@ -62,8 +62,8 @@ def _tokens_hash(tokens) -> str:
 def _set_threads(engine: Engine, threads: int) -> int:
     """threads > 0: exactly that many; 0: auto (fewer while other processes
     keep cores busy). Returns the most a forward will use."""
-    engine._core.set_num_threads(threads)
-    return int(engine._core.num_threads())
+    engine.set_threads(threads)
+    return engine.threads
 
 
 def _warm_up(engine: Engine, ids: list) -> None:
@@ -140,10 +140,10 @@ def run_bench(lm: LoadedModel, prompt_tokens: int = 512, gen_tokens: int = 128, 
 
         rows.append({
             "model": lm.path,
-            "isa": engine._core.isa(),
+            "isa": engine.isa,
             "threads_requested": t,
             "threads": n_threads,
-            "threads_used": int(engine._core.last_forward_threads()),  # auto: the latest decode step's
+            "threads_used": engine.last_forward_threads(),  # auto: the latest decode step's
             "batch": batch,
             "prompt_tokens": prompt_tokens,
             "gen_tokens": gen_tokens,

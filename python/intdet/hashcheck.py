@@ -79,15 +79,14 @@ def configurations(isas, threads_all: int):
 def hash_check(engine: Engine, prompt, steps: int, seed: int = 0, temperature: str = "0.8",
                with_ref: bool = False, progress=None) -> list[Run]:
     """Run the matrix; returns the runs with ``diverges_at`` filled in."""
-    core = engine._core
-    isas = core.available_isas()
+    isas = engine.available_isas()
     all_th = default_threads()
-    before = (core.isa(), core.thread_setting())
+    before = (engine.isa, engine.thread_setting)
     runs = []
     try:
         for label, isa, th, chunk, batch in configurations(isas, all_th):
-            core.set_isa(isa)
-            core.set_num_threads(th)
+            engine.set_isa(isa)
+            engine.set_threads(th)
             r = run_one(engine, prompt, steps, Sampler(), prefill_chunk=chunk, batch=batch, co_seed=seed + batch)
             r.config = label
             runs.append(r)
@@ -95,8 +94,8 @@ def hash_check(engine: Engine, prompt, steps: int, seed: int = 0, temperature: s
                 progress(r)
         samp = Sampler(temperature=temperature, top_p="0.95", seed=seed)
         for isa, th, batch in ((isas[0], 1, 1), (isas[-1], all_th, 4)):
-            core.set_isa(isa)
-            core.set_num_threads(th)
+            engine.set_isa(isa)
+            engine.set_threads(th)
             r = run_one(engine, prompt, steps, samp, batch=batch, co_seed=seed + 99)
             r.config = f"sampled T={temperature} seed={seed}: {isa}, {th} thread{'s' if th > 1 else ''}" + (
                 f", batch of {batch}" if batch > 1 else "")
@@ -105,8 +104,8 @@ def hash_check(engine: Engine, prompt, steps: int, seed: int = 0, temperature: s
             if progress:
                 progress(r)
     finally:
-        core.set_isa(before[0])
-        core.set_num_threads(before[1])
+        engine.set_isa(before[0])
+        engine.set_threads(before[1])
     if with_ref:
         ref = Engine(engine.lm, "ref")
         r = run_one(ref, prompt, steps, Sampler())

@@ -289,6 +289,80 @@ class Engine:
             s.n_past += len(t)
         return outs
 
+    # ------------------------------------------------ the backend's controls
+    # (callers use these; none reaches into _core or _model)
+
+    @property
+    def isa(self) -> str:
+        """The kernel set in use: a CPU set name ("scalar", "avx2", ...),
+        "cuda" or "ref"."""
+        return self._core.isa() if self.device == "cpu" else self.device
+
+    def available_isas(self) -> list:
+        """The kernel sets this backend can run on this machine (cpu: this
+        build's sets the CPU runs, slowest first; else [isa])."""
+        return list(self._core.available_isas()) if self.device == "cpu" else [self.isa]
+
+    def set_isa(self, name: str) -> None:
+        """Switch the CPU kernel set (process-wide: the core has one; any set
+        gives the same bits). IntdetError for an unknown set or another
+        backend."""
+        if self.device != "cpu":
+            raise IntdetError(f"set_isa: the {self.device} backend has one kernel set")
+        try:
+            self._core.set_isa(name)
+        except ValueError as e:
+            raise IntdetError(str(e)) from None
+
+    @property
+    def threads(self) -> int:
+        """Threads a forward call may use now (cpu; 1 elsewhere: the GPU or
+        numpy decide)."""
+        return int(self._core.num_threads()) if self.device == "cpu" else 1
+
+    @property
+    def thread_setting(self) -> int:
+        """The thread count as set (0 = auto: all cores, fewer while others
+        keep some busy); cpu only, else 0."""
+        return int(self._core.thread_setting()) if self.device == "cpu" else 0
+
+    def set_threads(self, n: int) -> None:
+        """Set the CPU core's thread count (process-wide; 0 = auto; any count
+        gives the same bits). No-op on other backends."""
+        if self.device == "cpu":
+            self._core.set_num_threads(int(n))
+
+    def last_forward_threads(self) -> int:
+        """Threads the latest forward call used (cpu; auto may use fewer)."""
+        return int(self._core.last_forward_threads()) if self.device == "cpu" else 1
+
+    @property
+    def device_name(self) -> str:
+        """The GPU's name (cuda), else the backend and kernel set."""
+        return str(self._core.device_name()) if self.device == "cuda" else f"{self.device} ({self.isa})"
+
+    @property
+    def cuda_graphs(self) -> bool:
+        """Whether decode steps replay CUDA graphs (cuda; False elsewhere)."""
+        return bool(self._model.cuda_graphs) if self.device == "cuda" else False
+
+    @cuda_graphs.setter
+    def cuda_graphs(self, on: bool) -> None:
+        if self.device != "cuda":
+            raise IntdetError(f"cuda_graphs: the {self.device} backend has no CUDA graphs")
+        self._model.cuda_graphs = bool(on)
+
+    def trace(self, ids, isa: str | None = None) -> dict:
+        """name -> int64 array of every traced intermediate of one forward
+        of ``ids`` from position 0 (cpu: on kernel set ``isa``, default the
+        active one, for this call only; cuda). trace.py compares them."""
+        if self.device not in NATIVE:
+            raise IntdetError("trace: the ref backend is traced by trace.trace_ref")
+        state = self._core.State(self._model, len(ids))
+        args = (self._model, state, np.ascontiguousarray(ids, np.int32), 0) + ((isa,) if self.device == "cpu" else ())
+        _logits, named, _used = self._core.forward_trace(*args)
+        return dict(named)
+
     @property
     def vocab_size(self) -> int:
         return self.lm.cfg["vocab_size"]

@@ -618,18 +618,12 @@ class Scheduler:
         """Run the engine loop in a daemon thread (the server's mode)."""
         if self._thread is not None:
             return
-        # A core whose set_num_threads is omp_set_num_threads sets the count of the
-        # calling OS thread only: hand the caller's to the loop thread. A core with
-        # thread_setting keeps one process-wide setting (auto included): leave it.
-        core = getattr(self.engine, "_core", None)
-        per_thread = self.engine.device == "cpu" and not hasattr(core, "thread_setting")
-        threads = core.num_threads() if per_thread else None
-        self._thread = threading.Thread(target=self._loop, args=(threads,), name="intdet-engine", daemon=True)
+        # the core's thread count is one process-wide setting (auto included),
+        # so the loop thread runs with the caller's
+        self._thread = threading.Thread(target=self._loop, name="intdet-engine", daemon=True)
         self._thread.start()
 
-    def _loop(self, threads=None) -> None:
-        if threads is not None:
-            self.engine._core.set_num_threads(threads)
+    def _loop(self) -> None:
         while True:
             with self._lock:
                 while not self.waiting and not self.running and not self._stopping:

@@ -51,19 +51,14 @@ def trace_ref(lm: LoadedModel, ids) -> dict:
 def trace_cpu(engine: Engine, ids, isa: str | None = None) -> dict:
     """name -> int64 array from the C++ core on kernel set `isa` (default: the
     active one), for this call only. engine: an Engine on device "cpu"."""
-    core = engine._core
-    state = core.State(engine._model, len(ids))
-    _logits, named, _used = core.forward_trace(engine._model, state, np.ascontiguousarray(ids, np.int32), 0, isa)
-    return dict(named)
+    return engine.trace(ids, isa)
 
 
 def trace_cuda(engine: Engine, ids) -> dict:
     """name -> int64 array from the CUDA engine (its module's forward_trace:
     intdet._cuda, or whatever intdet.model.cuda_module returns, such as the
     host emulator in tests). engine: an Engine on device "cuda"."""
-    state = engine._core.State(engine._model, len(ids))
-    _logits, named, _used = engine._core.forward_trace(engine._model, state, np.ascontiguousarray(ids, np.int32), 0)
-    return dict(named)
+    return engine.trace(ids)
 
 
 def first_divergence(a: dict, b: dict, names) -> tuple[str, str] | None:
