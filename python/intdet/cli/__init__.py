@@ -13,55 +13,20 @@ when a line meant for stderr (stats, hash, an error) could not be shown.
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import sys
 
 import click
 
-from .errors import IntdetError
-from .signals import Terminated
+from ..errors import IntdetError
+from .errors import IntdetGroup, _err, _need_stdout, _STREAMS, user_errors, _warn  # noqa: F401
+from .options import (THREADS_HELP, NUMBER, WEIGHTS, _cap_threads, _load, _log, _make_sampler, _warn_revision,  # noqa: F401
+                      compile_structured, model_options, parse_ids, read_text_file, sampling_options, stats_line,
+                      structured_options, structured_params, verbosity_options)
 
 PROMPT_FILE_LIMIT = 64 << 20  # bytes: -f of generate
 TEXT_FILE_LIMIT = 256 << 20  # bytes: -f of perplexity
-_STREAMS = {"stdout_closed": False, "stderr_closed": False, "stderr_lost": False}
-
-
-def _err(msg: str) -> None:
-    """One line to stderr; remembered as lost when stderr is closed."""
-    if _STREAMS["stderr_closed"]:
-        _STREAMS["stderr_lost"] = True
-        return
-    try:
-        click.echo(msg, err=True)
-    except OSError:
-        _STREAMS["stderr_lost"] = True
-
-
-def _warn(msg: str) -> None:
-    _err(f"intdet: warning: {msg}")
-
-
-THREADS_HELP = ("CPU threads (default 0: auto, every core this process may use, fewer while other processes keep "
-                "some busy; at most the cores).")
-
-
-def _cap_threads(ctx, param, value):
-    """--threads: >= 0, and at most the cores this process may use (more
-    threads than cores only wait on each other: 1000 threads gave 0.6 tok/s)."""
-    from .model import default_threads
-
-    def one(n):
-        if not 0 <= n <= 1024:
-            raise click.BadParameter(f"{n} must be in [0, 1024] (0 = auto)")
-        cores = default_threads()
-        if n > cores:
-            _warn(f"--threads {n}: this process may use {cores} core{'s' if cores > 1 else ''}; using {cores}")
-            return cores
-        return n
-
-    return tuple(one(n) for n in value) if isinstance(value, tuple) else one(value)
 
 
 # intdet.random_model.SHAPES, spelled out here so that --help needs no import
@@ -69,152 +34,12 @@ def _cap_threads(ctx, param, value):
 RANDOM_MODEL_SHAPES = ("qwen3-0.6b", "tiny-llama", "tiny-qwen3", "tiny-gemma3", "qwen3-1.7b", "qwen3-4b", "llama3-8b")
 
 
-def _fail(msg: str, code: int = 1):
-    _err(f"intdet: error: {msg}")
-    sys.exit(code)
-
-
-def _guard_std_streams() -> None:
-    """Closed fds 0-2 (``>&-``) get /dev/null, so no file opened later takes
-    their number and no write raises; which ones were closed is remembered."""
-    for fd, name in ((0, None), (1, "stdout_closed"), (2, "stderr_closed")):
-        try:
-            os.fstat(fd)
-            continue
-        except OSError:
-            pass
-        null = os.open(os.devnull, os.O_RDWR)
-        if null != fd:
-            os.dup2(null, fd)
-            os.close(null)
-        if name:
-            _STREAMS[name] = True
-    if _STREAMS["stdout_closed"] or sys.stdout is None:
-        sys.stdout = open(1, "w", encoding="utf-8", closefd=False)
-    if _STREAMS["stderr_closed"] or sys.stderr is None:
-        sys.stderr = open(2, "w", encoding="utf-8", closefd=False)
-
-
-def _need_stdout() -> None:
-    if _STREAMS["stdout_closed"]:
-        raise IntdetError("standard output is closed (this command prints its result there)")
-
-
-def _broken_pipe():
-    """stdout's reader went away (``| head -c1``): stop quietly, exit 1, and
-    point fd 1 at /dev/null so the interpreter's final flush cannot fail."""
-    try:
-        null = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(null, 1)
-        os.close(null)
-    except OSError:
-        pass
-    sys.exit(1)
-
-
-def user_errors(fn):
-    """Turn IntdetError (and errors from bad model files) into one-line exits."""
-
-    @functools.wraps(fn)
-    def wrapper(*a, **kw):
-        try:
-            return fn(*a, **kw)
-        except IntdetError as e:
-            _fail(str(e))
-        except BrokenPipeError:
-            _broken_pipe()
-        except KeyboardInterrupt:  # Ctrl-C outside generation (convert, model load): one line, exit 130
-            _err("intdet: interrupted")
-            sys.exit(130)
-        except Terminated as e:  # SIGTERM (SIGHUP) during work that cleaned up first
-            _err(f"intdet: {e}")
-            sys.exit(128 + e.signum)
-        except MemoryError:
-            _fail("out of memory")
-        except OSError as e:  # permission denied, disk full, ... on a named file
-            where = f"{e.filename}: " if e.filename else ""
-            _fail(f"{where}{e.strerror or e}")
-
-    return wrapper
-
-
-class IntdetGroup(click.Group):
-    """click's group with intdet's error convention: a usage error (unknown
-    option, bad value, missing argument) is one line ``intdet: error: ...``
-    and exit 1, not click's usage block and exit 2."""
-
-    def main(self, args=None, prog_name=None, **extra):
-        _guard_std_streams()
-        try:
-            rv = super().main(args=args, prog_name=prog_name or "intdet", standalone_mode=False, **extra)
-        except click.exceptions.NoArgsIsHelpError as e:
-            click.echo(e.ctx.get_help())
-            rv = 0
-        except click.BadParameter as e:  # name the option first, as intdet's own errors do
-            where = f" (see '{e.ctx.command_path} --help')" if e.ctx is not None else ""
-            name = "/".join(e.param.opts) if isinstance(e.param, click.Option) else (
-                e.param.human_readable_name if e.param is not None else "")
-            msg = " ".join(e.message.split())
-            if isinstance(e, click.MissingParameter) or not msg:  # no message of its own: "Missing option '-o'."
-                _fail(" ".join(e.format_message().split()) + where)
-            _fail((f"{name}: {msg}" if name else " ".join(e.format_message().split())) + where)
-        except click.UsageError as e:
-            where = f" (see '{e.ctx.command_path} --help')" if e.ctx is not None else ""
-            _fail(" ".join(e.format_message().split()) + where)
-        except click.ClickException as e:
-            _fail(" ".join(e.format_message().split()))
-        except click.exceptions.Abort:
-            _err("intdet: interrupted")
-            sys.exit(130)
-        except BrokenPipeError:
-            _broken_pipe()
-        try:
-            sys.stdout.flush()
-        except BrokenPipeError:
-            _broken_pipe()
-        code = rv if isinstance(rv, int) else 0
-        if _STREAMS["stderr_lost"] and code == 0:
-            code = 1
-        sys.exit(code)
-
-
-class Number(click.ParamType):
-    """A decimal number kept as the string typed, so that sampling.py parses
-    it exactly (Decimal, never float); its checks give the error line."""
-
-    name = "float"
-
-    def convert(self, value, param, ctx):
-        return str(value)
-
-
-class Seed(click.ParamType):
-    """An integer, or ``random`` (drawn from os.urandom)."""
-
-    name = "integer|random"
-
-    def get_metavar(self, param, ctx=None):
-        return "[INTEGER|random]"
-
-    def convert(self, value, param, ctx):
-        if isinstance(value, int) or value == "random":
-            return value
-        try:
-            return int(value)
-        except ValueError:
-            self.fail(f"{value!r} is neither an integer nor 'random'", param, ctx)
-
-
-NUMBER = Number()
-WEIGHTS = click.Choice(["int8", "int4"])
-
-
 def _build_info() -> list[str]:
     """Lines naming the build: the C++ compiler (from the core's ELF .comment),
     the CUDA module, the CPU kernel sets and the one in use."""
     lines = []
     try:
-        from . import _core
+        from .. import _core
     except ImportError as e:
         return [f"C++ core: not built ({e})"]
     compiler = "unknown compiler"
@@ -230,7 +55,7 @@ def _build_info() -> list[str]:
         pass
     lines.append(f"C++ core: {os.path.basename(_core.__file__)} ({compiler})")
     try:
-        from . import _cuda
+        from .. import _cuda
 
         n = _cuda.device_count()
         lines.append(f"CUDA module: built ({n} device{'s' if n != 1 else ''} visible)")
@@ -264,11 +89,6 @@ def main():
     """Integer-only LLM inference: bit-identical logits on every machine."""
 
 
-def _warn_revision(revision, spec):
-    if revision is not None and spec is not None and os.path.exists(spec):
-        _warn(f"--revision {revision} is ignored: {spec} is a local path, not a Hugging Face repo id")
-
-
 @main.command()
 @click.argument("src")
 @click.option("-o", "--out", "out_dir", required=True, metavar="DIR", help="Output model directory.")
@@ -280,8 +100,8 @@ def _warn_revision(revision, spec):
 @user_errors
 def convert(src, out_dir, revision, force, weights, verbose):
     """Convert SRC (GGUF file, Hugging Face directory or repo id) to an intdet model."""
-    from .convert import convert as do_convert
-    from .resolve import REPO_ID, download_repo
+    from ..convert import convert as do_convert
+    from ..resolve import REPO_ID, download_repo
 
     _warn_revision(revision, src)
     if not os.path.exists(src) and REPO_ID.match(src):
@@ -292,44 +112,6 @@ def convert(src, out_dir, revision, force, weights, verbose):
         _err(f"intdet: converting {src} into {out_dir} ({weights})...")
     out = do_convert(src, out_dir, force=force, progress=sys.stderr.isatty(), weights=weights)
     _err(f"converted {src} -> {out}")
-
-
-def read_text_file(path: str, opt: str, limit: int) -> str:
-    """The UTF-8 text of ``path`` (``-`` = stdin), at most ``limit`` bytes,
-    without a leading byte-order mark. IntdetError naming ``opt`` and the file
-    otherwise; a regular file's size is checked before it is read, anything
-    else (a pipe, /dev/zero) is read to limit + 1 bytes at most."""
-    name = "stdin" if path == "-" else path
-    too_big = f"{opt} {name}: larger than {limit >> 20} MiB, the limit for this option"
-    try:
-        if path == "-":
-            data = sys.stdin.buffer.read(limit + 1)
-        else:
-            with open(path, "rb") as f:
-                st = os.fstat(f.fileno())
-                if st.st_size > limit:
-                    raise IntdetError(too_big)
-                data = f.read(limit + 1)
-    except OSError as e:
-        raise IntdetError(f"{opt} {name}: cannot read ({e.strerror})") from None
-    if len(data) > limit:
-        raise IntdetError(too_big)
-    if data.startswith(b"\xef\xbb\xbf"):  # UTF-8 byte-order mark: not text
-        data = data[3:]
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise IntdetError(f"{opt} {name}: not valid UTF-8 (byte {e.start})") from None
-
-
-def parse_ids(ids: str) -> list[int]:
-    parts = ids.split(",")
-    if any(not p.strip() for p in parts) and ids.strip():
-        raise IntdetError(f"--ids: {ids!r} has an empty item (give ids separated by single commas, e.g. 1,2,3)")
-    try:
-        return [int(x) for x in parts if x.strip()]
-    except ValueError:
-        raise IntdetError(f"--ids: {ids!r} is not a comma-separated list of integers") from None
 
 
 def _read_prompt(prompt, prompt_opt, file, ids):
@@ -343,171 +125,15 @@ def _read_prompt(prompt, prompt_opt, file, ids):
     text = prompt if prompt is not None else prompt_opt
     if text is None:
         raise IntdetError("no prompt: give PROMPT, -p, -f or --ids")
-    from .tokenizer import check_text
+    from ..tokenizer import check_text
 
     check_text(text, "PROMPT" if prompt is not None else "-p")  # argv bytes that are not UTF-8
     return text, None
 
 
-def model_options(fn):
-    """-m, --revision, --weights, --device, --threads."""
-    for dec in reversed([
-        click.option("-m", "--model", default=None, metavar="MODEL",
-                     help="Converted model dir, GGUF file, Hugging Face dir or repo id (default: SmolLM2-135M-Instruct)."),
-        click.option("--revision", default=None, metavar="REV", help="Hub revision when -m is a repo id."),
-        click.option("--weights", type=WEIGHTS, default=None,
-                     help="Linear weights when -m needs converting: int8 (default) or int4 (W4A16, groups of 32)."),
-        click.option("--device", type=click.Choice(["cpu", "cuda", "ref"]), default="cpu", show_default=True,
-                     help="cpu (C++ core), cuda (GPU, same bits) or ref (numpy integer spec, slow)."),
-        click.option("--threads", default=0, type=int, metavar="N", callback=_cap_threads, help=THREADS_HELP),
-    ]):
-        fn = dec(fn)
-    return fn
-
-
-def sampling_options(fn):
-    """-n, sampling, stop sequences, --seed."""
-    for dec in reversed([
-        click.option("-n", "--max-new-tokens", default=128, show_default=True, type=int,
-                     help="Most tokens to generate (generation also stops at EOS, a stop sequence or the context end)."),
-        click.option("--temperature", default="0", show_default=True, type=NUMBER,
-                     help="Softmax temperature, exact decimal in [0, 100] (0 = greedy)."),
-        click.option("--top-k", default=0, type=int, show_default=True, help="Keep the k most likely tokens (0 = off)."),
-        click.option("--top-p", default="1", type=NUMBER, show_default=True,
-                     help="Keep the smallest set of most likely tokens holding this probability mass, in (0, 1] (1 = off)."),
-        click.option("--min-p", default="0", type=NUMBER, show_default=True,
-                     help="Drop tokens less likely than this fraction of the most likely one, in [0, 1] (0 = off)."),
-        click.option("--repeat-penalty", default="1", type=NUMBER, show_default=True,
-                     help="Divide positive logits (multiply negative ones) of recent tokens by this, in (0, 100] "
-                          "(1 = off; llama.cpp's; applies to greedy too)."),
-        click.option("--repeat-last-n", default=64, type=int, show_default=True,
-                     help="How many recent tokens (prompt included) --repeat-penalty looks at (-1 = all, 0 = off)."),
-        click.option("--stop", "stops", multiple=True, metavar="STR",
-                     help="Stop when the text contains STR (not printed); repeat for several."),
-        click.option("--seed", default="0", type=Seed(), show_default=True,
-                     help="Seed of the sampling draws; 'random' draws one and prints it on stderr."),
-    ]):
-        fn = dec(fn)
-    return fn
-
-
-GRAMMAR_FILE_LIMIT = 1 << 20  # a schema or grammar file's most bytes
-
-
-def structured_options(fn):
-    """--json-schema(-file), --grammar(-file), --regex: structured output."""
-    for dec in reversed([
-        click.option("-j", "--json-schema", "json_schema", default=None, metavar="SCHEMA",
-                     help="The output is JSON matching this JSON schema (text; '{}' = any JSON object)."),
-        click.option("--json-schema-file", default=None, metavar="FILE", help="--json-schema read from FILE."),
-        click.option("--grammar", default=None, metavar="GRAMMAR",
-                     help="The output matches this GBNF (llama.cpp's) or Lark grammar."),
-        click.option("--grammar-file", default=None, metavar="FILE", help="--grammar read from FILE."),
-        click.option("--regex", default=None, metavar="REGEX", help="The whole output matches this regular expression."),
-    ]):
-        fn = dec(fn)
-    return fn
-
-
-def structured_params(p: dict):
-    """(StructuredOutputsParams or None, the option it came from), from the
-    structured_options; IntdetError naming the option."""
-    from .structured import StructuredOutputsParams
-
-    given = [o for o in ("json_schema", "json_schema_file", "grammar", "grammar_file", "regex") if p.get(o) is not None]
-    if not given:
-        return None, None
-    opt = f"--{given[0].replace('_', '-')}"
-    if len(given) > 1:
-        raise IntdetError(f"{opt}: give one of --json-schema, --json-schema-file, --grammar, --grammar-file, --regex")
-    v = p[given[0]]
-    if given[0].endswith("_file"):
-        v = read_text_file(v, opt, GRAMMAR_FILE_LIMIT)
-    try:
-        if given[0].startswith("json_schema"):
-            so = StructuredOutputsParams(json_object=True) if v.strip() == "{}" else StructuredOutputsParams(json=v)
-        elif given[0].startswith("grammar"):
-            so = StructuredOutputsParams(grammar=v)
-        else:
-            so = StructuredOutputsParams(regex=v)
-    except IntdetError as e:
-        raise IntdetError(f"{opt}: {str(e).split(': ', 1)[-1]}") from None
-    return so, opt
-
-
-def compile_structured(llm, so, opt: str):
-    """``llm.grammar(so)`` with errors naming the CLI option."""
-    try:
-        return llm.grammar(so)
-    except IntdetError as e:
-        msg = str(e)
-        if e.field and msg.startswith(e.field):
-            msg = opt + msg[len(e.field):]
-        raise IntdetError(msg) from None
-
-
-def verbosity_options(fn):
-    fn = click.option("-v", "--verbose", is_flag=True, help="Say what is being loaded, hashed and converted.")(fn)
-    return click.option("-q", "--quiet", is_flag=True, help="No stats line (token counts, speed, hash) on stderr.")(fn)
-
-
-def _explicit(ctx, name) -> bool:
-    from click.core import ParameterSource
-
-    return ctx.get_parameter_source(name) not in (ParameterSource.DEFAULT, ParameterSource.DEFAULT_MAP, None)
-
-
-def _make_sampler(ctx, p, as_json=False):
-    """The Sampler of the sampling options (errors before any model work),
-    warning about options that do nothing at temperature 0."""
-    from .sampling import Sampler
-
-    seed = p["seed"]
-    if seed == "random":
-        seed = int.from_bytes(os.urandom(8), "little")
-        _err(f"intdet: --seed random: using --seed {seed}")
-    if p["max_new_tokens"] < 0:
-        raise IntdetError(f"-n: {p['max_new_tokens']} must be >= 0")
-    s = Sampler(temperature=p["temperature"], top_k=p["top_k"], top_p=p["top_p"], seed=seed, min_p=p["min_p"],
-                repeat_penalty=p["repeat_penalty"], repeat_last_n=p["repeat_last_n"])
-    if s.greedy:
-        idle = [f"--{n.replace('_', '-')}" for n in ("top_k", "top_p", "min_p", "seed") if _explicit(ctx, n)]
-        if idle:
-            _warn(f"{', '.join(idle)} {'has' if len(idle) == 1 else 'have'} no effect at --temperature 0 (greedy)")
-    return s
-
-
-def _log(verbose):
-    """The CLI's ``intdet: ...`` stderr line writer when ``verbose``, else None."""
-    return (lambda m: _err(f"intdet: {m}")) if verbose else None
-
-
-def _load(model, revision, weights, verbose, quiet=False):
-    from .model import load_model
-    from .resolve import resolve_model
-
-    _warn_revision(revision, model)
-    log = _log(verbose)
-    path = resolve_model(model, revision, progress=sys.stderr.isatty() and not quiet, weights=weights, log=log,
-                         notice=_log(not quiet))
-    if log:
-        log(f"loading {path}")
-    return load_model(path)
-
-
-def stats_line(g) -> str:
-    st = g.stats()
-    rate = lambda v: f"{v:.1f}" if v else "-"  # noqa: E731
-    cut = f" ({g.truncated} cut by --truncate)" if g.truncated else ""
-    end = {"interrupted": " (interrupted)", "context": " (stopped: context full)"}.get(g.stop, "")
-    return (f"prompt {st['prompt_tokens']} tok{cut}, generated {st['generated_tokens']} tok | "
-            f"prefill {rate(st['prefill_tok_s'])} tok/s, decode {rate(st['decode_tok_s'])} tok/s | "
-            f"hash {g.hash}{end}")
-
-
 def _prefill_bar(n_prompt: int, quiet: bool):
     """A tqdm bar on stderr for prompts longer than one prefill chunk, on a terminal."""
-    from .generate import PREFILL_CHUNK
+    from ..generate import PREFILL_CHUNK
 
     if quiet or n_prompt <= PREFILL_CHUNK or _STREAMS["stderr_closed"] or not sys.stderr.isatty():
         return None, None
@@ -543,10 +169,10 @@ def generate(ctx, prompt, prompt_opt, file, ids, chat, system, truncate, model, 
     """Generate text; stream it to stdout, stats and the chain hash to stderr."""
     import time
 
-    from .api import LLM, SamplingParams
-    from .generate import PREFILL_CHUNK, Generation, check_prompt
-    from .testhook import signal_at
-    from .tokenizer import encode
+    from ..api import LLM, SamplingParams
+    from ..generate import PREFILL_CHUNK, Generation, check_prompt
+    from ..testhook import signal_at
+    from ..tokenizer import encode
 
     _need_stdout()
     if chat and ids is not None:
@@ -554,7 +180,7 @@ def generate(ctx, prompt, prompt_opt, file, ids, chat, system, truncate, model, 
     if system is not None and not chat:
         raise IntdetError("--system: needs --chat")
     if system is not None:
-        from .tokenizer import check_text
+        from ..tokenizer import check_text
 
         check_text(system, "--system")
     if quiet and verbose:
@@ -566,7 +192,7 @@ def generate(ctx, prompt, prompt_opt, file, ids, chat, system, truncate, model, 
     tok, meta = lm.tokenizer, lm.tok_meta
     if prompt_ids is None:
         if chat:
-            from .chat import conversation_ids
+            from ..chat import conversation_ids
 
             msgs = ([{"role": "system", "content": system}] if system is not None else []) + [
                 {"role": "user", "content": text}]
@@ -658,8 +284,8 @@ def generate(ctx, prompt, prompt_opt, file, ids, chat, system, truncate, model, 
 def chat(ctx, system, model, revision, weights, device, threads, max_new_tokens, temperature, top_k, top_p, min_p,
          repeat_penalty, repeat_last_n, stops, seed, quiet, verbose):
     """Interactive multi-turn chat: one message per line; /reset, /help; Ctrl-D leaves, Ctrl-C stops a reply."""
-    from .chat import run_chat
-    from .model import Engine
+    from ..chat import run_chat
+    from ..model import Engine
 
     _need_stdout()
     if quiet and verbose:
@@ -681,7 +307,7 @@ def cache():
 @user_errors
 def cache_list(as_json):
     """One line per cache entry: name, size, weight format, source."""
-    from .resolve import cache_dir, cache_entries
+    from ..resolve import cache_dir, cache_entries
 
     _need_stdout()
     entries = cache_entries()
@@ -705,7 +331,7 @@ def cache_list(as_json):
 @user_errors
 def cache_clean(names, everything):
     """Remove the named entries (see `intdet cache list`), or all with --all; nothing outside the cache's models/ dir."""
-    from .resolve import clean_cache
+    from ..resolve import clean_cache
 
     if not names and not everything:
         raise IntdetError("cache clean: name the entries to remove, or give --all")
@@ -733,10 +359,10 @@ def cache_clean(names, everything):
 @user_errors
 def perplexity(model, file, ctx, max_windows, use_float, second_half, device, threads, revision, as_json, weights):
     """Perplexity of a text file: non-overlapping windows of --ctx tokens."""
-    from .model import Engine, load_model
-    from .perplexity import float_logits_fn, integer_logits_fn, perplexity as run, window_bos, windows_of
-    from .resolve import check_weights, converted_path, resolve_source
-    from .tokenizer import encode
+    from ..model import Engine, load_model
+    from ..perplexity import float_logits_fn, integer_logits_fn, perplexity as run, window_bos, windows_of
+    from ..resolve import check_weights, converted_path, resolve_source
+    from ..tokenizer import encode
 
     _need_stdout()
     text = read_text_file(file, "-f", TEXT_FILE_LIMIT)
@@ -754,8 +380,8 @@ def perplexity(model, file, ctx, max_windows, use_float, second_half, device, th
     if use_float:
         import numpy as np
 
-        from .convert.sources import read_source
-        from .floatref import FloatModel
+        from ..convert.sources import read_source
+        from ..floatref import FloatModel
 
         fn, kind = float_logits_fn(FloatModel(read_source(src), np.float32, max_len=ctx)), "float32 reference"
     else:
@@ -776,9 +402,9 @@ def _cuda_hash_runs(lm, cpu, ids, steps, seed, temperature, with_ref, progress):
     then the GPU with the prefill whole, token by token and in chunks of 7,
     inside batches of 4 and 8, and replayed from CUDA graphs; sampled runs
     on both."""
-    from .hashcheck import mark_divergence, run_one
-    from .model import Engine
-    from .sampling import Sampler
+    from ..hashcheck import mark_divergence, run_one
+    from ..model import Engine
+    from ..sampling import Sampler
 
     gpu = Engine(lm, "cuda", cuda_graphs=False)
     runs = []
@@ -821,7 +447,7 @@ def random_model(out_dir, shape, seed):
     """Write a Hugging Face checkpoint with deterministic random weights (then `intdet convert` it)."""
     import time
 
-    from .random_model import write_random_model
+    from ..random_model import write_random_model
 
     t0 = time.monotonic()
     log = lambda msg: click.echo(f"{time.monotonic() - t0:7.1f}s {msg}", err=True)  # noqa: E731
@@ -850,11 +476,11 @@ def hash_check(model, prompt, steps, seed, temperature, expect, with_ref, with_f
     """Run one generation under every configuration here; exit 1 unless all hashes agree."""
     import re
 
-    from .hashcheck import float_check, hash_check as run
-    from .model import Engine, load_model
-    from .resolve import check_weights, converted_path, resolve_source
-    from .sampling import Sampler
-    from .tokenizer import encode
+    from ..hashcheck import float_check, hash_check as run
+    from ..model import Engine, load_model
+    from ..resolve import check_weights, converted_path, resolve_source
+    from ..sampling import Sampler
+    from ..tokenizer import encode
 
     if steps < 1:
         raise IntdetError(f"--steps: {steps} must be >= 1")
@@ -924,9 +550,9 @@ def hash_check(model, prompt, steps, seed, temperature, expect, with_ref, with_f
 @user_errors
 def bench(model, prompt_tokens, gen_tokens, threads, batch, revision, as_json, weights):
     """Prompt-processing and decode speed, peak RSS, ISA and threads: one row per --threads."""
-    from .bench import format_table, run_bench
-    from .model import load_model
-    from .resolve import resolve_model
+    from ..bench import format_table, run_bench
+    from ..model import load_model
+    from ..resolve import resolve_model
 
     lm = load_model(resolve_model(model, revision, progress=sys.stderr.isatty(), weights=weights,
                                   notice=_log(True)))
@@ -937,7 +563,7 @@ def bench(model, prompt_tokens, gen_tokens, threads, batch, revision, as_json, w
 
 main.add_command(__import__("intdet.cli_serve", fromlist=["command"]).command(model_options, user_errors))  # serve
 main.add_command(__import__("intdet.cli_batch", fromlist=["command"]).command(model_options, user_errors))  # batch
-from . import cli_compress  # noqa: E402  (its commands use the helpers above)
+from .. import cli_compress  # noqa: E402  (its commands use the helpers above)
 main.add_command(cli_compress.compress)
 main.add_command(cli_compress.decompress)
 
