@@ -97,10 +97,12 @@ def test_help_has_types_choices_and_a_description_for_every_option(cache):
         assert s in r.stdout, s
     from intdet.cli import main
 
-    def commands(group, path):
-        for name, cmd in group.commands.items():
+    def commands(group, path):  # list_commands/get_command: main imports its verbs when asked
+        ctx = click.Context(group)
+        for name in group.list_commands(ctx):
+            cmd = group.get_command(ctx, name)
             yield f"{path} {name}", cmd
-            if hasattr(cmd, "commands"):
+            if isinstance(cmd, click.Group):
                 yield from commands(cmd, f"{path} {name}")
 
     missing = [f"{path} {p.opts[0]}" for path, cmd in commands(main, "intdet") for p in cmd.params

@@ -309,7 +309,7 @@ def test_cli_odd_output_paths(tiny, tmp_path):
 def test_output_made_meanwhile_is_not_replaced(tmp_path):
     """Without --force the finished file goes into place only where no file
     is (another run may have made one since the start's check)."""
-    from intdet.cli_compress import _place
+    from intdet.cli.compress import _place
 
     tmp, out = tmp_path / ".o.tmp", tmp_path / "o"
     tmp.write_bytes(b"new")

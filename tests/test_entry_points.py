@@ -100,7 +100,7 @@ def test_random_model_refuses_a_non_empty_output(tmp_path):
 
 
 def test_random_model_shapes_match_the_cli():
-    from intdet.cli import random_model
+    from intdet.cli.random_model import random_model
     from intdet.random_model import SHAPES
 
     (shape,) = [p for p in random_model.params if p.name == "shape"]

@@ -1,4 +1,4 @@
-"""Batch jobs: ``intdet batch`` (cli_batch.py) and its Python side.
+"""Batch jobs: ``intdet batch`` (cli/batch.py) and its Python side.
 
     from intdet.batch import run_job, BatchPredictor
     summary = run_job("items.jsonl", "out.jsonl", model=None, task="generate", engine="local", workers=2)

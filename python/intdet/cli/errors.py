@@ -1,14 +1,14 @@
-"""The CLI's error convention: every error, a bad option value or usage
-included, prints one line ``intdet: error: ...`` and exits 1; no traceback,
-no partial output. Warnings print ``intdet: warning: ...``.
+"""The CLI's error convention.
 
-Ctrl-C exits 130 (outside generation with the one line ``intdet:
-interrupted``); SIGTERM (SIGHUP) during work that cleaned up first exits
-128 + the signal number with the line ``intdet: terminated``. A closed or
-broken stdout (``>&-``, ``| head -c1``) exits 1 without a traceback; with
-stderr closed the work still runs and its stdout is whole, but the exit
-status is 1 when a line meant for stderr (stats, hash, an error) could not
-be shown.
+Every error, a bad option value or usage included, prints one line,
+``intdet: error: ...``, and exits 1; no traceback, no partial output.
+Warnings (contradictory but harmless options) print ``intdet: warning: ...``.
+Ctrl-C exits 130: during generation after printing the text so far and its
+hash, elsewhere with the one line ``intdet: interrupted``. SIGTERM during a
+conversion exits 143 with the line ``intdet: terminated``. A closed or broken
+stdout (``>&-``, ``| head -c1``) exits 1 without a traceback; with stderr
+closed the work still runs and its stdout is whole, but the exit status is 1
+when a line meant for stderr (stats, hash, an error) could not be shown.
 """
 
 from __future__ import annotations

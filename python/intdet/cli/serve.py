@@ -12,68 +12,59 @@ port, named there).
 
 from __future__ import annotations
 
-import asyncio
 import os
-import signal
-import socket
 import sys
 
 import click
 
-from .errors import IntdetError
+from ..errors import IntdetError
+from .errors import user_errors
+from .options import _log, model_options
 
 
-_OPTIONS = [
-    click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (loopback by default)."),
-    click.option("--port", default=8000, show_default=True, type=int, help="TCP port (0: any free port)."),
-    click.option("--max-batch", default=16, show_default=True, type=int, help="Sequences decoded together at most."),
-    click.option("--step-tokens", default=512, show_default=True, type=int,
-                 help="Rows per forward call (decode rows + prefill chunks): the token budget of a step."),
-    click.option("--kv-cache-mib", default=2048, show_default=True, type=int,
-                 help="KV cache memory for running sequences; requests beyond it wait in the queue."),
-    click.option("--spec-ngram", "spec_ngram", default=0, show_default=True, type=click.IntRange(0, 64), metavar="K",
-                 help="Speculative decoding: up to K prompt-lookup drafts per decode step (the same outputs)."),
-    click.option("--prefix-cache/--no-prefix-cache", default=False, show_default=True,
-                 help="Keep finished requests' KV for prompts that start with the same tokens (the same outputs)."),
-    click.option("--api-key", default=None, metavar="KEY",
-                 help="Require 'Authorization: Bearer KEY' (default: $INTDET_API_KEY; none = open)."),
-    click.option("--served-model-name", default=None, metavar="NAME",
-                 help="Model id in the API (default: the file name)."),
-    click.option("--max-connections", default=64, show_default=True, type=int,
-                 help="Concurrent connections; more get HTTP 503."),
-    click.option("--max-body-mib", default=8, show_default=True, type=int, help="Largest request body."),
-    click.option("--max-n", default=16, show_default=True, type=int, help="Largest n (choices per prompt)."),
-    click.option("--drain-timeout", default=10, show_default=True, type=int,
-                 help="Seconds SIGTERM waits for running requests before cancelling them."),
-    click.option("--idle-timeout", default=15, show_default=True, type=int,
-                 help="Seconds a new connection may take to send its first request before it is closed."),
-    click.option("-v", "--verbose", is_flag=True, help="Log each HTTP request."),
-]
-
-
-def command(model_options, user_errors) -> click.Command:
-    """The ``serve`` command, built with cli.py's shared model options and
-    error handling, passed in so that this module never imports cli.py
-    (which registers it; ``python -m intdet.cli`` runs cli.py as __main__,
-    and importing ``intdet.cli`` from here would load it a second time)."""
-    fn = user_errors(serve)
-    for dec in reversed(_OPTIONS):
-        fn = dec(fn)
-    return click.command("serve")(model_options(fn))
-
-
+@click.command("serve")
+@model_options
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (loopback by default).")
+@click.option("--port", default=8000, show_default=True, type=int, help="TCP port (0: any free port).")
+@click.option("--max-batch", default=16, show_default=True, type=int, help="Sequences decoded together at most.")
+@click.option("--step-tokens", default=512, show_default=True, type=int,
+              help="Rows per forward call (decode rows + prefill chunks): the token budget of a step.")
+@click.option("--kv-cache-mib", default=2048, show_default=True, type=int,
+              help="KV cache memory for running sequences; requests beyond it wait in the queue.")
+@click.option("--spec-ngram", "spec_ngram", default=0, show_default=True, type=click.IntRange(0, 64), metavar="K",
+              help="Speculative decoding: up to K prompt-lookup drafts per decode step (the same outputs).")
+@click.option("--prefix-cache/--no-prefix-cache", default=False, show_default=True,
+              help="Keep finished requests' KV for prompts that start with the same tokens (the same outputs).")
+@click.option("--api-key", default=None, metavar="KEY",
+              help="Require 'Authorization: Bearer KEY' (default: $INTDET_API_KEY; none = open).")
+@click.option("--served-model-name", default=None, metavar="NAME",
+              help="Model id in the API (default: the file name).")
+@click.option("--max-connections", default=64, show_default=True, type=int,
+              help="Concurrent connections; more get HTTP 503.")
+@click.option("--max-body-mib", default=8, show_default=True, type=int, help="Largest request body.")
+@click.option("--max-n", default=16, show_default=True, type=int, help="Largest n (choices per prompt).")
+@click.option("--drain-timeout", default=10, show_default=True, type=int,
+              help="Seconds SIGTERM waits for running requests before cancelling them.")
+@click.option("--idle-timeout", default=15, show_default=True, type=int,
+              help="Seconds a new connection may take to send its first request before it is closed.")
+@click.option("-v", "--verbose", is_flag=True, help="Log each HTTP request.")
+@user_errors
 def serve(model, revision, weights, device, threads, host, port, max_batch, step_tokens, kv_cache_mib, spec_ngram,
           prefix_cache, api_key, served_model_name, max_connections, max_body_mib, max_n, drain_timeout, idle_timeout, verbose):
     """Serve the model over an OpenAI-compatible HTTP API (deterministic continuous batching)."""
+    import asyncio
+    import signal
+    import socket
+
     try:
         import uvicorn
 
-        from .serve.app import Limits, create_app
-        from .serve.http import install_json_503, protocol_class
+        from ..serve.app import Limits, create_app
+        from ..serve.http import install_json_503, protocol_class
     except ImportError as e:
         raise IntdetError(f"intdet serve needs the serve extra: pip install 'intdet[serve]' ({e})") from None
-    from .api import LLM
-    from .resolve import resolve_source
+    from ..api import LLM
+    from ..resolve import resolve_source
 
     for name, v, lo in (("--port", port, 0), ("--max-batch", max_batch, 1), ("--step-tokens", step_tokens, 1),
                         ("--kv-cache-mib", kv_cache_mib, 1), ("--max-connections", max_connections, 1),
@@ -95,8 +86,6 @@ def serve(model, revision, weights, device, threads, host, port, max_batch, step
         raise IntdetError(f"--host {host} --port {port}: cannot bind ({getattr(e, 'strerror', None) or e})") from None
     src = resolve_source(model, revision) if model is None or os.path.exists(model) else model
     name = served_model_name or os.path.basename(os.path.normpath(src or model or "intdet"))
-    from .cli import _log
-
     llm = LLM(model, device=device, threads=threads, weights=weights, revision=revision, max_batch=max_batch,
               step_tokens=step_tokens, kv_bytes=kv_cache_mib << 20, progress=sys.stderr.isatty(),
               notice=_log(True), spec_tokens=spec_ngram, prefix_cache=prefix_cache)

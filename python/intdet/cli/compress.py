@@ -11,47 +11,21 @@ into place, which fails where a name exists).
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import os
-import shutil
 import sys
-import tempfile
 
 import click
 
-from .errors import IntdetError
-from .signals import sigterm_raises
+from ..errors import IntdetError
+from ..signals import sigterm_raises
+from .errors import user_errors
+from .options import MODEL_HELP_SHORT, _load, device_option, json_option, model_option, threads_option, weights_option
 
-# cli.py imports this module at its end, so cli's helpers are looked up when
-# a command runs (this also works under `python -m intdet.cli`).
-WEIGHTS = click.Choice(["int8", "int4"])
-
-
-def user_errors(fn):
-    @functools.wraps(fn)
-    def wrapper(*a, **kw):
-        from .cli import user_errors as ue
-
-        return ue(fn)(*a, **kw)
-
-    return wrapper
-
-
-def _cap_threads(ctx, param, value):
-    """cli.py's --threads check and cap (at most the cores, with a warning)."""
-    from .cli import _cap_threads as cap
-
-    return cap(ctx, param, value)
-
-
+# compress's and decompress's own help texts (the bytes do not depend on the backend)
+DEVICE_HELP = "Backend (the bytes are the same on each)."
 THREADS_HELP = "CPU threads (default 0: auto, fewer while other processes keep cores busy; at most the cores)."
-
-
-def _load(model, weights):
-    from .cli import _load as load
-
-    return load(model, None, weights, False)
+JSON_HELP = "Print sizes, bits per byte, tokens and times as JSON."
 
 
 def _open_input(path: str):
@@ -72,6 +46,9 @@ def _output(path: str, force: bool, inp: str = "-"):
     """Yield a seekable binary temp file; on success it becomes ``path``
     (``-``: is copied to stdout); on any error it is removed. ``inp``: the
     input path, which the output may not replace."""
+    import shutil
+    import tempfile
+
     if not path:
         raise IntdetError("-o: empty path")
     if path != "-":
@@ -142,7 +119,7 @@ def _bar(total, as_json: bool, desc: str):
 
 
 def _engine(lm, device, threads):
-    from .model import Engine
+    from ..model import Engine
 
     return Engine(lm, device, threads or None)
 
@@ -160,24 +137,23 @@ def _report(st, as_json, inp, out, verb):
 @click.command()
 @click.argument("inp", metavar="IN")
 @click.option("-o", "--output", required=True, metavar="OUT", help="Compressed file ('-' = stdout).")
-@click.option("-m", "--model", default=None, metavar="MODEL", help="Model (default: SmolLM2-135M-Instruct).")
-@click.option("--weights", type=WEIGHTS, default=None, help="Linear weights when -m needs converting: int8 or int4.")
+@model_option(help=MODEL_HELP_SHORT)
+@weights_option(help="Linear weights when -m needs converting: int8 or int4.")
 @click.option("--ctx", default=None, type=int,
               help="Most tokens per chunk (chunks are coded independently)  [default: 2048, or the model's "
                    "context length if shorter].")
-@click.option("--device", type=click.Choice(["cpu", "cuda", "ref"]), default="cpu", show_default=True,
-              help="Backend (the bytes are the same on each).")
-@click.option("--threads", default=0, type=int, metavar="N", callback=_cap_threads, help=THREADS_HELP)
+@device_option(help=DEVICE_HELP)
+@threads_option(help=THREADS_HELP)
 @click.option("--force", is_flag=True, help="Replace OUT if it exists.")
-@click.option("--json", "as_json", is_flag=True, help="Print sizes, bits per byte, tokens and times as JSON.")
+@json_option(help=JSON_HELP)
 @user_errors
 def compress(inp, output, model, weights, ctx, device, threads, force, as_json):
     """Compress IN ('-' = stdin) with the integer model's probabilities: any bytes, decodable on any machine."""
-    from .compress.codec import compress_stream
+    from ..compress.codec import compress_stream
 
     fin, name, size = _open_input(inp)
     with fin as f, _output(output, force, inp) as out:
-        lm = _load(model, weights)
+        lm = _load(model, None, weights, False)
         eng = _engine(lm, device, threads)
         if ctx is None:
             ctx = min(2048, eng.context_length)
@@ -196,20 +172,18 @@ def compress(inp, output, model, weights, ctx, device, threads, force, as_json):
 @click.command()
 @click.argument("inp", metavar="IN")
 @click.option("-o", "--output", required=True, metavar="OUT", help="Decompressed file ('-' = stdout).")
-@click.option("-m", "--model", default=None, metavar="MODEL",
-              help="Model to decode with (default: the one named in IN's header; its sha256 must match).")
+@model_option(help="Model to decode with (default: the one named in IN's header; its sha256 must match).")
 @click.option("--batch", default=32, show_default=True, type=int,
               help="Chunks decoded together, one batch row each (memory: one KV cache per row).")
-@click.option("--device", type=click.Choice(["cpu", "cuda", "ref"]), default="cpu", show_default=True,
-              help="Backend (the bytes are the same on each).")
-@click.option("--threads", default=0, type=int, metavar="N", callback=_cap_threads, help=THREADS_HELP)
+@device_option(help=DEVICE_HELP)
+@threads_option(help=THREADS_HELP)
 @click.option("--force", is_flag=True, help="Replace OUT if it exists.")
-@click.option("--json", "as_json", is_flag=True, help="Print sizes, bits per byte, tokens and times as JSON.")
+@json_option(help=JSON_HELP)
 @user_errors
 def decompress(inp, output, model, batch, device, threads, force, as_json):
     """Decompress IN ('-' = stdin), made by intdet compress; checks the model and the output's sha256."""
-    from .compress.codec import decompress_stream
-    from .compress.container import read_header
+    from ..compress.codec import decompress_stream
+    from ..compress.container import read_header
 
     if batch < 1:
         raise IntdetError(f"--batch: {batch} must be >= 1")
@@ -218,10 +192,10 @@ def decompress(inp, output, model, batch, device, threads, force, as_json):
         h = read_header(f, name)
         with _output(output, force, inp) as out:
             # the header's --weights (int4) applies to a -m that needs converting, not to a converted dir
-            from .resolve import is_converted
+            from ..resolve import is_converted
 
             converted = bool(model) and os.path.isdir(model) and is_converted(model)
-            lm = _load(model or h.model_name or None, None if converted else (h.weights or None))
+            lm = _load(model or h.model_name or None, None, None if converted else (h.weights or None), False)
             eng = _engine(lm, device, threads)
             bar = _bar(h.orig_len, as_json, "decompress")
             try:

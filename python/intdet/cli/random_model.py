@@ -1,0 +1,32 @@
+"""``intdet random-model``: a Hugging Face checkpoint with deterministic random weights."""
+
+from __future__ import annotations
+
+import click
+
+from .errors import user_errors
+
+# intdet.random_model.SHAPES, spelled out here so that --help needs no import
+# of numpy (tests/test_entry_points.py checks the two agree).
+RANDOM_MODEL_SHAPES = ("qwen3-0.6b", "tiny-llama", "tiny-qwen3", "tiny-gemma3", "qwen3-1.7b", "qwen3-4b", "llama3-8b")
+
+
+@click.command("random-model")
+@click.argument("out_dir")
+# the choices are random_model.SHAPES, spelled out so that importing the CLI does not import numpy
+@click.option("--shape", type=click.Choice(list(RANDOM_MODEL_SHAPES)), default="qwen3-0.6b",
+              show_default=True, help="Architecture and size of the checkpoint.")
+@click.option("--seed", default=0, type=click.IntRange(0, 2**64 - 1), show_default=True,
+              help="Seed of the random weights, in [0, 2^64).")
+@user_errors
+def random_model(out_dir, shape, seed):
+    """Write a Hugging Face checkpoint with deterministic random weights (then `intdet convert` it)."""
+    import time
+
+    from ..random_model import write_random_model
+
+    t0 = time.monotonic()
+    log = lambda msg: click.echo(f"{time.monotonic() - t0:7.1f}s {msg}", err=True)  # noqa: E731
+    write_random_model(out_dir, shape, seed, log=log)
+    log(f"wrote {out_dir}")
+
