@@ -15,6 +15,7 @@ Three layers, so that most of it runs on machines without a GPU:
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -1163,3 +1164,23 @@ def test_first_divergence_script_cuda_backend(monkeypatch, capsys, converted):
     monkeypatch.setattr(ref_ops, "swiglu", _spoiled(ref_ops.swiglu, 0, 0))
     assert script.main(["-m", path, "--ids", ids, "--backends", "cuda,ref"]) == 1
     assert "ref vs cuda: first divergence at blk.0.ffn_swiglu" in capsys.readouterr().out
+
+
+def test_hash_check_device_cuda_on_the_emulator(monkeypatch, converted, tmp_path):
+    """`intdet hash-check --device cuda` (the verb, in process, on the host
+    emulator): every GPU configuration (prefill splits, batches, graphs,
+    sampled) equal to the CPU run, through the scheduler's loop."""
+    from click.testing import CliRunner
+
+    import intdet.model as M
+    from intdet.cli import main
+
+    mod = _emu_or_skip()
+    monkeypatch.setattr(M, "cuda_module", lambda: mod)
+    lm = converted["qwen3"]
+    r = CliRunner().invoke(main, ["hash-check", "-m", os.path.dirname(lm.st_path), "--device", "cuda", "--steps", "3",
+                                  "--prompt", "hello", "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.output.strip().splitlines()[-1])
+    assert out["all_equal"] and len(out["runs"]) == 10
+    assert any(x["config"].startswith(f"cuda ({mod.device_name()})") for x in out["runs"])

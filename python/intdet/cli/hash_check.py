@@ -32,16 +32,16 @@ def _cuda_hash_runs(lm, cpu, ids, steps, seed, temperature, with_ref, progress):
         if progress:
             progress(r)
 
-    go(f"cpu ({cpu._core.isa()}, {cpu._core.num_threads()} threads)", cpu, Sampler())
-    go(f"cuda ({gpu._core.device_name()}), prefill whole", gpu, Sampler())
+    go(f"cpu ({cpu.isa}, {cpu.threads} threads)", cpu, Sampler())
+    go(f"cuda ({gpu.device_name}), prefill whole", gpu, Sampler())
     go("cuda, prefill token by token", gpu, Sampler(), prefill_chunk=1)
     go("cuda, prefill in chunks of 7", gpu, Sampler(), prefill_chunk=7)
     go("cuda, inside a batch of 4", gpu, Sampler(), batch=4, co_seed=seed + 4)
     go("cuda, inside a batch of 8", gpu, Sampler(), batch=8, co_seed=seed + 8)
-    gpu._model.cuda_graphs = True
+    gpu.cuda_graphs = True
     go("cuda, CUDA graphs", gpu, Sampler())
     go("cuda, CUDA graphs, inside a batch of 8", gpu, Sampler(), batch=8, co_seed=seed + 8)
-    gpu._model.cuda_graphs = False
+    gpu.cuda_graphs = False
     samp = Sampler(temperature=temperature, top_p="0.95", seed=seed)
     go(f"sampled T={temperature} seed={seed}: cpu", cpu, samp, group="sampled")
     go(f"sampled T={temperature} seed={seed}: cuda, batch of 4", gpu, samp, group="sampled", batch=4, co_seed=seed + 99)
