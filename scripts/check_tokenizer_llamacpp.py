@@ -29,7 +29,7 @@ temporary GGUF): the hidden cases and --fuzz random strings of its pieces, and
 the tests' reference algorithm against llama.cpp, so the reference the CI tests
 trust is itself checked against llama.cpp. The toy holds the chains of pieces
 that spell a control token ("<b"+"os>") and a byte token ("<0x4"+"1>"), where
-intdet keeps plain text plain on purpose (intdet/tokenizer_spm.py): differences
+intdet keeps plain text plain on purpose (intdet/tokenizer/spm.py): differences
 there are expected and listed.
 
 For each case it compares the ids; with ``special=False`` it also checks that

@@ -1,4 +1,4 @@
-"""SentencePiece tokenizers rebuilt from GGUF (intdet.tokenizer_spm): synthetic vocabularies
+"""SentencePiece tokenizers rebuilt from GGUF (intdet.tokenizer.spm): synthetic vocabularies
 written with the gguf library always, checked against a small reference implementation of
 llama.cpp's algorithm; the real Gemma 3 GGUF when its package is installed, against ids that
 llama.cpp gave for it."""

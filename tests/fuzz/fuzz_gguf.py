@@ -120,7 +120,8 @@ def main():
     import gguf.gguf_reader  # noqa: F401  (loaded before instrumenting)
     import intdet.tokenizer  # noqa: F401
 
-    harness.instrument(["intdet.convert.gguf_check", "intdet.convert.sources", "intdet.tokenizer", "gguf.gguf_reader",
+    tokenizer = [f"intdet.tokenizer.{m}" for m in ("gguf", "meta", "hf", "files", "text", "chat", "stream")]
+    harness.instrument(["intdet.convert.gguf_check", "intdet.convert.sources", *tokenizer, "gguf.gguf_reader",
                         "gguf.quants"])
     return harness.Fuzzer("gguf", target, seed, header_len, structure).run()
 

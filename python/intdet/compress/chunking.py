@@ -2,7 +2,7 @@
 
 ``TokenBytes`` gives every token id its exact byte string (byte-level BPE:
 the GPT-2 byte alphabet mapped back to bytes; SentencePiece with byte
-fallback, as tokenizer_spm.py builds it: U+2581 back to a space and
+fallback, as tokenizer/spm.py builds it: U+2581 back to a space and
 ``<0xNN>`` to byte NN; added tokens: their UTF-8 content), so the decoder rebuilds the bytes from ids alone, without the
 tokenizer's text decoder. The encoder tokenizes a chunk's valid UTF-8 runs
 with the model's tokenizer and codes each byte of an invalid run as its byte

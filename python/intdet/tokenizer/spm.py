@@ -52,7 +52,7 @@ from tokenizers import Tokenizer, decoders, models, normalizers
 
 __all__ = ["SPM_SPACE", "sentencepiece_bpe", "spm_merges"]
 
-# GGUF token types (llama.cpp's llama_token_type); the same numbers as in intdet.tokenizer.
+# GGUF token types (llama.cpp's llama_token_type); the same numbers as in gguf.py.
 TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNUSED, TOKEN_BYTE = 1, 2, 3, 4, 5, 6
 # Pieces that step 3 may produce (see the module docstring for control and byte pieces).
 MERGEABLE_TYPES = frozenset((TOKEN_NORMAL, TOKEN_USER_DEFINED))
