@@ -1,1 +1,2 @@
-"""intdet serve: the OpenAI-compatible HTTP server (app.py) and its request shapes (protocol.py)."""
+"""intdet serve: the OpenAI-compatible HTTP server (app.py builds it and lists the
+modules of its endpoints) and its request shapes (protocol.py)."""

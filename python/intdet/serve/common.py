@@ -1,0 +1,274 @@
+"""What the endpoints of ``intdet serve`` share: the server's state
+(``Server``) and ``Limits``, ``BadRequest`` and the OpenAI error body, request
+body parsing and checks, sampling parameters, and launching requests on the
+engine (events reach the event loop through ``Mailbox``)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import threading
+import time
+from dataclasses import dataclass
+
+from pydantic import ValidationError
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse
+
+from ..api import LLM, SamplingParams
+from ..errors import IntdetError
+from . import protocol as P
+
+FINISH = {"eos": "stop", "stop": "stop", "length": "length", "context": "length", "cancelled": "abort",
+          "error": "error"}
+
+
+@dataclass
+class Limits:
+    """Per-request limits (the server's options)."""
+
+    max_body_bytes: int = 8 << 20
+    max_n: int = 16
+    max_prompts: int = 256
+    max_stop: int = 16
+
+
+class BadRequest(Exception):
+    def __init__(self, message: str, param: str | None = None, status: int = 400):
+        super().__init__(message)
+        self.param, self.status = param, status
+
+
+def error_response(status: int, message: str, param=None, kind=None) -> JSONResponse:
+    kind = kind or {401: "authentication_error", 404: "not_found_error", 413: "invalid_request_error",
+                    503: "service_unavailable"}.get(status, "invalid_request_error" if status < 500 else "server_error")
+    return JSONResponse(P.error_body(message, kind, param, status), status_code=status)
+
+
+class Mailbox:
+    """Events from the engine thread to the event loop's queues. A decode
+    step emits one event per running request; waking the loop
+    (``call_soon_threadsafe``: a self-pipe write and a loop iteration) once
+    per batch instead of once per event keeps the loop's share of the two
+    cores small while the forward needs them. Per queue, events keep their
+    order."""
+
+    def __init__(self, loop):
+        self.loop = loop
+        self._lock = threading.Lock()
+        self._items: list = []
+
+    def post(self, q: asyncio.Queue, ev) -> None:
+        """From any thread: deliver ``ev`` to ``q`` on the loop. Raises
+        RuntimeError when the loop is closed (the scheduler cancels the request)."""
+        with self._lock:
+            wake = not self._items
+            self._items.append((q, ev))
+        if wake:  # else a drain is already scheduled and will take this one too
+            self.loop.call_soon_threadsafe(self._drain)
+
+    def _drain(self) -> None:
+        with self._lock:
+            items, self._items = self._items, []
+        for q, ev in items:
+            q.put_nowait(ev)
+
+
+class Server:
+    """The state the endpoints share over one ``LLM`` whose scheduler runs
+    in its thread, and the request plumbing they call."""
+
+    def __init__(self, llm: LLM, model_name: str, api_key: str | None = None, limits: Limits | None = None):
+        self.llm = llm
+        self.model_name = model_name
+        self.api_key = api_key
+        self.limits = limits or Limits()
+        self.created = int(time.time())
+        self.counts = {"requests": 0, "cancelled": 0, "errors": 0}
+        self._mailbox: Mailbox | None = None
+
+    # ------------------------------------------------------------ plumbing
+
+    async def body(self, request: Request, model):
+        """The request body parsed into ``model`` (BadRequest otherwise)."""
+        n = request.headers.get("content-length")
+        if n is not None and not n.isdigit():
+            raise BadRequest(f"Content-Length: {n[:40]!r} is not a byte count")
+        if n is not None and int(n) > self.limits.max_body_bytes:
+            raise BadRequest(f"request body larger than {self.limits.max_body_bytes} bytes", status=413)
+        chunks, size = [], 0
+        async for c in request.stream():
+            size += len(c)
+            if size > self.limits.max_body_bytes:
+                raise BadRequest(f"request body larger than {self.limits.max_body_bytes} bytes", status=413)
+            chunks.append(c)
+        raw = b"".join(chunks)
+        try:
+            data = json.loads(raw, parse_constant=_no_constant)
+        except (ValueError, RecursionError) as e:
+            raise BadRequest(f"body: not valid JSON ({str(e)[:120]})") from None
+        if not isinstance(data, dict):
+            raise BadRequest("body: must be a JSON object")
+        try:
+            return model.model_validate(data)
+        except ValidationError as e:
+            msg, field = P.validation_message(e)
+            raise BadRequest(msg, field) from None
+
+    def check_model(self, name):
+        if name is not None and name not in (self.model_name, ""):
+            raise BadRequest(f"model: {name!r} is not served here (this server serves {self.model_name!r})",
+                             "model", status=404)
+
+    def sampling(self, r, max_tokens: int, seed: int, logprobs, prompt_logprobs) -> SamplingParams:
+        stops = [r.stop] if isinstance(r.stop, str) else list(r.stop or [])
+        if len(stops) > self.limits.max_stop:
+            raise BadRequest(f"stop: at most {self.limits.max_stop} strings", "stop")
+        temperature = 1 if r.temperature is None else r.temperature
+        structured = self.structured(r)
+        try:  # SamplingParams checks every field when made
+            sp = SamplingParams(max_tokens=max_tokens, temperature=_dec(temperature), top_p=_dec(r.top_p or 1),
+                                top_k=max(r.top_k or 0, 0), min_p=_dec(r.min_p or 0),
+                                repeat_penalty=_dec(r.repetition_penalty or 1), repeat_last_n=-1 if
+                                r.repetition_penalty not in (None, 1) else 64, seed=seed, stop=stops,
+                                logprobs=logprobs, prompt_logprobs=prompt_logprobs, structured_outputs=structured)
+        except IntdetError as e:
+            raise BadRequest(str(e), e.field) from None
+        return sp
+
+    def structured(self, r):
+        """The request's StructuredOutputsParams (response_format, OpenAI's,
+        or structured_outputs, vLLM's), compiled here so a bad schema or
+        grammar is a 400 naming the field (compiled grammars are cached by
+        the LLM: a schema sent with every request is compiled once)."""
+        from ..structured import StructuredOutputsParams
+
+        rf, so = r.response_format, r.structured_outputs
+        if rf is not None and rf.type != "text" and so is not None:
+            raise BadRequest("response_format: give response_format or structured_outputs, not both",
+                             "response_format")
+        if rf is not None and rf.type == "json_schema" and rf.json_schema is None:
+            raise BadRequest("response_format.json_schema: required when type is \"json_schema\"", "response_format")
+        where = {}
+        try:
+            if rf is not None and rf.type == "json_object":
+                params, where = StructuredOutputsParams(json_object=True), {"json_object": "response_format"}
+            elif rf is not None and rf.type == "json_schema":
+                params = StructuredOutputsParams(json=rf.json_schema.schema_)
+                where = {"json": "response_format.json_schema.schema"}
+            elif so is not None:
+                params = StructuredOutputsParams(**{k: v for k, v in so.model_dump(by_alias=True).items()
+                                                    if v is not None})
+            else:
+                return None
+            self.llm.grammar(params)
+        except IntdetError as e:
+            msg, field = str(e), e.field or "structured_outputs"
+            for k, name in where.items():  # name the field the client sent
+                f = f"structured_outputs.{k}"
+                if field == f:
+                    msg, field = name + msg[len(f):], name
+            raise BadRequest(msg, field) from None
+        return params
+
+    def check_shape(self, r, n_prompts: int):
+        if r.n > self.limits.max_n:
+            raise BadRequest(f"n: {r.n} is more than this server's limit of {self.limits.max_n}", "n")
+        if r.best_of is not None and r.best_of != r.n:
+            raise BadRequest("best_of: not supported (only best_of == n)", "best_of")
+        if n_prompts * r.n > self.limits.max_prompts:
+            raise BadRequest(f"prompt: {n_prompts} prompts x n={r.n} is more than this server's limit of "
+                             f"{self.limits.max_prompts} sequences per request", "prompt")
+
+    def check_room(self, ids: list, max_tokens: int, what: str = "prompt"):
+        ctx = self.llm.context_length
+        if len(ids) + max_tokens > ctx:
+            raise BadRequest(f"{what}: this model's maximum context length is {ctx} tokens; the request needs "
+                             f"{len(ids) + max_tokens} ({len(ids)} in the prompt, {max_tokens} for max_tokens)",
+                             "max_tokens" if len(ids) < ctx else what)
+
+    def launch(self, loop, jobs):
+        """Submit (prompt_ids, SamplingParams) jobs; returns [(scheduler Request, asyncio.Queue)]."""
+        if self._mailbox is None or self._mailbox.loop is not loop:
+            self._mailbox = Mailbox(loop)
+        post = self._mailbox.post
+        out = []
+        for ids, sp in jobs:
+            q: asyncio.Queue = asyncio.Queue()
+            req = self.llm.request(ids, sp, on_event=lambda ev, q=q: post(q, ev))
+            out.append((req, q))
+        try:
+            for req, _ in out:
+                self.llm.scheduler.submit(req)
+        except IntdetError as e:
+            for req, _ in out:
+                req.cancel()
+            raise BadRequest(str(e), status=503 if "shutting down" in str(e) else 400) from None
+        self.counts["requests"] += len(out)
+        return out
+
+    @staticmethod
+    async def wait_all(request: Request, runs):
+        """Wait until every run is done; a client that disconnects cancels them."""
+
+        async def disconnected():
+            while True:
+                msg = await request.receive()
+                if msg["type"] == "http.disconnect":
+                    return
+
+        async def done(q):
+            while True:
+                ev = await q.get()
+                if ev.kind in ("done", "error"):
+                    return
+
+        watch = asyncio.ensure_future(disconnected())
+        work = asyncio.ensure_future(asyncio.gather(*(done(q) for _, q in runs)))
+        try:
+            finished, _ = await asyncio.wait({watch, work}, return_when=asyncio.FIRST_COMPLETED)
+            if watch in finished:
+                raise ClientDisconnect()
+        finally:
+            watch.cancel()
+            if not work.done():
+                work.cancel()
+                # read its outcome once it settles, so asyncio does not log
+                # "exception was never retrieved" (CancelledError) for it
+                work.add_done_callback(lambda f: f.cancelled() or f.exception())
+            for req, _ in runs:
+                req.cancel()
+
+    def new_seed(self, given):
+        return given if given is not None else int.from_bytes(os.urandom(8), "little")
+
+    def chat_ids(self, messages) -> list:
+        try:
+            return self.llm.chat_ids([{"role": m.role, "content": m.text()} for m in messages])
+        except IntdetError as e:
+            msg = str(e)
+            raise BadRequest(msg if msg.startswith("messages") else f"messages: {msg}", "messages") from None
+
+    def usage(self, runs, n_prompt: int, n_out: int) -> dict:
+        """OpenAI's usage block; with the prefix cache, prompt_tokens_details
+        .cached_tokens: the prompt positions reused, summed over the runs
+        (at most prompt_tokens, which counts a prompt once for its n choices)."""
+        u = {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out}
+        if self.llm.scheduler.cache is not None:
+            u["prompt_tokens_details"] = {"cached_tokens": min(n_prompt, sum(req.cached_tokens for req, _ in runs))}
+        return u
+
+    def raise_failed(self, req):
+        if req.finish_reason == "error":
+            self.counts["errors"] += 1
+            raise BadRequest(f"engine error: {req.error}", status=500)
+
+
+def _no_constant(name):
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _dec(x) -> str:
+    """A JSON number as the exact decimal intdet's sampler reads (shortest repr)."""
+    return repr(x) if isinstance(x, float) else str(x)
