@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .convert.sources import Background, sha256_file
+from .background import Background, sha256_file
 from .errors import IntdetError
 from .safetensors_io import SafetensorsFile
 from .sampling import draw_u64
@@ -32,7 +32,7 @@ class LoadedModel:
     tensors: dict  # name -> read-only numpy view into the mmapped file
     tokenizer: object
     tok_meta: dict
-    sha256_job: object  # model.safetensors' sha256: a str, or a convert.sources.Background computing it
+    sha256_job: object  # model.safetensors' sha256: a str, or a background.Background computing it
     st: object = None  # the SafetensorsFile the tensors view
     cfg_path: str = ""
     st_path: str = ""

@@ -28,7 +28,7 @@ from ..ref.ops import NORM_OUT_FRAC, PROB_FRAC
 from ..models.rope_scaling import attention_factor
 from .lazy import row_blocks, rows_of
 from .rope_tables import rope_tables
-from .sources import resolve_source
+from ..background import resolve_source
 
 RESIDUAL_FRAC = 16  # residual stream int32 Q16
 PROJ_FRAC = 16  # q/k/v/gate/up/o/down outputs int32 Q16

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..background import Background, resolve_source, sha256_file  # noqa: F401  (re-exported)
 from ..errors import IntdetError
 from .lazy import LazyTensor
 
@@ -39,49 +40,6 @@ class FloatModel:
     tokenizer: object = None  # tokenizers.Tokenizer
     tok_meta: dict = field(default_factory=dict)
     source: dict = field(default_factory=dict)
-
-
-class Background:
-    """fn(*args) computed on a thread from now on; ``result()`` waits for it
-    (and raises what it raised). The source's sha256 reads every byte of a
-    multi-GB checkpoint: it runs while the tensors are quantized (hashlib
-    releases the GIL)."""
-
-    def __init__(self, fn, *args):
-        import threading
-
-        self._value, self._error = None, None
-
-        def target():
-            try:
-                self._value = fn(*args)
-            except BaseException as e:  # handed to result()
-                self._error = e
-
-        self._thread = threading.Thread(target=target, name="intdet-sha256", daemon=True)
-        self._thread.start()
-
-    def result(self):
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
-        return self._value
-
-
-def resolve_source(source: dict) -> dict:
-    """FloatModel.source with any Background value waited for."""
-    return {k: (v.result() if isinstance(v, Background) else v) for k, v in source.items()}
-
-
-def sha256_file(path, bufsize=1 << 22) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while True:
-            b = f.read(bufsize)
-            if not b:
-                break
-            h.update(b)
-    return h.hexdigest()
 
 
 def _check_hparams(hp, where, n_tensors):
