@@ -1,42 +1,42 @@
 #!/usr/bin/env python3
-"""intdet serve against llama-cpp-python's server, same model, same prompts, one run.
+"""intdet serve against llama.cpp's own llama-server: same model file, same
+requests, one run, three workloads.
 
-    python scripts/bench_serve.py [--clients 1 --clients 4 ...] [--requests 2] [--max-tokens 64]
-                                  [--threads 2] [--intdet-only] [--json OUT]
+    python scripts/bench_serve.py [--clients 1 --clients 8 ...] [--workload plain --workload fewshot ...]
+                                  [--requests 2] [--threads N] [--json OUT]
 
-For each concurrency C (default 1, 4, 8, 16), each engine in turn (a fresh
-server process per engine and level, so neither runs while the other is
-measured):
+Servers (a fresh process per engine, workload and concurrency C, so neither
+runs while the other is measured):
+  - llama-server built from the llama.cpp vendored in the llama-cpp-python
+    sdist (scripts/build_llama_bench.sh, AVX-512 as the CPU has it, AMX off),
+    run as its users run it for C clients: ``-np C`` slots of 2,048 tokens
+    each, ``-fa on``, ``-t T -tb T``, every request with ``cache_prompt: true``
+    (its per-slot prompt cache);
+    (its host-memory prompt cache, ``--cache-ram``, on by default), and on the
+    repetitive workload also with ``--spec-type ngram-simple`` (its n-gram
+    speculation);
+  - ``intdet serve --max-batch 16 --threads T``, plus ``--prefix-cache`` on the
+    few-shot workload and ``--spec-ngram 4`` on the repetitive one (each
+    beside plain intdet).
+Model: SmolLM2-135M-Instruct as Q8_0, requantized by llama.cpp's own
+llama-quantize from the shipped Q4_1 GGUF; intdet serves its int8 conversion
+of that same file.
 
-1. throughput: C client threads send C x ``--requests`` streaming greedy
-   completions (temperature 0, ``max_tokens``), every request a different
-   prompt, each client taking the next request from one shared list when its
-   previous one ends (so C stay in flight until the list runs out, as
-   vLLM's ``benchmark_serving.py --max-concurrency`` sends them; a fixed
-   share per client would leave the last clients running alone while the
-   others are done, since greedy completions stop at different lengths); measured: requests/s and output tok/s over the wall time of the
-   level, time to first token (TTFT: request sent -> first text chunk) and
-   inter-token latency (ITL: gaps between text chunks of one response),
-   p50 and p99;
-2. determinism: C identical greedy requests at once (the same prompt),
-   counting distinct completions.
-
-Servers: ``python -m intdet serve -m MODEL --max-batch 16 --threads T`` and
-``python -m llama_cpp.server --model MODEL --n_threads T --n_threads_batch T
---interrupt_requests False`` (its default interrupts a running stream when
-another request arrives) from the venv of scripts/bench_cpu.py
-(``$INTDET_CACHE/bench-venv``; its ``llama_cpp.server`` needs the
-``llama-cpp-python[server]`` extra). Model: SmolLM2-135M-Instruct as Q8_0,
-requantized by llama.cpp's own quantizer from the shipped Q4_1 GGUF (the
-file bench_cpu.py writes under ``$INTDET_CACHE/bench``); intdet serves its
-int8 conversion of that same Q8_0 file. ``--intdet-only`` measures intdet
-alone (on the Q8_0 file if present, else the Q4_1 GGUF).
-
-Output tokens are counted the same way for both servers: one per streamed
-text chunk (both send one chunk per token; a token that ends inside a UTF-8
-character sends none). Prints a table
-and the ratios intdet / llama.cpp and intdet at C / intdet at 1. Timings on
-a shared machine vary; tests never read them.
+Workloads (greedy; C clients take the next request from one shared list as
+their last one ends, as vLLM's ``benchmark_serving.py --max-concurrency``):
+  - plain: ``--requests`` x C short distinct completion prompts, 64 tokens;
+  - fewshot: ``--fewshot-requests`` prompts sharing a 5-shot WikiText-2 header
+    (about 1,500 tokens; scripts/bench_prefix.py's), each with its own last
+    passage, 16 tokens (an evaluation harness's shape);
+  - repeat: ``--requests`` x C chat requests "repeat this paragraph exactly"
+    (distinct WikiText-2 paragraphs), 128 tokens (the output copies the
+    prompt: what prompt-lookup speculation accepts).
+Measured per run: output tok/s over the wall time, requests/s, time to first
+token (request sent -> first text chunk; p50, and for a prefix cache p50 of
+hits and of misses: cached_tokens in intdet's usage, timings.cache_n in
+llama-server's last chunk), inter-token latency p50, and C identical greedy
+requests sent at once (plain workload): the number of distinct outputs.
+Prints a table per workload and the ratios; tests never read these timings.
 """
 
 from __future__ import annotations
@@ -53,6 +53,7 @@ import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+WIKI = os.path.join(HERE, "..", "..", "shared", "data", "wikitext-2-raw-test.txt")
 PROMPTS = [
     "The history of the printing press begins", "A recipe for a simple tomato soup:", "Explain how a bicycle works.",
     "The three most important rules of chess are", "Once upon a time in a small village", "def quicksort(xs):",
@@ -62,14 +63,15 @@ PROMPTS = [
     "A haiku about autumn:", "The difference between weather and climate is",
 ]
 IDENTICAL = "Tell me about the moon."
+WORKLOADS = ("plain", "fewshot", "repeat")
 
 
 def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def bench_cpu():
-    spec = importlib.util.spec_from_file_location("bench_cpu", os.path.join(HERE, "bench_cpu.py"))
+def load_script(name: str):
+    spec = importlib.util.spec_from_file_location(name, os.path.join(HERE, name + ".py"))
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -116,20 +118,20 @@ class ServerProc:
         self.log.close()
 
 
-def stream_completion(port: int, prompt: str, max_tokens: int, usage: bool = True) -> dict:
-    """One streaming greedy completion; returns text, tokens, ttft and the chunk times.
-    ``usage``: ask for the usage chunk (llama-cpp-python's server has no stream_options)."""
-    req = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "seed": 0, "stream": True}
-    if usage:
-        req["stream_options"] = {"include_usage": True}
-    body = json.dumps(req)
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+def stream(port: int, job: dict) -> dict:
+    """One streaming greedy request (job: prompt or messages, max_tokens,
+    and any server-specific fields); returns text, chunk count, TTFT, gaps
+    and the prompt tokens the server took from its cache."""
+    chat = "messages" in job
+    req = dict(job, temperature=0, seed=0, stream=True, stream_options={"include_usage": True})
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=900)
     t0 = time.perf_counter()
-    c.request("POST", "/v1/completions", body=body, headers={"Content-Type": "application/json"})
+    c.request("POST", "/v1/chat/completions" if chat else "/v1/completions", body=json.dumps(req),
+              headers={"Content-Type": "application/json"})
     r = c.getresponse()
     if r.status != 200:
         raise RuntimeError(f"HTTP {r.status}: {r.read()[:300]!r}")
-    times, text, usage = [], [], None
+    times, text, cached, n_usage = [], [], None, None
     while True:
         line = r.readline()
         if not line:
@@ -141,16 +143,21 @@ def stream_completion(port: int, prompt: str, max_tokens: int, usage: bool = Tru
         if data == b"[DONE]":
             break
         ev = json.loads(data)
-        if ev.get("usage"):
-            usage = ev["usage"].get("completion_tokens")
+        u = ev.get("usage") or {}
+        n_usage = u.get("completion_tokens", n_usage)
+        if "prompt_tokens_details" in u:  # intdet (and OpenAI): cached prompt tokens
+            cached = (u["prompt_tokens_details"] or {}).get("cached_tokens", cached)
+        if isinstance(ev.get("timings"), dict) and "cache_n" in ev["timings"]:  # llama-server
+            cached = ev["timings"]["cache_n"]
         for ch in ev.get("choices") or []:
-            if ch.get("text"):
+            piece = (ch.get("delta") or {}).get("content") if chat else ch.get("text")
+            if piece:
                 times.append(time.perf_counter())
-                text.append(ch["text"])
+                text.append(piece)
     c.close()
-    return {"text": "".join(text), "tokens": len(times), "usage_tokens": usage,
-            "ttft": (times[0] - t0) if times else None, "gaps": [b - a for a, b in zip(times, times[1:])],
-            "end": time.perf_counter()}
+    # tokens: the usage block's count (a server may send several tokens in one chunk), else one per chunk
+    return {"text": "".join(text), "tokens": n_usage if n_usage is not None else len(times), "cached": cached,
+            "ttft": (times[0] - t0) if times else None, "gaps": [b - a for a, b in zip(times, times[1:])]}
 
 
 def pct(xs, q):
@@ -160,21 +167,19 @@ def pct(xs, q):
     return xs[min(len(xs) - 1, int(round(q / 100 * (len(xs) - 1))))]
 
 
-def run_level(port: int, clients: int, requests: int, max_tokens: int, usage: bool = True) -> dict:
+def run_jobs(port: int, clients: int, jobs: list, fields: dict) -> tuple:
     results, errors = [], []
     lock = threading.Lock()
+    todo = iter(jobs)
 
-    todo = iter(range(clients * requests))  # shared: a client takes the next when its last one ends
-
-    def client(k):
+    def client():
         while True:
             with lock:
-                i = next(todo, None)
-            if i is None:
+                job = next(todo, None)
+            if job is None:
                 return
-            p = PROMPTS[i % len(PROMPTS)] + f" ({i})"
             try:
-                r = stream_completion(port, p, max_tokens, usage)
+                r = stream(port, dict(job, **fields))
             except Exception as e:  # noqa: BLE001
                 with lock:
                     errors.append(str(e))
@@ -183,58 +188,62 @@ def run_level(port: int, clients: int, requests: int, max_tokens: int, usage: bo
                 results.append(r)
 
     t0 = time.perf_counter()
-    ths = [threading.Thread(target=client, args=(k,)) for k in range(clients)]
+    ths = [threading.Thread(target=client) for _ in range(clients)]
     for t in ths:
         t.start()
     for t in ths:
         t.join()
-    wall = time.perf_counter() - t0
-    # determinism: C identical greedy requests at once
-    same = [None] * clients
+    return results, errors, time.perf_counter() - t0
 
-    def one(k):
-        try:
-            same[k] = stream_completion(port, IDENTICAL, max_tokens, usage)["text"]
-        except Exception as e:  # noqa: BLE001
-            same[k] = f"error: {e}"
 
-    ths = [threading.Thread(target=one, args=(k,)) for k in range(clients)]
-    for t in ths:
-        t.start()
-    for t in ths:
-        t.join()
+def measure(port: int, clients: int, jobs: list, identical: bool, fields: dict) -> dict:
+    results, errors, wall = run_jobs(port, clients, jobs, fields)
     toks = sum(r["tokens"] for r in results)
     ttft = [r["ttft"] for r in results if r["ttft"] is not None]
-    gaps = [g for r in results for g in r["gaps"]]
-    return {"clients": clients, "requests": len(results), "errors": errors[:3], "wall_s": wall,
-            "req_s": len(results) / wall, "out_tok_s": toks / wall, "out_tokens": toks,
-            "ttft_p50_ms": 1e3 * pct(ttft, 50), "ttft_p99_ms": 1e3 * pct(ttft, 99),
-            "itl_p50_ms": 1e3 * pct(gaps, 50), "itl_p99_ms": 1e3 * pct(gaps, 99),
-            "distinct_identical": len(set(same)), "identical_requests": clients}
+    hit = [r["ttft"] for r in results if r["ttft"] is not None and (r["cached"] or 0) > 0]
+    miss = [r["ttft"] for r in results if r["ttft"] is not None and not (r["cached"] or 0) > 0]
+    row = {"clients": clients, "requests": len(results), "errors": errors[:3], "wall_s": wall,
+           "req_s": len(results) / wall, "out_tok_s": toks / wall, "out_tokens": toks,
+           "ttft_p50_ms": 1e3 * pct(ttft, 50), "ttft_hit_p50_ms": 1e3 * pct(hit, 50) if hit else None,
+           "ttft_miss_p50_ms": 1e3 * pct(miss, 50) if miss else None, "hits": len(hit),
+           "itl_p50_ms": 1e3 * pct([g for r in results for g in r["gaps"]], 50), "distinct_identical": None}
+    if identical:  # C identical greedy requests at once
+        same, _, _ = run_jobs(port, clients, [{"prompt": IDENTICAL, "max_tokens": 64}] * clients, fields)
+        row["distinct_identical"] = len({r["text"] for r in same})
+    return row
 
 
-def start_intdet(model, threads, max_batch):
+def wiki_paragraphs(lo: int, hi: int) -> list:
+    with open(WIKI, encoding="utf-8") as f:
+        return [ln.strip() for ln in f if lo < len(ln.strip()) < hi]
+
+
+def workload(name: str, clients: int, requests: int, fewshot_requests: int) -> list:
+    if name == "plain":
+        return [{"prompt": PROMPTS[i % len(PROMPTS)] + f" ({i})", "max_tokens": 64} for i in range(clients * requests)]
+    if name == "fewshot":
+        prompts = load_script("bench_prefix").prompts(lambda t: t, 5, fewshot_requests)  # the text, not ids
+        return [{"prompt": p, "max_tokens": 16} for p in prompts]
+    paras = wiki_paragraphs(300, 700)
+    return [{"messages": [{"role": "user", "content": "Repeat the following text exactly, word for word:\n\n"
+                           + paras[i]}], "max_tokens": 128} for i in range(clients * requests)]
+
+
+def start_intdet(model, threads, extra=()):
     port = free_port()
     return ServerProc([sys.executable, "-m", "intdet", "serve", "-m", model, "--port", str(port), "--threads",
-                       str(threads), "--max-batch", str(max_batch), "--max-connections", "256"], port, "intdet")
+                       str(threads), "--max-batch", "16", "--max-connections", "256", *extra], port, "intdet")
 
 
-def start_llama(py, model, threads, n_ctx):
+def start_llama(binary, model, threads, clients, extra=()):
     port = free_port()
-    return ServerProc([py, "-m", "llama_cpp.server", "--model", model, "--host", "127.0.0.1", "--port", str(port),
-                       "--n_threads", str(threads), "--n_threads_batch", str(threads), "--n_ctx", str(n_ctx),
-                       "--interrupt_requests", "False"], port, "llama.cpp")
+    return ServerProc([binary, "-m", model, "--host", "127.0.0.1", "--port", str(port), "-t", str(threads),
+                       "-tb", str(threads), "-np", str(clients), "-c", str(2048 * clients), "-fa", "on", *extra],
+                      port, "llama-server")
 
 
-def format_table(rows) -> str:
-    head = ("| engine | clients | requests/s | output tok/s | TTFT p50 / p99 (ms) | ITL p50 / p99 (ms) | "
-            "distinct outputs of identical greedy requests |\n|---|---|---|---|---|---|---|")
-    lines = [head]
-    for r in rows:
-        lines.append(f"| {r['engine']} | {r['clients']} | {r['req_s']:.2f} | {r['out_tok_s']:.1f} | "
-                     f"{r['ttft_p50_ms']:.0f} / {r['ttft_p99_ms']:.0f} | {r['itl_p50_ms']:.1f} / {r['itl_p99_ms']:.1f} | "
-                     f"{r['distinct_identical']} of {r['identical_requests']} |")
-    return "\n".join(lines)
+def fmt(x, spec=".0f"):
+    return "-" if x is None or x != x else format(x, spec)
 
 
 def main(argv=None) -> int:
@@ -242,74 +251,85 @@ def main(argv=None) -> int:
     from intdet.resolve import cache_dir, default_model_path
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--clients", type=int, action="append", help="concurrent clients (repeatable; default 1 4 8 16)")
-    ap.add_argument("--requests", type=int, default=2, help="requests per level: this many times the clients (default 2)")
-    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--clients", type=int, action="append", help="concurrent clients (repeatable; default 1 8)")
+    ap.add_argument("--workload", action="append", choices=WORKLOADS, help="repeatable; default all three")
+    ap.add_argument("--requests", type=int, default=2, help="plain and repeat: this many times the clients")
+    ap.add_argument("--fewshot-requests", type=int, default=32)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="threads of each server")
-    ap.add_argument("--max-batch", type=int, default=16, help="intdet serve --max-batch")
-    ap.add_argument("--venv", default=os.path.join(cache_dir(), "bench-venv"), help="venv with llama-cpp-python[server]")
-    ap.add_argument("--work-dir", default=os.path.join(cache_dir(), "bench"), help="where the Q8_0 GGUF is kept")
-    ap.add_argument("--intdet-only", action="store_true", help="measure intdet alone (no llama-cpp-python)")
+    ap.add_argument("--llama-dir", default=os.path.join(cache_dir(), "llama-bench"),
+                    help="where scripts/build_llama_bench.sh puts bin/llama-server")
     ap.add_argument("--json", dest="json_out", default=None, help="also write every figure to this JSON file")
     args = ap.parse_args(argv)
-    levels = args.clients or [1, 4, 8, 16]
-    if min(levels) < 1 or args.requests < 1 or args.max_tokens < 1:
-        ap.error("--clients, --requests and --max-tokens must be >= 1")
-    work = os.path.expanduser(args.work_dir)
+    levels = args.clients or [1, 8]
+    names = args.workload or list(WORKLOADS)
+    if min(levels) < 1 or args.requests < 1 or args.fewshot_requests < 1:
+        ap.error("--clients, --requests and --fewshot-requests must be >= 1")
+    subprocess.run(["bash", os.path.join(HERE, "build_llama_bench.sh"), args.llama_dir], check=True,
+                   env=dict(os.environ, PYTHON=sys.executable))
+    server = os.path.join(args.llama_dir, "bin", "llama-server")
     src = default_model_path()
-    q8 = os.path.join(work, os.path.basename(src).replace("Q4_1", "Q8_0"))
-    py = None
-    if not args.intdet_only:
-        bc = bench_cpu()
-        py = bc.venv_python(os.path.expanduser(args.venv))
-        chk = subprocess.run([py, "-c", "import llama_cpp, llama_cpp.server.app; print(llama_cpp.__version__)"],
-                             capture_output=True, text=True) if os.path.exists(py) else None
-        if chk is None or chk.returncode != 0:
-            raise SystemExit(f"{args.venv}: no llama-cpp-python with its server extra; install it with\n"
-                             f"  {py} -m pip install 'llama-cpp-python[server]'\n(or run with --intdet-only)")
-        log(f"llama-cpp-python {chk.stdout.strip()} from {args.venv}")
-        os.makedirs(work, exist_ok=True)
-        bc.quantize_q8_0(py, src, q8)
-    model = q8 if os.path.isfile(q8) else src
-    log(f"model: {model}")
-    # convert once, outside the timed part
-    subprocess.run([sys.executable, "-m", "intdet", "generate", "-m", model, "-n", "1", "-q", "x"], check=True,
-                   stdout=subprocess.DEVNULL)
+    q8 = os.path.join(cache_dir(), "bench", os.path.basename(src).replace("Q4_1", "Q8_0"))
+    os.makedirs(os.path.dirname(q8), exist_ok=True)
+    load_script("bench_cpu").quantize_q8_0(None, src, q8, quantize_bin=os.path.join(args.llama_dir, "bin",
+                                                                                   "llama-quantize"))
+    subprocess.run([sys.executable, "-m", "intdet", "generate", "-m", q8, "-n", "1", "-q", "x"], check=True,
+                   stdout=subprocess.DEVNULL)  # convert once, outside the timed part
+    llama, ours = "llama", "intdet"
+    engines = {"plain": [("llama-server", llama, ()), ("intdet", ours, ())],
+               "fewshot": [("llama-server", llama, ()), ("intdet", ours, ()),
+                           ("intdet --prefix-cache", ours, ("--prefix-cache",))],
+               "repeat": [("llama-server", llama, ()), ("intdet", ours, ()),
+                          ("llama-server --spec-type ngram-simple", llama, ("--spec-type", "ngram-simple")),
+                          ("intdet --spec-ngram 4", ours, ("--spec-ngram", "4"))]}
     rows = []
-    n_ctx = 2048
-    for c in levels:
-        engines = [("intdet", lambda: start_intdet(model, args.threads, args.max_batch))]
-        if py:
-            engines.append(("llama.cpp", lambda: start_llama(py, model, args.threads, n_ctx)))
-        for name, start in engines:
-            log(f"{name}: {c} clients x {args.requests} requests, max_tokens {args.max_tokens}")
-            srv = start()
-            try:
-                usage = name == "intdet"
-                stream_completion(srv.port, "warm up", 4, usage)
-                r = run_level(srv.port, c, args.requests, args.max_tokens, usage)
-            finally:
-                srv.stop()
-            r["engine"] = name
-            rows.append(r)
-            log(f"  {r['out_tok_s']:.1f} out tok/s, {r['req_s']:.2f} req/s, distinct {r['distinct_identical']} of {c}"
-                + (f", errors: {r['errors']}" if r["errors"] else ""))
-    print(format_table(rows))
-    base = {r["engine"]: r for r in rows if r["clients"] == min(levels)}
+    for w in names:
+        for c in levels:
+            jobs = workload(w, c, args.requests, args.fewshot_requests)
+            for name, kind, extra in engines[w]:
+                log(f"{w}: {name}, {c} clients, {len(jobs)} requests")
+                srv = (start_llama(server, q8, args.threads, c, extra) if kind == llama
+                       else start_intdet(q8, args.threads, extra))
+                try:
+                    stream(srv.port, {"prompt": "warm up", "max_tokens": 4})
+                    # llama-server's per-request prompt cache switch (on by default there; intdet
+                    # refuses unknown fields, as OpenAI does, and caches by --prefix-cache)
+                    r = measure(srv.port, c, jobs, identical=(w == "plain"),
+                                fields={"cache_prompt": True} if kind == llama else {})
+                finally:
+                    srv.stop()
+                r.update(engine=name, workload=w)
+                rows.append(r)
+                log(f"  {r['out_tok_s']:.1f} out tok/s, TTFT p50 {r['ttft_p50_ms']:.0f} ms"
+                    + (f", errors: {r['errors']}" if r["errors"] else ""))
+    cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?")
+    print(f"cpu: {cpu}; {args.threads} threads per server; model {os.path.basename(q8)}")
+    for w in names:
+        print(f"\n{w}:\n| engine | clients | output tok/s | requests/s | TTFT p50 ms (hits / misses) | ITL p50 ms | "
+              "distinct outputs of identical requests |\n|---|---|---|---|---|---|---|")
+        for r in (r for r in rows if r["workload"] == w):
+            hm = (f" ({fmt(r['ttft_hit_p50_ms'])} / {fmt(r['ttft_miss_p50_ms'])})" if r["hits"] else "")
+            dist = "-" if r["distinct_identical"] is None else f"{r['distinct_identical']} of {r['clients']}"
+            print(f"| {r['engine']} | {r['clients']} | {r['out_tok_s']:.1f} | {r['req_s']:.2f} | "
+                  f"{fmt(r['ttft_p50_ms'])}{hm} | {fmt(r['itl_p50_ms'], '.1f')} | {dist} |")
     print()
-    for c in levels:
-        mine = next(r for r in rows if r["engine"] == "intdet" and r["clients"] == c)
-        line = f"{c} clients: intdet output tok/s = {mine['out_tok_s'] / base['intdet']['out_tok_s']:.2f}x its own " \
-               f"at {min(levels)} client(s)"
-        peer = next((r for r in rows if r["engine"] == "llama.cpp" and r["clients"] == c), None)
-        if peer:
-            line += f", {mine['out_tok_s'] / peer['out_tok_s']:.2f}x llama-cpp-python's server"
-        print(line)
-    print(f"\nmodel {os.path.basename(model)}, {args.threads} threads per server, loadavg at the end "
-          f"{os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs", flush=True)
+    get = {(r["workload"], r["engine"], r["clients"]): r for r in rows}
+    for w in names:
+        for c in levels:
+            base = get.get((w, "intdet", c))
+            peer = get.get((w, "llama-server", c))
+            parts = [f"intdet {base['out_tok_s'] / peer['out_tok_s']:.2f}x llama-server"] if base and peer else []
+            for name, _, _ in engines[w][2:]:
+                x = get.get((w, name, c))
+                if x and base:
+                    parts.append(f"{name} {x['out_tok_s'] / base['out_tok_s']:.2f}x intdet")
+                    if peer:
+                        parts.append(f"{x['out_tok_s'] / peer['out_tok_s']:.2f}x llama-server")
+                    if x["ttft_hit_p50_ms"] and x["ttft_miss_p50_ms"]:
+                        parts.append(f"TTFT hit/miss {x['ttft_hit_p50_ms'] / x['ttft_miss_p50_ms']:.2f}")
+            print(f"{w}, {c} clients: " + "; ".join(parts))
     if args.json_out:
         with open(args.json_out, "w") as f:
-            json.dump({"rows": rows, "model": model, "threads": args.threads, "loadavg": os.getloadavg()}, f, indent=1)
+            json.dump({"rows": rows, "model": q8, "threads": args.threads, "cpu": cpu}, f, indent=1)
     return 0
 
 

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Build llama.cpp's own llama-bench and llama-quantize (CPU only, Release) from
-# the llama.cpp vendored in the llama-cpp-python sdist, once; later runs reuse it.
+# Build llama.cpp's own llama-bench, llama-quantize and llama-server (CPU only,
+# Release) from the llama.cpp vendored in the llama-cpp-python sdist, once;
+# later runs reuse them.
 #
 #   scripts/build_llama_bench.sh [PREFIX]     (default ~/.cache/intdet/llama-bench)
 #
-# Result: PREFIX/bin/llama-bench and PREFIX/bin/llama-quantize (other scripts
-# look there). GGML_NATIVE is OFF and the ISA flags are named from
+# Result: PREFIX/bin/llama-bench, PREFIX/bin/llama-quantize and
+# PREFIX/bin/llama-server (other scripts look there). GGML_NATIVE is OFF and the ISA flags are named from
 # /proc/cpuinfo: AVX2/FMA/F16C, and the AVX-512 ones when the CPU has them.
 # AMX is always OFF: its path dies with SIGILL on the shared VMs (issue 21).
 # Environment: LLAMA_CPP_PYTHON_VERSION (default 0.3.36), PYTHON (for pip
@@ -17,7 +18,7 @@ VERSION="${LLAMA_CPP_PYTHON_VERSION:-0.3.36}"
 PY="${PYTHON:-python3}"
 JOBS="${JOBS:-$(nproc)}"
 
-if [[ -x "$PREFIX/bin/llama-bench" && -x "$PREFIX/bin/llama-quantize" \
+if [[ -x "$PREFIX/bin/llama-bench" && -x "$PREFIX/bin/llama-quantize" && -x "$PREFIX/bin/llama-server" \
       && -f "$PREFIX/bin/VERSION" && "$(cat "$PREFIX/bin/VERSION")" == "$VERSION" ]]; then
   echo "build_llama_bench: reusing $PREFIX/bin (llama-cpp-python $VERSION)" >&2
   exit 0
@@ -51,10 +52,10 @@ cmake -S "$llama" -B "$PREFIX/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DGGML_NATIVE=OFF "${isa[@]}" \
   -DGGML_CUDA=OFF -DGGML_METAL=OFF -DGGML_VULKAN=OFF -DGGML_HIP=OFF -DGGML_BLAS=OFF \
   -DGGML_OPENMP=ON -DLLAMA_CURL=OFF -DBUILD_SHARED_LIBS=OFF \
-  -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF >&2
-cmake --build "$PREFIX/build" --target llama-bench llama-quantize -j "$JOBS" >&2
+  -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON >&2
+cmake --build "$PREFIX/build" --target llama-bench llama-quantize llama-server -j "$JOBS" >&2
 
 mkdir -p "$PREFIX/bin"
-cp "$PREFIX/build/bin/llama-bench" "$PREFIX/build/bin/llama-quantize" "$PREFIX/bin/"
+cp "$PREFIX/build/bin/llama-bench" "$PREFIX/build/bin/llama-quantize" "$PREFIX/build/bin/llama-server" "$PREFIX/bin/"
 echo "$VERSION" > "$PREFIX/bin/VERSION"
 echo "build_llama_bench: built $PREFIX/bin/llama-bench" >&2
