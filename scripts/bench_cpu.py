@@ -629,7 +629,8 @@ def bench_model(py: str | None, m: dict, threads: list, repeats: int, prompt_tok
             row["intdet_by_isa"] = {isa: medians(runs[(T, "intdet", isa)]) for isa in sets}
         runs[(T, "intdet")] = runs[(T, "intdet", sets[0])]
         if py:
-            row["greedy_tokens_agree"] = leading_agreement(runs[(T, "intdet")][0]["tokens"], runs[(T, "llama", None)][0]["tokens"])
+            row["greedy_tokens_agree"] = leading_agreement(runs[(T, "intdet")][0]["tokens"],
+                                                           runs[(T, "llama", None)][0]["tokens"])
         # every run of every kernel set: the same bits, so the same greedy tokens
         row["intdet_tokens_same_every_run"] = len({tuple(x["tokens"]) for i in sets for x in runs[(T, "intdet", i)]}) == 1
         rows.append(row)

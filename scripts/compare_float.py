@@ -88,7 +88,8 @@ def main():
           f"(windows of {bos}{a.ctx - bool(bos)} text tokens)")
     print(f"top-1 agreement (integer vs float32): {agree / n:.2%}")
     print(f"mean KL(float || integer): {kl / n:.5f} nats")
-    print(f"perplexity over the same tokens: integer {np.exp(nll_i / max(scored, 1)):.3f}, float32 {np.exp(nll_f / max(scored, 1)):.3f}")
+    print(f"perplexity over the same tokens: integer {np.exp(nll_i / max(scored, 1)):.3f}, "
+          f"float32 {np.exp(nll_f / max(scored, 1)):.3f}")
     print(f"time: integer (C++ core) {t_int:.1f} s, float32 (numpy) {t_flt:.1f} s")
 
 

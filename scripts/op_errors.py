@@ -82,7 +82,8 @@ def main():
         return float(np.linalg.norm(x - y) / max(np.linalg.norm(y), 1e-30))
 
     layers = [int(v) for v in a.layers.split(",")] if a.layers else range(lm.cfg["num_layers"])
-    print(f"model: {os.path.basename(src)}  tokens: {len(ids)} (first {ids[0]})  relative error ||int - float|| / ||float|| (cumulative)")
+    print(f"model: {os.path.basename(src)}  tokens: {len(ids)} (first {ids[0]})  "
+          "relative error ||int - float|| / ||float|| (cumulative)")
     print(f"tok_embd: {rel('tok_embd'):.2e}")
     print("layer " + " ".join(f"{o:>11}" for o in OPS))
     for i in layers:

@@ -175,7 +175,8 @@ def main(argv=None) -> int:
             runs[t].append(res)
             pf = res["prompt"][(-1, "forward")] / 1e9
             st = res["decode"][(-1, "step total")] / 1e9
-            print(f"round {r + 1}/{args.repeats} threads {t}: prompt {len(ids) / pf:.1f} tok/s, decode {args.batch_rows / st:.1f} tok/s",
+            print(f"round {r + 1}/{args.repeats} threads {t}: prompt {len(ids) / pf:.1f} tok/s, "
+                  f"decode {args.batch_rows / st:.1f} tok/s",
                   file=sys.stderr, flush=True)
     print(f"{lm.path}: kernel set {core.isa()}, prompt {len(ids)} tokens, decode {args.gen_tokens} steps, "
           f"median of {args.repeats}; loadavg {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")

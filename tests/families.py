@@ -146,7 +146,8 @@ def write_spm_model(path: str, vocab_size: int) -> None:
     m.trainer_spec.model_type = pb.TrainerSpec.BPE
     m.trainer_spec.vocab_size = vocab_size
     m.trainer_spec.byte_fallback = True
-    m.trainer_spec.unk_id, m.trainer_spec.bos_id, m.trainer_spec.eos_id, m.trainer_spec.pad_id = len(SPECIAL_TOKENS), BOS_ID, EOS_ID, -1
+    ts = m.trainer_spec
+    ts.unk_id, ts.bos_id, ts.eos_id, ts.pad_id = len(SPECIAL_TOKENS), BOS_ID, EOS_ID, -1
     m.normalizer_spec.name = "identity"
     m.normalizer_spec.add_dummy_prefix = False
     m.normalizer_spec.escape_whitespaces = True

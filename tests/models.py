@@ -138,7 +138,8 @@ def quantize_k(w: np.ndarray, qtype: str) -> np.ndarray:
         ql = (u[:, :, 0] & 15) | ((u[:, :, 1] & 15) << 4)  # element h*128+nib*64+l -> ql[h*64+l] nibble nib
         hi = (u >> 4).reshape(nb, 2, 4, 32)  # element h*128+s*32+l -> qh[h*32+l] bits 2s..2s+1
         qh = hi[:, :, 0] | (hi[:, :, 1] << 2) | (hi[:, :, 2] << 4) | (hi[:, :, 3] << 6)
-        out = np.concatenate([ql.reshape(nb, 128), qh.reshape(nb, 64), sc.view(np.uint8), d.reshape(-1, 1).view(np.uint8)], axis=1)
+        out = np.concatenate([ql.reshape(nb, 128), qh.reshape(nb, 64), sc.view(np.uint8),
+                              d.reshape(-1, 1).view(np.uint8)], axis=1)
     else:
         raise ValueError(qtype)
     return np.ascontiguousarray(out.astype(np.uint8).reshape(rows, -1))

@@ -169,7 +169,8 @@ def test_records_are_the_api_results(serial, model_dir):
     text = "the cat sat on the mat. " * 29
     blob = io.BytesIO()
     st = codec.compress_stream(llm.engine, io.BytesIO(text.encode()).read, blob, ctx=48)
-    assert (z["compressed_bytes"], z["sha256"], z["chunks"]) == (st.out_bytes, hashlib.sha256(blob.getvalue()).hexdigest(), st.chunks)
+    want = (st.out_bytes, hashlib.sha256(blob.getvalue()).hexdigest(), st.chunks)
+    assert (z["compressed_bytes"], z["sha256"], z["chunks"]) == want
     back = io.BytesIO()
     codec.decompress_stream(llm.engine, io.BytesIO(base64.b64decode(z["data"])), back, "z4")
     assert back.getvalue() == text.encode() and "data" not in recs['"z5"']["result"]

@@ -34,7 +34,8 @@ class Run:
         self.stderr = p.stderr.decode("utf-8", errors="replace")
 
     def __repr__(self):
-        return f"intdet {' '.join(map(str, self.args))!r}\n rc={self.rc}\n stdout={self.stdout[-2000:]!r}\n stderr={self.stderr[-4000:]!r}"
+        return (f"intdet {' '.join(map(str, self.args))!r}\n rc={self.rc}\n stdout={self.stdout[-2000:]!r}\n"
+                f" stderr={self.stderr[-4000:]!r}")
 
 
 def cli(args, cache, cwd=None, env=None, timeout=300) -> Run:

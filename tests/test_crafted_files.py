@@ -199,7 +199,8 @@ GGUF_CASES = {
     "rope_theta_zero": ("F32", _set_kv("llama.rope.freq_base", (6, struct.pack("<f", 0.0))), ["rope theta"]),
     # found by tests/fuzz/fuzz_gguf.py:
     "vocab_size_inf": ("F32", _set_kv("llama.vocab_size", (6, struct.pack("<f", float("inf")))), ["llama.vocab_size"]),
-    "tokenizer_pre_array": ("F32", _set_kv("tokenizer.ggml.pre", (gb.T_ARRAY, struct.pack("<IQ", gb.T_STRING, 1) + gb.string("gpt2")[1])),
+    "tokenizer_pre_array": ("F32", _set_kv("tokenizer.ggml.pre",
+                                           (gb.T_ARRAY, struct.pack("<IQ", gb.T_STRING, 1) + gb.string("gpt2")[1])),
                             ["tokenizer.ggml.pre", "expected STRING"]),
     "token_type_floats": ("F32", _kv_raw("tokenizer.ggml.token_type", lambda r: struct.pack("<I", 6) + r[4:]),
                           ["tokenizer.ggml.token_type", "FLOAT32"]),
@@ -368,7 +369,8 @@ def test_check_accepts_valid_and_realigned(sources, tmp_path):
     assert check_gguf_structure(p64)["alignment"] == 64
     fm = read_gguf(str(p64))
     ref = read_gguf(str(p))
-    assert all(np.array_equal(np.asarray(fm.weights[k]), np.asarray(ref.weights[k])) for k in ref.weights if ref.weights[k] is not None)
+    assert all(np.array_equal(np.asarray(fm.weights[k]), np.asarray(ref.weights[k]))
+               for k in ref.weights if ref.weights[k] is not None)
 
 
 # ---------------------------------------------------------- truncation

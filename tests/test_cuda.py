@@ -179,7 +179,8 @@ def build_emu_module():
         inc = ["-I", os.path.join(ROOT, "csrc", "include"), "-I", CUDA_SRC, "-isystem", _nlohmann_include()]
         base = [cxx, "-std=c++20", "-O2", "-fPIC", "-DINTDET_CUDA_EMU", *inc]
         jobs = [
-            base + ["-D__CUDA_ARCH__=900", "-x", "c++", "-c", os.path.join(CUDA_SRC, "kernels.cu"), "-o", os.path.join(out, "k.o")],
+            base + ["-D__CUDA_ARCH__=900", "-x", "c++", "-c", os.path.join(CUDA_SRC, "kernels.cu"),
+                    "-o", os.path.join(out, "k.o")],
             base + ["-c", os.path.join(CUDA_SRC, "engine.cpp"), "-o", os.path.join(out, "e.o")],
             base + ["-fvisibility=hidden", "-DINTDET_CUDA_MODULE_NAME=_cuda_emu", "-I", sysconfig.get_paths()["include"],
                     "-I", pybind11.get_include(), "-c", os.path.join(CUDA_SRC, "module.cpp"), "-o", os.path.join(out, "m.o")],
