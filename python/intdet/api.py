@@ -30,13 +30,13 @@ import json
 import threading
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Iterator, Sequence, Union
+from typing import Sequence, Union
 
 from .errors import IntdetError, check_token_ids
 from .logprobs import MAX_LOGPROBS, to_float
 from .sampling import MASK64, Sampler, splitmix64
 from .structured import Grammar, StructuredOutputsParams, structured_from_any
-from .scheduler import DEFAULT_KV_BYTES, DEFAULT_MAX_BATCH, DEFAULT_STEP_TOKENS, Event, Request, Scheduler, TokenLogprob
+from .scheduler import DEFAULT_KV_BYTES, DEFAULT_MAX_BATCH, DEFAULT_STEP_TOKENS, Request, Scheduler, TokenLogprob
 
 Prompt = Union[str, Sequence[int]]
 
@@ -366,7 +366,8 @@ class LLM:
         if params.truncate is not None and len(prompt_ids) >= self.context_length:
             prompt_ids = truncate_prompt(prompt_ids, self.context_length, params.max_tokens, params.truncate,
                                          self.meta.get("bos_token_id"))
-        grammar = self.grammar(params.structured_outputs) if params.structured_outputs is not None else None
+        so = params.structured_outputs  # check() made a dict a StructuredOutputsParams
+        grammar = self.grammar(so) if isinstance(so, StructuredOutputsParams) else None
         req = Request(prompt_ids, params.max_tokens, params.sampler(), eos_ids=self.eos_ids, stop=params.stop,
                       logprobs=params.logprobs, prompt_logprobs=params.prompt_logprobs, score_from=score_from,
                       on_event=on_event, tokenizer=self.tokenizer, on_prefill=on_prefill, grammar=grammar)
@@ -399,7 +400,7 @@ class LLM:
                           seed=req.sampler.seed,
                           logprobs=list(req.token_logprobs) if req.logprobs is not None else None,
                           prompt_logprobs=list(req.prompt_token_logprobs) if req.prompt_logprobs is not None else None,
-                          truncated=getattr(req, "truncated", 0), error=req.error,
+                          truncated=req.truncated, error=req.error,
                           spec_drafted=req.spec_drafted, spec_accepted=req.spec_accepted,
                           cached_tokens=req.cached_tokens)
 
@@ -487,7 +488,7 @@ class LLM:
         self._run(reqs)
         out = []
         for req, (c_ids, k_ids) in zip(reqs, shapes):
-            lps = req.prompt_token_logprobs[len(c_ids):]
+            lps = [t for t in req.prompt_token_logprobs[len(c_ids):] if t is not None]  # every position has one
             greedy = all(t.logprob_q == t.top[0][1] for t in lps)
             lps = [TokenLogprob(t.token, t.logprob_q, t.top[:top]) for t in lps]
             out.append(Score(c_ids, k_ids, lps, sum(t.logprob_q for t in lps), greedy, req.hash))

@@ -29,7 +29,7 @@ import time
 import numpy as np
 
 from .errors import IntdetError, check_token_ids
-from .model import Engine, LoadedModel, default_threads
+from .model import Engine, LoadedModel
 from .rss import peak_rss_bytes
 from .sampling import Sampler
 
@@ -174,7 +174,8 @@ def format_table(rows: list) -> str:
     head += ["peak RSS MiB", "tokens hash"]
     lines = []
     for r in rows:
-        cells = [r["isa"], str(r["threads"]) if r["threads_requested"] else f"auto ({r['threads_used']})", rate(r["prefill_tok_s"]), rate(r["decode_tok_s"])]
+        threads = str(r["threads"]) if r["threads_requested"] else f"auto ({r['threads_used']})"
+        cells = [r["isa"], threads, rate(r["prefill_tok_s"]), rate(r["decode_tok_s"])]
         if batched:
             cells.append(rate(r["batch_decode_tok_s"]))
         cells += [f"{r['peak_rss_bytes'] / 2**20:.1f}", r["decode_tokens_hash"]]

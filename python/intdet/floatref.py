@@ -208,7 +208,8 @@ def torch_model(fm):
             for i in range(hp["num_layers"]):
                 p, blk = f"blk.{i}.", hp["layers"][i]
                 h = norm(x, W[p + "attn_norm"])
-                q, k, v = (h @ W[p + n].T + (W[p + n + ".bias"] if n in blk["bias"] else 0) for n in ("attn_q", "attn_k", "attn_v"))
+                q, k, v = (h @ W[p + n].T + (W[p + n + ".bias"] if n in blk["bias"] else 0)
+                           for n in ("attn_q", "attn_k", "attn_v"))
                 q, k, v = q.view(T, nh, D), k.view(T, nkv, D), v.view(T, nkv, D)
                 if blk["qk_norm"]:
                     q, k = norm(q, W[p + "attn_q_norm"]), norm(k, W[p + "attn_k_norm"])

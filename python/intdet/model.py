@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -20,6 +21,9 @@ from .background import Background, sha256_file
 from .errors import IntdetError
 from .safetensors_io import SafetensorsFile
 from .sampling import draw_u64
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 DEVICES = ("cpu", "ref", "cuda")
 NATIVE = ("cpu", "cuda")  # backends with the intdet._core API (Model, State, forward, forward_batch)
@@ -30,7 +34,7 @@ class LoadedModel:
     path: str
     cfg: dict
     tensors: dict  # name -> read-only numpy view into the mmapped file
-    tokenizer: object
+    tokenizer: Tokenizer
     tok_meta: dict
     sha256_job: object  # model.safetensors' sha256: a str, or a background.Background computing it
     st: object = None  # the SafetensorsFile the tensors view

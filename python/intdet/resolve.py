@@ -116,7 +116,8 @@ def check_weights(converted: str, weights: str | None):
     _valid_weights(weights)
     have = _weight_format(converted)
     if have != weights:
-        raise IntdetError(f"--weights {weights}: {converted} is a converted {have} model (convert the source with --weights {weights})")
+        raise IntdetError(f"--weights {weights}: {converted} is a converted {have} model "
+                          f"(convert the source with --weights {weights})")
 
 
 def _valid_weights(weights):

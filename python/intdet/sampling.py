@@ -149,8 +149,7 @@ class Sampler:
         is given: the same id as picking from logits[ids] (ids = the allowed
         ids, ascending) and mapping back, without building that copy."""
         best = int(np.argmax(logits))  # lowest id wins ties
-        masked_out = allowed is not None and not allowed[best]
-        if masked_out:  # the model's favourite is not allowed: the largest allowed logit
+        if allowed is not None and not allowed[best]:  # the model's favourite is not allowed: the largest allowed logit
             best = int(np.argmax(np.where(allowed, np.asarray(logits, dtype=np.int64), np.iinfo(np.int64).min)))
         if self.greedy:
             return best

@@ -192,6 +192,7 @@ class Request:
         self._drafts: list = []  # this step's drafts (fed after the last token)
         self._pending = False  # the device lane: a step enqueued on the GPU (submit_pick), not yet waited for
         self.cached_tokens = 0  # prompt positions taken from the prefix cache (not computed)
+        self.truncated = 0  # prompt tokens the API cut (SamplingParams.truncate)
 
     @property
     def spec_drafted(self) -> int:

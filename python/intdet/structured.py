@@ -108,7 +108,7 @@ class StructuredOutputsParams:
             if k == "regex":
                 return llg.LLMatcher.grammar_from_regex(self.regex)
             if k == "choice":
-                return llg.grammar_from("choice", json.dumps(list(self.choice)))
+                return llg.grammar_from("choice", json.dumps(list(self.choice or ())))
             return llg.grammar_from("grammar", self.grammar)
         except IntdetError:
             raise
@@ -176,7 +176,8 @@ class GrammarState:
         llg = _llguidance()
         self.vocab_size = grammar.vocab_size
         self._m = llg.LLMatcher(grammar.tokenizer, grammar.text, log_level=0)
-        self._next = None  # the next allowed() (or its IntdetError), computed ahead by prefetch()
+        # the next allowed() (or its IntdetError), computed ahead by prefetch()
+        self._next: np.ndarray | IntdetError | None = None
         if self._m.is_error():
             raise IntdetError(f"structured_outputs: {_one_line(self._m.get_error())}", field="structured_outputs")
 

@@ -94,7 +94,8 @@ def hash_check(model, prompt, steps, seed, temperature, expect, with_ref, with_f
     if not ids:
         raise IntdetError("--prompt: empty")
     if len(ids) + steps > lm.cfg["context_length"]:
-        raise IntdetError(f"--steps: prompt ({len(ids)} tokens) + {steps} steps exceed the context length {lm.cfg['context_length']}")
+        raise IntdetError(f"--steps: prompt ({len(ids)} tokens) + {steps} steps exceed the context length "
+                          f"{lm.cfg['context_length']}")
     engine = Engine(lm, "cpu")
     show = None if as_json else (lambda r: click.echo(f"  done: {r.config} ({r.seconds:.1f} s)", err=True))
     if device == "cuda":

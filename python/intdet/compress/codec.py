@@ -15,7 +15,6 @@ thread count, so the tables and thus the bytes are too.
 from __future__ import annotations
 
 import hashlib
-import os
 import time
 import zlib
 from dataclasses import dataclass, field

@@ -95,7 +95,8 @@ def _write(fm, plan, src: str, out_dir: str, force: bool) -> None:
         signal_at("written")
         cfg = plan.cfg
         cfg["source"] = resolve_source(cfg["source"])
-        cfg["tokenizer"] = {"bos_token_id": fm.tok_meta.get("bos_token_id"), "eos_token_ids": fm.tok_meta.get("eos_token_ids", [])}
+        cfg["tokenizer"] = {"bos_token_id": fm.tok_meta.get("bos_token_id"),
+                            "eos_token_ids": fm.tok_meta.get("eos_token_ids", [])}
         with open(os.path.join(tmp, "config.json"), "w", encoding="utf-8") as f:
             json.dump(cfg, f, indent=2, sort_keys=True)
             f.write("\n")

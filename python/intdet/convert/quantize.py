@@ -197,7 +197,8 @@ def source_tensors(hp: dict, where: str) -> dict:
     from (rope and attention score scales are derived, not read)."""
     want = {}
     for p in model_params(model_config("", hp), where):
-        if p["kind"] in ("embedding", "norm", "post_norm", "linear", "router", "experts") or (p["kind"] == "lm_head" and not hp["tied_embeddings"]):
+        if p["kind"] in ("embedding", "norm", "post_norm", "linear", "router", "experts") or (
+                p["kind"] == "lm_head" and not hp["tied_embeddings"]):
             want[p["name"]] = tuple(p["shape"])
         if p["bias"]:
             want[p["name"] + ".bias"] = (p["shape"][0],)

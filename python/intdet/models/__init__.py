@@ -21,9 +21,11 @@ any op its blocks need that no engine has yet (docs/architecture.md).
 
 from __future__ import annotations
 
-from . import gemma2, gemma3, granite, llama, mistral, mixtral, olmo2, phi3, qwen2, qwen3, qwen3_moe, rope_scaling, smollm3
+from . import gemma2, gemma3, granite, llama, mistral, mixtral, olmo2, phi3, qwen2, qwen3, qwen3_moe, smollm3
+from . import rope_scaling  # noqa: F401  (intdet.models.rope_scaling: the RoPE scaling every family reads)
 
-ARCHITECTURES = {m.NAME: m for m in (llama, qwen2, qwen3, gemma2, gemma3, mistral, granite, phi3, olmo2, smollm3, qwen3_moe, mixtral)}
+ARCHITECTURES = {m.NAME: m for m in (llama, qwen2, qwen3, gemma2, gemma3, mistral, granite, phi3, olmo2, smollm3,
+                                     qwen3_moe, mixtral)}
 
 
 def by_hf_class(cls):
