@@ -123,3 +123,41 @@ def test_requests_admitted_together_share_the_first_prompt(engine):  # noqa: F81
         assert got(b, eb) == got(a, ea)
     assert warm[0].cached_tokens == 0 and all(r.cached_tokens >= 60 for r in warm[1:]), [r.cached_tokens for r in warm]
     assert not any(e.live for e in sch.cache.entries.values())  # every request retired: no live entry left
+
+
+def test_a_hit_does_not_wait_behind_a_long_prompt(engine):  # noqa: F811
+    """Shortest remaining prompt first: a hit's last few prompt tokens run in
+    the first step after admission although a long prompt (a miss) was
+    admitted before it; both give their cold runs' bits; a prompt passed
+    over PREFILL_PATIENCE times goes first (no starvation)."""
+    from intdet.scheduler import PREFILL_PATIENCE, Request
+
+    rng = np.random.default_rng(9)
+    head = [int(t) for t in rng.integers(3, 300, 40)]
+    long_prompt = [int(t) for t in rng.integers(3, 300, 200)]
+    sch = Scheduler(engine, max_batch=4, step_tokens=32, kv_bytes=1 << 40, prefix_cache=True)
+    sch.submit(Request(head + [7], 2))
+    sch.run_until_idle()  # head + [7] is cached now
+    miss = sch.submit(Request(long_prompt, 3))
+    hit = sch.submit(Request(head + [9], 3))
+    steps = 0
+    while not hit.tokens:
+        sch.step()
+        steps += 1
+    assert steps == 1 and hit.cached_tokens == 40 and miss._prefilled < len(long_prompt)
+    sch.run_until_idle()
+    for r in (miss, hit):
+        cold_s = Scheduler(engine, kv_bytes=1 << 40)
+        cold = cold_s.submit(Request(r.prompt_ids, 3))
+        cold_s.run_until_idle()
+        assert (r.tokens, r.hash) == (cold.tokens, cold.hash)
+    # starvation: short prompts every step would pass the long one over; it goes first after PREFILL_PATIENCE
+    sch = Scheduler(engine, max_batch=64, step_tokens=8, kv_bytes=1 << 40)
+    starved = sch.submit(Request(long_prompt[:100], 1))
+    first = None
+    for i in range(40):
+        sch.submit(Request([int(t) for t in rng.integers(3, 300, 8)], 1))
+        sch.step()
+        if first is None and starved._prefilled:
+            first = i
+    assert first is not None and first <= PREFILL_PATIENCE + 1

@@ -22,8 +22,9 @@ A step (``Scheduler.step``):
      overtaken, so no request starves;
   3. every decoding sequence contributes one row (with ``spec_tokens``,
      its last token and up to that many prompt-lookup drafts,
-     speculate.py); prefilling sequences, in admission order, take the
-     rest of ``step_tokens`` (the token budget) in chunks; one
+     speculate.py); prefilling sequences, shortest remaining prompt first
+     (one passed over for PREFILL_PATIENCE steps first), take the rest of
+     ``step_tokens`` (the token budget) in chunks; one
      forward_batch call runs them all (rows whose prompt log-probabilities
      are asked return the logits of every position);
   4. each sequence whose prompt is done picks its token, extends its chain
@@ -71,6 +72,7 @@ from .speculate import DraftState, ngram_drafts
 DEFAULT_MAX_BATCH = 16
 DEFAULT_STEP_TOKENS = 512  # rows per forward call: decode rows + prefill chunks
 DEFAULT_KV_BYTES = 2 << 30
+PREFILL_PATIENCE = 8  # steps a prompt may be passed over by shorter ones before it goes first
 
 
 def kv_bytes_per_position(cfg: dict) -> int:
@@ -190,6 +192,7 @@ class Request:
         self._looked_up = True  # prefix cache: looked up (or not to be)
         self._draft = None  # speculate.DraftState with speculative decoding
         self._drafts: list = []  # this step's drafts (fed after the last token)
+        self._passed_over = 0  # consecutive steps this prompt's prefill got no rows
         self._pending = False  # the device lane: a step enqueued on the GPU (submit_pick), not yet waited for
         self.cached_tokens = 0  # prompt positions taken from the prefix cache (not computed)
         self.truncated = 0  # prompt tokens the API cut (SamplingParams.truncate)
@@ -423,7 +426,7 @@ class Scheduler:
             if lane:
                 self.steps += 1
             return bool(lane)
-        # rows: every decoding sequence one, then prefill chunks in admission order
+        # rows: every decoding sequence one, then prefill chunks
         plan = []
         budget = self.step_tokens
         for r in running:
@@ -431,15 +434,23 @@ class Scheduler:
                 r._drafts = self._propose(r, budget - 1) if r._draft is not None else []
                 plan.append((r, [r.tokens[-1]] + r._drafts))
                 budget -= 1 + len(r._drafts)
-        for r in running:
-            if r._prefilled < len(r.prompt_ids) and budget > 0:
-                if not r._looked_up:
-                    if self._shares_a_pending_prompt(r, running):
-                        continue  # an earlier prompt with the same start is being prefilled: copy it when done
-                    self._lookup(r)
-                n = min(budget, len(r.prompt_ids) - r._prefilled)
-                plan.append((r, r.prompt_ids[r._prefilled:r._prefilled + n]))
-                budget -= n
+        prefilling = [r for r in running if r._prefilled < len(r.prompt_ids)]
+        for r in prefilling:  # in admission order
+            if not r._looked_up and not self._shares_a_pending_prompt(r, running):
+                self._lookup(r)  # (one sharing an earlier prompt's start waits to copy it when done)
+        # the shortest remaining prompts first, so a prefix-cache hit's few
+        # tokens do not wait behind a long prompt's chunks; a prompt passed
+        # over for PREFILL_PATIENCE steps goes first (no starvation); ties
+        # in admission order. The order changes when a row runs, never a bit.
+        for r in sorted((r for r in prefilling if r._looked_up),
+                        key=lambda r: (r._passed_over < PREFILL_PATIENCE, len(r.prompt_ids) - r._prefilled)):
+            if budget <= 0:
+                r._passed_over += 1
+                continue
+            n = min(budget, len(r.prompt_ids) - r._prefilled)
+            plan.append((r, r.prompt_ids[r._prefilled:r._prefilled + n]))
+            budget -= n
+            r._passed_over = 0
         # rows of prompts whose every position's logits are needed (prompt
         # log-probabilities, scoring) and decode rows with drafts return all
         # their logits; the rest only the last
