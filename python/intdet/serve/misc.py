@@ -54,4 +54,4 @@ async def detokenize(srv, request: Request):
     try:
         return JSONResponse({"prompt": srv.llm.decode(r.tokens)})
     except IntdetError as e:
-        raise BadRequest(str(e).replace("tokens:", "tokens:", 1), "tokens") from None
+        raise BadRequest(str(e), "tokens") from None
