@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
-"""Speculative decoding (prompt lookup, ``--spec-ngram K``) against plain
-decoding, batch 1, in one process, alternating, with the outputs compared.
+"""Speculative decoding (prompt lookup, ``--spec-ngram K``, or a draft model,
+``--spec-draft MODEL``) against plain decoding, batch 1, in one process,
+alternating, with the outputs compared.
 
-    python scripts/bench_spec.py [-m MODEL] [--spec 5] [--tokens 128] [--rounds 3] [--threads N] [--json OUT]
+    python scripts/bench_spec.py [-m MODEL] [--spec 5] [--draft MODEL] [--tokens 128] [--rounds 3]
+                                 [--threads N] [--json OUT]
 
 Workloads (the default model, SmolLM2-135M-Instruct, through its chat
 template, greedy):
@@ -80,7 +82,9 @@ def run(llm, ids, n):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-m", "--model", default=None)
-    ap.add_argument("--spec", type=int, default=5, help="drafts per step (--spec-ngram K)")
+    ap.add_argument("--spec", type=int, default=5, help="drafts per step (--spec-ngram K, or --spec-draft-max K)")
+    ap.add_argument("--draft", default=None, metavar="MODEL",
+                    help="draft with this model (--spec-draft MODEL) instead of prompt lookup")
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=None)
@@ -90,7 +94,7 @@ def main(argv=None) -> int:
     from intdet.chat import conversation_ids
 
     plain = LLM(a.model, threads=a.threads, max_batch=1)
-    spec = LLM(plain.lm, threads=a.threads, max_batch=1, spec_tokens=a.spec)
+    spec = LLM(plain.lm, threads=a.threads, max_batch=1, spec_tokens=a.spec, draft_model=a.draft)
     res = {}
     same = True
     for name, text in workloads().items():
@@ -108,7 +112,8 @@ def main(argv=None) -> int:
                      "kept": cs.spec_accepted, "drafted": cs.spec_drafted, "tokens": len(cs.tokens),
                      "identical": (cp.tokens, cp.hash) == (cs.tokens, cs.hash), "text": cs.text[:200]}
     cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?")
-    print(f"cpu: {cpu}; batch 1, greedy, {a.tokens} tokens, --spec-ngram {a.spec}, median of {a.rounds}")
+    how = f"--spec-draft {a.draft} --spec-draft-max {a.spec}" if a.draft else f"--spec-ngram {a.spec}"
+    print(f"cpu: {cpu}; batch 1, greedy, {a.tokens} tokens, {how}, median of {a.rounds}")
     print("| workload | plain tok/s | drafted tok/s | speed-up | drafts kept / drafted | tokens and hash identical |")
     print("|---|---|---|---|---|---|")
     for name, r in res.items():

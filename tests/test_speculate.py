@@ -149,3 +149,96 @@ def test_request_api_reports_drafts(engine):  # noqa: F811
     sch.run_until_idle()
     assert r.finish_reason in ("length", "eos") and r.spec_drafted >= r.spec_accepted
     assert specs  # (imported for the reference fixture)
+
+
+# ---------------------------------------------------------------- draft model
+
+
+def _draft_run(engine, ss, stops, draft_engine, k, max_batch=16, step_tokens=512):
+    from intdet.speculate import DraftModel
+
+    sch = Scheduler(engine, max_batch=max_batch, step_tokens=step_tokens, kv_bytes=1 << 40, spec_tokens=k,
+                    draft=DraftModel(draft_engine, engine.vocab_size))
+    events = [[] for _ in ss]
+    reqs = [sch.submit(make(engine, s, st, on_event=events[i].append)) for i, (s, st) in enumerate(zip(ss, stops))]
+    sch.run_until_idle()
+    return sch, reqs, events
+
+
+@pytest.mark.parametrize("k,max_batch,step_tokens", [(4, 16, 512), (3, 3, 7)])
+def test_draft_model_requests_equal_plain(engine, reference, tmp_path_factory, tiny_qwen3_hf, k, max_batch,  # noqa: F811
+                                          step_tokens):
+    """Drafts from a draft model (the target itself: every greedy draft is
+    kept; another model with the same tokenizer: some are), the mixed
+    requests against each one run alone: the same bits either way."""
+    from intdet.convert import convert
+    from intdet.model import Engine, load_model
+
+    ss, stops, want = reference
+    other = Engine(load_model(convert(tiny_qwen3_hf, str(tmp_path_factory.mktemp("d") / "q"), progress=False)))
+    for draft in (Engine(engine.lm), other):
+        sch, reqs, events = _draft_run(engine, ss, stops, draft, k, max_batch, step_tokens)
+        for r, ev, w in zip(reqs, events, want):
+            assert got(r, ev) == w
+        assert sch.spec_drafted > 0
+        if draft is not other:  # the target drafting for itself: every greedy request keeps all its drafts
+            greedy = [r for r, s, st in zip(reqs, ss, stops) if not s["sampler"] and not st and r.spec_drafted
+                      and r.finish_reason == "length"]  # (an eos or a stop string ends a request mid-draft)
+            assert greedy and all(r.spec_accepted == r.spec_drafted for r in greedy), [
+                (r.spec_accepted, r.spec_drafted, r.finish_reason) for r in greedy]
+
+
+def test_draft_model_saves_forward_calls(engine):  # noqa: F811
+    """Greedy decoding with the target as its own draft: k+1 tokens per
+    forward call of the target, and the same tokens and hash."""
+    from intdet.model import Engine
+    from intdet.speculate import DraftModel
+
+    prompt = [5, 17, 99, 230, 41]
+    plain = Scheduler(engine, kv_bytes=1 << 40)
+    a = plain.submit(Request(prompt, 40))
+    plain.run_until_idle()
+    spec = Scheduler(engine, kv_bytes=1 << 40, spec_tokens=4, draft=DraftModel(Engine(engine.lm), engine.vocab_size))
+    b = spec.submit(Request(prompt, 40))
+    spec.run_until_idle()
+    assert (a.tokens, a.hash) == (b.tokens, b.hash) and b.spec_accepted == b.spec_drafted > 0
+    assert spec.steps <= plain.steps // 4 + 2
+
+
+def test_draft_model_with_another_tokenizer_is_refused(engine, tmp_path):  # noqa: F811
+    """A draft whose tokenizer maps one string to another id: refused, naming draft_model."""
+    import json
+    import shutil
+
+    import intdet
+
+    d = tmp_path / "draft"
+    shutil.copytree(engine.lm.path, d)
+    tj = json.loads((d / "tokenizer.json").read_text())
+    vocab = tj["model"]["vocab"]
+    a, b = sorted(vocab, key=vocab.get)[100:102]
+    vocab[a], vocab[b] = vocab[b], vocab[a]  # two ids swapped: the same strings, other ids
+    (d / "tokenizer.json").write_text(json.dumps(tj))
+    with pytest.raises(IntdetError) as e:
+        intdet.LLM(engine.lm, draft_model=str(d))
+    assert e.value.field == "draft_model" and "tokenizer" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_cli_generate_spec_draft(tmp_path, engine):  # noqa: F811
+    """`intdet generate --spec-draft MODEL` prints what plain generate prints;
+    --json reports the drafts; bad combinations are one-line errors."""
+    import json
+    import subprocess
+    import sys
+
+    base = [sys.executable, "-m", "intdet", "generate", "-m", engine.lm.path, "-n", "24", "--json", "hello there"]
+    a = json.loads(subprocess.run(base, capture_output=True, text=True, check=True).stdout)
+    r = subprocess.run(base + ["--spec-draft", engine.lm.path, "--spec-draft-max", "3"], capture_output=True, text=True)
+    b = json.loads(r.stdout)
+    assert (a["text"], a["tokens"], a["hash"]) == (b["text"], b["tokens"], b["hash"])
+    assert b["spec_drafted"] == b["spec_accepted"] > 0
+    for extra, msg in ((["--spec-draft", engine.lm.path, "--spec-ngram", "3"], "--spec-draft: give --spec-ngram or"),
+                       (["--spec-draft", str(tmp_path / "nope")], "--spec-draft: ")):
+        r = subprocess.run(base + extra, capture_output=True, text=True)
+        assert r.returncode == 1 and r.stdout == "" and r.stderr.startswith("intdet: error: " + msg), r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1

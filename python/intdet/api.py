@@ -41,6 +41,7 @@ from .scheduler import DEFAULT_KV_BYTES, DEFAULT_MAX_BATCH, DEFAULT_STEP_TOKENS,
 Prompt = Union[str, Sequence[int]]
 
 GRAMMAR_CACHE = 64  # compiled structured-output grammars an LLM keeps
+DEFAULT_DRAFT_TOKENS = 4  # drafts per step from a draft model (llama.cpp's --draft-max is 16; small models gain less)
 FINISH_REASONS = ("eos", "stop", "length", "context", "cancelled", "error")
 
 
@@ -246,9 +247,13 @@ class LLM:
         weights: "int8" or "int4" when the source needs converting.
         revision: Hub revision for a repo id.
         max_batch, step_tokens, kv_bytes: the scheduler's limits (scheduler.py).
-        spec_tokens: speculative decoding, up to that many prompt-lookup
-            drafts per decode step (0: off; speculate.py). The tokens,
-            logits and hashes are those of plain decoding.
+        spec_tokens: speculative decoding, up to that many drafts per
+            decode step (0: off; speculate.py), by prompt lookup unless
+            ``draft_model`` is given. The tokens, logits and hashes are
+            those of plain decoding.
+        draft_model: None, or a smaller model with the same tokenizer (any
+            source ``model`` accepts, or a LoadedModel) whose greedy tokens
+            are the drafts (spec_tokens 0 then means 4), on ``device``.
         prefix_cache: keep finished requests' KV for prompts that start
             with the same tokens (prefix_cache.py; the same bits as a cold
             run; CPU and ref devices).
@@ -262,7 +267,7 @@ class LLM:
                  weights: Union[str, None] = None, revision: Union[str, None] = None,
                  max_batch: int = DEFAULT_MAX_BATCH, step_tokens: int = DEFAULT_STEP_TOKENS,
                  kv_bytes: int = DEFAULT_KV_BYTES, progress: bool = False, notice=None, spec_tokens: int = 0,
-                 prefix_cache: bool = False):
+                 prefix_cache: bool = False, draft_model=None):
         from .model import Engine, LoadedModel, load_model
         from .resolve import resolve_model
 
@@ -275,13 +280,34 @@ class LLM:
         except IntdetError as e:  # the loaders name CLI options: name the arguments instead
             raise _api_error(e, (("-m", "model"), ("--threads", "threads"), ("--device", "device"),
                                  ("--weights", "weights"), ("--revision", "revision"))) from None
+        draft = None
+        if draft_model is not None:
+            draft = self._draft_model(draft_model, device, revision, weights, progress, notice)
+            spec_tokens = spec_tokens or DEFAULT_DRAFT_TOKENS
         self.scheduler = Scheduler(self.engine, max_batch=max_batch, step_tokens=step_tokens, kv_bytes=kv_bytes,
-                                   spec_tokens=spec_tokens, prefix_cache=prefix_cache)
+                                   spec_tokens=spec_tokens, prefix_cache=prefix_cache, draft=draft)
         self.tokenizer, self.meta = self.lm.tokenizer, self.lm.tok_meta
         self.eos_ids = tuple(self.meta.get("eos_token_ids") or ())
         self._run_lock = threading.RLock()  # one thread steps at a time; re-entrant for generate inside stream
         self._grammars: collections.OrderedDict = collections.OrderedDict()  # structured outputs compiled, LRU
         self._grammars_lock = threading.Lock()
+
+    def _draft_model(self, spec, device, revision, weights, progress, notice):
+        """speculate.DraftModel of ``spec`` (IntdetError naming draft_model)."""
+        from .model import Engine, LoadedModel, load_model
+        from .resolve import resolve_model
+        from .speculate import DraftModel, check_same_tokenizer
+
+        try:
+            lm = spec if isinstance(spec, LoadedModel) else load_model(
+                resolve_model(spec, revision, progress=progress, weights=weights, notice=notice))
+            check_same_tokenizer(self.lm.tokenizer, lm.tokenizer, "draft_model")
+            return DraftModel(Engine(lm, device), self.engine.vocab_size)
+        except IntdetError as e:
+            msg = str(e)
+            if not msg.startswith("draft_model"):
+                msg = f"draft_model: {msg}"
+            raise IntdetError(msg, field="draft_model") from None
 
     # ---------------------------------------------------------------- facts
 

@@ -191,6 +191,7 @@ class Request:
         self._logits = None  # the logits rows the next tokens are picked from
         self._looked_up = True  # prefix cache: looked up (or not to be)
         self._draft = None  # speculate.DraftState with speculative decoding
+        self._draft_seq = None  # speculate.DraftSeq with a draft model
         self._drafts: list = []  # this step's drafts (fed after the last token)
         self._passed_over = 0  # consecutive steps this prompt's prefill got no rows
         self._pending = False  # the device lane: a step enqueued on the GPU (submit_pick), not yet waited for
@@ -224,19 +225,22 @@ class Scheduler:
     """The engine loop. ``max_batch``: sequences running at once;
     ``step_tokens``: rows per forward call (the token budget); ``kv_bytes``:
     KV cache memory the running sequences (and the prefix cache) may hold
-    together; ``spec_tokens``: prompt-lookup drafts per decode step (0: none;
-    speculate.py); ``prefix_cache``: keep retired sequences' KV for prompts
+    together; ``spec_tokens``: drafts per decode step (0: none; speculate.py),
+    by prompt lookup, or by ``draft`` (a ``speculate.DraftModel``) when
+    given; ``prefix_cache``: keep retired sequences' KV for prompts
     that start with the same tokens (prefix_cache.py; CPU and numpy spec).
     Raises IntdetError for a limit < 1 (spec_tokens < 0)."""
 
     def __init__(self, engine, max_batch: int = DEFAULT_MAX_BATCH, step_tokens: int = DEFAULT_STEP_TOKENS,
-                 kv_bytes: int = DEFAULT_KV_BYTES, spec_tokens: int = 0, prefix_cache: bool = False):
+                 kv_bytes: int = DEFAULT_KV_BYTES, spec_tokens: int = 0, prefix_cache: bool = False,
+                 draft=None):
         for name, v in (("max_batch", max_batch), ("step_tokens", step_tokens), ("kv_bytes", kv_bytes)):
             if not isinstance(v, int) or v < 1:
                 raise IntdetError(f"{name}: {v!r} must be an integer >= 1")
         if not isinstance(spec_tokens, int) or isinstance(spec_tokens, bool) or not 0 <= spec_tokens <= 64:
             raise IntdetError(f"spec_tokens: {spec_tokens!r} must be an integer in [0, 64]")
         self.spec_tokens = spec_tokens
+        self.draft = draft
         self.cache = PrefixCache() if prefix_cache else None
         self.engine = engine
         self.max_batch = max_batch
@@ -322,7 +326,7 @@ class Scheduler:
         if req._pending:  # the step the device lane enqueued ahead is not used
             seq.wait_pick()
             req._pending = False
-        req._seq = req._logits = None  # frees the KV cache, or hands it to the prefix cache
+        req._seq = req._logits = req._draft_seq = None  # frees the KV caches, or hands one to the prefix cache
         self.kv_used -= self._positions(req) * self.kv_per_pos
         if self.cache is not None and seq is not None:
             self.cache.drop_live(seq)
@@ -518,6 +522,10 @@ class Scheduler:
         k = min(r._draft.want(), room, r.max_new_tokens - len(r.tokens) - 1, r._n_total - r._seq.n_past - 1)
         if k < 1:
             return []
+        if self.draft is not None:
+            if r._draft_seq is None:
+                r._draft_seq = self.draft.new_seq(r._n_total)
+            return self.draft.propose(r._draft_seq, r.prompt_ids + r.tokens, k)
         return ngram_drafts(r.prompt_ids + r.tokens, k)
 
     def _prompt_rows(self, r: Request, start: int, out) -> None:

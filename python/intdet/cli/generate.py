@@ -11,8 +11,9 @@ import click
 
 from ..errors import IntdetError
 from .errors import _STREAMS, _err, _need_stdout, user_errors
-from .options import (_load, _make_sampler, compile_structured, model_options, parse_ids, read_text_file,
-                      sampling_options, stats_line, structured_options, structured_params, verbosity_options)
+from .options import (_load, _make_sampler, compile_structured, draft_error, model_options, parse_ids, read_text_file,
+                      sampling_options, spec_draft_options, spec_settings, stats_line, structured_options,
+                      structured_params, verbosity_options)
 
 PROMPT_FILE_LIMIT = 64 << 20  # bytes: -f of generate
 
@@ -62,13 +63,15 @@ def _prefill_bar(n_prompt: int, quiet: bool):
 @structured_options
 @click.option("--spec-ngram", "spec_ngram", default=0, show_default=True, type=click.IntRange(0, 64), metavar="K",
               help="Speculative decoding: draft up to K tokens a step by prompt lookup (the same tokens and hash).")
+@spec_draft_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of streaming text.")
 @verbosity_options
 @click.pass_context
 @user_errors
 def generate(ctx, prompt, prompt_opt, file, ids, chat, system, truncate, model, revision, weights, device, threads,
              max_new_tokens, temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, stops, seed, json_schema,
-             json_schema_file, grammar, grammar_file, regex, spec_ngram, as_json, quiet, verbose):
+             json_schema_file, grammar, grammar_file, regex, spec_ngram, spec_draft, spec_draft_max, as_json, quiet,
+             verbose):
     """Generate text; stream it to stdout, stats and the chain hash to stderr."""
     import time
 
@@ -89,6 +92,7 @@ def generate(ctx, prompt, prompt_opt, file, ids, chat, system, truncate, model, 
     if quiet and verbose:
         raise IntdetError("-q and -v: choose one")
     sampler = _make_sampler(ctx, ctx.params, as_json)
+    spec_tokens, draft_model = spec_settings(spec_ngram, spec_draft, spec_draft_max)
     structured, structured_opt = structured_params(ctx.params)
     text, prompt_ids = _read_prompt(prompt, prompt_opt, file, ids)
     lm = _load(model, revision, weights, verbose, quiet)
@@ -108,7 +112,11 @@ def generate(ctx, prompt, prompt_opt, file, ids, chat, system, truncate, model, 
     # The Python API's scheduler runs the request (one sequence; prefill in
     # PREFILL_CHUNK calls, Ctrl-C honoured between them); the whole KV cache
     # is the request's, so no KV budget applies.
-    llm = LLM(lm, device, threads, max_batch=1, step_tokens=PREFILL_CHUNK, kv_bytes=1 << 62, spec_tokens=spec_ngram)
+    try:
+        llm = LLM(lm, device, threads, max_batch=1, step_tokens=PREFILL_CHUNK, kv_bytes=1 << 62,
+                  spec_tokens=spec_tokens, draft_model=draft_model, revision=revision, weights=weights)
+    except IntdetError as e:
+        raise draft_error(e) from None
     if structured is not None:
         compile_structured(llm, structured, structured_opt)  # a bad schema fails before the prompt runs
     p = ctx.params
@@ -162,7 +170,7 @@ def generate(ctx, prompt, prompt_opt, file, ids, chat, system, truncate, model, 
         st["text"] = c.text
         st["tokens"] = g.tokens
         st["seed"] = sampler.seed
-        if spec_ngram:
+        if spec_tokens:
             st["spec_drafted"], st["spec_accepted"] = c.spec_drafted, c.spec_accepted
         click.echo(json.dumps(st))
     else:
@@ -170,7 +178,7 @@ def generate(ctx, prompt, prompt_opt, file, ids, chat, system, truncate, model, 
         out.flush()
         if not quiet:
             _err(stats_line(g))
-            if spec_ngram and verbose:
+            if spec_tokens and verbose:
                 _err(f"speculative decoding: {c.spec_accepted} of {c.spec_drafted} drafted tokens kept")
     if g.stop == "interrupted":
         sys.exit(130)

@@ -148,6 +148,33 @@ def sampling_options(fn):
 GRAMMAR_FILE_LIMIT = 1 << 20  # a schema or grammar file's most bytes
 
 
+def spec_draft_options(fn):
+    """--spec-draft MODEL, --spec-draft-max K: speculative decoding with a draft model."""
+    for dec in reversed([
+        click.option("--spec-draft", default=None, metavar="MODEL",
+                     help="Speculative decoding: a smaller model with the same tokenizer drafts tokens "
+                          "(any -m source; the same tokens and hash)."),
+        click.option("--spec-draft-max", default=4, show_default=True, type=click.IntRange(1, 64), metavar="K",
+                     help="Tokens the --spec-draft model drafts per step."),
+    ]):
+        fn = dec(fn)
+    return fn
+
+
+def spec_settings(spec_ngram: int, spec_draft, spec_draft_max: int) -> tuple:
+    """(spec_tokens, draft_model) of the speculation options; IntdetError
+    for both kinds at once."""
+    if spec_draft is not None and spec_ngram:
+        raise IntdetError("--spec-draft: give --spec-ngram or --spec-draft, not both")
+    return (spec_draft_max, spec_draft) if spec_draft is not None else (spec_ngram, None)
+
+
+def draft_error(e: IntdetError) -> IntdetError:
+    """The API's draft_model error, naming the CLI option."""
+    msg = str(e)
+    return IntdetError("--spec-draft" + msg[len("draft_model"):] if msg.startswith("draft_model") else msg)
+
+
 def structured_options(fn):
     """--json-schema(-file), --grammar(-file), --regex: structured output."""
     return _apply(fn, [

@@ -19,7 +19,7 @@ import click
 
 from ..errors import IntdetError
 from .errors import user_errors
-from .options import _log, model_options
+from .options import _log, draft_error, model_options, spec_draft_options, spec_settings
 
 
 @click.command("serve")
@@ -33,6 +33,7 @@ from .options import _log, model_options
               help="KV cache memory for running sequences; requests beyond it wait in the queue.")
 @click.option("--spec-ngram", "spec_ngram", default=0, show_default=True, type=click.IntRange(0, 64), metavar="K",
               help="Speculative decoding: up to K prompt-lookup drafts per decode step (the same outputs).")
+@spec_draft_options
 @click.option("--prefix-cache/--no-prefix-cache", default=False, show_default=True,
               help="Keep finished requests' KV for prompts that start with the same tokens (the same outputs).")
 @click.option("--api-key", default=None, metavar="KEY",
@@ -50,7 +51,8 @@ from .options import _log, model_options
 @click.option("-v", "--verbose", is_flag=True, help="Log each HTTP request.")
 @user_errors
 def serve(model, revision, weights, device, threads, host, port, max_batch, step_tokens, kv_cache_mib, spec_ngram,
-          prefix_cache, api_key, served_model_name, max_connections, max_body_mib, max_n, drain_timeout, idle_timeout, verbose):
+          spec_draft, spec_draft_max, prefix_cache, api_key, served_model_name, max_connections, max_body_mib, max_n,
+          drain_timeout, idle_timeout, verbose):
     """Serve the model over an OpenAI-compatible HTTP API (deterministic continuous batching)."""
     import asyncio
     import signal
@@ -72,6 +74,7 @@ def serve(model, revision, weights, device, threads, host, port, max_batch, step
                         ("--idle-timeout", idle_timeout, 1)):
         if v < lo:
             raise IntdetError(f"{name}: {v} must be >= {lo}")
+    spec_tokens, draft_model = spec_settings(spec_ngram, spec_draft, spec_draft_max)
     if port > 65535:
         raise IntdetError(f"--port: {port} must be <= 65535")
     if api_key is not None and not api_key.strip():
@@ -86,9 +89,12 @@ def serve(model, revision, weights, device, threads, host, port, max_batch, step
         raise IntdetError(f"--host {host} --port {port}: cannot bind ({getattr(e, 'strerror', None) or e})") from None
     src = resolve_source(model, revision) if model is None or os.path.exists(model) else model
     name = served_model_name or os.path.basename(os.path.normpath(src or model or "intdet"))
-    llm = LLM(model, device=device, threads=threads, weights=weights, revision=revision, max_batch=max_batch,
-              step_tokens=step_tokens, kv_bytes=kv_cache_mib << 20, progress=sys.stderr.isatty(),
-              notice=_log(True), spec_tokens=spec_ngram, prefix_cache=prefix_cache)
+    try:
+        llm = LLM(model, device=device, threads=threads, weights=weights, revision=revision, max_batch=max_batch,
+                  step_tokens=step_tokens, kv_bytes=kv_cache_mib << 20, progress=sys.stderr.isatty(),
+                  notice=_log(True), spec_tokens=spec_tokens, prefix_cache=prefix_cache, draft_model=draft_model)
+    except IntdetError as e:
+        raise draft_error(e) from None
     app = create_app(llm, name, api_key, Limits(max_body_bytes=max_body_mib << 20, max_n=max_n))
     install_json_503()
     config = uvicorn.Config(app, http=protocol_class(idle_timeout), log_level="info" if verbose else "warning",
