@@ -242,3 +242,25 @@ def test_cli_generate_spec_draft(tmp_path, engine):  # noqa: F811
         r = subprocess.run(base + extra, capture_output=True, text=True)
         assert r.returncode == 1 and r.stdout == "" and r.stderr.startswith("intdet: error: " + msg), r.stderr
         assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_serve_spec_draft_same_outputs(engine):  # noqa: F811
+    """`intdet serve --spec-draft MODEL`: completions equal the API's plain runs."""
+    import signal
+
+    import intdet
+    from test_serve import post, start_server
+
+    proc, port = start_server(engine.lm.path, "--spec-draft", engine.lm.path, "--spec-draft-max", "3")
+    try:
+        llm = intdet.LLM(engine.lm)
+        for body in ({"prompt": "hello there", "max_tokens": 20, "temperature": 0, "seed": 0},
+                     {"prompt": [5, 17, 99], "max_tokens": 16, "temperature": 0.8, "seed": 4}):
+            status, r = post(port, "/v1/completions", body)
+            assert status == 200, r
+            want = llm.generate(body["prompt"], intdet.SamplingParams(max_tokens=body["max_tokens"],
+                                                                     temperature=body["temperature"], seed=body["seed"]))
+            assert (r["choices"][0]["text"], r["choices"][0]["hash"]) == (want.text, want.hash)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
