@@ -161,3 +161,31 @@ def test_a_hit_does_not_wait_behind_a_long_prompt(engine):  # noqa: F811
         if first is None and starved._prefilled:
             first = i
     assert first is not None and first <= PREFILL_PATIENCE + 1
+
+
+def test_prefix_cache_on_the_cuda_emulator(engine, monkeypatch):  # noqa: F811
+    """Sequence.copy_prefix on the CUDA module (host emulator): the copied
+    KV continues as a cold prefill would (all logits' bits), the scheduler's
+    hits equal CPU cold runs, and a state of another model is refused."""
+    import intdet.model as M
+    from intdet.model import Engine
+    from test_cuda import _emu_or_skip
+
+    monkeypatch.setattr(M, "cuda_module", lambda: _emu_or_skip())
+    emu = Engine(engine.lm, "cuda")
+    ids = list(range(20, 60))
+    a = emu.new_sequence(64)
+    a.forward(ids)
+    b = emu.new_sequence(50)
+    assert b.can_copy_prefix
+    b.copy_prefix(a, 30)
+    want = engine.new_sequence(64).forward(ids[:35], all_logits=True)[30:]
+    assert np.array_equal(b.forward(ids[30:35], all_logits=True), want)
+    with pytest.raises(ValueError, match="different models"):
+        Engine(engine.lm, "cuda").new_sequence(8)._state.copy_prefix(a._state, 3)
+    ss = fewshot(5)
+    _, cold, ev0 = run(engine, ss, max_batch=1)
+    sch, warm, ev1 = run(emu, ss, prefix_cache=True, max_batch=1)
+    for x, y, ex, ey in zip(cold, warm, ev0, ev1):
+        assert got(y, ey) == got(x, ex)
+    assert sch.cache.hits == len(ss) - 1

@@ -850,6 +850,24 @@ StatePtr new_state(DeviceModel& m, int64_t max_len) {
 
 int64_t state_max_len(const DeviceState& s) { return s.kv.max_len; }
 
+void copy_prefix(DeviceModel& m, const DeviceState& src, DeviceState& dst, int64_t n) {
+  if (src.device != m.device || dst.device != m.device) throw std::invalid_argument("copy_prefix: a state of another device");
+  if (n < 0 || n > src.kv.max_len || n > dst.kv.max_len) throw std::invalid_argument("copy_prefix: n outside [0, max_len]");
+  ck(cudaSetDevice(m.device), "cudaSetDevice");
+  if (m.greedy.pending) ck(cudaEventSynchronize(m.greedy.done), "greedy step");  // it may still write src
+  const Config& c = m.cfg;
+  const size_t rows = (size_t)(n * c.n_kv), D = (size_t)c.head_dim;
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    const size_t rs = (size_t)(l * src.kv.max_len * c.n_kv), rd = (size_t)(l * dst.kv.max_len * c.n_kv);
+    ck(cudaMemcpyAsync(dst.kv.k + rd * D, src.kv.k + rs * D, rows * D, cudaMemcpyDeviceToDevice, m.stream), "copy_prefix");
+    ck(cudaMemcpyAsync(dst.kv.v + rd * D, src.kv.v + rs * D, rows * D, cudaMemcpyDeviceToDevice, m.stream), "copy_prefix");
+    ck(cudaMemcpyAsync(dst.kv.ka + rd, src.kv.ka + rs, rows * sizeof(int32_t), cudaMemcpyDeviceToDevice, m.stream),
+       "copy_prefix");
+    ck(cudaMemcpyAsync(dst.kv.va + rd, src.kv.va + rs, rows * sizeof(int32_t), cudaMemcpyDeviceToDevice, m.stream),
+       "copy_prefix");
+  }
+}
+
 namespace {
 
 void forward_rows_impl(DeviceModel& m, DeviceState* const* states, int64_t n_states, const Row* rows, int64_t T,

@@ -43,6 +43,11 @@ int64_t weight_bytes(const DeviceModel& m);
 
 StatePtr new_state(DeviceModel& m, int64_t max_len);
 int64_t state_max_len(const DeviceState& s);
+// Positions [0, n) of src's KV cache (K/V rows and scales of every layer and
+// KV head) into dst, both states of m: the prefix cache's copy, bit for bit
+// what a prefill of those tokens writes (the cache is [layer, position,
+// kv head] rows, full length on the GPU). Device-to-device, on m's stream.
+void copy_prefix(DeviceModel& m, const DeviceState& src, DeviceState& dst, int64_t n);
 
 // Like intdet::forward_rows: rows[t].seq indexes states. Rows of one sequence
 // must come in increasing position order (forward and forward_batch do).

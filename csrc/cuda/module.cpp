@@ -39,6 +39,7 @@ struct PyState {
   cuda::StatePtr dev;
   int64_t n_past = 0;
   int64_t max_len = 0;
+  PyModel* model = nullptr;  // kept alive by the State's keep_alive
 };
 
 // The CUDA backend for pybind::bind_forward.
@@ -109,6 +110,7 @@ PYBIND11_MODULE(INTDET_CUDA_MODULE_NAME, mod) {
              auto* s = new PyState();
              s->dev = cuda::new_state(*pm.dev, max_len);
              s->max_len = max_len;
+             s->model = &pm;
              return s;
            }),
            py::arg("model"), py::arg("max_len"), py::keep_alive<1, 2>())
@@ -119,7 +121,17 @@ PYBIND11_MODULE(INTDET_CUDA_MODULE_NAME, mod) {
       .def("truncate", [](PyState& s, int64_t n) {
         if (n < 0 || n > s.n_past) throw std::invalid_argument("truncate: n outside [0, cached positions]");
         s.n_past = n;
-      }, py::arg("n"));
+      }, py::arg("n"))
+      // Start an empty state from the first n cached positions of src (a
+      // state of the same model): the prefix cache, as the CPU core's.
+      .def("copy_prefix", [](PyState& s, const PyState& src, int64_t n) {
+        if (s.n_past != 0) throw std::invalid_argument("copy_prefix: the state is not empty");
+        if (s.model != src.model) throw std::invalid_argument("copy_prefix: the states belong to different models");
+        if (n < 0 || n > src.n_past || n > s.max_len)
+          throw std::invalid_argument("copy_prefix: n outside [0, min(cached positions, max_len)]");
+        cuda::copy_prefix(*s.model->dev, *src.dev, *s.dev, n);
+        s.n_past = n;
+      }, py::arg("src"), py::arg("n"));
 
   pybind::bind_forward<Gpu>(mod);
   mod.def(

@@ -256,7 +256,7 @@ class LLM:
             are the drafts (spec_tokens 0 then means 4), on ``device``.
         prefix_cache: keep finished requests' KV for prompts that start
             with the same tokens (prefix_cache.py; the same bits as a cold
-            run; CPU and ref devices).
+            run; every device).
         progress: a conversion progress bar on stderr; notice: None or a
             callable given a one-line message when the model is converted
             into the cache (or waits for another process converting it).

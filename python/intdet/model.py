@@ -144,8 +144,8 @@ class Sequence:
 
     @property
     def can_copy_prefix(self) -> bool:
-        """Whether ``copy_prefix`` is available (CPU and numpy spec; not yet
-        the CUDA engine)."""
+        """Whether ``copy_prefix`` is available (every backend of this
+        build: CPU, CUDA and the numpy spec)."""
         return self.engine.device == "ref" or hasattr(self._state, "copy_prefix")
 
     def copy_prefix(self, src: "Sequence", n: int) -> None:

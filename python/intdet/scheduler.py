@@ -228,7 +228,7 @@ class Scheduler:
     together; ``spec_tokens``: drafts per decode step (0: none; speculate.py),
     by prompt lookup, or by ``draft`` (a ``speculate.DraftModel``) when
     given; ``prefix_cache``: keep retired sequences' KV for prompts
-    that start with the same tokens (prefix_cache.py; CPU and numpy spec).
+    that start with the same tokens (prefix_cache.py; every backend).
     Raises IntdetError for a limit < 1 (spec_tokens < 0)."""
 
     def __init__(self, engine, max_batch: int = DEFAULT_MAX_BATCH, step_tokens: int = DEFAULT_STEP_TOKENS,
