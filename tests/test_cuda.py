@@ -1188,3 +1188,19 @@ def test_hash_check_device_cuda_on_the_emulator(monkeypatch, converted, tmp_path
     out = json.loads(r.output.strip().splitlines()[-1])
     assert out["all_equal"] and len(out["runs"]) == 10
     assert any(x["config"].startswith(f"cuda ({mod.device_name()})") for x in out["runs"])
+
+
+@needs_gpu
+def test_gpu_copy_prefix(converted):
+    """State.copy_prefix on the GPU: the copied KV continues exactly as a
+    cold prefill does (every logit's bits), for a dense and a windowed model."""
+    for name in ("wide", "gemma3"):
+        lm = converted[name]
+        gpu, cpu = Engine(lm, "cuda"), Engine(lm, "cpu")
+        ids = [int(t) for t in np.random.default_rng(4).integers(0, lm.cfg["vocab_size"], 60)]
+        a = gpu.new_sequence(64)
+        a.forward(ids[:50])
+        b = gpu.new_sequence(64)
+        b.copy_prefix(a, 40)
+        want = cpu.new_sequence(64).forward(ids, all_logits=True)[40:]
+        assert np.array_equal(b.forward(ids[40:], all_logits=True), want), name
