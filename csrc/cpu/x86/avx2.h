@@ -1,5 +1,6 @@
-// The AVX2 kernel set's functions, defined in avx2.cpp, avx2_gemm.cpp and
-// avx2_w4.cpp (each compiled with -mavx2 only); avx2.cpp holds the entry.
+// The AVX2 kernel set's functions, defined in avx2.cpp, avx2_attn.cpp,
+// avx2_gemm.cpp and avx2_w4.cpp (each compiled with -mavx2 only); avx2.cpp
+// holds the entry.
 #pragma once
 
 #include <cstdint>
@@ -20,6 +21,7 @@ void swiglu_row_avx2(const int64_t* g, const int64_t* u, int64_t n, int64_t* a);
 void geglu_row_avx2(const int64_t* g, const int64_t* u, int64_t n, int64_t* a);
 void rope_row_avx2(int64_t* x, int64_t nh, int64_t D, const int16_t* cos, const int16_t* sin);
 int32_t quant8_row_avx2(const int64_t* x, int64_t n, int8_t* q);
+// Attention tiles (avx2_attn.cpp).
 void qk_tile_avx2(const int16_t* q, const int32_t* e_q, int64_t R, const int8_t* kc, const int32_t* ka, int64_t n,
                   int64_t stride, int64_t D, int64_t score_mant, int64_t score_shift, int64_t* z, int64_t ldz);
 // The softmax's row passes (AttnRowFns): va >= 0.
