@@ -3,7 +3,7 @@
 
     python scripts/check_sass.py                 # the built module intdet._cuda
     python scripts/check_sass.py FILE...         # objects, executables, .so, .cubin, .fatbin
-    python scripts/check_sass.py --compile       # nvcc -c csrc/cuda/kernels.cu first (sm_80 + sm_90)
+    python scripts/check_sass.py --compile       # nvcc -c csrc/cuda/sources.txt's files first (sm_80 + sm_90)
 
 Disassembles every kernel with ``cuobjdump -sass`` (it needs ``nvdisasm``
 beside it) and counts opcodes per architecture; any opcode in FLOAT_OPS
@@ -36,6 +36,15 @@ import sys
 import tempfile
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+CUDA_SRC = os.path.join(ROOT, "csrc", "cuda")
+
+
+def cuda_sources() -> list[str]:
+    """The CUDA kernel files (absolute paths), from csrc/cuda/sources.txt: the
+    one list CMakeLists.txt and the emulator build (tests/test_cuda.py) read too."""
+    with open(os.path.join(CUDA_SRC, "sources.txt"), encoding="utf-8") as f:
+        names = [ln.strip() for ln in f]
+    return [os.path.join(CUDA_SRC, n) for n in names if n and not n.startswith("#")]
 
 # SASS opcodes (the part before the first '.') that use floating point, for
 # sm_80 .. sm_100 and older names kept for completeness.
@@ -153,7 +162,7 @@ def compile_kernels(out_dir: str) -> list[str]:
     if not nvcc:
         raise FileNotFoundError("nvcc not found")
     outs = []
-    for src in sorted(glob.glob(os.path.join(ROOT, "csrc", "cuda", "*.cu"))):
+    for src in cuda_sources():
         obj = os.path.join(out_dir, os.path.basename(src) + ".o")
         cmd = [nvcc, "-std=c++20", "-O3", "-fmad=false", "-I", os.path.join(ROOT, "csrc", "include"),
                "-gencode", "arch=compute_80,code=sm_80", "-gencode", "arch=compute_90,code=[sm_90,compute_90]",
@@ -203,7 +212,8 @@ def check(paths, show_top: int = 0) -> int:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("paths", nargs="*", help="files to check (default: the built intdet._cuda module)")
-    ap.add_argument("--compile", action="store_true", help="compile csrc/cuda/*.cu with nvcc and check the objects")
+    ap.add_argument("--compile", action="store_true",
+                    help="compile csrc/cuda/sources.txt's files with nvcc and check the objects")
     ap.add_argument("--top", type=int, default=0, help="also print the N most frequent opcodes per arch")
     args = ap.parse_args(argv)
     if not tools_available():

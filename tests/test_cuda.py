@@ -37,7 +37,7 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 import check_sass  # noqa: E402
 
-CUDA_SRC = os.path.join(ROOT, "csrc", "cuda")
+CUDA_SRC = check_sass.CUDA_SRC
 
 
 def _cuda_module():
@@ -68,11 +68,12 @@ def test_cuda_module_or_sources_compile(tmp_path):
     nvcc = check_sass.find_tool("nvcc")
     if not nvcc:
         pytest.skip("no nvcc and intdet._cuda not built")
-    cmd = [nvcc, "-std=c++20", "-O3", "-fmad=false", "-I", os.path.join(ROOT, "csrc", "include"),
-           "-gencode", "arch=compute_90,code=sm_90", "-c", os.path.join(CUDA_SRC, "kernels.cu"),
-           "-o", str(tmp_path / "kernels.o")]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=900, check=False)
-    assert r.returncode == 0, r.stderr[-3000:]
+    for src in check_sass.cuda_sources():
+        cmd = [nvcc, "-std=c++20", "-O3", "-fmad=false", "-I", os.path.join(ROOT, "csrc", "include"),
+               "-gencode", "arch=compute_90,code=sm_90", "-c", src,
+               "-o", str(tmp_path / (os.path.basename(src) + ".o"))]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=900, check=False)
+        assert r.returncode == 0, r.stderr[-3000:]
 
 
 def test_sass_has_no_float_instruction():
@@ -137,8 +138,8 @@ _EMU = {}
 
 
 def _emu_sources():
-    names = ["kernels.cu", "kernels.cuh", "engine.cpp", "engine.h", "module.cpp", "emu.h"]
-    paths = [os.path.join(CUDA_SRC, n) for n in names]
+    names = ["sources.txt", "kernels.cuh", "kernels_shared.cuh", "engine.cpp", "engine.h", "module.cpp", "emu.h"]
+    paths = [os.path.join(CUDA_SRC, n) for n in names] + check_sass.cuda_sources()
     paths += [os.path.join(ROOT, "csrc", "include", "intdet", n)
               for n in ("intmath.h", "ops.h", "model.h", "layout.h", "loader.h", "trace.h", "kernels.h")]
     paths += [os.path.join(ROOT, "csrc", "model", n) for n in LOADER_SRC]  # the one model loader
@@ -181,9 +182,12 @@ def build_emu_module():
         os.makedirs(out, exist_ok=True)
         inc = ["-I", os.path.join(ROOT, "csrc", "include"), "-I", CUDA_SRC, "-isystem", _nlohmann_include()]
         base = [cxx, "-std=c++20", "-O2", "-fPIC", "-DINTDET_CUDA_EMU", *inc]
+        kernels = check_sass.cuda_sources()  # csrc/cuda/sources.txt: the list CMake reads too
+        kobjs = [os.path.basename(src) + ".o" for src in kernels]
         jobs = [
-            base + ["-D__CUDA_ARCH__=900", "-x", "c++", "-c", os.path.join(CUDA_SRC, "kernels.cu"),
-                    "-o", os.path.join(out, "k.o")],
+            base + ["-D__CUDA_ARCH__=900", "-x", "c++", "-c", src, "-o", os.path.join(out, o)]
+            for src, o in zip(kernels, kobjs)
+        ] + [
             base + ["-c", os.path.join(CUDA_SRC, "engine.cpp"), "-o", os.path.join(out, "e.o")],
             base + ["-fvisibility=hidden", "-DINTDET_CUDA_MODULE_NAME=_cuda_emu", "-I", sysconfig.get_paths()["include"],
                     "-I", pybind11.get_include(), "-c", os.path.join(CUDA_SRC, "module.cpp"), "-o", os.path.join(out, "m.o")],
@@ -194,7 +198,7 @@ def build_emu_module():
             if p.returncode:
                 raise RuntimeError(f"emulator build failed: {' '.join(j)}\n{log[-3000:]}")
         tmp_so = so + ".tmp"
-        objs = ["k.o", "e.o", "m.o"] + [n + ".o" for n in LOADER_SRC]
+        objs = kobjs + ["e.o", "m.o"] + [n + ".o" for n in LOADER_SRC]
         subprocess.run([cxx, "-shared", "-o", tmp_so] + [os.path.join(out, n) for n in objs], check=True,
                        timeout=300)
         os.replace(tmp_so, so)

@@ -9,7 +9,7 @@
 // kernels' index arithmetic, shared-memory use, reductions and barriers are
 // all exercised; what is not emulated is timing, memory coherence subtleties
 // and resource limits. __shared__ variables become function statics (fine:
-// blocks never overlap). __CUDA_ARCH__ is defined for kernels.cu so
+// blocks never overlap). __CUDA_ARCH__ is defined for the kernel files so
 // intmath.h takes its device paths (udiv_u64 division, __clzll).
 //
 // The runtime API part covers engine.cpp: plain host memory for device

@@ -1,6 +1,6 @@
 // The CUDA backend's host side: uploads the model, owns device KV caches and
 // the activation workspace, and enqueues the forward pass of
-// csrc/model/forward.cpp kernel by kernel (kernels in kernels.cu). Decode
+// csrc/model/forward.cpp kernel by kernel (kernels in kernels_*.cu). Decode
 // steps can be captured once per shape into CUDA graphs and replayed.
 #include "engine.h"
 

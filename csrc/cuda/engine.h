@@ -100,7 +100,7 @@ struct ProfStep {
 std::vector<ProfStep> forward_rows_profiled(DeviceModel& m, DeviceState* const* states, int64_t n_states,
                                             const Row* rows, int64_t T, int32_t* logits);
 
-// Kernel launches enqueued by this process so far (kernels.cu; a graph
+// Kernel launches enqueued by this process so far (kernels_elementwise.cu; a graph
 // replay adds none): the launches-per-token test and script.
 int64_t launch_count();
 

@@ -1,4 +1,4 @@
-// Launchers of the CUDA kernels (csrc/cuda/kernels.cu). Host-side header:
+// Launchers of the CUDA kernels (csrc/cuda/kernels_*.cu). Host-side header:
 // plain C++ plus cuda_runtime.h, included by engine.cpp and the tests' op
 // bindings. Every kernel computes exactly what the scalar C++ reference
 // (csrc/cpu/ops_generic.cpp, csrc/model/forward.cpp) computes, bit for bit;

@@ -119,7 +119,7 @@ class Sampler:
     def device_ok(self) -> bool:
         """Whether the CUDA engine can choose this sampler's tokens on the
         device: greedy, or temperature with any top-k, top-p and min-p
-        (kernels.cu sample_kernel); not with a repetition penalty (it changes
+        (kernels_sample.cu sample_kernel); not with a repetition penalty (it changes
         the logits first; the host applies it)."""
         return not self.penalized
 

@@ -1,0 +1,113 @@
+// CUDA kernels of the integer forward pass (csrc/cuda/kernels_*.cu, one file
+// per op family; this one: the embedding, SwiGLU/GeGLU, the softcap,
+// round_div and the launch count). Each one is the scalar C++
+// reference (csrc/cpu/ops_generic.cpp, csrc/model/forward.cpp) spread over
+// threads, and calls the same INTDET_HD primitives (intmath.h, ops.h).
+//
+// Why the bits cannot change: every value is an integer and every sum is an
+// exact integer sum. Sums are split across threads and warps in any order,
+// which is harmless for integers as long as no partial sum overflows its
+// type: int32 partial sums are bounded by the same argument as on the CPU
+// (at most 512 products of |int16 * int8| <= 32767 * 127 per int32 partial),
+// everything else accumulates in int64. Maxima are order-free too.
+//
+// No floating point: no float types, no '/' or '%' by a variable (nvcc lowers
+// those through MUFU.RCP; floor_div uses udiv_u64 on the device), no float
+// intrinsics. scripts/check_sass.py disassembles the result to prove it.
+#include "kernels_shared.cuh"  // first: kernels.cuh, then the shared device helpers
+
+#include <algorithm>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+#include "intdet/intmath.h"
+#include "intdet/ops.h"
+
+namespace intdet {
+namespace cuda {
+namespace {
+
+int64_t g_launches = 0;  // kernel launches enqueued (launch_count)
+
+// ---------------------------------------------------------------- embedding
+
+__global__ void embed_kernel(const int32_t* __restrict__ tokens, const int8_t* __restrict__ emb,
+                             const int32_t* __restrict__ mant, const int32_t* __restrict__ shift, int H,
+                             int32_t* __restrict__ x) {
+  const int64_t t = blockIdx.x;
+  const int64_t tok = tokens[t];
+  const int8_t* row = emb + tok * H;
+  const int64_t m = mant[tok], s = shift[tok];
+  for (int i = threadIdx.x; i < H; i += blockDim.x)
+    x[t * H + i] = (int32_t)shift_round_sat32((int64_t)row[i] * m, s);
+}
+
+// ---------------------------------------------------------------- SwiGLU
+
+__global__ void swiglu_kernel(const int32_t* __restrict__ gate, const int32_t* __restrict__ up, int64_t count,
+                              int64_t* __restrict__ a) {
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < count; i += (int64_t)gridDim.x * blockDim.x)
+    a[i] = glu_one(gate[i], up[i], false);
+}
+
+// Soft-capping in place (Gemma 2's final logits): intmath.h softcap per element.
+__global__ void softcap_kernel(int32_t* __restrict__ x, int64_t count, Softcap cap) {
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < count; i += (int64_t)gridDim.x * blockDim.x)
+    x[i] = (int32_t)softcap(x[i], cap);
+}
+
+// GeGLU: geglu_row's steps per element (gelu_exp2_arg in ops.h, shared with the CPU).
+__global__ void geglu_kernel(const int32_t* __restrict__ gate, const int32_t* __restrict__ up, int64_t count,
+                             int64_t* __restrict__ a) {
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < count; i += (int64_t)gridDim.x * blockDim.x)
+    a[i] = glu_one(gate[i], up[i], true);
+}
+
+__global__ void round_div_kernel(const int64_t* a, const int64_t* b, int64_t count, int64_t* out) {
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < count; i += (int64_t)gridDim.x * blockDim.x)
+    out[i] = round_div(a[i], b[i]);
+}
+
+}  // namespace
+
+void check_launch(const char* what) {
+  ++g_launches;
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) throw std::runtime_error(std::string("CUDA kernel ") + what + ": " + cudaGetErrorString(err));
+}
+
+void launch_embed(const int32_t* tokens, const int8_t* emb, const int32_t* mant, const int32_t* shift, int T, int H,
+                  int32_t* x, cudaStream_t st) {
+  INTDET_LAUNCH(embed_kernel, T, 256, 0, st, tokens, emb, mant, shift, H, x);
+  check_launch("embed");
+}
+
+int64_t launch_count() { return g_launches; }
+
+void launch_softcap(int32_t* x, int64_t count, const Softcap& cap, cudaStream_t st) {
+  if (count <= 0) return;
+  INTDET_LAUNCH(softcap_kernel, grid_1d(count, 256), 256, 0, st, x, count, cap);
+  check_launch("softcap");
+}
+
+void launch_swiglu(const int32_t* g, const int32_t* u, int64_t count, int64_t* a, cudaStream_t st) {
+  if (count <= 0) return;
+  INTDET_LAUNCH(swiglu_kernel, grid_1d(count, 256), 256, 0, st, g, u, count, a);
+  check_launch("swiglu");
+}
+
+void launch_geglu(const int32_t* g, const int32_t* u, int64_t count, int64_t* a, cudaStream_t st) {
+  if (count <= 0) return;
+  INTDET_LAUNCH(geglu_kernel, grid_1d(count, 256), 256, 0, st, g, u, count, a);
+  check_launch("geglu");
+}
+
+void launch_round_div(const int64_t* a, const int64_t* b, int64_t count, int64_t* out, cudaStream_t st) {
+  if (count <= 0) return;
+  INTDET_LAUNCH(round_div_kernel, grid_1d(count, 256), 256, 0, st, a, b, count, out);
+  check_launch("round_div");
+}
+
+}  // namespace cuda
+}  // namespace intdet

@@ -1,0 +1,644 @@
+// CUDA kernels: the linear layers (int8 GEMV, __dp2a GEMM, tensor-core
+// IMMA GEMM; int4 GEMV and GEMM). Same bits as the CPU's linear layers
+// (kernels_elementwise.cu says why).
+#include "kernels_shared.cuh"  // first: kernels.cuh, then the shared device helpers
+
+#include <algorithm>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+#include "intdet/intmath.h"
+#include "intdet/ops.h"
+
+namespace intdet {
+namespace cuda {
+namespace {
+
+// ---------------------------------------------------------------- linear layers
+
+// End of a GEMV warp (one output channel j, rows t0..t0+nt-1): the lanes'
+// partial dots summed, then lane 0 applies the epilogue.
+template <int TT>
+__device__ __forceinline__ void gemv_store(int64_t (&acc)[TT], int lane, int nt, int t0, int64_t j,
+                                           const int32_t* __restrict__ e, const int32_t* __restrict__ mant,
+                                           const int32_t* __restrict__ shift, const int32_t* __restrict__ bias,
+                                           int32_t* __restrict__ out, int64_t ldo, int residual) {
+#pragma unroll
+  for (int tt = 0; tt < TT; ++tt) acc[tt] = warp_sum(acc[tt]);
+  if (lane == 0) {
+    const int32_t mj = mant[j], sj = shift[j];
+#pragma unroll
+    for (int tt = 0; tt < TT; ++tt) {
+      if (tt < nt) {
+        const int64_t t = t0 + tt;
+        store_out(out + t * ldo + j, linear_epilogue(acc[tt], mj, sj, e[t], bias, j), residual);
+      }
+    }
+  }
+}
+
+// Decode GEMV: each output channel j is served by wpc = 1 << wlg warps of one
+// block (split-K inside the block: warp part p takes 16-byte chunks
+// [p cpw, (p + 1) cpw) of the row), rows t0..t0+TT-1 (blockIdx.y). Each lane
+// issues kGemvUnroll independent 16-byte weight loads before it uses any, so
+// a warp keeps 32 * kGemvUnroll loads in flight. Every dot16 is exact in
+// int32 (16 products < 2^26) and goes straight into an int64 accumulator;
+// the split parts are added in int64 through shared memory, so any split
+// gives the same sum. vec: K % 16 == 0 (aligned 16-byte loads of w and q
+// rows); otherwise scalar loads and wlg = 0.
+constexpr int kGemvUnroll = 4;
+
+// The fields of segment si of a GemvSegs (no dynamic index into the kernel
+// parameters: that would copy them to local memory).
+__device__ __forceinline__ GemvSeg seg_at(const GemvSegs& s, int si) {
+  return si == 0 ? s.s[0] : si == 1 ? s.s[1] : s.s[2];
+}
+
+// Several linear layers on the same input in one launch (segments: q, k, v;
+// or gate and up): blocks 0..s[0].blocks-1 serve segment 0, and so on. In
+// GLU mode (two segments of the same N: gate and up) every block serves the
+// same channels of both, warps (slots) alternating gate / up, and the gate's
+// lane applies SwiGLU or GeGLU to the pair: glu_out[t, j] (Q32 int64).
+template <int TT>
+__global__ void __launch_bounds__(kGemvWarps * 32)
+    gemv_kernel(const int16_t* __restrict__ q, const int32_t* __restrict__ e, int T, int K, const GemvSegs segs,
+                int residual, int vec, int wlg, int cpw, const NormAfter na) {
+  __shared__ int64_t part[kGemvWarps][TT];
+  __shared__ int32_t gluv[kGemvWarps][TT];
+  __shared__ int64_t red[33];
+  __shared__ int flag;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int p = warp & ((1 << wlg) - 1), slot = warp >> wlg, nslot = kGemvWarps >> wlg;
+  int si = 0, b = blockIdx.x;
+  int64_t j;
+  if (segs.glu) {
+    si = slot & 1;
+    j = (int64_t)b * (nslot >> 1) + (slot >> 1);
+  } else {
+    while (si + 1 < segs.n && b >= seg_at(segs, si).blocks) b -= seg_at(segs, si++).blocks;  // block-uniform
+    j = (int64_t)b * nslot + slot;
+  }
+  const GemvSeg S = seg_at(segs, si);
+  const int N = S.N;
+  const bool valid = j < N;
+  const int t0 = blockIdx.y * TT;
+  const int nt = T - t0 < TT ? T - t0 : TT;
+  const int8_t* wj = S.w + (valid ? j : 0) * K;
+  const int16_t* q0 = q + (int64_t)t0 * K;
+  int64_t acc[TT];
+#pragma unroll
+  for (int tt = 0; tt < TT; ++tt) acc[tt] = 0;
+  if (valid && vec) {
+    const int C = K >> 4;
+    const int c0 = p * cpw, c1 = c0 + cpw < C ? c0 + cpw : C;
+    for (int c = c0 + lane; c < c1; c += 32 * kGemvUnroll) {
+      int4 wv[kGemvUnroll];
+#pragma unroll
+      for (int u = 0; u < kGemvUnroll; ++u)
+        wv[u] = c + 32 * u < c1 ? load16(wj + 16 * (int64_t)(c + 32 * u)) : make_int4(0, 0, 0, 0);
+#pragma unroll
+      for (int u = 0; u < kGemvUnroll; ++u) {
+        if (c + 32 * u < c1) {
+#pragma unroll
+          for (int tt = 0; tt < TT; ++tt) {
+            if (tt < nt) {
+              const int16_t* ap = q0 + (int64_t)tt * K + 16 * (c + 32 * u);
+              acc[tt] += dot16(load16(ap), load16(ap + 8), wv[u]);
+            }
+          }
+        }
+      }
+    }
+  } else if (valid) {
+    for (int k = lane; k < K; k += 32) {
+      const int32_t wk = wj[k];
+#pragma unroll
+      for (int tt = 0; tt < TT; ++tt)
+        if (tt < nt) acc[tt] += (int32_t)q0[(int64_t)tt * K + k] * wk;
+    }
+  }
+#pragma unroll
+  for (int tt = 0; tt < TT; ++tt) acc[tt] = warp_sum(acc[tt]);
+  if (wlg) {  // grid-uniform: add the K parts of each channel in int64
+    if (lane == 0)
+#pragma unroll
+      for (int tt = 0; tt < TT; ++tt) part[warp][tt] = acc[tt];
+    __syncthreads();
+    if (p == 0)
+      for (int q2 = 1; q2 < (1 << wlg); ++q2)
+#pragma unroll
+        for (int tt = 0; tt < TT; ++tt) acc[tt] += part[warp + q2][tt];
+  }
+  const bool head = valid && p == 0 && lane == 0;  // the lane that owns channel j's result
+  if (head) {
+    const int32_t mj = S.mant[j], sj = S.shift[j];
+#pragma unroll
+    for (int tt = 0; tt < TT; ++tt) {
+      if (tt < nt) {
+        const int64_t t = t0 + tt;
+        const int64_t v = linear_epilogue(acc[tt], mj, sj, e[t], S.bias, j);
+        store_out(S.out + t * S.ldo + j, v, residual);
+        gluv[warp][tt] = (int32_t)v;
+      }
+    }
+  }
+  if (na.counter) {  // grid-uniform: the next RMSNorm + quant16 of the rows just written, by the last block
+    if (!last_block_arrives(na.counter + blockIdx.y, gridDim.x, &flag)) return;
+    INTDET_DYN_SMEM(int32_t, y_s);
+    for (int tt = 0; tt < nt; ++tt) {
+      const int64_t t = t0 + tt;
+      const int32_t* xr = S.out + t * S.ldo;  // the residual row (other blocks wrote it: read from L2)
+      for (int i = threadIdx.x; i < na.n; i += blockDim.x) y_s[i] = load_cg(xr + i);
+      __syncthreads();
+      norm_row(y_s, na.g, na.n, na.eps_q60, na.in_frac, y_s, red);  // in place: each thread reads x[i], then writes y[i]
+      if (na.normed)
+        for (int i = threadIdx.x; i < na.n; i += blockDim.x) na.normed[t * na.n + i] = y_s[i];
+      const int ex = quant16_block(y_s, na.n, na.q + t * na.n, red);
+      if (threadIdx.x == 0) na.e[t] = ex;
+      __syncthreads();  // y_s and red are reused by the next row
+    }
+    return;
+  }
+  if (!segs.glu) return;  // grid-uniform
+  __syncthreads();
+  if (head && si == 0) {  // the gate's slot; the up slot of the same channel is the next one
+#pragma unroll
+    for (int tt = 0; tt < TT; ++tt)
+      if (tt < nt)
+        segs.glu_out[(t0 + tt) * segs.glu_ldo + j] =
+            glu_one(gluv[warp][tt], gluv[warp + (1 << wlg)][tt], segs.glu == 2);
+  }
+  if constexpr (TT <= kNormFoldRows) {  // the launcher folds quant16 for <= 2 rows only (no code, no spills, in TT 4, 8)
+    if (!segs.quant_counter) return;  // grid-uniform: quant16 of the GLU rows by the last block
+    if (!last_block_arrives(segs.quant_counter + blockIdx.y, gridDim.x, &flag)) return;
+    INTDET_DYN_SMEM(int64_t, a_s);
+    for (int tt = 0; tt < nt; ++tt) {
+      const int64_t t = t0 + tt;
+      const int64_t* ar = segs.glu_out + t * segs.glu_ldo;  // other blocks wrote it: read from L2
+      for (int i = threadIdx.x; i < N; i += blockDim.x) a_s[i] = load_cg(ar + i);
+      __syncthreads();
+      const int ex = quant16_block(a_s, N, segs.quant_q + t * N, red);
+      if (threadIdx.x == 0) segs.quant_e[t] = ex;
+      __syncthreads();  // a_s and red are reused by the next row
+    }
+  }
+}
+
+// Prefill GEMM: 64 rows x 64 channels per block of 256 threads, K in tiles of
+// 32; each thread owns a 4 x 4 micro-tile (rows ty + 16 r, channels tx + 16 c).
+// int32 partials over 8 tiles (256 products), then int64.
+constexpr int kTileM = 64, kTileN = 64, kTileK = 32, kTilesPerPart = 8;
+
+__global__ void __launch_bounds__(256)
+    gemm_kernel(const int16_t* __restrict__ q, const int32_t* __restrict__ e, int T, int K,
+                const int8_t* __restrict__ w, const int32_t* __restrict__ mant, const int32_t* __restrict__ shift,
+                const int32_t* __restrict__ bias, int N, int32_t* __restrict__ out, int64_t ldo, int residual,
+                int vec) {
+  __shared__ __align__(16) int32_t As[kTileM][kTileK / 2 + 1];  // int16 pairs (+1 word pad)
+  __shared__ __align__(16) int32_t Bs[kTileN][kTileK / 4 + 1];  // int8 quads (+1 word pad)
+  int16_t* As16 = reinterpret_cast<int16_t*>(&As[0][0]);
+  int8_t* Bs8 = reinterpret_cast<int8_t*>(&Bs[0][0]);
+  constexpr int kAStride16 = 2 * (kTileK / 2 + 1), kBStride8 = 4 * (kTileK / 4 + 1);
+  const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
+  const int64_t t0 = (int64_t)blockIdx.y * kTileM, j0 = (int64_t)blockIdx.x * kTileN;
+  int64_t acc[4][4];
+#pragma unroll
+  for (int r = 0; r < 4; ++r)
+#pragma unroll
+    for (int c = 0; c < 4; ++c) acc[r][c] = 0;
+  for (int64_t kb = 0; kb < K; kb += (int64_t)kTileK * kTilesPerPart) {
+    int32_t part[4][4];
+#pragma unroll
+    for (int r = 0; r < 4; ++r)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) part[r][c] = 0;
+    for (int kt = 0; kt < kTilesPerPart; ++kt) {
+      const int64_t k0 = kb + (int64_t)kt * kTileK;
+      if (k0 >= K) break;  // block-uniform
+      if (vec) {  // K % 16 == 0: whole 8- and 16-element chunks are in or out
+        {
+          const int r = tid >> 2, c = (tid & 3) * 8;
+          const int64_t t = t0 + r;
+          int4 v = make_int4(0, 0, 0, 0);
+          if (t < T && k0 + c < K) v = load16(q + t * K + k0 + c);
+          int32_t* dst = &As[r][c >> 1];
+          dst[0] = v.x, dst[1] = v.y, dst[2] = v.z, dst[3] = v.w;
+        }
+        if (tid < 128) {
+          const int r = tid >> 1, c = (tid & 1) * 16;
+          const int64_t j = j0 + r;
+          int4 u = make_int4(0, 0, 0, 0);
+          if (j < N && k0 + c < K) u = load16(w + j * K + k0 + c);
+          int32_t* dst = &Bs[r][c >> 2];
+          dst[0] = u.x, dst[1] = u.y, dst[2] = u.z, dst[3] = u.w;
+        }
+      } else {
+#pragma unroll
+        for (int i = 0; i < (kTileM * kTileK) / 256; ++i) {
+          const int idx = tid + 256 * i, r = idx >> 5, c = idx & 31;
+          const int64_t k = k0 + c, t = t0 + r, j = j0 + r;
+          As16[r * kAStride16 + c] = (t < T && k < K) ? q[t * K + k] : (int16_t)0;
+          Bs8[r * kBStride8 + c] = (j < N && k < K) ? w[j * K + k] : (int8_t)0;
+        }
+      }
+      __syncthreads();
+#pragma unroll
+      for (int kw = 0; kw < kTileK / 4; ++kw) {
+        int32_t alo[4], ahi[4], b[4];
+#pragma unroll
+        for (int r = 0; r < 4; ++r) alo[r] = As[ty + 16 * r][2 * kw], ahi[r] = As[ty + 16 * r][2 * kw + 1];
+#pragma unroll
+        for (int c = 0; c < 4; ++c) b[c] = Bs[tx + 16 * c][kw];
+#pragma unroll
+        for (int r = 0; r < 4; ++r)
+#pragma unroll
+          for (int c = 0; c < 4; ++c) part[r][c] = __dp2a_hi(ahi[r], b[c], __dp2a_lo(alo[r], b[c], part[r][c]));
+      }
+      __syncthreads();
+    }
+#pragma unroll
+    for (int r = 0; r < 4; ++r)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) acc[r][c] += part[r][c];
+  }
+#pragma unroll
+  for (int r = 0; r < 4; ++r) {
+    const int64_t t = t0 + ty + 16 * r;
+    if (t >= T) continue;
+    const int32_t et = e[t];
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const int64_t j = j0 + tx + 16 * c;
+      if (j < N) store_out(out + t * ldo + j, linear_epilogue(acc[r][c], mant[j], shift[j], et, bias, j), residual);
+    }
+  }
+}
+
+// ---------------------------------------------------------------- tensor-core (IMMA) prefill GEMM
+//
+// Each int16 activation is split exactly as x = 256 hi + lo, hi = x >> 8 (s8,
+// -128..127) and lo = x & 255 (u8): mma.sync m16n8k32 s8 x s8 and u8 x s8
+// give two s32 sums per output, and 256 * hi_sum + lo_sum in int64 is the
+// exact sum of x * w, the CPU's. K-chunk bound: one product is at most
+// 128 * 128 = 2^14 (hi) or 255 * 128 < 2^15 (lo) in magnitude, so 65536
+// products stay below 2^31 in s32; the s32 sums are added into int64 every
+// kMmaFlushK = 32768 inputs (and at the end).
+//
+// Block: 64 rows x 64 channels, 4 warps of 32 x 32 (2 m16 x 4 n8 tiles each),
+// K tiles of 64 in shared memory (hi, lo and w bytes, rows of 80 bytes so the
+// fragment reads of a warp hit 32 different banks). The fragment layout is
+// the PTX ISA's for m16n8k32 .s8/.u8 (emu.h emulates it lane by lane).
+constexpr int kMmaM = 64, kMmaN = 64, kMmaK = 64, kMmaThreads = 128, kMmaRow = kMmaK + 16;
+constexpr int64_t kMmaFlushK = 32768;
+
+__global__ void __launch_bounds__(kMmaThreads)
+    mma_gemm_kernel(const int16_t* __restrict__ q, const int32_t* __restrict__ e, int T, int K,
+                    const int8_t* __restrict__ w, const int32_t* __restrict__ mant, const int32_t* __restrict__ shift,
+                    const int32_t* __restrict__ bias, int N, int32_t* __restrict__ out, int64_t ldo, int residual,
+                    int vec) {
+  __shared__ __align__(16) uint8_t Ah[kMmaM * kMmaRow];  // hi bytes of the activations [row][k]
+  __shared__ __align__(16) uint8_t Al[kMmaM * kMmaRow];  // lo bytes
+  __shared__ __align__(16) uint8_t Bs[kMmaN * kMmaRow];  // weights [channel][k]
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, tq = lane & 3;
+  const int wm = (warp & 1) * 32, wn = (warp >> 1) * 32;
+  const int64_t t0 = (int64_t)blockIdx.y * kMmaM, j0 = (int64_t)blockIdx.x * kMmaN;
+  int64_t acc[2][4][4];
+  int32_t ph[2][4][4], pl[2][4][4];
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) acc[mt][nt][r] = 0, ph[mt][nt][r] = 0, pl[mt][nt][r] = 0;
+  int64_t since = 0;
+  for (int64_t k0 = 0; k0 < K; k0 += kMmaK) {
+    if (vec) {  // K % 16 == 0: whole 8-element activation and 16-byte weight chunks are in or out
+#pragma unroll
+      for (int i = 0; i < (kMmaM * kMmaK / 8) / kMmaThreads; ++i) {
+        const int idx = tid + kMmaThreads * i, r = idx >> 3, c = (idx & 7) * 8;
+        const int64_t t = t0 + r;
+        int4 v = make_int4(0, 0, 0, 0);
+        if (t < T && k0 + c < K) v = load16(q + t * K + k0 + c);
+        // bytes of (v.x, v.y): lo(x0) hi(x0) lo(x1) hi(x1) lo(x2) ...: lo = bytes 0 2 4 6, hi = 1 3 5 7
+        uint32_t* lo = reinterpret_cast<uint32_t*>(Al + r * kMmaRow + c);
+        uint32_t* hi = reinterpret_cast<uint32_t*>(Ah + r * kMmaRow + c);
+        lo[0] = __byte_perm((unsigned)v.x, (unsigned)v.y, 0x6420);
+        lo[1] = __byte_perm((unsigned)v.z, (unsigned)v.w, 0x6420);
+        hi[0] = __byte_perm((unsigned)v.x, (unsigned)v.y, 0x7531);
+        hi[1] = __byte_perm((unsigned)v.z, (unsigned)v.w, 0x7531);
+      }
+#pragma unroll
+      for (int i = 0; i < (kMmaN * kMmaK / 16) / kMmaThreads; ++i) {
+        const int idx = tid + kMmaThreads * i, r = idx >> 2, c = (idx & 3) * 16;
+        const int64_t j = j0 + r;
+        int4 u = make_int4(0, 0, 0, 0);
+        if (j < N && k0 + c < K) u = load16(w + j * K + k0 + c);
+        *reinterpret_cast<int4*>(Bs + r * kMmaRow + c) = u;
+      }
+    } else {
+      for (int idx = tid; idx < kMmaM * kMmaK; idx += kMmaThreads) {
+        const int r = idx / kMmaK, c = idx % kMmaK;  // constant divisor: shifts
+        const int64_t k = k0 + c, t = t0 + r, j = j0 + r;
+        const int32_t x = (t < T && k < K) ? q[t * K + k] : 0;
+        Ah[r * kMmaRow + c] = (uint8_t)((x >> 8) & 0xff);
+        Al[r * kMmaRow + c] = (uint8_t)(x & 0xff);
+        Bs[r * kMmaRow + c] = (uint8_t)((j < N && k < K) ? w[j * K + k] : 0);
+      }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int kk = 0; kk < kMmaK; kk += 32) {
+      uint32_t b[4][2];
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt) {
+        const uint8_t* p = Bs + (wn + nt * 8 + g) * kMmaRow + kk + 4 * tq;
+        b[nt][0] = smem_u32(p);
+        b[nt][1] = smem_u32(p + 16);
+      }
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt) {
+        const int o0 = (wm + mt * 16 + g) * kMmaRow + kk + 4 * tq, o8 = o0 + 8 * kMmaRow;
+        const uint32_t ahi[4] = {smem_u32(Ah + o0), smem_u32(Ah + o8), smem_u32(Ah + o0 + 16), smem_u32(Ah + o8 + 16)};
+        const uint32_t alo[4] = {smem_u32(Al + o0), smem_u32(Al + o8), smem_u32(Al + o0 + 16), smem_u32(Al + o8 + 16)};
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt) {
+          mma_s8s8(ph[mt][nt], ahi, b[nt]);
+          mma_u8s8(pl[mt][nt], alo, b[nt]);
+        }
+      }
+    }
+    __syncthreads();
+    since += kMmaK;
+    if (since >= kMmaFlushK || k0 + kMmaK >= K) {  // block-uniform
+      since = 0;
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) {
+            acc[mt][nt][r] += (int64_t)ph[mt][nt][r] * 256 + pl[mt][nt][r];
+            ph[mt][nt][r] = 0, pl[mt][nt][r] = 0;
+          }
+    }
+  }
+  // C fragment: c[r] at row g (+ 8 for r >= 2), column 2 tq + (r & 1).
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int64_t t = t0 + wm + mt * 16 + g + (r >= 2 ? 8 : 0);
+      if (t >= T) continue;
+      const int32_t et = e[t];
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt) {
+        const int64_t j = j0 + wn + nt * 8 + 2 * tq + (r & 1);
+        if (j < N)
+          store_out(out + t * ldo + j, linear_epilogue(acc[mt][nt][r], mant[j], shift[j], et, bias, j), residual);
+      }
+    }
+}
+
+// ---------------------------------------------------------------- int4 (W4A16) linear layers
+//
+// Weights w = gd * u + gm per group of 32 inputs (docs/format.md), so
+// sum_k a_k w_k = gd * S + gm * Q with S = sum a_k u_k, Q = sum a_k over the
+// group: the same exact integer as the CPU's dot_i16_w4. S and Q are int32
+// over one group only (|S| <= 32 * 32767 * 15 < 2^24, |Q| <= 32 * 32768 =
+// 2^20), then gd * S + gm * Q goes into int64 (32 x 32 -> 64-bit products).
+
+// Decode GEMV with int4 weights: one warp per output channel j, a lane per
+// group of 32 inputs (one 16-byte load of codes, four of activations per row).
+// K % 32 == 0 (the loader checks), so every load is aligned.
+template <int TT>
+__global__ void __launch_bounds__(kGemvWarps * 32)
+    gemv_w4_kernel(const int16_t* __restrict__ q, const int32_t* __restrict__ e, int T, int K,
+                   const uint8_t* __restrict__ w4, const int16_t* __restrict__ gd, const int16_t* __restrict__ gm,
+                   const int32_t* __restrict__ mant, const int32_t* __restrict__ shift,
+                   const int32_t* __restrict__ bias, int N, int32_t* __restrict__ out, int64_t ldo, int residual) {
+  const int lane = threadIdx.x & 31;
+  const int64_t j = (int64_t)blockIdx.x * kGemvWarps + (threadIdx.x >> 5);
+  if (j >= N) return;  // whole warps only; no block barrier below
+  const int t0 = blockIdx.y * TT;
+  const int nt = T - t0 < TT ? T - t0 : TT;
+  const int G = K >> 5;
+  const uint8_t* wj = w4 + j * (K >> 1);
+  const int16_t* gdj = gd + j * G;
+  const int16_t* gmj = gm + j * G;
+  const int16_t* q0 = q + (int64_t)t0 * K;
+  int64_t acc[TT];
+#pragma unroll
+  for (int tt = 0; tt < TT; ++tt) acc[tt] = 0;
+  for (int g = lane; g < G; g += 32) {
+    const int4 cv = load16(wj + 16 * g);
+    const int4 u0 = codes16(cv.x, cv.y), u1 = codes16(cv.z, cv.w);
+    const int32_t d = gdj[g], m = gmj[g];
+#pragma unroll
+    for (int tt = 0; tt < TT; ++tt)
+      if (tt < nt) acc[tt] += group_dot_w4(q0 + (int64_t)tt * K + 32 * g, u0, u1, d, m);
+  }
+  gemv_store<TT>(acc, lane, nt, t0, j, e, mant, shift, bias, out, ldo, residual);
+}
+
+// Prefill GEMM with int4 weights: gemm_kernel's 64 x 64 tiles and 4 x 4
+// micro-tiles, one K tile = one group of 32. Codes are unpacked to int8 in
+// shared memory, so the inner loop is gemm_kernel's __dp2a loop; per group
+// each thread also sums its rows' activations (Q) and folds gd * S + gm * Q
+// into int64.
+__global__ void __launch_bounds__(256)
+    gemm_w4_kernel(const int16_t* __restrict__ q, const int32_t* __restrict__ e, int T, int K,
+                   const uint8_t* __restrict__ w4, const int16_t* __restrict__ gd, const int16_t* __restrict__ gm,
+                   const int32_t* __restrict__ mant, const int32_t* __restrict__ shift,
+                   const int32_t* __restrict__ bias, int N, int32_t* __restrict__ out, int64_t ldo, int residual) {
+  static_assert(kTileK == 32, "one K tile is one int4 group");
+  __shared__ __align__(16) int32_t As[kTileM][kTileK / 2 + 1];  // int16 pairs (+1 word pad)
+  __shared__ __align__(16) int32_t Bs[kTileN][kTileK / 4 + 1];  // codes as int8 quads (+1 word pad)
+  __shared__ int32_t Gd[kTileN], Gm[kTileN];
+  const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
+  const int64_t t0 = (int64_t)blockIdx.y * kTileM, j0 = (int64_t)blockIdx.x * kTileN;
+  const int G = K >> 5;
+  const int64_t K2 = K >> 1;
+  int64_t acc[4][4];
+#pragma unroll
+  for (int r = 0; r < 4; ++r)
+#pragma unroll
+    for (int c = 0; c < 4; ++c) acc[r][c] = 0;
+  for (int g = 0; g < G; ++g) {
+    const int64_t k0 = (int64_t)g * kTileK;
+    {  // activations: 64 rows x 32 int16, 16 bytes per thread
+      const int r = tid >> 2, c = (tid & 3) * 8;
+      const int64_t t = t0 + r;
+      int4 v = make_int4(0, 0, 0, 0);
+      if (t < T) v = load16(q + t * K + k0 + c);
+      int32_t* dst = &As[r][c >> 1];
+      dst[0] = v.x, dst[1] = v.y, dst[2] = v.z, dst[3] = v.w;
+    }
+    if (tid < kTileN) {  // codes of channel j0 + tid: 16 bytes -> 32 int8
+      const int64_t j = j0 + tid;
+      int4 cv = make_int4(0, 0, 0, 0);
+      if (j < N) cv = load16(w4 + j * K2 + 16 * g);
+      const int4 u0 = codes16(cv.x, cv.y), u1 = codes16(cv.z, cv.w);
+      int32_t* dst = &Bs[tid][0];
+      dst[0] = u0.x, dst[1] = u0.y, dst[2] = u0.z, dst[3] = u0.w;
+      dst[4] = u1.x, dst[5] = u1.y, dst[6] = u1.z, dst[7] = u1.w;
+    } else if (tid < 2 * kTileN) {  // the group's step and offset of channel j0 + tid - 64
+      const int r = tid - kTileN;
+      const int64_t j = j0 + r;
+      Gd[r] = j < N ? gd[j * G + g] : 0;
+      Gm[r] = j < N ? gm[j * G + g] : 0;
+    }
+    __syncthreads();
+    int32_t s[4][4], sq[4];
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      sq[r] = 0;
+#pragma unroll
+      for (int c = 0; c < 4; ++c) s[r][c] = 0;
+    }
+#pragma unroll
+    for (int kw = 0; kw < kTileK / 4; ++kw) {
+      int32_t alo[4], ahi[4], b[4];
+#pragma unroll
+      for (int r = 0; r < 4; ++r) alo[r] = As[ty + 16 * r][2 * kw], ahi[r] = As[ty + 16 * r][2 * kw + 1];
+#pragma unroll
+      for (int c = 0; c < 4; ++c) b[c] = Bs[tx + 16 * c][kw];
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        sq[r] = __dp2a_hi(ahi[r], kOnes8, __dp2a_lo(alo[r], kOnes8, sq[r]));
+#pragma unroll
+        for (int c = 0; c < 4; ++c) s[r][c] = __dp2a_hi(ahi[r], b[c], __dp2a_lo(alo[r], b[c], s[r][c]));
+      }
+    }
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const int64_t d = Gd[tx + 16 * c], m = Gm[tx + 16 * c];
+#pragma unroll
+      for (int r = 0; r < 4; ++r) acc[r][c] += d * s[r][c] + m * sq[r];
+    }
+    __syncthreads();
+  }
+#pragma unroll
+  for (int r = 0; r < 4; ++r) {
+    const int64_t t = t0 + ty + 16 * r;
+    if (t >= T) continue;
+    const int32_t et = e[t];
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const int64_t j = j0 + tx + 16 * c;
+      if (j < N) store_out(out + t * ldo + j, linear_epilogue(acc[r][c], mant[j], shift[j], et, bias, j), residual);
+    }
+  }
+}
+
+}  // namespace
+
+int g_gemv_split = -1;  // tests: force the split
+void set_gemv_split_override(int wlg) { g_gemv_split = wlg < 0 ? -1 : wlg > 2 ? 2 : wlg; }
+
+int gemv_split_log2(int K, int N) {
+  // Warps per output channel (1, 2 or 4; split-K inside a block): enough
+  // that a lane makes at most two passes of kGemvUnroll loads, and one pass
+  // when N is small (the N = 1024 projections: more warps in flight).
+  const int64_t C = K / 16, per = (N < 4096 ? 32 : 64) * kGemvUnroll;
+  return C > 2 * per ? 2 : C > per ? 1 : 0;
+}
+
+void launch_gemv(const int16_t* q, const int32_t* e, int T, int K, GemvSegs segs, bool residual, cudaStream_t st,
+                 const NormAfter& na) {
+  if (T <= 0 || segs.n <= 0) return;
+  if (na.counter && (segs.n != 1 || segs.glu || T > kNormFoldRows || segs.s[0].N != na.n || segs.s[0].ldo != na.n))
+    throw std::invalid_argument("linear (GEMV): a folded norm needs one segment of N = n and at most 2 rows");
+  if (segs.n > 3 || (segs.glu && (segs.n != 2 || segs.s[0].N != segs.s[1].N)))
+    throw std::invalid_argument("linear (GEMV): bad segments");
+  if (segs.quant_counter && (!segs.glu || na.counter || T > kNormFoldRows || segs.s[0].N > kQuantFoldN))
+    throw std::invalid_argument("linear (GEMV): a folded quant16 needs GLU mode, N <= 6144 and at most 2 rows");
+  const size_t smem = na.counter ? (size_t)na.n * sizeof(int32_t)
+                      : segs.quant_counter ? (size_t)segs.s[0].N * sizeof(int64_t) : 0;
+  const int vec = K % 16 == 0;
+  int maxN = 0;
+  for (int i = 0; i < segs.n; ++i) maxN = std::max(maxN, segs.s[i].N);
+  int wlg = !vec ? 0 : g_gemv_split >= 0 ? g_gemv_split : gemv_split_log2(K, maxN);
+  if (segs.glu && wlg > 1) wlg = 1;  // two slots (gate, up) per block at least
+  const int C = K / 16, cpw = (C + (1 << wlg) - 1) >> wlg;
+  const int nslot = kGemvWarps >> wlg;
+  int64_t gx = 0;
+  for (int i = 0; i < segs.n; ++i) {
+    const int per = segs.glu ? nslot / 2 : nslot;
+    segs.s[i].blocks = (segs.s[i].N + per - 1) / per;
+    gx += segs.s[i].blocks;
+  }
+  if (segs.glu) gx = segs.s[0].blocks;
+  if (gx > 0x7fffffff) throw std::invalid_argument("linear (GEMV): too many channels");
+  const int threads = kGemvWarps * 32;
+  if (T == 1) {
+    INTDET_LAUNCH(gemv_kernel<1>, dim3((unsigned)gx, 1), threads, smem, st, q, e, T, K, segs, residual, vec, wlg, cpw, na);
+  } else if (T <= 2) {
+    INTDET_LAUNCH(gemv_kernel<2>, dim3((unsigned)gx, 1), threads, smem, st, q, e, T, K, segs, residual, vec, wlg, cpw, na);
+  } else if (T <= 4) {
+    INTDET_LAUNCH(gemv_kernel<4>, dim3((unsigned)gx, 1), threads, smem, st, q, e, T, K, segs, residual, vec, wlg, cpw, na);
+  } else {
+    const unsigned gy = (unsigned)((T + 7) / 8);
+    if (gy > 65535) throw std::invalid_argument("linear (GEMV): too many rows");
+    INTDET_LAUNCH(gemv_kernel<8>, dim3((unsigned)gx, gy), threads, smem, st, q, e, T, K, segs, residual, vec, wlg, cpw, na);
+  }
+  check_launch("linear (GEMV)");
+}
+
+void launch_linear(const int16_t* q, const int32_t* e, int T, int K, const int8_t* w, const int32_t* mant,
+                   const int32_t* shift, const int32_t* bias, int N, int32_t* out, int64_t ldo, bool residual,
+                   int path, cudaStream_t st) {
+  if (T <= 0 || N <= 0) return;
+  const int vec = K % 16 == 0;
+  if (path == kLinearAuto) path = T <= kGemvMaxRows ? kLinearGemv : kLinearGemm;
+  if (path == kLinearGemv) {
+    GemvSegs segs{};
+    segs.s[0] = GemvSeg{w, mant, shift, bias, out, ldo, N, 0};
+    segs.n = 1;
+    launch_gemv(q, e, T, K, segs, residual, st, NormAfter{});
+    return;
+  } else if (path == kLinearGemm) {
+    const unsigned gy = (unsigned)((T + kMmaM - 1) / kMmaM);
+    if (gy > 65535) throw std::invalid_argument("linear (GEMM): too many rows");
+    INTDET_LAUNCH(mma_gemm_kernel, dim3((unsigned)((N + kMmaN - 1) / kMmaN), gy), kMmaThreads, 0, st, q, e, T, K, w,
+                  mant, shift, bias, N, out, ldo, residual, vec);
+  } else {
+    const unsigned gy = (unsigned)((T + kTileM - 1) / kTileM);
+    if (gy > 65535) throw std::invalid_argument("linear (GEMM): too many rows");
+    INTDET_LAUNCH(gemm_kernel, dim3((unsigned)((N + kTileN - 1) / kTileN), gy), 256, 0, st, q, e, T, K, w, mant, shift, bias,
+                                                                                 N, out, ldo, residual, vec);
+  }
+  check_launch("linear");
+}
+
+void launch_linear_w4(const int16_t* q, const int32_t* e, int T, int K, const uint8_t* w4, const int16_t* gd,
+                      const int16_t* gm, const int32_t* mant, const int32_t* shift, const int32_t* bias, int N,
+                      int32_t* out, int64_t ldo, bool residual, int path, cudaStream_t st) {
+  if (T <= 0 || N <= 0) return;
+  if (K <= 0 || K % 32) throw std::invalid_argument("linear (int4): input size must be a positive multiple of 32");
+  if (path == kLinearAuto) path = T <= kGemvMaxRows ? kLinearGemv : kLinearGemm;
+  if (path == kLinearGemv) {
+    const unsigned gx = (unsigned)((N + kGemvWarps - 1) / kGemvWarps);
+    const int threads = kGemvWarps * 32;
+    if (T == 1) {
+      INTDET_LAUNCH(gemv_w4_kernel<1>, dim3(gx, 1), threads, 0, st, q, e, T, K, w4, gd, gm, mant, shift, bias, N, out, ldo, residual);
+    } else if (T <= 2) {
+      INTDET_LAUNCH(gemv_w4_kernel<2>, dim3(gx, 1), threads, 0, st, q, e, T, K, w4, gd, gm, mant, shift, bias, N, out, ldo, residual);
+    } else if (T <= 4) {
+      INTDET_LAUNCH(gemv_w4_kernel<4>, dim3(gx, 1), threads, 0, st, q, e, T, K, w4, gd, gm, mant, shift, bias, N, out, ldo, residual);
+    } else {
+      const unsigned gy = (unsigned)((T + 7) / 8);
+      if (gy > 65535) throw std::invalid_argument("linear (int4 GEMV): too many rows");
+      INTDET_LAUNCH(gemv_w4_kernel<8>, dim3(gx, gy), threads, 0, st, q, e, T, K, w4, gd, gm, mant, shift, bias, N, out, ldo, residual);
+    }
+  } else {
+    const unsigned gy = (unsigned)((T + kTileM - 1) / kTileM);
+    if (gy > 65535) throw std::invalid_argument("linear (int4 GEMM): too many rows");
+    INTDET_LAUNCH(gemm_w4_kernel, dim3((unsigned)((N + kTileN - 1) / kTileN), gy), 256, 0, st, q, e, T, K, w4, gd, gm,
+                  mant, shift, bias, N, out, ldo, residual);
+  }
+  check_launch("linear (int4)");
+}
+
+}  // namespace cuda
+}  // namespace intdet
