@@ -14,6 +14,7 @@ Three layers, so that most of it runs on machines without a GPU:
 
 from __future__ import annotations
 
+import concurrent.futures
 import hashlib
 import json
 import os
@@ -192,11 +193,14 @@ def build_emu_module():
             base + ["-fvisibility=hidden", "-DINTDET_CUDA_MODULE_NAME=_cuda_emu", "-I", sysconfig.get_paths()["include"],
                     "-I", pybind11.get_include(), "-c", os.path.join(CUDA_SRC, "module.cpp"), "-o", os.path.join(out, "m.o")],
         ] + [base + ["-c", os.path.join(ROOT, "csrc", "model", n), "-o", os.path.join(out, n + ".o")] for n in LOADER_SRC]
-        procs = [subprocess.Popen(j, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for j in jobs]
-        for p, j in zip(procs, jobs):
-            log, _ = p.communicate(timeout=900)
-            if p.returncode:
-                raise RuntimeError(f"emulator build failed: {' '.join(j)}\n{log[-3000:]}")
+        # At most one compiler per CPU (the kernel files are several now).
+        ncpu = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, ncpu)) as pool:
+            runs = list(pool.map(lambda j: subprocess.run(j, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                                          text=True, timeout=900, check=False), jobs))
+        for r, j in zip(runs, jobs):
+            if r.returncode:
+                raise RuntimeError(f"emulator build failed: {' '.join(j)}\n{r.stdout[-3000:]}")
         tmp_so = so + ".tmp"
         objs = kobjs + ["e.o", "m.o"] + [n + ".o" for n in LOADER_SRC]
         subprocess.run([cxx, "-shared", "-o", tmp_so] + [os.path.join(out, n) for n in objs], check=True,
