@@ -16,7 +16,7 @@ sequences), the ratio structured/plain (the target is >= 0.90), and whether
 every structured run gives the same tokens and hashes (it must: the tool
 exits 1 otherwise). Sampled rows favour the structured run: the sampler's
 host work shrinks to the allowed ids. (That outputs validate is tested in
-tests/test_structured.py; here the schema's 40 items outlast --tokens.)
+tests/api/test_structured.py; here the schema's 40 items outlast --tokens.)
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ Text sets:
           special-token text, the empty string; with and without BOS
   fuzz    --fuzz random strings (fixed seed) drawn from those character classes
 
-Then the same for the toy vocabulary of tests/test_tokenizer_spm.py (written to a
+Then the same for the toy vocabulary of tests/tokenizer/test_tokenizer_spm.py (written to a
 temporary GGUF): the hidden cases and --fuzz random strings of its pieces, and
 the tests' reference algorithm against llama.cpp, so the reference the CI tests
 trust is itself checked against llama.cpp. The toy holds the chains of pieces
@@ -208,7 +208,8 @@ def main(argv=None) -> int:
         ap.error("--block-lines must be >= 1 and --fuzz >= 0")
 
     sys.path.insert(0, HERE)
-    sys.path.insert(0, os.path.join(HERE, "..", "tests"))
+    sys.path.insert(0, os.path.join(HERE, "..", "tests"))  # its helpers
+    sys.path.insert(0, os.path.join(HERE, "..", "tests", "tokenizer"))
     import bench_cpu  # the venv helpers, shared with the benchmark
     import test_tokenizer_spm as toy  # the toy vocabulary and the reference algorithm of the tests
 
@@ -262,7 +263,7 @@ def main(argv=None) -> int:
     print(f"stored tokenizer.json vs the one built in memory: {stored_vs_built} differing hidden cases\n")
     total_bad = compare(tok, cases, ours, result, args.show)
 
-    print(f"\ntoy vocabulary of tests/test_tokenizer_spm.py ({len(toy.TOY_PIECES)} pieces), "
+    print(f"\ntoy vocabulary of tests/tokenizer/test_tokenizer_spm.py ({len(toy.TOY_PIECES)} pieces), "
           "llama.cpp against intdet and against the tests' reference algorithm:")
     compare(toy_tok, toy_cases, toy_ours, toy_result, args.show)
     exact = [toy.reference_spm(toy.TOY_PIECES, text, special, add_space_prefix=False, llamacpp_exact=True)

@@ -5,7 +5,7 @@
 # cuobjdump; no network). One run, about 6-8 minutes:
 #   1. build intdet in place with the CUDA module (pip install -e .)
 #   2. scripts/check_sass.py on the built module (no float instruction)
-#   3. python -m pytest tests/test_cuda.py (GPU tests; the emulator ones too)
+#   3. python -m pytest tests/engine/test_cuda.py (GPU tests; the emulator ones too)
 #   4. a deterministic random Qwen3-0.6B-shaped model (intdet random-model +
 #      intdet convert), `intdet hash-check --device cuda --steps 16 --expect PIN`:
 #      the CPU run must give the pinned hash (computed on x86 CPUs, docs/cuda.md)
@@ -119,11 +119,11 @@ run sass 300 bash -c "set -o pipefail; $PY scripts/check_sass.py --top 6 2>&1 | 
 md "$(cat "$SASS_OUT" 2>/dev/null || echo 'check_sass did not run')"
 md '```'
 
-step "tests/test_cuda.py"
+step "tests/engine/test_cuda.py"
 TEST_OUT=$WORK/pytest.txt
-gpu && run pytest 360 bash -c "set -o pipefail; $PY -m pytest -q -p no:cacheprovider tests/test_cuda.py -k 'not emu and not test_engine_generate_hash_equal and not test_scheduler_device_lane and not first_divergence' 2>&1 | tee $TEST_OUT"
+gpu && run pytest 360 bash -c "set -o pipefail; $PY -m pytest -q -p no:cacheprovider tests/engine/test_cuda.py -k 'not emu and not test_engine_generate_hash_equal and not test_scheduler_device_lane and not first_divergence' 2>&1 | tee $TEST_OUT"
 md
-md "## tests/test_cuda.py (GPU tests; the emulator ones are left to CPU machines)"
+md "## tests/engine/test_cuda.py (GPU tests; the emulator ones are left to CPU machines)"
 md '```'
 md "$(tail -n 15 "$TEST_OUT" 2>/dev/null || echo 'pytest did not run')"
 md '```'
@@ -373,7 +373,7 @@ SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer
 LEFT=$((470 - (SECONDS - START)))
 if gpu && [ -x "$SAN" ] && [ "$LEFT" -gt 45 ]; then
   SAN_OUT=$WORK/sanitizer.txt
-  soft memcheck "$LEFT" bash -c "set -o pipefail; $SAN --tool memcheck --error-exitcode 3 $PY -m pytest -q -p no:cacheprovider tests/test_cuda.py -k 'gpu and (linear or attend or swiglu or norm or round_div)' 2>&1 | tail -n 25 | tee $SAN_OUT"
+  soft memcheck "$LEFT" bash -c "set -o pipefail; $SAN --tool memcheck --error-exitcode 3 $PY -m pytest -q -p no:cacheprovider tests/engine/test_cuda.py -k 'gpu and (linear or attend or swiglu or norm or round_div)' 2>&1 | tail -n 25 | tee $SAN_OUT"
   md
   md "## compute-sanitizer memcheck (op tests)"
   md '```'

@@ -8,7 +8,7 @@
 # harness falls back to a plain random-mutation loop (--engine plain).
 # Crashing inputs land in fuzz-artifacts/ (or --artifacts DIR); replay one
 # with: python tests/fuzz/fuzz_gguf.py fuzz-artifacts/crash-gguf-...
-# and turn it into a case of tests/test_crafted_files.py once fixed.
+# and turn it into a case of tests/convert/test_crafted_files.py once fixed.
 set -u
 cd "$(dirname "$0")/.."
 secs="${1:-${INTDET_FUZZ_SECONDS:-600}}"

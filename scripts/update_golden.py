@@ -1,5 +1,5 @@
-"""Print the golden values pinned in tests/test_engine.py (conversion sha256,
-chain hash and tokens of the tiny Qwen3 model) and tests/test_int4.py (the
+"""Print the golden values pinned in tests/engine/test_engine.py (conversion sha256,
+chain hash and tokens of the tiny Qwen3 model) and tests/engine/test_int4.py (the
 same for its int4 conversion). Run it after an intentional
 format change, bump format_version, and paste the printed lines."""
 
@@ -32,6 +32,6 @@ def golden(d: str, prefix: str, weights: str, **shape) -> None:
 
 
 with tempfile.TemporaryDirectory() as d:
-    golden(d, "GOLDEN_", "int8")  # tests/test_engine.py
-    # tests/test_int4.py: the q32-shaped tiny Qwen3 (rows a multiple of 32), int4 weights.
+    golden(d, "GOLDEN_", "int8")  # tests/engine/test_engine.py
+    # tests/engine/test_int4.py: the q32-shaped tiny Qwen3 (rows a multiple of 32), int4 weights.
     golden(d, "GOLDEN_INT4_", "int4", **models.INT4_SHAPE)

@@ -2,7 +2,16 @@ import contextlib
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(__file__))
+# tests/ holds the shared helpers (models.py, oracle.py, families.py, ...);
+# the test files sit in folders that mirror python/intdet (tests/api/,
+# tests/engine/, ...) and some import each other by basename (`from
+# test_scheduler import ...`, `import test_cuda`), so every folder goes on the
+# path too. Basenames stay unique across folders for that reason.
+TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+for _sub in sorted(os.listdir(TESTS_DIR), reverse=True):
+    if _sub not in ("data", "fuzz") and os.path.isdir(os.path.join(TESTS_DIR, _sub)) and not _sub.startswith((".", "_")):
+        sys.path.insert(0, os.path.join(TESTS_DIR, _sub))
+sys.path.insert(0, TESTS_DIR)
 
 import pytest  # noqa: E402
 

@@ -1,6 +1,6 @@
 // The integer probability table of `intdet compress` (docs/compress.md):
 // the C++ twin of python/intdet/compress/table.py, tested bit for bit
-// against it (tests/test_compress_table.py). No floating point.
+// against it (tests/compress/test_compress_table.py). No floating point.
 #pragma once
 
 #include <cstddef>
@@ -21,7 +21,7 @@ constexpr int64_t kMaxVocab = (int64_t)1 << 22;
 
 // exp2_neg_q30 of the fraction bits: exp2_neg_q30(u) == round_shift(kExp2Frac[u & 0xFFFF], u >> 16)
 // for u < 31 * 2^16, the same function evaluated once per fraction (so the
-// same bits by construction; tested in tests/test_compress_table.py).
+// same bits by construction; tested in tests/compress/test_compress_table.py).
 inline const uint32_t* exp2_frac_table() {
   static const std::vector<uint32_t> t = [] {
     std::vector<uint32_t> v((std::size_t)1 << kExpFrac);
@@ -91,7 +91,7 @@ inline int64_t freq_table(const int32_t* z, int64_t V, int precision, uint32_t* 
 // encoder adds whole blocks below the target and the decoder finds the
 // target's block before scanning ids. Same numbers as freq_table by
 // construction (base_freq plus the remainder on the argmax); tested against
-// table.py through encode_rows / decode_rows (tests/test_compress_coder.py).
+// table.py through encode_rows / decode_rows (tests/compress/test_compress_coder.py).
 constexpr int64_t kSlotBlock = 256;
 
 struct SlotTable {

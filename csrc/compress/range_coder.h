@@ -1,6 +1,6 @@
 // The range coder of `intdet compress`: the C++ twin of
 // python/intdet/compress/rangecoder.py (the readable spec, docs/compress.md),
-// compared byte for byte in tests/test_compress_coder.py.
+// compared byte for byte in tests/compress/test_compress_coder.py.
 //
 // A carry-propagating byte-wise range coder (Subbotin/LZMA style) with a
 // 48-bit window: low holds 48 bits plus a carry bit, range stays in

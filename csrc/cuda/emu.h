@@ -1,5 +1,5 @@
 // Host emulation of the CUDA subset csrc/cuda uses, for testing the kernels
-// on machines without a GPU (tests/test_cuda.py builds intdet's CUDA sources
+// on machines without a GPU (tests/engine/test_cuda.py builds intdet's CUDA sources
 // with g++ -DINTDET_CUDA_EMU into a module _cuda_emu and compares it with the
 // CPU core bit for bit).
 //

@@ -1,7 +1,7 @@
 // intdet_run: a standalone (no Python) greedy generator that prints the chain
 // hash of docs/chain-hash.md. Its purpose is cross-architecture evidence: the
 // same converted model directory must give the same hash on x86-64, aarch64,
-// big-endian s390x, ... (tests/test_cross_arch.py, scripts/cross/).
+// big-endian s390x, ... (tests/engine/test_cross_arch.py, scripts/cross/).
 //
 //   intdet_run MODEL_DIR --ids 5,17,99 [-n 16] [--model-sha256 HEX]
 //              [--threads N] [--isa NAME] [--no-eos]

@@ -29,7 +29,7 @@ float64 log-sum-exp of l / 2^16 gives up to its own rounding): |error| <=
 (weights below Q46, at most 2^-29 for V <= 2^17) + 2^-32 (log2(e) in Q30 on
 the gaps that matter, a_j < 48) + 2^-38 (the log2 digits) + 2^-25 (rounding
 to Q24) < 6.0e-6 nats; ``ERROR_BOUND`` states it and
-tests/test_api_logprobs.py checks it on random logits. The order of
+tests/api/test_api_logprobs.py checks it on random logits. The order of
 log-probabilities is the order of the logits (ties equal), so "is the chosen
 token the most likely" is exact.
 

@@ -10,7 +10,7 @@ with the same tokens copies those positions' K/V rows into its own sequence
 what a prefill of those tokens writes, bit for bit (a row's K/V does not
 depend on how the prompt was cut into forward calls: the core's guarantee),
 so every logit, token, log-probability and chain hash of a hit equals a cold
-run's (tests/test_prefix_cache.py). This is vLLM's automatic prefix caching,
+run's (tests/api/test_prefix_cache.py). This is vLLM's automatic prefix caching,
 SGLang's radix cache and llama-server's cache_prompt; in those engines a hit
 can change results (the cached KV came from another batch shape); here it
 cannot.

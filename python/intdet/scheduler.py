@@ -8,7 +8,7 @@ and retires sequences when they finish or are cancelled.
 
 Why every request equals the same request run alone (``intdet generate``):
 its logits do not depend on the batch or on how its prompt was cut into
-chunks (the core's guarantee, tests/test_batch.py), the sampler's draw is
+chunks (the core's guarantee, tests/engine/test_batch.py), the sampler's draw is
 keyed by (seed, absolute position), and the stop rules are those of the
 plain reference loop of the tests (tests/oracle.py). Nothing here reads the
 clock or the load to decide a token; the load only decides *when* a row runs.
@@ -41,7 +41,7 @@ token (``Sequence.submit_pick``: the forward of the chosen token and the
 pick of the next one on the device, the logits copied to pinned memory).
 The next ``step`` only waits for that pick (``wait_pick``) instead of
 running a forward call, so the GPU never waits for the host. The tokens are
-``Sampler.pick``'s (tests/test_cuda.py); a request that stops early (a stop
+``Sampler.pick``'s (tests/engine/test_cuda.py); a request that stops early (a stop
 string, a cancel) drops the step enqueued ahead; a second request joining
 ends the lane at the next step.
 

@@ -2,7 +2,7 @@
 gguf package's reader, the tokenizer rebuild, dequantization and every
 hyper-parameter check), on mutated bytes of a small valid llama GGUF.
 IntdetError is the only accepted failure. See harness.py for the options;
-scripts/fuzz.sh runs it for longer, tests/test_fuzz_smoke.py for ~20 s."""
+scripts/fuzz.sh runs it for longer, tests/convert/test_fuzz_smoke.py for ~20 s."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Fuzz intdet's checked safetensors reader: SafetensorsFile(path), then
 info() and get() of every tensor, on mutated bytes of a small valid file.
 IntdetError is the only accepted failure. See harness.py for the options;
-scripts/fuzz.sh runs it for longer, tests/test_fuzz_smoke.py for ~20 s."""
+scripts/fuzz.sh runs it for longer, tests/convert/test_fuzz_smoke.py for ~20 s."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 // The CPU kernel sets (one per instruction set) and the runtime choice among
 // them. Every kernel set computes the same bits as the generic scalar one;
-// they differ only in speed (tests/test_isa.py compares them all).
+// they differ only in speed (tests/engine/test_isa.py compares them all).
 //
 // A kernel set is one `Kernels` entry, defined in its own kernel file with
 // designated initializers and listed once in csrc/cpu/kernel_sets.h.

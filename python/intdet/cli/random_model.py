@@ -7,7 +7,7 @@ import click
 from .errors import user_errors
 
 # intdet.random_model.SHAPES, spelled out here so that --help needs no import
-# of numpy (tests/test_entry_points.py checks the two agree).
+# of numpy (tests/cli/test_entry_points.py checks the two agree).
 RANDOM_MODEL_SHAPES = ("qwen3-0.6b", "tiny-llama", "tiny-qwen3", "tiny-gemma3", "qwen3-1.7b", "qwen3-4b", "llama3-8b")
 
 

@@ -23,7 +23,7 @@ stream of this coder); the symbol s is the one with cum_s <= target <
 cum_s + f_s; code -= r * cum_s; range = r * f_s; renormalize by bytes.
 
 The C++ twin (csrc/compress/range_coder.h, ``intdet._core.compress``) must
-write the same bytes (tests/test_compress_coder.py).
+write the same bytes (tests/compress/test_compress_coder.py).
 """
 
 from __future__ import annotations

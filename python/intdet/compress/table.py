@@ -19,7 +19,7 @@ every token floored at 1 / 2^P; M is (2^P - V) / W to 32 fractional bits,
 so no per-token division is needed. At P = 28 and V = 49,152 the floor takes
 V / 2^28 = 0.018% of the mass (at most 0.00026 bit per token).
 The C++ twin is csrc/compress/freq_table.h (``intdet._core.compress.freq_table``),
-equal bit for bit (tests/test_compress_table.py).
+equal bit for bit (tests/compress/test_compress_table.py).
 """
 
 from __future__ import annotations

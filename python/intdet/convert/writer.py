@@ -7,7 +7,7 @@ no tensor has to sit in memory whole. The layout is the ``safetensors``
 package's own (tensors ordered by dtype, largest first, then by name;
 compact JSON header with ``__metadata__`` first, padded with spaces to a
 multiple of 8), so the file is byte-for-byte what ``save_file`` writes for
-the same tensors (tests/test_convert_stream.py checks it).
+the same tensors (tests/convert/test_convert_stream.py checks it).
 """
 
 from __future__ import annotations

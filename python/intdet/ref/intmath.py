@@ -2,7 +2,7 @@
 
 All functions take and return numpy int64 arrays (or Python ints) and never
 touch floating point. The C++ twins live in ``csrc/include/intdet/intmath.h``
-and are compared bit for bit in ``tests/test_intmath.py``.
+and are compared bit for bit in ``tests/engine/test_intmath.py``.
 
 Rounding convention, used everywhere: **round half up** (toward +inf), i.e.
 ``floor(x / 2^s + 1/2)``. It is what ``(x + 2^(s-1)) >> s`` computes with an
@@ -142,7 +142,7 @@ def softcap(x, cap, mant, shift):
     own error is under (16 ln2 / 2^20)^2 / 2 relative). tanh(|X|/c) =
     (1 - d) / (1 + d): t = round_div((2^30 - d) * 2^30, 2^30 + d) in Q30;
     returns sign(x) * round_shift(cap * t, 30), |result| <= cap.
-    Error against float64 c*k*tanh(x/(c*k)): tests/test_intmath.py
+    Error against float64 c*k*tanh(x/(c*k)): tests/engine/test_intmath.py
     test_softcap_error.
     """
     x = as_i64(x)

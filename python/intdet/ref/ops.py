@@ -231,7 +231,7 @@ def geglu(g, u):
     (Q16); returns h * u (int64, Q32; |h * u| < 2^62).
     Error of h against float64 gelu_tanh(g / 2^16) * 2^16, measured on every
     g with |g| <= 2^20 and 200,001 points spread over the int32 range
-    (tests/test_intmath.py test_geglu_error): at most 0.548 units of Q16
+    (tests/engine/test_intmath.py test_geglu_error): at most 0.548 units of Q16
     (8.4e-6 absolute), of which 0.5 is h's own rounding; the rest comes
     from the Q16 rounding of w and of a^3 (exp2's error is < 5e-9).
     """

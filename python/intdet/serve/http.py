@@ -10,7 +10,7 @@ good: 64 of them locked every client out. uvicorn's own 503 past its
 Both reach into uvicorn's protocol classes (``cycle``, ``loop``,
 ``transport``; the module-level ``service_unavailable`` app its protocols
 call): ``install_json_503`` leaves uvicorn alone where those names are
-missing, and tests/test_serve.py checks both behaviours on a real server.
+missing, and tests/serve/test_serve.py checks both behaviours on a real server.
 """
 
 from __future__ import annotations

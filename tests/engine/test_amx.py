@@ -100,7 +100,7 @@ def test_packed_rows_read_back_q16(amx):
 @pytest.mark.parametrize("name,weights,threads", [
     ("llama-hf", "int8", 1), ("qwen2-hf", "int8", 2), ("llama-gguf-q4_1", "int4", 3)])
 def test_models_give_the_pinned_digests_on_simde(name, weights, threads, tmp_path):
-    """The pinned logits (tests/test_logits_golden.py) from the amx set in the
+    """The pinned logits (tests/engine/test_logits_golden.py) from the amx set in the
     SIMDe build: prompt positions (AMX tiles where the prompt has 16 rows or
     more) and greedy steps (VNNI on q16)."""
     from test_logits_golden import GOLDEN, PROMPT, SOURCES, logits_digest

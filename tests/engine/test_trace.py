@@ -18,7 +18,7 @@ from intdet.model import Engine, load_model
 from intdet.ref import ops as ref_ops
 from intdet.trace import compare_backends, first_divergence, trace_cpu, trace_names, trace_ref
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 IDS = [5, 17, 99, 230, 41, 7, 300, 12]
 
 

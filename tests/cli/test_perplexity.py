@@ -15,7 +15,7 @@ from intdet.model import Engine, load_model
 from intdet.tokenizer import encode
 
 TEXT = ("The quick brown fox jumps over the lazy dog. " * 40 + "Integer arithmetic is exact. " * 30)
-WIKI = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "wikitext-2-raw-test.txt")
+WIKI = os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "data", "wikitext-2-raw-test.txt")
 
 
 def test_cli_matches_direct_computation(tiny_llama_hf, tmp_path):

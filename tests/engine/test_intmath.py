@@ -191,7 +191,7 @@ def test_add_sat32_every_isa(isa, n, seed, bits):
 
 def quant8_inputs(seed, n, bits):
     """x [4, n] int64 for the KV rows' int8 quantization (here and
-    tests/test_avx512_rows.py): random `bits`-bit rows, a row holding its
+    tests/engine/test_avx512_rows.py): random `bits`-bit rows, a row holding its
     absmax at both signs with the values whose 127 x / d lands on a half
     (round_div's ties), a zero row, and a row reaching int32's extremes
     +-(2^31 - 1) (the domain's edge; ops.quant8 refuses anything beyond)."""
@@ -238,7 +238,7 @@ def rope_inputs(seed, T, nh, D, bits):
     2^47; the forward's are int32), elements at +-(2^31 - 1) and, in one
     head, at +-2^31 when bits allows (that head leaves the vector lanes), and
     cos/sin [T, D/2] int16 over the whole range with -32768 and 32767 in it
-    (here and tests/test_avx512_rows.py)."""
+    (here and tests/engine/test_avx512_rows.py)."""
     rng = np.random.default_rng(seed)
     x = rng.integers(-(2**bits) + 1, 2**bits, size=(T, nh, D), dtype=I64)
     x[:, :, ::5] = rng.choice(np.array([2**31 - 1, -(2**31 - 1), 0], I64), size=x[:, :, ::5].shape)
@@ -288,7 +288,7 @@ RMS_NORM_KINDS = ["random", "one_large", "gamma_extremes", "zeros", "tiny", "bey
 
 def rms_norm_inputs(seed, n, bits, kind):
     """x [3, n] int64 with `bits`-bit magnitudes and g [n] int16 for the
-    RMSNorm comparisons (here and tests/test_avx512_rows.py): one large
+    RMSNorm comparisons (here and tests/engine/test_avx512_rows.py): one large
     element among small ones (the smallest r), gammas at -32768 and 32767, a
     zero row, tiny values, an element at +-2^62 (the scalar row's path)."""
     rng = np.random.default_rng(seed)
@@ -409,7 +409,7 @@ def test_softmax_every_isa(case, isa):
 @pytest.mark.parametrize("D", [16, 48, 64, 72, 128])
 def test_attention_reference_matches_spec(n, D):
     """ops.attend, the scalar attend_head that the kernel sets' tiles
-    (tests/test_attention_tiles.py) and the CUDA kernels are compared with,
+    (tests/engine/test_attention_tiles.py) and the CUDA kernels are compared with,
     against the numpy spec."""
     rng = np.random.default_rng(n * 1000 + D)
     q = rng.integers(-32767, 32768, size=D).astype(np.int16)

@@ -210,7 +210,7 @@ def simde_engine(lm):
     ("llama-hf", "int8", 1), ("qwen2-hf", "int8", 2), ("qwen3-hf", "int8", 3),
     ("llama-gguf-q4_1", "int8", 2), ("llama-gguf-q4_1", "int4", 1), ("llama-gguf-q4_1", "int4", 3)])
 def test_models_give_the_pinned_digests_on_simde(name, weights, threads, tmp_path):
-    """The test models' pinned logits (tests/test_logits_golden.py) from the
+    """The test models' pinned logits (tests/engine/test_logits_golden.py) from the
     avx512 set in the SIMDe build: prompt positions and 16 greedy steps."""
     from test_logits_golden import GOLDEN, PROMPT, SOURCES, logits_digest
 
@@ -287,7 +287,7 @@ def test_native_set_is_the_default():
 
 # ---------------------------------------------------------------- scripts/bench_cpu.py --isa
 
-BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts", "bench_cpu.py")
+BENCH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts", "bench_cpu.py")
 
 
 def _bench_cpu():

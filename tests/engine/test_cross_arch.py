@@ -27,7 +27,7 @@ from intdet.errors import IntdetError
 from oracle import generate
 from intdet.model import Engine, load_model
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CROSS_ARCHS = ("aarch64", "s390x")
 APT_LINE = ("apt-get install -y --no-install-recommends cmake make g++ libxxhash-dev "
             "g++-aarch64-linux-gnu g++-s390x-linux-gnu qemu-user-static")

@@ -1,10 +1,10 @@
 """The AVX-512 set's row kernels (exp2, softmax, quant16, RMSNorm, the residual add, SwiGLU, GeGLU)
 against the scalar set, bit for bit, through intdet._core_simde everywhere
 and natively where the CPU runs it (the `avx512` fixture of
-tests/test_avx512.py): 8-lane bodies and their tails, the exp2 cut-off at
+tests/engine/test_avx512.py): 8-lane bodies and their tails, the exp2 cut-off at
 2^-31, values that round to +-2^15, every gate of the sigmoid's division.
 Its attention (the AVX2 tiles and its own softmax row passes) is tested
-with every set's in tests/test_attention_tiles.py."""
+with every set's in tests/engine/test_attention_tiles.py."""
 
 import numpy as np
 import pytest

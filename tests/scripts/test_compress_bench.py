@@ -8,7 +8,7 @@ import sys
 
 from intdet.convert import convert
 
-BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts", "bench_compress.py")
+BENCH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts", "bench_compress.py")
 
 
 def test_bench_compress_rows(tiny_llama_hf, tmp_path):

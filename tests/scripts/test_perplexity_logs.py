@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 
-SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts", "perplexity_llamacpp.py")
+SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts", "perplexity_llamacpp.py")
 
 
 def _log(path, engine, nlls, torn=False):

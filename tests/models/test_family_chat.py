@@ -37,7 +37,7 @@ pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 jinja2 = pytest.importorskip("jinja2")
 
-TEMPLATES = Path(__file__).parent / "data" / "chat_templates"
+TEMPLATES = Path(__file__).parent.parent / "data" / "chat_templates"
 
 # case -> (family, template file, the special tokens it writes that the tiny
 # tokenizer lacks, bos_token, eos_token); None keeps the tiny tokenizer's own.

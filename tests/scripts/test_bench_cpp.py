@@ -15,7 +15,7 @@ import pytest
 
 from intdet import _core
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _library() -> str | None:

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/
 FUZZERS = ["gguf", "safetensors"]
 SECONDS = float(os.environ.get("INTDET_FUZZ_SECONDS", "20"))
 

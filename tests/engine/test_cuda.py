@@ -34,7 +34,7 @@ from intdet.convert import convert
 from intdet.model import Engine, load_model
 from intdet.ref import ops as R
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 import check_sass  # noqa: E402
 
@@ -604,7 +604,7 @@ def test_emulator_reverse_thread_order():
     mod = _emu_or_skip()
     code = f"""
 import importlib.util, sys, numpy as np
-sys.path.insert(0, {os.path.dirname(__file__)!r})
+sys.path.insert(0, {os.path.dirname(os.path.dirname(os.path.abspath(__file__)))!r})
 from intdet import _core as C
 spec = importlib.util.spec_from_file_location("_cuda_emu", {mod.__file__!r})
 E = importlib.util.module_from_spec(spec); spec.loader.exec_module(E)

@@ -1,5 +1,5 @@
 """Mixture of experts (Qwen3-MoE, Mixtral) beyond the per-family checks of
-tests/test_families.py: the integer MoE op against the float one on the same
+tests/models/test_families.py: the integer MoE op against the float one on the same
 input, bits unchanged by batch composition (rows are grouped by expert),
 dense and MoE layers mixed, the router's tie rule, and the CUDA engine's
 MoE kernels (host emulator) against the CPU."""

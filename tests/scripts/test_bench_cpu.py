@@ -15,7 +15,7 @@ import pytest
 import intdet.rss
 from intdet.convert import convert
 
-SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts", "bench_cpu.py")
+SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts", "bench_cpu.py")
 
 
 @pytest.fixture(scope="module")
