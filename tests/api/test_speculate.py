@@ -85,6 +85,7 @@ def test_drafts_are_kept_on_repetitive_text_and_change_nothing(engine):  # noqa:
     assert sch.steps < sch0.steps  # kept drafts saved forward calls
 
 
+@pytest.mark.cuda
 def test_speculation_on_the_numpy_spec_and_the_cuda_emulator(engine, monkeypatch):  # noqa: F811
     """Sequence.truncate on the ref backend (positions indexed absolutely)
     and on the CUDA module (host emulator): drafted runs equal plain ones."""

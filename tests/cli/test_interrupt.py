@@ -32,6 +32,8 @@ import pytest
 
 from intdet.convert import convert, output
 
+pytestmark = pytest.mark.slow  # real signals to real subprocesses, with waits
+
 CLI = [sys.executable, "-m", "intdet.cli"]
 HASH_RE = re.compile(r"\bhash ([0-9a-f]{12})\b")
 GEN_RE = re.compile(r"generated (\d+) tok")

@@ -58,6 +58,7 @@ def test_float_flag_runs_reference(tiny_llama_hf, tmp_path):
     assert abs(res[True]["perplexity"] / res[False]["perplexity"] - 1) < 0.05
 
 
+@pytest.mark.slow  # the real model over real text: ~40 s on 2 cores
 def test_real_model_quality_guard():
     """SmolLM2-135M on 2 windows of 256 tokens of WikiText-2: the integer
     perplexity stays within 1% of the float32 reference of the same weights

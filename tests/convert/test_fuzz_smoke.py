@@ -13,6 +13,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.slow  # ~20 s of fuzzing per format
+
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/
 FUZZERS = ["gguf", "safetensors"]
 SECONDS = float(os.environ.get("INTDET_FUZZ_SECONDS", "20"))

@@ -32,7 +32,7 @@ def on_amx(mod, threads=None):
     return on_isa(mod, "amx", threads)
 
 
-@pytest.fixture(params=["simde"] + (["native"] if NATIVE else []))
+@pytest.fixture(params=[pytest.param("simde", marks=pytest.mark.simde)] + (["native"] if NATIVE else []))
 def amx(request):
     """The module whose amx set is under test, that set active: the SIMDe
     build (emulated tiles) everywhere, intdet._core where the CPU has AMX."""
@@ -42,6 +42,7 @@ def amx(request):
         yield mod
 
 
+@pytest.mark.simde
 def test_simde_build_has_the_set_last():
     assert simde_module().available_isas()[-2:] == ["avx512", "amx"]
 
@@ -99,6 +100,7 @@ def test_packed_rows_read_back_q16(amx):
 
 @pytest.mark.parametrize("name,weights,threads", [
     ("llama-hf", "int8", 1), ("qwen2-hf", "int8", 2), ("llama-gguf-q4_1", "int4", 3)])
+@pytest.mark.simde
 def test_models_give_the_pinned_digests_on_simde(name, weights, threads, tmp_path):
     """The pinned logits (tests/engine/test_logits_golden.py) from the amx set in the
     SIMDe build: prompt positions (AMX tiles where the prompt has 16 rows or
@@ -112,6 +114,7 @@ def test_models_give_the_pinned_digests_on_simde(name, weights, threads, tmp_pat
         assert logits_digest(simde_engine(lm), PROMPT) == GOLDEN[f"{name}/{weights}"]
 
 
+@pytest.mark.simde
 def test_chain_hash_matches_scalar(tmp_path):
     """Greedy generation from a 40-token prompt (two 16-row tile blocks and a
     partial one), amx against scalar: the SIMDe build at 2 threads, and the

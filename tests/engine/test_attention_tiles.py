@@ -87,6 +87,7 @@ def run_everywhere(args):
 
 @pytest.mark.parametrize("P,T", CONTEXTS, ids=[f"ctx{p}" for p, _ in CONTEXTS])
 @pytest.mark.parametrize("nh,nkv,D", SHAPES, ids=[f"{a}x{b}x{c}" for a, b, c in SHAPES])
+@pytest.mark.simde  # sets(): the SIMDe avx512 set too, where it is built
 def test_tiles_match_the_spec(P, T, nh, nkv, D):
     for k, window in enumerate([0, 5, 100] if P > 5 else [0]):
         case = make_case(1000 * P + 10 * D + k, P, nh, nkv, D, T)
@@ -97,6 +98,7 @@ def test_tiles_match_the_spec(P, T, nh, nkv, D):
 
 
 @pytest.mark.parametrize("P,T,window", [(70, 70, 0), (1300, 9, 0), (1300, 9, 700), (700, 130, 3)])
+@pytest.mark.simde
 def test_extreme_values_match_the_spec(P, T, window):
     """Saturated scores, scales up to 2^31 - 1, all-127 values (the int32
     partial-sum bounds), a zero key scale, windows with and without a ring."""
@@ -119,6 +121,7 @@ def row_passes_spec(z, rr, va, e):
 
 
 @pytest.mark.parametrize("n", [1, 3, 4, 7, 8, 9, 16, 17, 100, 1000])
+@pytest.mark.simde
 def test_row_passes_match_the_spec(n):
     """Every set's AttnRowFns on one row: short tails past the 4- and
     8-lane loops, scores at the int32 limits (u = 0 far below the max), rr
@@ -249,6 +252,7 @@ def test_gemma3_ring_cache_matches_the_spec(tmp_path):
 
 @pytest.mark.parametrize("nh,nkv,T", [(1, 1, 1), (1, 1, 2), (2, 2, 1), (3, 1, 1)])
 @pytest.mark.parametrize("window", [0, 1200])
+@pytest.mark.simde
 def test_key_split_path_matches_the_spec(nh, nkv, T, window):
     """Decode rows with fewer tiles and head parts than threads at a long
     context: attend_layer splits each tile's keys across threads (one head

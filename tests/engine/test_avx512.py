@@ -63,7 +63,7 @@ def on_avx512(mod, threads=None):
     return on_isa(mod, "avx512", threads)
 
 
-@pytest.fixture(params=["simde"] + (["native"] if NATIVE else []))
+@pytest.fixture(params=[pytest.param("simde", marks=pytest.mark.simde)] + (["native"] if NATIVE else []))
 def avx512(request):
     """The module whose avx512 set is under test, that set active: the SIMDe
     build everywhere, intdet._core itself where the CPU runs AVX-512."""
@@ -73,6 +73,7 @@ def avx512(request):
         yield mod
 
 
+@pytest.mark.simde
 def test_simde_build_has_the_set():
     assert "avx512" in simde_module().available_isas()
 
@@ -209,6 +210,7 @@ def simde_engine(lm):
 @pytest.mark.parametrize("name,weights,threads", [
     ("llama-hf", "int8", 1), ("qwen2-hf", "int8", 2), ("qwen3-hf", "int8", 3),
     ("llama-gguf-q4_1", "int8", 2), ("llama-gguf-q4_1", "int4", 1), ("llama-gguf-q4_1", "int4", 3)])
+@pytest.mark.simde
 def test_models_give_the_pinned_digests_on_simde(name, weights, threads, tmp_path):
     """The test models' pinned logits (tests/engine/test_logits_golden.py) from the
     avx512 set in the SIMDe build: prompt positions and 16 greedy steps."""
@@ -233,6 +235,7 @@ def chain_hash(engine, lm, prompt, steps):
 
 
 @pytest.mark.parametrize("weights,head_dim", [("int8", 32), ("int4", 32), ("int8", 64)])
+@pytest.mark.simde
 def test_chain_hash_matches_scalar_on_simde(weights, head_dim, tmp_path):
     """Greedy generation's chain hash, the avx512 set (SIMDe build, 2 threads)
     against the scalar set (1 thread), on models with int4-able shapes whose

@@ -27,6 +27,8 @@ from intdet.errors import IntdetError
 from oracle import generate
 from intdet.model import Engine, load_model
 
+pytestmark = [pytest.mark.cross, pytest.mark.slow]
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CROSS_ARCHS = ("aarch64", "s390x")
 APT_LINE = ("apt-get install -y --no-install-recommends cmake make g++ libxxhash-dev "

@@ -38,6 +38,8 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 import check_sass  # noqa: E402
 
+pytestmark = [pytest.mark.cuda, pytest.mark.slow]  # slow on CPU machines: the emulator builds and runs
+
 CUDA_SRC = check_sass.CUDA_SRC
 
 

@@ -19,6 +19,8 @@ from intdet.floatref import FloatModel
 from oracle import generate
 from intdet.model import Engine, load_model
 
+pytestmark = pytest.mark.slow
+
 PROMPT = [5, 17, 99, 230, 41, 7, 300, 12]
 STEPS = 12
 
@@ -73,6 +75,7 @@ def test_one_hash_on_every_engine(built, name, isa_threads):
 
 
 @pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.cuda
 def test_cuda_emulator_gives_the_cpu_logits(built, name):
     import test_cuda
 

@@ -31,6 +31,8 @@ from intdet.floatref import FloatModel
 from oracle import generate
 from intdet.model import Engine, load_model
 
+pytestmark = pytest.mark.slow
+
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
@@ -126,6 +128,7 @@ def test_every_isa_and_thread_count_same_bits(fam, name, isa_threads):
 
 @pytest.mark.parametrize("name", ["llama3", "mistral", "qwen3-yarn", "granite", "olmo2", "smollm3", "gemma2",
                                   "qwen3-moe", "mixtral"])
+@pytest.mark.cuda
 def test_cuda_emulator_same_bits(fam, name):
     """The CUDA kernels (host emulator) against the CPU: prefill, decode,
     chunks, batches (test_cuda._compare_model)."""

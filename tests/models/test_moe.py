@@ -140,6 +140,7 @@ def wide_moe(tmp_path_factory):
 
 
 @pytest.mark.parametrize("weights,graphs", [("int8", True), ("int4", False)])
+@pytest.mark.cuda
 def test_cuda_emulator_same_bits_vector_paths(wide_moe, weights, graphs):
     """The device router, gathered expert linears and weighted sum against
     the CPU: prefill, decode (graphs on: the routing lives on the device),
@@ -152,6 +153,7 @@ def test_cuda_emulator_same_bits_vector_paths(wide_moe, weights, graphs):
     _compare_model(mod, lm, graphs, PROMPT[:12], 3, batch_co=2, ctx=64)
 
 
+@pytest.mark.cuda
 def test_cuda_trace_is_the_cpu_trace(monkeypatch, moe_model):
     """Every named intermediate of a MoE model (router outputs, the weighted
     sum, the residual) from the CUDA engine equals the CPU's, bit for bit."""
@@ -169,6 +171,7 @@ def test_cuda_trace_is_the_cpu_trace(monkeypatch, moe_model):
     assert first_divergence(cpu, gpu, names) is None
 
 
+@pytest.mark.cuda
 def test_cuda_engine_refuses_moe_with_a_post_norm_by_name(moe_model):
     """A MoE block with a post-FFN norm (no family has one yet; the CPU runs
     it) is refused by the CUDA engine rather than run wrong."""

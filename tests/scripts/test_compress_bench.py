@@ -6,7 +6,11 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from intdet.convert import convert
+
+pytestmark = pytest.mark.slow
 
 BENCH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts", "bench_compress.py")
 
