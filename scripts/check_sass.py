@@ -41,7 +41,7 @@ CUDA_SRC = os.path.join(ROOT, "csrc", "cuda")
 
 def cuda_sources() -> list[str]:
     """The CUDA kernel files (absolute paths), from csrc/cuda/sources.txt: the
-    one list CMakeLists.txt and the emulator build (tests/test_cuda.py) read too."""
+    one list CMakeLists.txt and the emulator build (tests/engine/test_cuda.py) read too."""
     with open(os.path.join(CUDA_SRC, "sources.txt"), encoding="utf-8") as f:
         names = [ln.strip() for ln in f]
     return [os.path.join(CUDA_SRC, n) for n in names if n and not n.startswith("#")]
