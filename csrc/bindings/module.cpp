@@ -233,15 +233,15 @@ PYBIND11_MODULE(INTDET_CORE_MODULE_NAME, mod) {
     });
     return py::make_tuple(q, py::array_t<int64_t>((py::ssize_t)es.size(), es.data()));
   });
-  ops.def("quant8", [](const I64Arr& x) {
-    oa::has_rows("quant8", x, "x");
+  ops.def("quant8_row", [](const I64Arr& x) {
+    oa::has_rows("quant8_row", x, "x");
     for (py::ssize_t k = 0; k < x.size(); ++k)  // quant8_row's domain: its absmax is an int32
       if (x.data()[k] > kInt32Max || x.data()[k] < -kInt32Max)
-        oa::fail("quant8", "x values must be within int32 (|x| <= 2^31 - 1)");
+        oa::fail("quant8_row", "x values must be within int32 (|x| <= 2^31 - 1)");
     std::vector<int64_t> as;
     I64Arr q = rows(x, [&](const int64_t* r, int64_t n, int64_t* o) {
       std::vector<int8_t> v((size_t)n);
-      as.push_back(kernels().quant8(r, n, v.data()));  // active ISA
+      as.push_back(kernels().quant8_row(r, n, v.data()));  // active ISA
       for (int64_t i = 0; i < n; ++i) o[i] = v[i];
     });
     return py::make_tuple(q, py::array_t<int64_t>((py::ssize_t)as.size(), as.data()));

@@ -27,7 +27,7 @@ void check_entry(const Kernels& k, const std::vector<const Kernels*>& before) {
     if (std::tolower((unsigned char)*c) != *c) bad("name not lower case");
   if (!k.cpu_runs) bad("no cpu_runs");
   if (!k.qk_tile || !k.pv_tile || !k.attn_row.max || !k.attn_row.exp_sum || !k.attn_row.prob_max ||
-      !k.attn_row.prob_w16 || !k.softmax || !k.exp2_row || !k.quant16 || !k.rms_norm || !k.add_sat32 || !k.rope || !k.quant8 ||
+      !k.attn_row.prob_w16 || !k.softmax || !k.exp2_row || !k.quant16 || !k.rms_norm || !k.add_sat32 || !k.rope || !k.quant8_row ||
       !k.swiglu || !k.geglu) bad("a row kernel is missing");
   if (!k.linear == !k.linear_packed) bad("needs exactly one of linear, linear_packed");
   if (!k.linear_w4 == !k.linear_w4_packed) bad("needs exactly one of linear_w4, linear_w4_packed");

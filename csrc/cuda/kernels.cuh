@@ -183,7 +183,7 @@ enum AttnPath { kAttnAuto = 0, kAttnSplit = 1, kAttnMma = 2 };
 // rope_append folded into the split path's scores kernel (on: launch_rope_append
 // is not called): every block runs q norm + RoPE of its group's heads from q
 // (left unrotated in memory), and the block whose chunk holds a row's own
-// position runs k norm + RoPE of kb and the quant8 append of K and vb first.
+// position runs k norm + RoPE of kb and the quant8_row append of K and vb first.
 // Only when every row of the launch is a different sequence's (decode: no
 // row reads a K or V row another block of this launch appends).
 struct RopeFold {

@@ -109,8 +109,8 @@ __global__ void __launch_bounds__(kHeadThreads)
 
 // grid (T, nh + 2 nkv): the q/k norm + RoPE of every q and k head and the KV
 // append in one launch. Blocks y < nh: q head y in place; nh <= y < nh + nkv:
-// k head y - nh in place, then quant8 into the cache; the rest: v heads'
-// quant8 into the cache. The same per-head steps as norm_rope_kernel and
+// k head y - nh in place, then quant8_row into the cache; the rest: v heads'
+// quant8_row into the cache. The same per-head steps as norm_rope_kernel and
 // kv_append_kernel (the k row is quantized after its RoPE, as there).
 __global__ void __launch_bounds__(kHeadThreads)
     rope_append_kernel(int32_t* __restrict__ qb, int32_t* __restrict__ kb, const int32_t* __restrict__ vb, int nh,
@@ -132,7 +132,7 @@ __global__ void __launch_bounds__(kHeadThreads)
   const int64_t src = (t * nkv + h) * D;
   if (hy < nh + nkv) {
     norm_rope_head(kb + src, D, k_norm, eps_q60, pos[t], cos, sin, y, red);
-    __syncthreads();  // the rotated row, written by other threads, is quant8's input
+    __syncthreads();  // the rotated row, written by other threads, is quant8_row's input
     const int32_t a = quant8_block(kb + src, D, kv.k + base * D, red);
     if (threadIdx.x == 0) kv.ka[base] = a;
   } else {

@@ -415,8 +415,8 @@ void forward_impl(const Model& m, KVCache* const* caches, const Row* rows, int64
         const int64_t r = kv.row(l, pos);
         for (int64_t g = 0; g < nkv; ++g) {
           const int64_t i = kv.at(l, r, g);
-          kv.ka[i] = ks.quant8(k.data() + (t * nkv + g) * D, D, kv.k.data() + i * D);
-          kv.va[i] = ks.quant8(v.data() + (t * nkv + g) * D, D, kv.v.data() + i * D);
+          kv.ka[i] = ks.quant8_row(k.data() + (t * nkv + g) * D, D, kv.k.data() + i * D);
+          kv.va[i] = ks.quant8_row(v.data() + (t * nkv + g) * D, D, kv.v.data() + i * D);
         }
       }
     });

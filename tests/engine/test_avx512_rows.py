@@ -169,6 +169,6 @@ def test_rope_matches_scalar(avx512, seed, nh, half, bits):
 def test_quant8_matches_scalar(avx512, seed, n, bits):
     """The KV rows' int8 quantization: 8 lanes, tails, ties, int32 extremes."""
     x = quant8_inputs(seed, n, bits)
-    q, a = avx512.ops.quant8(x)
-    q0, a0 = scalar("quant8", x)
+    q, a = avx512.ops.quant8_row(x)
+    q0, a0 = scalar("quant8_row", x)
     assert same(q, q0) and same(a, a0)

@@ -96,8 +96,8 @@ def test_row_ops_random(n, seed, extremes):
     q, e = C.quant16(x)
     rq, re = im.quant16(x)
     assert np.array_equal(q, rq) and np.array_equal(e, re)
-    q8, a8 = C.quant8(x)
-    rq8, ra8 = im.quant8_absmax(x)
+    q8, a8 = C.quant8_row(x)
+    rq8, ra8 = im.quant8_row(x)
     assert np.array_equal(q8, rq8) and np.array_equal(a8, ra8)
     z = rng.integers(-(2**26), 2**26, size=(3, n), dtype=I64)
     p = C.softmax_q16(z)
@@ -194,7 +194,7 @@ def quant8_inputs(seed, n, bits):
     tests/engine/test_avx512_rows.py): random `bits`-bit rows, a row holding its
     absmax at both signs with the values whose 127 x / d lands on a half
     (round_div's ties), a zero row, and a row reaching int32's extremes
-    +-(2^31 - 1) (the domain's edge; ops.quant8 refuses anything beyond)."""
+    +-(2^31 - 1) (the domain's edge; ops.quant8_row refuses anything beyond)."""
     rng = np.random.default_rng(seed)
     x = rng.integers(-(2**bits), 2**bits + 1, size=(4, n), dtype=I64)
     d = max(int(np.abs(x[1]).max()), 2)
@@ -209,9 +209,9 @@ def quant8_inputs(seed, n, bits):
 
 
 def test_quant8_python_reference():
-    """im.quant8_absmax against round_div in Python integers on a few exact ties."""
+    """im.quant8_row against round_div in Python integers on a few exact ties."""
     x = np.array([[254, 127, -127, 1, -1, 0, 2, -2]], I64)
-    q, a = im.quant8_absmax(x)
+    q, a = im.quant8_row(x)
     want = [max(-127, min(127, (127 * int(v) + 127) // 254)) for v in x[0]]
     assert a.tolist() == [254] and q[0].tolist() == want
 
@@ -219,17 +219,17 @@ def test_quant8_python_reference():
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(seed=st.integers(0, 2**32 - 1), n=st.integers(1, 80), bits=st.sampled_from([0, 1, 7, 20, 31]))
 def test_quant8_every_isa(isa, seed, n, bits):
-    """The KV cache rows' int8 quantization (ks.quant8) on every ISA against
+    """The KV cache rows' int8 quantization (ks.quant8_row) on every ISA against
     the numpy spec: 8-lane blocks and tails, ties, zero rows, int32 extremes."""
     x = quant8_inputs(seed, n, bits)
     if bits == 31:  # int32's extremes, both signs
         x[0, ::3] = 2**31 - 1
         x[0, 1::3] = -(2**31 - 1)
-    q, a = C.quant8(x)
-    rq, ra = im.quant8_absmax(x)
+    q, a = C.quant8_row(x)
+    rq, ra = im.quant8_row(x)
     assert np.array_equal(q, rq) and np.array_equal(a, ra), isa
     with using_isa("scalar"):
-        q0, a0 = C.quant8(x)
+        q0, a0 = C.quant8_row(x)
     assert np.array_equal(q, q0) and np.array_equal(a, a0), isa
 
 

@@ -149,7 +149,7 @@ constinit const Kernels kNeonKernels{
     .rms_norm = rms_norm_row,
     .add_sat32 = add_sat32_row,
     .rope = rope_row,
-    .quant8 = quant8_row,
+    .quant8_row = quant8_row,
     .swiglu = swiglu_row,
     .geglu = geglu_row,
     .planes = {},

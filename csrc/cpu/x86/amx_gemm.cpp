@@ -307,7 +307,7 @@ constinit const Kernels kAmxKernels{
     .rms_norm = rms_norm_row_avx512,
     .add_sat32 = add_sat32_row_avx512,
     .rope = rope_row_avx512,
-    .quant8 = quant8_row_avx512,
+    .quant8_row = quant8_row_avx512,
     .swiglu = swiglu_row_avx512,
     .geglu = geglu_row_avx512,
     .planes = {.min_rows = kAmxMinRows, .ld = amx_planes_ld, .split_row = split_row_amx, .linear = linear_amx_planes},

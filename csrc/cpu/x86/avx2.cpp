@@ -488,7 +488,7 @@ constinit const Kernels kAvx2Kernels{
     .rms_norm = rms_norm_row_avx2,
     .add_sat32 = add_sat32_row_avx2,
     .rope = rope_row_avx2,
-    .quant8 = quant8_row_avx2,
+    .quant8_row = quant8_row_avx2,
     .swiglu = swiglu_row_avx2,
     .geglu = geglu_row_avx2,
     .planes = {},

@@ -307,7 +307,7 @@ void add_sat32_row_avx512(int64_t* x, const int64_t* d, int64_t n) {
 // 128 d is in [0, 256 d) and floor(n / d) - 128 is the same integer: eight
 // compare-and-subtract steps of d << k (k = 7..0) find it exactly.
 // Domain, as quant8_row's: |x| <= 2^31 - 1 (the forward's K and V are
-// int32 linear outputs; ops.quant8 refuses anything else), so vpmuldq's
+// int32 linear outputs; ops.quant8_row refuses anything else), so vpmuldq's
 // 127 x is exact and the absmax fits the int32 result.
 int32_t quant8_row_avx512(const int64_t* x, int64_t n, int8_t* q) {
   __m512i m = _mm512_setzero_si512();
@@ -472,7 +472,7 @@ constinit const Kernels kAvx512Kernels{
     .rms_norm = rms_norm_row_avx512,
     .add_sat32 = add_sat32_row_avx512,
     .rope = rope_row_avx512,
-    .quant8 = quant8_row_avx512,
+    .quant8_row = quant8_row_avx512,
     .swiglu = swiglu_row_avx512,
     .geglu = geglu_row_avx512,
     .planes = {},

@@ -116,7 +116,7 @@ struct Kernels {
   void (*add_sat32)(int64_t* x, const int64_t* d, int64_t n);  // add_sat32_row: the residual add
   // rope_row: RoPE of nh heads of D in place, cos/sin [D/2] Q14 (|x| < 2^47)
   void (*rope)(int64_t* x, int64_t nh, int64_t D, const int16_t* cos, const int16_t* sin);
-  int32_t (*quant8)(const int64_t* x, int64_t n, int8_t* q);  // quant8_row: a KV cache row, returns its absmax
+  int32_t (*quant8_row)(const int64_t* x, int64_t n, int8_t* q);  // quant8_row: a KV cache row, returns its absmax
   void (*swiglu)(const int64_t* g, const int64_t* u, int64_t n, int64_t* a);  // swiglu_row (a may alias g)
   void (*geglu)(const int64_t* g, const int64_t* u, int64_t n, int64_t* a);   // geglu_row (a may alias g)
   ActPlanes planes;  // optional prefill path (planes.linear null: none)

@@ -172,8 +172,10 @@ def quant16(x, axis=-1):
     return np.clip(q, -INT16_QMAX, INT16_QMAX), e
 
 
-def quant8_absmax(x, axis=-1):
-    """Symmetric absmax int8 quantization along ``axis`` (KV cache entries).
+def quant8_row(x, axis=-1):
+    """Symmetric absmax int8 quantization along ``axis``: the KV cache's rows
+    (the forward passes K and V as int64 [T, nkv, D], one row per token and
+    KV head; C++ ``quant8_row`` / ``Kernels::quant8_row``, CUDA's KV append).
 
     x: int64 array with |x| <= 2^31 - 1. Returns (q, a): q int64 in
     [-127, 127], q = round_div(127 * x, a) with a = max|x| (int64, >= 0;

@@ -165,8 +165,8 @@ class RefModel:
                 cos, sin = t[blk["rope"] + ".cos"][pos], t[blk["rope"] + ".sin"][pos]  # [T, D/2] Q14
                 q = ops.rope(q, cos, sin)  # [T, nh, D]
                 k = ops.rope(k, cos, sin)  # [T, nkv, D]
-            kq, ka = ops.kv_quant(k)  # int8 [T, nkv, D], absmax [T, nkv]
-            vq, va = ops.kv_quant(v)
+            kq, ka = ops.quant8_row(k)  # int8 [T, nkv, D], absmax [T, nkv]
+            vq, va = ops.quant8_row(v)
             self.kc[i, pos], self.ka[i, pos] = kq, ka
             self.vc[i, pos], self.va[i, pos] = vq, va
             qq, qe = quant16(q)  # [T, nh, D] int16, [T, nh]

@@ -20,7 +20,7 @@ from .intmath import (
     exp2_neg_q30,
     isqrt,
     quant16,
-    quant8_absmax,
+    quant8_row,
     round_div,
     round_shift,
     sat32,
@@ -117,15 +117,6 @@ def rope(x, cos, sin):
     o1 = sat32(round_shift(x1 * c - x2 * s, ROPE_FRAC))
     o2 = sat32(round_shift(x2 * c + x1 * s, ROPE_FRAC))
     return np.concatenate([o1, o2], axis=-1)
-
-
-def kv_quant(x):
-    """Quantize K or V rows for the int8 KV cache, per (token, kv head).
-
-    x: int64 [T, nkv, D] (|x| < 2^31). Returns (q int64 [T, nkv, D] in
-    [-127, 127], a int64 [T, nkv] = max|x|): dequantized value q * a / 127.
-    """
-    return quant8_absmax(x, axis=-1)
 
 
 def softmax_q16(z):
@@ -258,7 +249,7 @@ __all__ = [
     "rms_norm",
     "linear",
     "rope",
-    "kv_quant",
+    "quant8_row",
     "softmax_q16",
     "attention",
     "swiglu",
