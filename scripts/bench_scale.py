@@ -83,7 +83,7 @@ from intdet.model import Engine, load_model
 lm = load_model(sys.argv[1])
 e = Engine(lm, "cpu")
 t1 = time.perf_counter()
-s = e.new_sequence(16)
+s = e.new_state(16)
 s.forward([1, 2, 3])
 def status(k):
     for line in open("/proc/self/status"):

@@ -64,7 +64,7 @@ def main():
         if n >= a.positions:
             break
         t = time.perf_counter()
-        li = eng.new_sequence(len(win)).forward(win, all_logits=True).astype(np.float64) / 65536.0
+        li = eng.new_state(len(win)).forward(win, all_logits=True).astype(np.float64) / 65536.0
         t_int += time.perf_counter() - t
         t = time.perf_counter()
         flt.reset()

@@ -180,7 +180,7 @@ def intdet_bench():
     for graphs in (False, True):
         eng._model.cuda_graphs = graphs
         for batch in (1, 8):
-            seqs = [eng.new_sequence(512) for _ in range(batch)]
+            seqs = [eng.new_state(512) for _ in range(batch)]
             outs = eng.forward_batch(seqs, [list(rng.integers(0, V, 64)) for _ in range(batch)])
             for _ in range(3):  # warm-up (and graph capture)
                 outs = eng.forward_batch(seqs, [[int(o[-1].argmax())] for o in outs])
@@ -203,7 +203,7 @@ def intdet_bench():
     prompt = list(rng.integers(0, V, 2048))
     best = 0.0
     for _ in range(3):
-        s = eng.new_sequence(2049)
+        s = eng.new_state(2049)
         t = time.perf_counter()
         s.forward(prompt)
         best = max(best, 2048 / (time.perf_counter() - t))

@@ -32,7 +32,7 @@ its load imbalance and its closing barrier. The ops:
   output       final RMSNorm, lm_head, the int32 logits copy
 
 and, outside the C++ forward, for decode: ``python step`` (per step wall time
-of ``Sequence.forward`` minus the forward itself: pybind, numpy, the KV
+of ``State.forward`` minus the forward itself: pybind, numpy, the KV
 bookkeeping) and ``sampler`` (``Sampler.pick``). Columns: ms per forward
 (prompt) or per step (decode) at each thread count, share of the total, and
 the speed-up from the first thread count to each other one (an op stuck near
@@ -63,7 +63,7 @@ def profile_once(engine, core, ids: list, gen: int, threads: int, rows: int = 1)
 
     core.set_num_threads(threads)
     sampler = Sampler()
-    seqs = [engine.new_sequence(len(ids) + gen + 1) for _ in range(rows)]
+    seqs = [engine.new_state(len(ids) + gen + 1) for _ in range(rows)]
     core.set_op_profile(True)
     logits = seqs[0].forward(ids)[-1]
     prompt = {(layer, op): ns for op, layer, _calls, ns in core.op_profile()}
@@ -164,7 +164,7 @@ def main(argv=None) -> int:
     engine = Engine(lm, "cpu")
     core = engine._core
     core.set_num_threads(threads[0])
-    seq = engine.new_sequence(16)  # warm-up: page in the weights, start the threads
+    seq = engine.new_state(16)  # warm-up: page in the weights, start the threads
     seq.forward(ids[:8])
     seq.forward([ids[-1]])
     del seq

@@ -27,7 +27,7 @@ def generate(engine, prompt_ids, max_new_tokens: int, sampler: Sampler | None = 
         g.stop = "length"
         return g
     n_total = min(engine.context_length, len(prompt_ids) + max_new_tokens)
-    seq = engine.new_sequence(n_total)
+    seq = engine.new_state(n_total)
     eos = {int(e) for e in eos_ids}
     history = list(prompt_ids) if sampler.penalized else None
     step = prefill_chunk if prefill_chunk > 0 else len(prompt_ids)

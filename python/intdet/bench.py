@@ -2,7 +2,7 @@
 
 ``run_bench(lm, ...)`` returns one dict per thread setting (see ``ROW_KEYS``):
 
-* prompt processing: one ``Sequence.forward`` of exactly ``prompt_tokens`` ids
+* prompt processing: one ``State.forward`` of exactly ``prompt_tokens`` ids
   (``bench_prompt_ids``: a fixed English sentence, tokenized once and repeated,
   so every run and every engine gets the same ids);
 * decode: ``gen_tokens`` greedy steps at batch 1 continuing that prompt, each
@@ -67,7 +67,7 @@ def _set_threads(engine: Engine, threads: int) -> int:
 
 
 def _warm_up(engine: Engine, ids: list) -> None:
-    seq = engine.new_sequence(len(ids) + 2)
+    seq = engine.new_state(len(ids) + 2)
     logits = seq.forward(ids)[-1]
     seq.forward([int(np.argmax(logits))])
 
@@ -109,7 +109,7 @@ def run_bench(lm: LoadedModel, prompt_tokens: int = 512, gen_tokens: int = 128, 
         if i == 0:
             _warm_up(engine, prompt_ids)
         say(f"threads {n_threads}: prompt processing ({prompt_tokens} tokens)")
-        seq = engine.new_sequence(n_total)
+        seq = engine.new_state(n_total)
         t0 = time.perf_counter()
         logits = seq.forward(prompt_ids)[-1]
         prefill_s = time.perf_counter() - t0
@@ -128,7 +128,7 @@ def run_bench(lm: LoadedModel, prompt_tokens: int = 512, gen_tokens: int = 128, 
         batch_s = None
         if batch > 1:
             say(f"threads {n_threads}: decode ({gen_tokens} tokens, batch {batch})")
-            seqs = [engine.new_sequence(n_total) for _ in range(batch)]
+            seqs = [engine.new_state(n_total) for _ in range(batch)]
             outs = engine.forward_batch(seqs, [prompt_ids] * batch)  # not timed
             toks = [sampler.pick(o[-1], s.n_past) for o, s in zip(outs, seqs)]
             t0 = time.perf_counter()

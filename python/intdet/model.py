@@ -86,8 +86,10 @@ def load_model(path: str) -> LoadedModel:
                        sha256_job=job, st=st, cfg_path=cfg_path, st_path=st_path)
 
 
-class Sequence:
-    """One sequence's KV cache on a backend. ``forward(tokens, all_logits)``
+class State:
+    """One sequence's state on a backend: its KV cache and the positions it
+    holds (the C++ ``intdet._core.State`` / CUDA ``intdet._cuda.State`` it
+    wraps, or the numpy spec's cache). ``forward(tokens, all_logits)``
     appends tokens (int [T]) and returns int32 logits [T or 1, vocab] (Q16);
     ``out`` (a writable C-contiguous int32 array of that shape) receives them
     instead of a new array, so a caller that runs many pieces reuses one
@@ -148,7 +150,7 @@ class Sequence:
         build: CPU, CUDA and the numpy spec)."""
         return self.engine.device == "ref" or hasattr(self._state, "copy_prefix")
 
-    def copy_prefix(self, src: "Sequence", n: int) -> None:
+    def copy_prefix(self, src: "State", n: int) -> None:
         """Start this empty sequence from the first ``n`` cached positions of
         ``src`` (a sequence of the same engine): their K/V rows and scales
         are copied, so the next forward continues at position n exactly as
@@ -375,5 +377,5 @@ class Engine:
     def context_length(self) -> int:
         return self.lm.cfg["context_length"]
 
-    def new_sequence(self, max_len: int | None = None) -> Sequence:
-        return Sequence(self, min(max_len or self.context_length, self.context_length))
+    def new_state(self, max_len: int | None = None) -> State:
+        return State(self, min(max_len or self.context_length, self.context_length))

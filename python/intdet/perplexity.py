@@ -156,7 +156,7 @@ def integer_logits_fn(engine):
     divides by 2^16 row block by row block)."""
 
     def fn(w):
-        seq = engine.new_sequence(len(w))
+        seq = engine.new_state(len(w))
         return seq.forward(w, all_logits=True)
 
     return fn

@@ -6,7 +6,7 @@ few-shot prompts admitted together only the first computes the shared
 header); when it retires, its KV cache (the token ids of positions
 [0, n_past)) is kept here instead of freed. A new request whose prompt starts
 with the same tokens copies those positions' K/V rows into its own sequence
-(``Sequence.copy_prefix``) and prefills only the rest. The copied rows are
+(``State.copy_prefix``) and prefills only the rest. The copied rows are
 what a prefill of those tokens writes, bit for bit (a row's K/V does not
 depend on how the prompt was cut into forward calls: the core's guarantee),
 so every logit, token, log-probability and chain hash of a hit equals a cold
@@ -33,7 +33,7 @@ import numpy as np
 @dataclass
 class Entry:
     ids: np.ndarray  # int64 token ids of the cached positions
-    seq: object  # model.Sequence holding their KV
+    seq: object  # model.State holding their KV
     nbytes: int  # its KV cache's size (as the scheduler accounts it); 0 while live
     live: bool = False  # a running request's prompt: its memory is the request's, never evicted here
 

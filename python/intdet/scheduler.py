@@ -37,7 +37,7 @@ The device lane (CUDA): while one request runs alone and its sampler can
 run on the GPU (greedy or temperature with top-k/top-p/min-p, no repetition
 penalty, no grammar, no drafts), its next step is enqueued as soon as its
 token is chosen, before the host hashes this step's logits and emits the
-token (``Sequence.submit_pick``: the forward of the chosen token and the
+token (``State.submit_pick``: the forward of the chosen token and the
 pick of the next one on the device, the logits copied to pinned memory).
 The next ``step`` only waits for that pick (``wait_pick``) instead of
 running a forward call, so the GPU never waits for the host. The tokens are
@@ -371,7 +371,7 @@ class Scheduler:
         req._n_total = self._positions(req)
         req.t_start = time.perf_counter()
         if req.max_new_tokens > 0 or req.needs_all_logits:
-            req._seq = self.engine.new_sequence(req._n_total)
+            req._seq = self.engine.new_state(req._n_total)
         req._chain = ChainHash(self.engine.lm.cfg["format_version"], self.engine.lm.model_sha256,
                                req.prompt_ids[:req.score_from])
         req._history = list(req.prompt_ids) if req.sampler.penalized else None

@@ -7,7 +7,7 @@ this cannot change a bit: a row's logits are the same in any batch and any
 prefill split (docs/chain-hash.md), and the sampler's draw is keyed by
 (seed, position), so every kept token, its logits and the chain hash are
 those of plain decoding; rejected drafts only cost their rows, and their KV
-entries are dropped (``Sequence.truncate``).
+entries are dropped (``State.truncate``).
 
 Drafts come from the text itself (prompt lookup: Saxena 2023,
 "Prompt Lookup Decoding"; vLLM's ``ngram`` speculator, llama.cpp's lookup
@@ -108,7 +108,7 @@ class DraftModel:
         self.vocab = min(int(engine.vocab_size), int(target_vocab))
 
     def new_seq(self, max_len: int) -> "DraftSeq":
-        return DraftSeq(self.engine.new_sequence(max_len))
+        return DraftSeq(self.engine.new_state(max_len))
 
     def propose(self, ds: "DraftSeq", context, k: int) -> list:
         """Up to k greedy draft tokens after ``context`` (int ids, the

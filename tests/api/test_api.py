@@ -72,7 +72,7 @@ def test_generate_many_batched_equals_each_alone(llm):
 def test_logprobs_are_the_fixed_point_log_softmax(llm):
     c = llm.generate("hello", intdet.SamplingParams(max_tokens=6, logprobs=3, prompt_logprobs=2))
     ids = c.prompt_ids + c.tokens
-    rows = llm.engine.new_sequence(len(ids)).forward(ids, all_logits=True)
+    rows = llm.engine.new_state(len(ids)).forward(ids, all_logits=True)
     ls = LogSoftmax(rows)
     p0 = len(c.prompt_ids) - 1
     assert [(t.token, t.logprob_q, t.top) for t in c.logprobs] == \

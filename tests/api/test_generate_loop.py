@@ -44,9 +44,9 @@ def run(engine, prompt, n, sampler=None, chunk=256, on_prefill=None):
 
 def test_prefill_logits_identical_for_every_split(engine):
     """All bits of all prompt positions' logits, whole against chunked."""
-    whole = engine.new_sequence(CTX).forward(PROMPT, all_logits=True)
+    whole = engine.new_state(CTX).forward(PROMPT, all_logits=True)
     for chunk in (1, 7, 64, 100, 199):
-        seq = engine.new_sequence(CTX)
+        seq = engine.new_state(CTX)
         parts = [seq.forward(PROMPT[i:i + chunk], all_logits=True) for i in range(0, len(PROMPT), chunk)]
         got = np.concatenate(parts)
         assert got.dtype == whole.dtype and got.shape == whole.shape

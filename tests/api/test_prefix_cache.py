@@ -1,4 +1,4 @@
-"""Exact prefix caching (prefix_cache.py, Sequence.copy_prefix): a request
+"""Exact prefix caching (prefix_cache.py, State.copy_prefix): a request
 that reuses a retired request's KV gives every token, text, log-probability
 and chain hash of a cold run, under concurrency, eviction and speculative
 decoding; the reuse really happens (else these tests could not fail)."""
@@ -73,25 +73,25 @@ def test_requests_needing_prompt_logits_do_not_hit(engine):  # noqa: F811
 
 def test_copy_prefix_bits_and_bounds(engine):  # noqa: F811
     ids = list(range(20, 60))
-    a = engine.new_sequence(64)
+    a = engine.new_state(64)
     a.forward(ids)
-    b = engine.new_sequence(50)
+    b = engine.new_state(50)
     b.copy_prefix(a, 30)
     assert b.n_past == 30
-    cold = engine.new_sequence(64)
+    cold = engine.new_state(64)
     want = cold.forward(ids[:35], all_logits=True)[30:]
     assert np.array_equal(b.forward(ids[30:35], all_logits=True), want)
     with pytest.raises(IntdetError, match="needs an empty sequence"):
         b.copy_prefix(a, 3)
-    c = engine.new_sequence(16)
+    c = engine.new_state(16)
     with pytest.raises(IntdetError, match=r"copy_prefix: 20 is outside \[0, 16\]"):
         c.copy_prefix(a, 20)
     ref = engine.__class__(engine.lm, "ref")
-    ra, rb = ref.new_sequence(64), ref.new_sequence(64)
+    ra, rb = ref.new_state(64), ref.new_state(64)
     ra.forward(ids[:12])
     rb.copy_prefix(ra, 10)
     assert np.array_equal(rb.forward(ids[10:12], all_logits=True),
-                          ref.new_sequence(64).forward(ids[:12], all_logits=True)[10:])
+                          ref.new_state(64).forward(ids[:12], all_logits=True)[10:])
 
 
 def test_prefix_cache_lru_and_cover():
@@ -164,7 +164,7 @@ def test_a_hit_does_not_wait_behind_a_long_prompt(engine):  # noqa: F811
 
 
 def test_prefix_cache_on_the_cuda_emulator(engine, monkeypatch):  # noqa: F811
-    """Sequence.copy_prefix on the CUDA module (host emulator): the copied
+    """State.copy_prefix on the CUDA module (host emulator): the copied
     KV continues as a cold prefill would (all logits' bits), the scheduler's
     hits equal CPU cold runs, and a state of another model is refused."""
     import intdet.model as M
@@ -174,15 +174,15 @@ def test_prefix_cache_on_the_cuda_emulator(engine, monkeypatch):  # noqa: F811
     monkeypatch.setattr(M, "cuda_module", lambda: _emu_or_skip())
     emu = Engine(engine.lm, "cuda")
     ids = list(range(20, 60))
-    a = emu.new_sequence(64)
+    a = emu.new_state(64)
     a.forward(ids)
-    b = emu.new_sequence(50)
+    b = emu.new_state(50)
     assert b.can_copy_prefix
     b.copy_prefix(a, 30)
-    want = engine.new_sequence(64).forward(ids[:35], all_logits=True)[30:]
+    want = engine.new_state(64).forward(ids[:35], all_logits=True)[30:]
     assert np.array_equal(b.forward(ids[30:35], all_logits=True), want)
     with pytest.raises(ValueError, match="different models"):
-        Engine(engine.lm, "cuda").new_sequence(8)._state.copy_prefix(a._state, 3)
+        Engine(engine.lm, "cuda").new_state(8)._state.copy_prefix(a._state, 3)
     ss = fewshot(5)
     _, cold, ev0 = run(engine, ss, max_batch=1)
     sch, warm, ev1 = run(emu, ss, prefix_cache=True, max_batch=1)

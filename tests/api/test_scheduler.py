@@ -61,7 +61,7 @@ def alone(engine, s, stop=()):
     want = dict(tokens=g.tokens, hash=g.hash, text=ts.text,
                 stop={"eos": "eos", "stop": "stop", "length": "length", "context": "context"}[g.stop])
     ids = s["prompt"] + g.tokens
-    rows = engine.new_sequence(len(ids)).forward(ids, all_logits=True)
+    rows = engine.new_state(len(ids)).forward(ids, all_logits=True)
     ls = LogSoftmax(rows)
     if s["logprobs"] is not None:
         p = len(s["prompt"]) - 1

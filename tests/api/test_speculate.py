@@ -3,7 +3,7 @@ scheduler's step): whatever is drafted and kept, every request's tokens,
 text, log-probabilities and chain hash equal plain decoding's, greedy and
 sampled, in any batch and token budget; drafts are really kept on
 repetitive text (else these tests could not fail); rejected drafts' KV
-entries are dropped (Sequence.truncate) on every backend."""
+entries are dropped (State.truncate) on every backend."""
 
 import numpy as np
 import pytest
@@ -87,7 +87,7 @@ def test_drafts_are_kept_on_repetitive_text_and_change_nothing(engine):  # noqa:
 
 @pytest.mark.cuda
 def test_speculation_on_the_numpy_spec_and_the_cuda_emulator(engine, monkeypatch):  # noqa: F811
-    """Sequence.truncate on the ref backend (positions indexed absolutely)
+    """State.truncate on the ref backend (positions indexed absolutely)
     and on the CUDA module (host emulator): drafted runs equal plain ones."""
     import intdet.model as M
     from intdet.model import Engine
@@ -109,7 +109,7 @@ def test_speculation_on_the_numpy_spec_and_the_cuda_emulator(engine, monkeypatch
 
 
 def test_truncate_bounds(engine):  # noqa: F811
-    s = engine.new_sequence(16)
+    s = engine.new_state(16)
     s.forward([5, 6, 7])
     for bad in (-1, 4, True, 1.5):
         with pytest.raises(IntdetError, match="truncate: .* is outside \\[0, 3\\]"):
@@ -117,7 +117,7 @@ def test_truncate_bounds(engine):  # noqa: F811
     s.truncate(1)
     assert s.n_past == 1 and s._state.n_past == 1
     a = s.forward([9])
-    b = engine.new_sequence(16)
+    b = engine.new_state(16)
     assert np.array_equal(a, b.forward([5, 9]))  # position 1 written over: as if 6, 7 never ran
 
 

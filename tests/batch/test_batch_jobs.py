@@ -151,7 +151,7 @@ def test_records_are_the_api_results(serial, model_dir):
     ids = [(6 * 13 + j) % 320 for j in range(40)]
     want, flt = 0, 0.0
     for w in (ids[:16], ids[16:32]):  # ctx 16: the last 8 tokens are dropped (perplexity.windows_of)
-        logits = llm.engine.new_sequence(16).forward(w, all_logits=True)
+        logits = llm.engine.new_state(16).forward(w, all_logits=True)
         ls = LogSoftmax(np.asarray(logits, dtype=np.int32))
         want -= sum(ls.logprob_q(j, w[j + 1]) for j in range(15))
         flt += window_nll(logits.astype(np.float64) / 65536.0, w)

@@ -32,7 +32,7 @@ def test_cli_matches_direct_computation(tiny_llama_hf, tmp_path):
     nll, n = 0.0, 0
     for w in range(3):
         win = ids[w * 64:(w + 1) * 64]
-        lg = Engine(lm).new_sequence(64).forward(win, all_logits=True).astype(np.float64) / 65536.0
+        lg = Engine(lm).new_state(64).forward(win, all_logits=True).astype(np.float64) / 65536.0
         for j in range(63):
             row = lg[j] - lg[j].max()
             nll -= row[win[j + 1]] - math.log(np.exp(row).sum())

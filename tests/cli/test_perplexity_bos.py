@@ -58,7 +58,7 @@ def test_cli_puts_bos_first(tiny_llama_hf, tmp_path):
     for with_bos in (True, False):
         for w in range(3):
             win = [bos] + ids[w * 63:(w + 1) * 63] if with_bos else ids[w * 64:(w + 1) * 64]
-            lg = Engine(lm).new_sequence(64).forward(win, all_logits=True).astype(np.float64) / 65536.0
+            lg = Engine(lm).new_state(64).forward(win, all_logits=True).astype(np.float64) / 65536.0
             for j in range(63):
                 row = lg[j] - lg[j].max()
                 nll[with_bos] -= row[win[j + 1]] - math.log(np.exp(row).sum())

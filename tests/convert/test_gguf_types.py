@@ -18,8 +18,8 @@ def test_gguf_type(qtype, tmp_path):
     src = models.write_gguf_model(str(tmp_path / f"m-{qtype}.gguf"), qtype)
     out = convert(src, str(tmp_path / "out"), progress=False)
     lm = load_model(out)
-    cpu = Engine(lm, "cpu").new_sequence(32).forward(PROMPT, all_logits=True)
-    ref = Engine(lm, "ref").new_sequence(32).forward(PROMPT, all_logits=True)
+    cpu = Engine(lm, "cpu").new_state(32).forward(PROMPT, all_logits=True)
+    ref = Engine(lm, "ref").new_state(32).forward(PROMPT, all_logits=True)
     assert np.array_equal(cpu, ref)
     lf = FloatModel(read_source(src), np.float64, max_len=32).forward(np.array(PROMPT), 0)
     li = cpu / 65536.0

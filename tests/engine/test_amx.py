@@ -163,9 +163,9 @@ def test_tiles_run_on_every_pool_thread(tmp_path):
         "import sys, numpy as np\nfrom intdet import _core\nfrom intdet.model import Engine, load_model\n"
         "lm = load_model(sys.argv[1])\nids = list(range(1, 65))\n"
         "_core.set_isa('scalar'); _core.set_num_threads(1)\n"
-        "want = Engine(lm, 'cpu').new_sequence(64).forward(ids)\n"
+        "want = Engine(lm, 'cpu').new_state(64).forward(ids)\n"
         "_core.set_isa('amx'); _core.set_num_threads(3)\n"
-        "got = Engine(lm, 'cpu').new_sequence(64).forward(ids)\n"
+        "got = Engine(lm, 'cpu').new_state(64).forward(ids)\n"
         "print(bool(np.array_equal(got, want)))\n")
     r = subprocess.run([sys.executable, "-c", code, m], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr

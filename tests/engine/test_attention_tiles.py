@@ -201,7 +201,7 @@ def prompt(n, seed=0):
 
 def run_split(lm, tokens, chunks, steps=4, max_len=1024):
     """Logits of every prompt position, prefilled in `chunks`, then `steps` greedy decode steps."""
-    seq = Engine(lm, "cpu").new_sequence(max_len)
+    seq = Engine(lm, "cpu").new_state(max_len)
     outs, i = [], 0
     for c in chunks:
         outs.append(seq.forward(tokens[i:i + c], all_logits=True))
@@ -236,10 +236,10 @@ def test_gemma3_ring_cache_matches_the_spec(tmp_path):
     lm = load_model(convert(src, str(tmp_path / "m"), progress=False))
     toks = prompt(700, seed=1)
     want = []
-    ref = Engine(lm, "ref").new_sequence(760)
+    ref = Engine(lm, "ref").new_state(760)
     want.append(ref.forward(toks, all_logits=True))
     got = []
-    seq = Engine(lm, "cpu").new_sequence(760)
+    seq = Engine(lm, "cpu").new_state(760)
     got.append(seq.forward(toks, all_logits=True))
     for step in range(4):
         tok = [(37 * step + 11) % 300]

@@ -225,7 +225,7 @@ def test_models_give_the_pinned_digests_on_simde(name, weights, threads, tmp_pat
 
 def chain_hash(engine, lm, prompt, steps):
     h = ChainHash(lm.cfg["format_version"], lm.model_sha256, prompt)
-    seq = engine.new_sequence(len(prompt) + steps)
+    seq = engine.new_state(len(prompt) + steps)
     lg = seq.forward(prompt)
     for _ in range(steps):
         tok = int(np.argmax(lg))

@@ -18,10 +18,10 @@ def test_batch_invariance(engine, batch):
     rng = np.random.default_rng(batch)
     target = [5, 17, 99, 230, 41, 7, 300]
     steps = [9, 33, 101, 4, 250]
-    alone = engine.new_sequence(64)
+    alone = engine.new_state(64)
     want = [alone.forward(target, all_logits=True)] + [alone.forward([t]) for t in steps]
     co = [list(rng.integers(0, 320, size=int(rng.integers(1, 30)))) for _ in range(batch - 1)]
-    seqs = [engine.new_sequence(64) for _ in range(batch)]
+    seqs = [engine.new_state(64) for _ in range(batch)]
     order = rng.permutation(batch)  # the target sits anywhere in the batch
     prompts = [target] + co
     outs = engine.forward_batch([seqs[i] for i in order], [prompts[i] for i in order], all_logits=True)
@@ -40,11 +40,11 @@ def test_per_sequence_all_logits(engine):
     buffer that stay valid after the call; a wrong flag count is an error."""
     prompts = [[5, 17, 99], [230, 41], [7, 300, 9, 33]]
     flags = [True, False, True]
-    want = [engine.new_sequence(16).forward(p, all_logits=f) for p, f in zip(prompts, flags)]
-    seqs = [engine.new_sequence(16) for _ in prompts]
+    want = [engine.new_state(16).forward(p, all_logits=f) for p, f in zip(prompts, flags)]
+    seqs = [engine.new_state(16) for _ in prompts]
     outs = engine.forward_batch(seqs, prompts, all_logits=flags)
     assert [o.shape[0] for o in outs] == [3, 1, 4]
     for g, w in zip(outs, want):
         assert g.dtype == np.int32 and np.array_equal(g, w)
     with pytest.raises(Exception, match="all_logits"):
-        engine.forward_batch([engine.new_sequence(16)] * 1, [[1]], all_logits=[True, False])
+        engine.forward_batch([engine.new_state(16)] * 1, [[1]], all_logits=[True, False])

@@ -675,7 +675,7 @@ def _compare_model(mod, lm, graphs, prompt, steps, batch_co=3, ctx=96):
     V = lm.cfg["vocab_size"]
     # prefill with every row's logits, then decode steps
     s = mod.State(m, ctx)
-    ref = cpu.new_sequence(ctx)
+    ref = cpu.new_state(ctx)
     got = mod.forward(m, s, np.array(prompt, np.int32), 0, True)
     assert np.array_equal(got, ref.forward(prompt, all_logits=True)), "prefill"
     rng = np.random.default_rng(len(prompt))
@@ -690,7 +690,7 @@ def _compare_model(mod, lm, graphs, prompt, steps, batch_co=3, ctx=96):
     # the sequence inside a batch (mixed prefill, then batched decode)
     cos = [list(rng.integers(0, V, size=int(rng.integers(1, 2 * len(prompt))))) for _ in range(batch_co)]
     ss = [mod.State(m, ctx) for _ in range(batch_co + 1)]
-    rr = [cpu.new_sequence(ctx) for _ in range(batch_co + 1)]
+    rr = [cpu.new_state(ctx) for _ in range(batch_co + 1)]
     prompts = cos[:1] + [prompt] + cos[1:]
     outs = mod.forward_batch(m, ss, [np.array(p, np.int32) for p in prompts], True)
     want = cpu.forward_batch(rr, prompts, all_logits=True)
@@ -773,7 +773,7 @@ def test_prefill_attention_paths_match_cpu(backend, converted, name):
     rng = np.random.default_rng(45)
     prompt = [int(t) for t in rng.integers(0, lm.cfg["vocab_size"], size=45)]
     cpu = Engine(lm)
-    ref = cpu.new_sequence(64)
+    ref = cpu.new_state(64)
     want = ref.forward(prompt, all_logits=True)
     want_next = ref.forward([3])
     m = backend.Model(lm.cfg, lm.tensors, False)
@@ -860,8 +860,8 @@ def test_scheduler_device_lane(monkeypatch, converted):
     mod = _emu_or_skip()
     monkeypatch.setattr(M, "cuda_module", lambda: mod)
     calls = []
-    real = M.Sequence.submit_pick
-    monkeypatch.setattr(M.Sequence, "submit_pick", lambda self, t=None, s=None: calls.append(t) or real(self, t, s))
+    real = M.State.submit_pick
+    monkeypatch.setattr(M.State, "submit_pick", lambda self, t=None, s=None: calls.append(t) or real(self, t, s))
     lm = converted["wide"]
     prompt = [1, 40, 41, 42, 43, 44, 45]
     cpu = Engine(lm, "cpu")
@@ -991,7 +991,7 @@ def test_gpu_batch_invariance(converted, batch):
     cpu, gpu = Engine(lm, "cpu"), Engine(lm, "cuda")
     rng = np.random.default_rng(batch)
     prompts = [list(rng.integers(0, 320, size=int(rng.integers(1, 40)))) for _ in range(batch)]
-    cs, gs = [cpu.new_sequence(128) for _ in prompts], [gpu.new_sequence(128) for _ in prompts]
+    cs, gs = [cpu.new_state(128) for _ in prompts], [gpu.new_state(128) for _ in prompts]
     assert all(np.array_equal(a, b) for a, b in zip(gpu.forward_batch(gs, prompts, True), cpu.forward_batch(cs, prompts, True)))
     for graphs in (False, True, True):
         gpu.cuda_graphs = graphs
@@ -1006,7 +1006,7 @@ def test_gpu_long_context(converted):
     lm = converted["wide"]
     rng = np.random.default_rng(11)
     prompt = list(rng.integers(0, 320, size=1100))
-    cpu, gpu = Engine(lm, "cpu").new_sequence(1200), Engine(lm, "cuda").new_sequence(1200)
+    cpu, gpu = Engine(lm, "cpu").new_state(1200), Engine(lm, "cuda").new_state(1200)
     assert np.array_equal(gpu.forward(prompt, all_logits=True), cpu.forward(prompt, all_logits=True))
     for t in rng.integers(0, 320, size=10):
         assert np.array_equal(gpu.forward([int(t)]), cpu.forward([int(t)]))
@@ -1208,9 +1208,9 @@ def test_gpu_copy_prefix(converted):
         lm = converted[name]
         gpu, cpu = Engine(lm, "cuda"), Engine(lm, "cpu")
         ids = [int(t) for t in np.random.default_rng(4).integers(0, lm.cfg["vocab_size"], 60)]
-        a = gpu.new_sequence(64)
+        a = gpu.new_state(64)
         a.forward(ids[:50])
-        b = gpu.new_sequence(64)
+        b = gpu.new_state(64)
         b.copy_prefix(a, 40)
-        want = cpu.new_sequence(64).forward(ids, all_logits=True)[40:]
+        want = cpu.new_state(64).forward(ids, all_logits=True)[40:]
         assert np.array_equal(b.forward(ids[40:], all_logits=True), want), name

@@ -28,7 +28,7 @@ def converted(request, tmp_path_factory, tiny_llama_hf, tiny_qwen2_hf, tiny_qwen
 
 
 def run_all(engine, tokens, chunks):
-    seq = engine.new_sequence(64)
+    seq = engine.new_state(64)
     outs = []
     i = 0
     for c in chunks:
@@ -66,26 +66,26 @@ def test_logits_into_a_reused_buffer(converted, device):
     eng = Engine(load_model(out), device)
     want = run_all(eng, PROMPT, [len(PROMPT)])
     buf = np.full((len(PROMPT) + 3, eng.vocab_size), 7, np.int32)
-    seq = eng.new_sequence(64)
+    seq = eng.new_state(64)
     got = seq.forward(PROMPT, all_logits=True, out=buf[:len(PROMPT)])
     assert np.shares_memory(got, buf) and np.array_equal(got, want)
     assert (buf[len(PROMPT):] == 7).all()  # rows past the call untouched
     for bad in (np.zeros((len(PROMPT), eng.vocab_size), np.int64),  # dtype
                 np.zeros((len(PROMPT) - 1, eng.vocab_size), np.int32),  # shape
                 np.zeros((eng.vocab_size, len(PROMPT)), np.int32).T):  # not C-contiguous
-        s2 = eng.new_sequence(64)
+        s2 = eng.new_state(64)
         with pytest.raises((ValueError, TypeError)):
             s2.forward(PROMPT, all_logits=True, out=bad)
         if device == "cpu":
             assert s2.n_past == 0
     if device == "cpu":
-        a, b = eng.new_sequence(64), eng.new_sequence(64)
+        a, b = eng.new_state(64), eng.new_state(64)
         alone = [run_all(eng, PROMPT[:5], [5])[-1:], run_all(eng, PROMPT[:3], [3])]
         res = eng.forward_batch([a, b], [PROMPT[:5], PROMPT[:3]], all_logits=[False, True], out=buf[:4])
         assert all(np.shares_memory(r, buf) for r in res)
         assert np.array_equal(res[0], alone[0]) and np.array_equal(res[1], alone[1])
         with pytest.raises(ValueError, match="out: shape"):
-            eng.forward_batch([eng.new_sequence(64)], [PROMPT[:2]], out=buf[:2])
+            eng.forward_batch([eng.new_state(64)], [PROMPT[:2]], out=buf[:2])
 
 
 def test_close_to_float_reference(converted):
@@ -104,7 +104,7 @@ def test_close_to_float_reference(converted):
     # 20 greedy steps, teacher-forced with the float model's tokens: the
     # integer argmax must agree at every step where float's top-2 margin is
     # not a near-tie (< 0.1, smaller than int8 weight noise on these models).
-    seq = eng.new_sequence(64)
+    seq = eng.new_state(64)
     flt.reset()
     li, lf = seq.forward(PROMPT)[-1], flt.forward(np.array(PROMPT), 0)[-1]
     ties = 0
@@ -183,7 +183,7 @@ def test_backend_controls(converted):
         eng.set_isa(ISAS[-1])
         eng.set_threads(2)
         assert (_core.isa(), _core.num_threads()) == (ISAS[-1], 2)
-        eng.new_sequence(8).forward([1, 2, 3])
+        eng.new_state(8).forward([1, 2, 3])
         assert 1 <= eng.last_forward_threads() <= 2
     with pytest.raises(IntdetError, match="sse9"):
         eng.set_isa("sse9")

@@ -41,7 +41,7 @@ def model4(src4, tmp_path_factory):
 
 
 def _run(engine):
-    seq = engine.new_sequence(64)
+    seq = engine.new_state(64)
     a = seq.forward(PROMPT, all_logits=True)
     b = [seq.forward([t]) for t in (9, 33, 101)]
     return np.concatenate([a, *b])
@@ -68,14 +68,14 @@ def test_core_matches_spec_every_isa_and_thread_count(model4, spec4, isa_threads
 
 def test_prefill_splits_and_batches(model4):
     e = Engine(load_model(model4), "cpu")
-    whole = e.new_sequence(64).forward(PROMPT, all_logits=True)
-    s = e.new_sequence(64)
+    whole = e.new_state(64).forward(PROMPT, all_logits=True)
+    s = e.new_state(64)
     parts = [s.forward(PROMPT[a:b], all_logits=True) for a, b in ((0, 1), (1, 6), (6, 12))]
     assert np.array_equal(np.concatenate(parts), whole)
-    seqs = [e.new_sequence(64) for _ in range(3)]
+    seqs = [e.new_state(64) for _ in range(3)]
     outs = e.forward_batch(seqs, [PROMPT, PROMPT[:5], [7, 8]], all_logits=True)
     assert np.array_equal(outs[0], whole)
-    assert np.array_equal(outs[1], e.new_sequence(64).forward(PROMPT[:5], all_logits=True))
+    assert np.array_equal(outs[1], e.new_state(64).forward(PROMPT[:5], all_logits=True))
 
 
 def test_conversion_reproducible_and_golden(src4, tmp_path):

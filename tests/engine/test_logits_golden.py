@@ -20,7 +20,7 @@ def logits_digest(engine, prompt, steps=16) -> str:
     """xxh3-128 over the int32 logits of every prompt position, then of each
     greedy step with its token (little-endian)."""
     h = xxhash.xxh3_128()
-    seq = engine.new_sequence(len(prompt) + steps)
+    seq = engine.new_state(len(prompt) + steps)
     lg = seq.forward(prompt, all_logits=True)
     h.update(np.ascontiguousarray(lg, dtype="<i4").tobytes())
     for _ in range(steps):

@@ -22,7 +22,7 @@ def engine(tmp_path_factory, tiny_llama_hf):
 
 
 def run(engine, prompt):
-    seq = engine.new_sequence(32)
+    seq = engine.new_state(32)
     out = [seq.forward(prompt, all_logits=True)]
     for t in (9, 33, 101, 4):
         out.append(seq.forward([t]))

@@ -25,7 +25,7 @@ def engine(tmp_path_factory, tiny_qwen3_hf):
 
 
 def run(engine, steps=3):
-    seq = engine.new_sequence(64)
+    seq = engine.new_state(64)
     a = seq.forward(PROMPT, all_logits=True)
     b = [seq.forward([t]) for t in (9, 33, 101)[:steps]]
     return np.concatenate([a, *b])

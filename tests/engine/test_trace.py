@@ -52,7 +52,7 @@ def test_cpu_trace_is_the_ref_trace(engine, ref_trace, isa_threads):
 
 
 def test_trace_changes_no_logit_and_runs_the_named_set(engine):
-    seq = engine.new_sequence(len(IDS))
+    seq = engine.new_state(len(IDS))
     want = seq.forward(IDS, all_logits=True)
     before = _core.isa()
     for isa in _core.available_isas():

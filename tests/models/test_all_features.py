@@ -114,7 +114,7 @@ def test_integer_logits_follow_float(built, name):
     prompt position but near-ties, and its logits are close."""
     src, out = built[name]
     lm = load_model(out)
-    li = Engine(lm, "cpu").new_sequence(64).forward(PROMPT, all_logits=True) / 2.0**16
+    li = Engine(lm, "cpu").new_state(64).forward(PROMPT, all_logits=True) / 2.0**16
     lf = FloatModel(read_source(src), np.float64, max_len=64).forward(np.array(PROMPT), 0)
     assert np.abs(li - lf).max() < 0.25, np.abs(li - lf).max()
     agree = (li.argmax(-1) == lf.argmax(-1)).sum()

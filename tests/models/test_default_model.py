@@ -30,6 +30,6 @@ def test_greedy_knows_paris(lm):
 
 def test_cpp_equals_spec_on_real_model(lm):
     ids = encode(lm.tokenizer, lm.tok_meta, "Integer arithmetic is associative.")[:6]
-    a = Engine(lm, "cpu").new_sequence(16).forward(ids, all_logits=True)
-    b = Engine(lm, "ref").new_sequence(16).forward(ids, all_logits=True)
+    a = Engine(lm, "cpu").new_state(16).forward(ids, all_logits=True)
+    b = Engine(lm, "ref").new_state(16).forward(ids, all_logits=True)
     assert np.array_equal(a, b)

@@ -67,7 +67,7 @@ def logprobs(x):
 
 
 def int_logits(lm, tokens=PROMPT):
-    return Engine(lm, "cpu").new_sequence(64).forward(tokens, all_logits=True)
+    return Engine(lm, "cpu").new_state(64).forward(tokens, all_logits=True)
 
 
 @pytest.mark.parametrize("name", FAMS)
@@ -123,7 +123,7 @@ def test_every_isa_and_thread_count_same_bits(fam, name, isa_threads):
     with using_isa("scalar", 1):
         want = int_logits(lm)
     assert np.array_equal(int_logits(lm), want), isa_threads
-    assert np.array_equal(Engine(lm, "ref").new_sequence(64).forward(PROMPT[:20], all_logits=True), want[:20])
+    assert np.array_equal(Engine(lm, "ref").new_state(64).forward(PROMPT[:20], all_logits=True), want[:20])
 
 
 @pytest.mark.parametrize("name", ["llama3", "mistral", "qwen3-yarn", "granite", "olmo2", "smollm3", "gemma2",
@@ -144,7 +144,7 @@ def test_prefill_splits_and_golden_hash(fam, name):
     _, lm = fam(name)
     eng = Engine(lm, "cpu")
     whole = int_logits(lm)
-    seq, outs = eng.new_sequence(64), []
+    seq, outs = eng.new_state(64), []
     for a, b in ((0, 5), (5, 6), (6, 30), (30, len(PROMPT))):
         outs.append(seq.forward(PROMPT[a:b], all_logits=True))
     assert np.array_equal(np.concatenate(outs), whole)

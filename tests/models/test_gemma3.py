@@ -30,7 +30,7 @@ def gemma(tmp_path_factory, tiny_gemma3_hf):
 
 
 def run_all(engine, tokens, chunks):
-    seq = engine.new_sequence(64)
+    seq = engine.new_state(64)
     outs, i = [], 0
     for c in chunks:
         outs.append(seq.forward(tokens[i:i + c], all_logits=True))
@@ -91,10 +91,10 @@ def test_prefill_splits_and_batches(gemma):
     # the prompt inside a batch of sequences of other lengths, prefill then decode
     others = [[9, 8, 7], list(range(20, 40)), [300]]
     prompts = others[:1] + [PROMPT] + others[1:]
-    seqs = [eng.new_sequence(64) for _ in prompts]
+    seqs = [eng.new_state(64) for _ in prompts]
     outs = eng.forward_batch(seqs, prompts, all_logits=True)
     assert np.array_equal(outs[1], whole)
-    alone = eng.new_sequence(64)
+    alone = eng.new_state(64)
     alone.forward(PROMPT)
     for step in range(8):  # decode past the window, batched
         toks = [[(31 * step + 7 * j) % 300] for j in range(len(prompts))]

@@ -69,11 +69,11 @@ def test_batch_composition_does_not_change_a_bit(moe_model):
     _, lm = moe_model
     eng = Engine(lm, "cpu")
     prompts = [PROMPT[:20], PROMPT[5:9], list(range(200, 231)), [42]]
-    alone = [eng.new_sequence(64).forward(t, all_logits=True) for t in prompts]
-    seqs = [eng.new_sequence(64) for _ in prompts]
+    alone = [eng.new_state(64).forward(t, all_logits=True) for t in prompts]
+    seqs = [eng.new_state(64) for _ in prompts]
     batched = eng.forward_batch(seqs, prompts, all_logits=True)
     assert all(np.array_equal(a, b) for a, b in zip(alone, batched))
-    solo = [eng.new_sequence(64) for _ in prompts]
+    solo = [eng.new_state(64) for _ in prompts]
     for s, t in zip(solo, prompts):
         s.forward(t)
     for step in range(3):
@@ -93,8 +93,8 @@ def test_dense_and_moe_layers_mixed(tmp_path):
     got = FloatModel(read_source(hf), np.float64, max_len=64).forward(np.array(PROMPT), 0)
     assert np.abs(got - want).max() < 1e-3
     eng = Engine(lm, "cpu")
-    assert np.array_equal(eng.new_sequence(64).forward(PROMPT[:16], all_logits=True),
-                          Engine(lm, "ref").new_sequence(64).forward(PROMPT[:16], all_logits=True))
+    assert np.array_equal(eng.new_state(64).forward(PROMPT[:16], all_logits=True),
+                          Engine(lm, "ref").new_state(64).forward(PROMPT[:16], all_logits=True))
 
 
 def test_router_ties_go_to_the_lowest_expert_id(moe_model):
@@ -122,7 +122,7 @@ def test_router_ties_go_to_the_lowest_expert_id(moe_model):
     assert np.array_equal(RefModel(lm.cfg, t2).forward(PROMPT[:8], 0), want)
     lm2 = copy.copy(lm)
     lm2.tensors = t2
-    assert np.array_equal(Engine(lm2, "cpu").new_sequence(64).forward(PROMPT[:8], all_logits=True), want)
+    assert np.array_equal(Engine(lm2, "cpu").new_state(64).forward(PROMPT[:8], all_logits=True), want)
     w = ops.softmax_q16(np.zeros((1, 2), np.int64))
     assert w.tolist() == [[32768, 32768]]  # norm_topk_prob over two tied experts: half each
 
@@ -188,7 +188,7 @@ def test_cuda_engine_refuses_moe_with_a_post_norm_by_name(moe_model):
         cfg["norm_gamma_exponents"][f"blk.0.{name}"] = cfg["norm_gamma_exponents"]["blk.0.ffn_norm"]
     lm2 = copy.copy(lm)
     lm2.cfg, lm2.tensors = cfg, t
-    Engine(lm2, "cpu").new_sequence(8).forward(PROMPT[:4])  # a model the CPU engine runs
+    Engine(lm2, "cpu").new_state(8).forward(PROMPT[:4])  # a model the CPU engine runs
     with pytest.raises(ValueError, match="mixture-of-experts blocks with a post-FFN norm are not implemented by the "
                                          "CUDA engine"):
         mod.Model(cfg, t, False)
@@ -203,8 +203,8 @@ def test_int4_experts(tmp_path):
                                head_dim=32, intermediate_size=128)  # int4: every input a multiple of 32
     lm = load_model(convert(hf, str(tmp_path / "int"), progress=False, weights="int4"))
     assert lm.tensors["blk.0.ffn_down_exps.q4"].shape == (8, 64, 32)
-    assert np.array_equal(Engine(lm, "cpu").new_sequence(64).forward(PROMPT[:12], all_logits=True),
-                          Engine(lm, "ref").new_sequence(64).forward(PROMPT[:12], all_logits=True))
+    assert np.array_equal(Engine(lm, "cpu").new_state(64).forward(PROMPT[:12], all_logits=True),
+                          Engine(lm, "ref").new_state(64).forward(PROMPT[:12], all_logits=True))
     bad = families.write_family("qwen3-moe", str(tmp_path / "hf40"), hidden_size=64, head_dim=32, intermediate_size=128)
     with pytest.raises(IntdetError, match="expert intermediate size 40 is not a multiple of 32"):
         convert(bad, str(tmp_path / "o"), progress=False, weights="int4")

@@ -23,7 +23,7 @@ def engine(tmp_path_factory, tiny_qwen3_hf):
 
 
 def run(engine):
-    seq = engine.new_sequence(16)
+    seq = engine.new_state(16)
     return np.concatenate([seq.forward(PROMPT, all_logits=True), seq.forward([9]), seq.forward([33])])
 
 

@@ -81,7 +81,7 @@ def logits_buffer(engine, rows: int) -> np.ndarray:
 def code_chunk(engine, core, ids, start: int, precision: int = PRECISION, buf: np.ndarray | None = None) -> bytes:
     """Range-coded bytes of token ids (list of int, 1..ctx of them); ``buf``:
     a logits_buffer of at least min(len(ids), PREFILL_PIECE) rows."""
-    seq = engine.new_sequence(len(ids))
+    seq = engine.new_state(len(ids))
     inputs = np.asarray([start] + list(ids[:-1]), dtype=np.int32)
     targets = np.asarray(ids, dtype=np.int32)
     if buf is None:
@@ -194,7 +194,7 @@ def decompress_stream(engine, f, out, where: str, batch: int = DEFAULT_BATCH, pr
                 finish(next_read, c, c.payload)
                 st.stored_chunks += 1
             else:
-                rows.append(dict(i=next_read, c=c, seq=engine.new_sequence(c.n_tokens),
+                rows.append(dict(i=next_read, c=c, seq=engine.new_state(c.n_tokens),
                                  dec=core.RangeDecoder(c.payload), ids=[], last=h.start_id))
             next_read += 1
         if rows:
