@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 import sys
 
 
@@ -26,6 +27,13 @@ def modules(root: str) -> dict[str, str]:
                 if rel[-1] == "__init__":
                     rel = rel[:-1]
                 out.setdefault(".".join(rel), os.path.join(d, f))
+    # Extension modules a clean clone has not built yet: CMake installs them
+    # into the package (install(TARGETS _core DESTINATION intdet)).
+    cmake = os.path.join(base, "..", "CMakeLists.txt")
+    if os.path.exists(cmake):
+        with open(cmake, encoding="utf-8") as f:
+            for target, dest in re.findall(r"install\(TARGETS\s+(\w+)\s+DESTINATION\s+([\w/]+)\)", f.read()):
+                out.setdefault(".".join(dest.split("/") + [target]), cmake)
     return out
 
 
