@@ -72,6 +72,7 @@ from .speculate import DraftState, ngram_drafts
 DEFAULT_MAX_BATCH = 16
 DEFAULT_STEP_TOKENS = 512  # rows per forward call: decode rows + prefill chunks
 DEFAULT_KV_BYTES = 2 << 30
+CHOOSER_REFUSED = "the chooser found no token (impossible data)"  # a Request.chooser's id < 0
 PREFILL_PATIENCE = 8  # steps a prompt may be passed over by shorter ones before it goes first
 
 
@@ -150,11 +151,20 @@ class Request:
             over the ids it allows (the chain hash and log-probabilities
             still see the unmasked logits); the generation ends ("stop")
             when the grammar can take nothing more.
+        chooser: None, or an object choosing each token instead of the
+            sampler (decompression's range decoder, compress/codec.py): the
+            scheduler calls ``type(chooser).choose_rows(choosers, rows)``
+            once per step for every request with a chooser of that class
+            (rows: each one's int32 logits row, V values) and takes the
+            returned ids; an id < 0 retires the request with an error.
+            Such a request gets no drafts; give it no eos_ids or stop to
+            run max_new_tokens tokens.
     """
 
     def __init__(self, prompt_ids, max_new_tokens: int, sampler: Sampler | None = None, eos_ids=(), stop=(),
                  logprobs: int | None = None, prompt_logprobs: int | None = None, score_from: int | None = None,
-                 on_event=None, tokenizer=None, on_prefill=None, grammar=None, step_hashes: bool = False):
+                 on_event=None, tokenizer=None, on_prefill=None, grammar=None, step_hashes: bool = False,
+                 chooser=None):
         self.id = next(_ids)
         self.prompt_ids = [int(t) for t in prompt_ids]
         self.max_new_tokens = int(max_new_tokens)
@@ -168,6 +178,7 @@ class Request:
         self.on_prefill = on_prefill
         self.tokenizer = tokenizer
         self._grammar = grammar.matcher() if grammar is not None else None  # built here, in the caller's thread
+        self.chooser = chooser
         # results
         self.tokens: list[int] = []
         self.token_logprobs: list[TokenLogprob] = []
@@ -195,6 +206,7 @@ class Request:
         self._drafts: list = []  # this step's drafts (fed after the last token)
         self._passed_over = 0  # consecutive steps this prompt's prefill got no rows
         self._pending = False  # the device lane: a step enqueued on the GPU (submit_pick), not yet waited for
+        self._chosen: int | None = None  # this step's token from the chooser
         self.cached_tokens = 0  # prompt positions taken from the prefix cache (not computed)
         self.truncated = 0  # prompt tokens the API cut (SamplingParams.truncate)
 
@@ -379,7 +391,7 @@ class Scheduler:
             req._stream = TextStream(req.tokenizer, req.stop)
         if req.prompt_logprobs is not None:
             req.prompt_token_logprobs = [None]
-        if self.spec_tokens and req._seq is not None:
+        if self.spec_tokens and req._seq is not None and req.chooser is None:
             req._draft = DraftState(self.spec_tokens)
         # the prefix cache is looked up when the prompt's first chunk is
         # planned (_lookup), so a request admitted with others can use the
@@ -474,10 +486,23 @@ class Scheduler:
             for (r, toks), out, all_logits in zip(plan, outs, flags):
                 self._after_forward(r, toks, out, all_logits)
         self.steps += 1
+        self._choose([r for r, _ in plan if r.chooser is not None and r._seq is not None and r._logits is not None])
         for r, _ in plan:
             if r._seq is not None and r._logits is not None and not r._cancel:
                 self._advance(r)
         return True
+
+    @staticmethod
+    def _choose(reqs) -> None:
+        """The choosers' tokens for this step, one call per chooser class
+        (a batch of range decoders runs in parallel in C++)."""
+        by_class: dict = {}
+        for r in reqs:
+            by_class.setdefault(type(r.chooser), []).append(r)
+        for cls, group in by_class.items():
+            toks = cls.choose_rows([r.chooser for r in group], [r._logits[0] for r in group])
+            for r, t in zip(group, toks):
+                r._chosen = int(t)
 
     def _prefetch_masks(self, plan):
         """Start computing the structured-output masks of this step's first
@@ -574,7 +599,12 @@ class Scheduler:
         positions are cached; ``tok``: the token the device lane chose from
         it) and apply the stop rules."""
         on_device = tok is not None  # chosen by the device lane: the GPU holds it for the next step
-        if tok is None:
+        if r.chooser is not None:
+            tok, r._chosen = r._chosen, None
+            if tok is None or tok < 0:
+                self._retire(r, "error", CHOOSER_REFUSED)
+                return -1
+        elif tok is None:
             try:
                 allowed = r._grammar.allowed() if r._grammar is not None else None
                 tok = r.sampler.pick(logits, n_past, r._history, allowed)
@@ -621,6 +651,7 @@ class Scheduler:
         """Whether r's next token may be chosen on the device, enqueued now
         (the module docstring's device lane)."""
         return (r._seq.device_pick and r.sampler.device_ok and r._grammar is None and r._draft is None
+                and r.chooser is None
                 and not r._cancel and len(self.running) == 1 and not self.waiting)
 
     # ---------------------------------------------------------------- driving

@@ -247,3 +247,61 @@ def test_an_engine_failure_fails_its_requests_and_the_loop_goes_on(engine, monke
     g = generate(engine, [5, 6, 7], 4, Sampler(), eos_ids=engine.lm.tok_meta["eos_token_ids"])
     assert b.finish_reason == g.stop and b.tokens == g.tokens and b.hash == g.hash
     assert sch.kv_used == 0
+
+
+class SecondBest:
+    """A chooser for the test: the id of the second largest logit (lowest
+    id on ties), found in numpy; refuses (-1) after ``refuse_after`` picks."""
+
+    calls = 0
+
+    def __init__(self, refuse_after=None):
+        self.n, self.refuse_after = 0, refuse_after
+
+    @classmethod
+    def choose_rows(cls, choosers, rows):
+        cls.calls += 1
+        out = []
+        for c, row in zip(choosers, rows):
+            c.n += 1
+            order = np.lexsort((np.arange(len(row)), -np.asarray(row, np.int64)))
+            out.append(-1 if c.refuse_after is not None and c.n > c.refuse_after else int(order[1]))
+        return out
+
+
+def second_best_alone(engine, prompt, n):
+    """The plain loop with the chooser's rule: one forward per token."""
+    seq = engine.new_state(len(prompt) + n)
+    logits = seq.forward(prompt)[-1]
+    toks = []
+    for _ in range(n):
+        order = np.lexsort((np.arange(len(logits)), -logits.astype(np.int64)))
+        toks.append(int(order[1]))
+        if len(toks) < n:
+            logits = seq.forward([toks[-1]])[-1]
+    return toks
+
+
+def test_chooser_requests_batched_with_sampled_ones(engine, reference):
+    """Requests whose tokens a chooser picks (decompression's range decoder)
+    run beside sampled ones: each chooser class called once per step, the
+    tokens those of the plain loop with the same rule, the sampled requests
+    unchanged; a chooser's -1 retires its request with CHOOSER_REFUSED."""
+    from intdet.scheduler import CHOOSER_REFUSED
+
+    sched = Scheduler(engine, max_batch=8, step_tokens=64)
+    chosen = [Request([1 + i, 7, 9 + i], 6 + i, chooser=SecondBest()) for i in range(3)]
+    refused = Request([3, 4], 10, chooser=SecondBest(refuse_after=2))
+    ss, stops, want = reference
+    sampled = [make(engine, s, st) for s, st in zip(ss[:4], stops)]
+    for r in chosen + [refused] + sampled:
+        sched.submit(r)
+    SecondBest.calls = 0
+    sched.run_until_idle()
+    assert SecondBest.calls <= sched.steps
+    for i, r in enumerate(chosen):
+        assert r.finish_reason == "length"
+        assert r.tokens == second_best_alone(engine, [1 + i, 7, 9 + i], 6 + i)
+    assert refused.finish_reason == "error" and refused.error == CHOOSER_REFUSED and len(refused.tokens) == 2
+    for w, r in zip(want, sampled):
+        assert (r.tokens, r.hash) == (w["tokens"], w["hash"])

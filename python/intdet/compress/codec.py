@@ -5,9 +5,10 @@ Compression is teacher-forced: a chunk's ids x_1..x_n are one prefill of
 (start, x_1, ..., x_{n-1}) from an empty KV cache (in pieces of
 ``PREFILL_PIECE`` tokens, so the int32 logits held stay at PIECE x V), and
 x_t is coded under the table (table.py) of the logits at position t-1.
-Decompression repeats the same forward one token at a time; up to ``batch``
-chunks run as rows of one ``Engine.forward_batch`` call (forward_rows in the
-core), a finished chunk's row taken over by the next chunk. Every row's
+Decompression repeats the same forward one token at a time on the
+scheduler (scheduler.py, the one generation loop), a range decoder choosing
+each token instead of a sampler; up to ``batch`` chunks run as rows of one
+forward call, a finished chunk's row taken over by the next chunk. Every row's
 logits are the same bits alone or in any batch, on any backend, ISA and
 thread count, so the tables and thus the bytes are too.
 """
@@ -159,13 +160,35 @@ def check_model(h: Header, engine, tb: TokenBytes, where: str) -> None:
         raise IntdetError(f"{where}: chunks of {h.ctx} tokens exceed the model's context {engine.context_length}")
 
 
+class RangeChooser:
+    """Decompression's token chooser for the scheduler (scheduler.Request's
+    ``chooser``): the range decoder of one chunk's payload."""
+
+    def __init__(self, core, payload: bytes, precision: int):
+        self.core, self.dec, self.precision = core, core.RangeDecoder(payload), precision
+
+    @staticmethod
+    def choose_rows(choosers, rows) -> list:
+        """Next id of each decoder under its int32 logits row (V values), all
+        in one C++ call (in parallel); -1 where the data is impossible."""
+        c = choosers[0]
+        return c.core.decode_rows([x.dec for x in choosers], [np.ascontiguousarray(r, np.int32) for r in rows],
+                                  c.precision).tolist()
+
+
 def decompress_stream(engine, f, out, where: str, batch: int = DEFAULT_BATCH, progress=None,
                       header: Header | None = None) -> Stats:
     """Decompress the open container ``f`` (positioned after the header when
     ``header`` is given) into the binary file ``out``. Checks every chunk's
     CRC before decoding it, every decoded chunk's CRC, the total length and
-    sha256; raises IntdetError naming ``where`` on any mismatch."""
+    sha256; raises IntdetError naming ``where`` on any mismatch.
+
+    Each coded chunk is a ``scheduler.Request`` (prompt: the start token;
+    its ``n_tokens`` tokens chosen by a ``RangeChooser``), up to ``batch``
+    of them in flight on one Scheduler: the generation loop of every other
+    verb, one row per chunk and step."""
     from .. import _core
+    from ..scheduler import CHOOSER_REFUSED, Request, Scheduler
 
     core = _core.compress
     if batch < 1:
@@ -178,8 +201,10 @@ def decompress_stream(engine, f, out, where: str, batch: int = DEFAULT_BATCH, pr
     st.in_bytes = len(h.pack())
     done: dict[int, bytes] = {}  # finished chunks not yet written (out of order)
     next_write, next_read = 0, 0
-    rows: list[dict] = []  # active coded chunks
-    buf = None  # as many rows as the batch has held (chunks read, not the header's count)
+    inflight: list[tuple[int, Chunk, Request]] = []
+    # every chunk's KV cache fits (the engine's context bounds n_tokens); a
+    # step holds one row per chunk
+    sched = Scheduler(engine, max_batch=batch, step_tokens=batch, kv_bytes=1 << 62)
 
     def finish(i: int, c: Chunk, data: bytes | None):
         if data is None or len(data) != c.orig_len or zlib.crc32(data) != c.orig_crc32:
@@ -187,35 +212,30 @@ def decompress_stream(engine, f, out, where: str, batch: int = DEFAULT_BATCH, pr
         done[i] = data
 
     while next_write < h.n_chunks:
-        while len(rows) < batch and next_read < h.n_chunks:
+        while len(inflight) < batch and next_read < h.n_chunks:
             c = read_chunk(f, h, next_read, where)
             st.in_bytes += 21 + len(c.payload)
             if c.mode == MODE_STORED:
                 finish(next_read, c, c.payload)
                 st.stored_chunks += 1
             else:
-                rows.append(dict(i=next_read, c=c, seq=engine.new_state(c.n_tokens),
-                                 dec=core.RangeDecoder(c.payload), ids=[], last=h.start_id))
+                req = Request([h.start_id], c.n_tokens, chooser=RangeChooser(core, c.payload, h.precision))
+                inflight.append((next_read, c, sched.submit(req)))
             next_read += 1
-        if rows:
-            if buf is None or len(buf) < len(rows):
-                buf = logits_buffer(engine, len(rows))
-            logits = engine.forward_batch([r["seq"] for r in rows], [np.array([r["last"]], np.int32) for r in rows],
-                                          out=buf[:len(rows)])
-            syms = core.decode_rows([r["dec"] for r in rows], [np.ascontiguousarray(x, np.int32) for x in logits],
-                                    h.precision)
+        if inflight:
+            sched.step()
             keep = []
-            for r, s in zip(rows, syms.tolist()):
-                if s < 0:
-                    raise IntdetError(f"{where}: chunk {r['i']} is corrupt (impossible range-coded data)")
-                r["ids"].append(s)
-                r["last"] = s
-                if len(r["ids"]) == r["c"].n_tokens:
-                    finish(r["i"], r["c"], tb.bytes_of(r["ids"]))
-                    st.tokens += len(r["ids"])
+            for i, c, req in inflight:
+                if not req.done.is_set():
+                    keep.append((i, c, req))
+                elif req.error == CHOOSER_REFUSED:
+                    raise IntdetError(f"{where}: chunk {i} is corrupt (impossible range-coded data)")
+                elif req.finish_reason == "error":
+                    raise IntdetError(f"{where}: chunk {i}: {req.error}")
                 else:
-                    keep.append(r)
-            rows = keep
+                    finish(i, c, tb.bytes_of(req.tokens))
+                    st.tokens += len(req.tokens)
+            inflight = keep
         while next_write in done:
             data = done.pop(next_write)
             sha.update(data)
