@@ -448,3 +448,58 @@ def test_resume_refuses_a_record_of_a_changed_line(model_dir, tmp_path):
     out.write_text(json.dumps(rec, sort_keys=True) + "\n")
     r = _cli(str(inp), "-o", str(out), "-m", model_dir, "--workers", "0")
     assert r.returncode == 0 and out.read_text().count("\n") == 1, r.stderr
+
+
+def fewshot_items():
+    """Generate and structured-output items sharing a long prompt start
+    (a few-shot header), as an evaluation job's."""
+    header = " ".join(["the cat sat on the mat and then ran off"] * 6)
+    out = []
+    for i in range(12):
+        d = {"id": f"f{i}", "prompt": f"{header} question {i}: who sat?", "max_tokens": 4}
+        if i % 3 == 1:
+            d.update(temperature=0.9, seed=i)
+        out.append(json.dumps(d))
+    return out
+
+
+def test_prefix_cache_same_bytes_and_hits(model_dir, tmp_path):
+    """--prefix-cache in a batch job: the same file, byte for byte, and the
+    worker's scheduler really reused the shared header's KV cache."""
+    from intdet.batch.tasks import TaskRunner
+
+    inp = tmp_path / "few.jsonl"
+    inp.write_text("\n".join(fewshot_items()) + "\n")
+    outs = []
+    for cache in (False, True):
+        out = str(tmp_path / f"out{cache}.jsonl")
+        run_job(str(inp), out, model=model_dir, workers=0, batch_size=4, threads=1, prefix_cache=cache)
+        outs.append(open(out, "rb").read())
+    assert outs[0] == outs[1] and len(outs[0].splitlines()) == 12
+    runner = TaskRunner(model_dir, threads=1, prefix_cache=True)
+    from intdet.batch.items import parse_line
+
+    seen: dict = {}
+    items = [parse_line(i, s, "generate", seen) for i, s in enumerate(fewshot_items())]
+    recs = runner.run(items[:4]) + runner.run(items[4:])
+    assert [json.dumps(r, sort_keys=True) for r in recs] == [json.dumps(json.loads(b), sort_keys=True)
+                                                             for b in outs[0].splitlines()]
+    cache = runner.llm.scheduler.cache
+    assert cache.hits >= 10 and cache.hit_tokens >= 10 * 40
+
+
+def test_structured_output_items(model_dir, tmp_path):
+    """A generate item's structured_outputs: the text matches its regex or
+    choice; a bad one is that item's error naming the field."""
+    pytest.importorskip("llguidance")
+    inp = tmp_path / "so.jsonl"
+    rows = [{"id": "c", "prompt": "the cat", "max_tokens": 8, "structured_outputs": {"choice": ["mat", "hat"]}},
+            {"id": "r", "prompt": "the cat", "max_tokens": 6, "structured_outputs": {"regex": "[0-9]{3}"}},
+            {"id": "bad", "prompt": "the cat", "max_tokens": 6, "structured_outputs": {"regex": "("}}]
+    inp.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    out = str(tmp_path / "so_out.jsonl")
+    run_job(str(inp), out, model=model_dir, workers=0, batch_size=3, threads=1)
+    recs = {r["id"]: r for r in records(open(out, "rb").read())}
+    assert recs["c"]["result"]["text"] in ("mat", "hat")
+    assert len(recs["r"]["result"]["text"]) == 3 and recs["r"]["result"]["text"].isdigit()
+    assert "structured_outputs" in recs["bad"]["error"] and "\n" not in recs["bad"]["error"]

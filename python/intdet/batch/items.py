@@ -8,7 +8,10 @@ naming the field):
   ``[{"role", "content"}]``, run under the model's chat template) or ``ids``
   (token ids); sampling fields as ``intdet.SamplingParams``: ``max_tokens``,
   ``temperature``, ``top_p``, ``top_k``, ``min_p``, ``repeat_penalty``,
-  ``repeat_last_n``, ``seed``, ``stop``, ``logprobs``, ``truncate``.
+  ``repeat_last_n``, ``seed``, ``stop``, ``logprobs``, ``truncate``,
+  ``structured_outputs`` (an object of ``StructuredOutputsParams`` fields:
+  ``json``, ``json_object``, ``regex``, ``choice``, ``grammar``; needs
+  ``intdet[structured]``).
 * ``score``: ``context`` and ``continuation`` (text or ids; a text
   continuation is encoded without BOS), ``top`` (int, default 0).
 * ``perplexity``: ``text`` (encoded without BOS, as ``intdet perplexity``)
@@ -32,7 +35,7 @@ from dataclasses import dataclass
 
 TASKS = ("generate", "score", "perplexity", "compress")
 SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "repeat_penalty", "repeat_last_n",
-                   "seed", "stop", "logprobs", "truncate")
+                   "seed", "stop", "logprobs", "truncate", "structured_outputs")
 FIELDS = {
     "generate": ("prompt", "messages", "ids") + SAMPLING_FIELDS,
     "score": ("context", "continuation", "top"),

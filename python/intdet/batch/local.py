@@ -29,8 +29,9 @@ class WorkerConfig:
     """What every worker needs to load the model: the model (on this
     machine, the converted directory the driver resolved once; on a cluster
     the source as given, resolved on each node), the device, CPU threads per
-    worker (0 = all cores), the scheduler's batch limit, and revision and
-    weights for a model that needs converting."""
+    worker (0 = all cores), the scheduler's batch limit, revision and
+    weights for a model that needs converting, and whether the scheduler
+    keeps a prefix cache (items sharing a prompt's start: few-shot evals)."""
 
     model: object
     device: str = "cpu"
@@ -38,9 +39,11 @@ class WorkerConfig:
     max_batch: int = 16
     revision: object = None
     weights: object = None
+    prefix_cache: bool = False
 
     def runner(self) -> TaskRunner:
-        return TaskRunner(self.model, self.device, self.threads, self.max_batch, self.revision, self.weights)
+        return TaskRunner(self.model, self.device, self.threads, self.max_batch, self.revision, self.weights,
+                          self.prefix_cache)
 
 
 def run_serial(cfg: WorkerConfig, batches):

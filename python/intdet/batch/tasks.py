@@ -82,14 +82,16 @@ class TaskRunner:
     Args: model (any source ``intdet generate -m`` takes; a converted
     directory loads without converting), device, threads (None/0 = all
     cores), max_batch (sequences the scheduler runs together), revision and
-    weights (when the model needs converting). Raises IntdetError when the
-    model cannot be loaded."""
+    weights (when the model needs converting), prefix_cache (the scheduler
+    reuses the KV cache of prompts' shared starts: scheduler.py). Raises
+    IntdetError when the model cannot be loaded."""
 
-    def __init__(self, model, device: str = "cpu", threads=None, max_batch: int = 16, revision=None, weights=None):
+    def __init__(self, model, device: str = "cpu", threads=None, max_batch: int = 16, revision=None, weights=None,
+                 prefix_cache: bool = False):
         from ..api import LLM
 
         self.llm = LLM(model, device=device, threads=threads or None, max_batch=max(1, max_batch), revision=revision,
-                       weights=weights)
+                       weights=weights, prefix_cache=prefix_cache)
 
     # ------------------------------------------------------------ per task
 
