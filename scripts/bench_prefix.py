@@ -25,13 +25,24 @@ WIKI = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "sha
                     "wikitext-2-raw-test.txt")
 
 
-def prompts(tok_encode, shots: int, n: int) -> list:
+def prompts(tok_encode, shots: int, n: int, fresh_every: int = 0) -> list:
+    """n few-shot prompts: one header of ``shots`` WikiText-2 question/answer
+    pairs, then each prompt's own passage. ``fresh_every`` k > 0: every k-th
+    prompt (k-1, 2k-1, ...) has a header of its own instead, a prefix-cache
+    miss among the hits."""
     with open(WIKI, encoding="utf-8") as f:
         lines = [ln.strip() for ln in f if 200 < len(ln.strip()) < 900]
-    header = "".join(f"Passage: {lines[i]}\nQuestion: What is this passage about?\nAnswer: {lines[i][:60]}\n\n"
-                     for i in range(shots))
-    return [tok_encode(header + f"Passage: {lines[shots + i]}\nQuestion: What is this passage about?\nAnswer:")
-            for i in range(n)]
+
+    def header(first: int) -> str:
+        return "".join(f"Passage: {lines[i]}\nQuestion: What is this passage about?\nAnswer: {lines[i][:60]}\n\n"
+                       for i in range(first, first + shots))
+
+    out = []
+    for i in range(n):
+        own = fresh_every > 0 and i % fresh_every == fresh_every - 1
+        h = header(shots + n + shots * i) if own else header(0)  # after the shared header and the passages
+        out.append(tok_encode(h + f"Passage: {lines[shots + i]}\nQuestion: What is this passage about?\nAnswer:"))
+    return out
 
 
 def run(engine, ids_list, max_batch: int, cache: bool):

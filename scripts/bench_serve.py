@@ -27,7 +27,10 @@ their last one ends, as vLLM's ``benchmark_serving.py --max-concurrency``):
   - plain: ``--requests`` x C short distinct completion prompts, 64 tokens;
   - fewshot: ``--fewshot-requests`` prompts sharing a 5-shot WikiText-2 header
     (about 1,500 tokens; scripts/bench_prefix.py's), each with its own last
-    passage, 16 tokens (an evaluation harness's shape);
+    passage, 16 tokens (an evaluation harness's shape); every
+    ``--fewshot-fresh-every``-th prompt (default 8) has a header of its own:
+    a miss under load, so the hits' TTFT is compared with misses' in the
+    same run, not only with the first request on an idle server;
   - repeat: ``--requests`` x C chat requests "repeat this paragraph exactly"
     (distinct WikiText-2 paragraphs), 128 tokens (the output copies the
     prompt: what prompt-lookup speculation accepts).
@@ -218,11 +221,11 @@ def wiki_paragraphs(lo: int, hi: int) -> list:
         return [ln.strip() for ln in f if lo < len(ln.strip()) < hi]
 
 
-def workload(name: str, clients: int, requests: int, fewshot_requests: int) -> list:
+def workload(name: str, clients: int, requests: int, fewshot_requests: int, fresh_every: int = 8) -> list:
     if name == "plain":
         return [{"prompt": PROMPTS[i % len(PROMPTS)] + f" ({i})", "max_tokens": 64} for i in range(clients * requests)]
     if name == "fewshot":
-        prompts = load_script("bench_prefix").prompts(lambda t: t, 5, fewshot_requests)  # the text, not ids
+        prompts = load_script("bench_prefix").prompts(lambda t: t, 5, fewshot_requests, fresh_every)  # text, not ids
         return [{"prompt": p, "max_tokens": 16} for p in prompts]
     paras = wiki_paragraphs(300, 700)
     return [{"messages": [{"role": "user", "content": "Repeat the following text exactly, word for word:\n\n"
@@ -255,6 +258,8 @@ def main(argv=None) -> int:
     ap.add_argument("--workload", action="append", choices=WORKLOADS, help="repeatable; default all three")
     ap.add_argument("--requests", type=int, default=2, help="plain and repeat: this many times the clients")
     ap.add_argument("--fewshot-requests", type=int, default=32)
+    ap.add_argument("--fewshot-fresh-every", type=int, default=8,
+                    help="every k-th few-shot prompt has its own header (a miss under load; 0: none)")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="threads of each server")
     ap.add_argument("--llama-dir", default=os.path.join(cache_dir(), "llama-bench"),
                     help="where scripts/build_llama_bench.sh puts bin/llama-server")
@@ -262,8 +267,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     levels = args.clients or [1, 8]
     names = args.workload or list(WORKLOADS)
-    if min(levels) < 1 or args.requests < 1 or args.fewshot_requests < 1:
-        ap.error("--clients, --requests and --fewshot-requests must be >= 1")
+    if min(levels) < 1 or args.requests < 1 or args.fewshot_requests < 1 or args.fewshot_fresh_every < 0:
+        ap.error("--clients, --requests and --fewshot-requests must be >= 1, --fewshot-fresh-every >= 0")
     subprocess.run(["bash", os.path.join(HERE, "build_llama_bench.sh"), args.llama_dir], check=True,
                    env=dict(os.environ, PYTHON=sys.executable))
     server = os.path.join(args.llama_dir, "bin", "llama-server")
@@ -284,7 +289,7 @@ def main(argv=None) -> int:
     rows = []
     for w in names:
         for c in levels:
-            jobs = workload(w, c, args.requests, args.fewshot_requests)
+            jobs = workload(w, c, args.requests, args.fewshot_requests, args.fewshot_fresh_every)
             for name, kind, extra in engines[w]:
                 log(f"{w}: {name}, {c} clients, {len(jobs)} requests")
                 srv = (start_llama(server, q8, args.threads, c, extra) if kind == llama
