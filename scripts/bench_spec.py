@@ -5,6 +5,7 @@ alternating, with the outputs compared.
 
     python scripts/bench_spec.py [-m MODEL] [--spec 5] [--draft MODEL] [--tokens 128] [--rounds 3]
                                  [--threads N] [--json OUT]
+    python scripts/bench_spec.py --row-cost [--max-rows 8] [-m MODEL] [--threads N]
 
 Workloads (the default model, SmolLM2-135M-Instruct, through its chat
 template, greedy):
@@ -16,6 +17,12 @@ Each round runs every workload plain and drafted, alternately; the table
 gives median decode tok/s (generated tokens / time after the first token),
 the ratio, drafts kept / drafted, and whether tokens and chain hash are
 identical (they must be: the tool exits 1 otherwise).
+
+``--row-cost``: instead, the price of verifying drafts on this CPU: the
+median time of one forward call of n = 1..``--max-rows`` rows (all their
+logits) after 300 cached positions, and its ratio to one row. Speculation
+with k drafts pays when the expected kept tokens exceed the cost of k + 1
+rows in units of one.
 """
 
 from __future__ import annotations
@@ -79,6 +86,26 @@ def run(llm, ids, n):
     return c, dec, t_first - t0
 
 
+def row_cost(llm, max_rows: int, repeats: int = 15) -> list:
+    """[(n, median ms)] of one forward call of n rows (all logits) on a state
+    holding 300 positions (fewer if the context is shorter), truncated back
+    after each call."""
+    st = llm.engine.new_state()
+    vocab = llm.engine.vocab_size
+    base = max(1, min(300, st.max_len - max_rows))
+    st.forward([(7 * i) % vocab for i in range(base)])
+    out = []
+    for n in range(1, max_rows + 1):
+        ts = []
+        for _ in range(repeats):
+            t = time.perf_counter()
+            st.forward([(11 * i + 3) % vocab for i in range(n)], all_logits=True)
+            ts.append(time.perf_counter() - t)
+            st.truncate(base)
+        out.append((n, 1e3 * statistics.median(ts)))
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-m", "--model", default=None)
@@ -89,9 +116,27 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--json", dest="json_out", default=None)
+    ap.add_argument("--row-cost", action="store_true", help="print the cost of a forward call of 1..N rows instead")
+    ap.add_argument("--max-rows", type=int, default=8, help="with --row-cost: N (1-64)")
     a = ap.parse_args(argv)
+    if not 1 <= a.max_rows <= 64:
+        ap.error(f"--max-rows: {a.max_rows} must be in [1, 64]")
     from intdet.api import LLM
     from intdet.chat import conversation_ids
+
+    if a.row_cost:
+        llm = LLM(a.model, threads=a.threads, max_batch=1)
+        cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?")
+        print(f"cpu: {cpu}; one forward call of n rows after 300 positions, median of 15")
+        print("| rows | ms | cost in rows of one |")
+        print("|---|---|---|")
+        cost = row_cost(llm, a.max_rows)
+        for n, ms in cost:
+            print(f"| {n} | {ms:.2f} | {ms / cost[0][1]:.2f} |")
+        if a.json_out:
+            with open(a.json_out, "w") as f:
+                json.dump([{"rows": n, "ms": ms} for n, ms in cost], f, indent=2)
+        return 0
 
     plain = LLM(a.model, threads=a.threads, max_batch=1)
     spec = LLM(plain.lm, threads=a.threads, max_batch=1, spec_tokens=a.spec, draft_model=a.draft)
