@@ -3,7 +3,7 @@ The public API is intdet.api (imported lazily, so `import intdet` stays light)."
 
 _API = ("LLM", "load", "SamplingParams", "Completion", "StreamChunk", "Stream", "Score", "TokenLogprob", "derive_seed",
         "StructuredOutputsParams")
-__all__ = list(_API)
+__all__ = [*_API, "IntdetError"]
 
 
 def __getattr__(name):
@@ -11,4 +11,8 @@ def __getattr__(name):
         from . import api
 
         return getattr(api, name)
+    if name == "IntdetError":  # what every bad argument raises, with .field naming it
+        from .errors import IntdetError
+
+        return IntdetError
     raise AttributeError(f"module 'intdet' has no attribute {name!r}")

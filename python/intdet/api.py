@@ -53,7 +53,7 @@ def _api_error(e: IntdetError, pairs) -> IntdetError:
     the API's argument name, which also becomes the error's field."""
     msg = str(e)
     for opt, name in pairs:
-        if msg.startswith(opt + ":"):
+        if msg.startswith((opt + ":", opt + " ")):  # "--top-p: ..." and "--device 'tpu' is not available"
             return IntdetError(name + msg[len(opt):], field=name)
     return IntdetError(msg, field=e.field)
 

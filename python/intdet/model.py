@@ -237,8 +237,9 @@ class Engine:
                  cuda_graphs: bool | None = None):
         if device not in DEVICES:
             raise IntdetError(f"--device {device!r} is not available (choose from {', '.join(DEVICES)})")
-        if threads is not None and not 0 <= threads <= 1024:
-            raise IntdetError(f"--threads: {threads} must be in [0, 1024] (0 = auto)")
+        if threads is not None and (isinstance(threads, bool) or not isinstance(threads, (int, np.integer))
+                                    or not 0 <= threads <= 1024):
+            raise IntdetError(f"--threads: {threads!r} must be in [0, 1024] (0 = auto)")
         self.lm = lm
         self.device = device
         if device == "cpu":

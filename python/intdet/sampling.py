@@ -100,6 +100,11 @@ class Sampler:
         self.m_num, self.m_den = parse_fraction(self.min_p, "--min-p", Decimal(0), Decimal(1))
         self.r_num, self.r_den = parse_fraction(self.repeat_penalty, "--repeat-penalty", Decimal(0), Decimal(100),
                                                 lo_open=True)
+        for opt, attr in (("--top-k", "top_k"), ("--repeat-last-n", "repeat_last_n"), ("--seed", "seed")):
+            v = getattr(self, attr)  # an int (numpy's too), not a bool, a float or None: "& MASK64" needs one
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+                raise IntdetError(f"{opt}: {v!r} is not an integer")
+            setattr(self, attr, int(v))
         if self.top_k < 0:
             raise IntdetError(f"--top-k: {self.top_k} must be >= 0")
         if not -1 <= self.repeat_last_n < 2**31:

@@ -203,6 +203,11 @@ def test_score(llm):
     (dict(stop="x"), "stop: must be a list"),
     (dict(stop=5), "stop: must be a list of strings \\(got int\\)"),
     (dict(truncate="middle"), "truncate"),
+    (dict(seed=None), "^seed: None is not an integer$"),
+    (dict(seed=1.5), "^seed: 1.5 is not an integer$"),  # "& MASK64" on a float was a TypeError when sampling
+    (dict(seed=True), "^seed: True is not an integer$"),
+    (dict(top_k=2.5), "^top_k: 2.5 is not an integer$"),
+    (dict(repeat_last_n="8"), "^repeat_last_n: '8' is not an integer$"),
 ])
 def test_bad_params_name_the_field(llm, kw, msg):
     """Refused where the SamplingParams is made (and so before anything runs)."""
@@ -223,6 +228,24 @@ def test_wrong_argument_types_are_intdet_errors(llm):
                       (lambda: intdet.load(threads=-1), "threads: -1 must be in \\[0, 1024\\] \\(0 = auto\\)")):
         with pytest.raises(IntdetError, match=msg):
             call()
+
+
+@pytest.mark.parametrize("kw, field, msg", [
+    (dict(threads="2"), "threads", "^threads: '2' must be in"),
+    (dict(device="tpu"), "device", "^device 'tpu' is not available"),  # was "--device 'tpu' ..."
+    (dict(weights="int2"), "weights", "^weights 'int2': choose int8 or int4"),
+])
+def test_load_errors_name_the_argument(kw, field, msg):
+    with pytest.raises(IntdetError, match=msg) as e:
+        intdet.load(**kw)
+    assert e.value.field == field
+
+
+def test_intdet_error_is_exported():
+    """``except intdet.IntdetError`` (usage.md) catches what the API raises."""
+    assert intdet.IntdetError is IntdetError and "IntdetError" in intdet.__all__
+    with pytest.raises(intdet.IntdetError):
+        intdet.SamplingParams(top_k=-1)
 
 
 def test_bad_prompts(llm):
