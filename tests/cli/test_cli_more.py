@@ -303,10 +303,22 @@ def shell(cmd, cache):
     return p.returncode, p.stdout.decode(), p.stderr.decode()
 
 
-def test_closed_stdout(conv, cache):
-    rc, out, err = shell(f"{{}} generate -m '{conv}' --ids 1,5,9 -n 4 >&-", cache)
+@pytest.mark.parametrize("args", [
+    "generate -m '{conv}' --ids 1,5,9 -n 4",
+    "compress '{txt}' -o - -m '{conv}'",  # the data would go nowhere (was exit 0)
+    "compress '{txt}' -o '{tmp}/c.idz' --json -m '{conv}'",  # the report would
+    "decompress '{tmp}/none.idz' -o -",  # refused before the input is read
+    "hash-check -m '{conv}' --steps 2",
+    "bench -m '{conv}' --prompt-tokens 4 --gen-tokens 2",
+])
+def test_closed_stdout(conv, cache, tmp_path, args):
+    txt = tmp_path / "in.txt"
+    txt.write_text("hello")
+    line = args.format(conv=conv, txt=txt, tmp=tmp_path)
+    rc, out, err = shell(f"{{}} {line} >&-", cache)
     assert rc == 1 and "Traceback" not in err, (rc, err)
     assert err.splitlines() == ["intdet: error: standard output is closed (this command prints its result there)"]
+    assert not (tmp_path / "c.idz").exists() and sorted(os.listdir(tmp_path)) == ["in.txt"]
 
 
 def test_closed_stderr_keeps_the_text(conv, cache):

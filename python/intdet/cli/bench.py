@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from .errors import user_errors
+from .errors import _need_stdout, user_errors
 from .options import MODEL_HELP_SHORT, _cap_threads, _log, json_option, model_option, revision_option, weights_option
 
 
@@ -25,6 +25,7 @@ from .options import MODEL_HELP_SHORT, _cap_threads, _log, json_option, model_op
 @user_errors
 def bench(model, prompt_tokens, gen_tokens, threads, batch, revision, as_json, weights):
     """Prompt-processing and decode speed, peak RSS, ISA and threads: one row per --threads."""
+    _need_stdout()
     from ..bench import format_table, run_bench
     from ..model import load_model
     from ..resolve import resolve_model

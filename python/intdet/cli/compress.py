@@ -19,7 +19,7 @@ import click
 
 from ..errors import IntdetError
 from ..signals import sigterm_raises
-from .errors import user_errors
+from .errors import _need_stdout, user_errors
 from .options import MODEL_HELP_SHORT, _load, device_option, json_option, model_option, threads_option, weights_option
 
 # compress's and decompress's own help texts (the bytes do not depend on the backend)
@@ -151,6 +151,8 @@ def compress(inp, output, model, weights, ctx, device, threads, force, as_json):
     """Compress IN ('-' = stdin) with the integer model's probabilities: any bytes, decodable on any machine."""
     from ..compress.codec import compress_stream
 
+    if output == "-" or as_json:  # the data or the report would be lost
+        _need_stdout()
     fin, name, size = _open_input(inp)
     with fin as f, _output(output, force, inp) as out:
         lm = _load(model, None, weights, False)
@@ -187,6 +189,8 @@ def decompress(inp, output, model, batch, device, threads, force, as_json):
 
     if batch < 1:
         raise IntdetError(f"--batch: {batch} must be >= 1")
+    if output == "-" or as_json:
+        _need_stdout()
     fin, name, _ = _open_input(inp)
     with fin as f:
         h = read_header(f, name)

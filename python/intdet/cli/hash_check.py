@@ -8,7 +8,7 @@ import sys
 import click
 
 from ..errors import IntdetError
-from .errors import user_errors
+from .errors import _need_stdout, user_errors
 from .options import (MODEL_HELP_SHORT, NUMBER, device_option, json_option, model_option, revision_option,
                       weights_option)
 
@@ -71,6 +71,7 @@ def _cuda_hash_runs(lm, cpu, ids, steps, seed, temperature, with_ref, progress):
 @user_errors
 def hash_check(model, prompt, steps, seed, temperature, expect, with_ref, with_float, device, revision, as_json, weights):
     """Run one generation under every configuration here; exit 1 unless all hashes agree."""
+    _need_stdout()
     import re
 
     from ..hashcheck import float_check, hash_check as run
