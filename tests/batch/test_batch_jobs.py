@@ -118,7 +118,9 @@ def test_parse_line_errors_name_the_line_or_field():
              ('{"id": 7, "task": "perplexity", "text": "a", "ctx": 1}', "ctx: 1 must be"),
              ('{"id": 8, "task": "compress"}', "text: must be a string"),
              ('{"id": 9, "prompt": "a \\ud800"}', "line 2: a string holds a lone surrogate (U+D800)"),
-             ('{"id": "\\udfff", "prompt": "a"}', "line 2: a string holds a lone surrogate (U+DFFF)")]
+             ('{"id": "\\udfff", "prompt": "a"}', "line 2: a string holds a lone surrogate (U+DFFF)"),
+             (b'{"id": 10, "prompt": "caf\xe9"}', "line 2: not valid UTF-8 (byte 25)"),  # was run as "caf\ufffd"
+             (b'\xff\xfe{"id": 11}', "line 2: not valid UTF-8 (byte 0)")]
     for line, msg in cases:
         it = parse_line(1, line, "generate", seen)
         assert msg in it.error, (line, it.error)

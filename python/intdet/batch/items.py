@@ -99,14 +99,17 @@ def parse_line(index: int, raw, default_task: str, seen: dict) -> Item | None:
     """Parse input line ``index`` (0-based; bytes or str). Returns None for a
     blank line, else an Item (with ``error`` set when the line is unusable).
     ``seen`` maps id keys to the line index that first used them."""
-    text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
-    if not text.strip():
-        return None
     where = f"line {index + 1}"
 
     def bad(msg, item_id=None, task=None):
         return Item(index, line_key(index), item_id, task, {}, f"{where}: {msg}")
 
+    try:  # as generate -f and perplexity -f: bytes that are not UTF-8 are refused, not replaced by U+FFFD
+        text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
+    except UnicodeDecodeError as e:
+        return bad(f"not valid UTF-8 (byte {e.start})")
+    if not text.strip():
+        return None
     if len(raw) > MAX_LINE_BYTES:
         return bad(f"{len(raw)} bytes, more than the {MAX_LINE_BYTES} a line may hold")
     try:
