@@ -129,6 +129,22 @@ def test_completions_equal_alone(server, llm):
         assert r["usage"]["completion_tokens"] >= 1
 
 
+def test_null_is_the_default(server, llm):
+    """n, stream, echo (and chat's logprobs) sent as null, as OpenAI clients
+    may: the defaults, the same completion as without them."""
+    body = {"prompt": "The sky", "max_tokens": 4, "temperature": 0}
+    status, want = post(server, "/v1/completions", body)
+    assert status == 200, want
+    status, r = post(server, "/v1/completions", {**body, "n": None, "stream": None, "echo": None, "logprobs": None})
+    assert status == 200, r
+    assert [c["text"] for c in r["choices"]] == [c["text"] for c in want["choices"]] and len(r["choices"]) == 1
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "temperature": 0}
+    status, want = post(server, "/v1/chat/completions", chat)
+    status2, r = post(server, "/v1/chat/completions", {**chat, "n": None, "stream": None, "logprobs": None})
+    assert (status, status2) == (200, 200) and r["choices"][0]["message"] == want["choices"][0]["message"], r
+    assert post(server, "/v1/completions", {**body, "n": "2"})[0] == 400  # still strict about types
+
+
 def test_many_concurrent_mixed_requests_each_equal_alone(server, llm):
     """24 clients at once, streaming and not, completions and chat; 8 of them
     the same greedy request: one distinct output."""
@@ -286,7 +302,7 @@ HOSTILE = [
     ({"prompt": "x", "max_tokens": 10**30}, 400, "max_tokens"),
     ({"prompt": "x", "max_tokens": -1}, 400, "max_tokens"),
     ({"prompt": "x", "max_tokens": 1.5}, 400, "max_tokens"),
-    ({"prompt": "x", "max_tokens": 300}, 400, "maximum context length is 256"),
+    ({"prompt": "x", "max_tokens": 300}, 400, "max_tokens: this model's maximum context length is 256"),
     ({"prompt": [5] * 300, "max_tokens": 1}, 400, "maximum context length"),
     ({"prompt": "x", "temperature": "hot"}, 400, "temperature: must be a number"),
     ({"prompt": "x", "temperature": "0.5"}, 400, "temperature: must be a number (got '0.5')"),
@@ -302,8 +318,11 @@ HOSTILE = [
     ({"prompt": "x", "stop": [1]}, 400, "stop"),
     ({"prompt": "x", "stop": ["s"] * 40}, 400, "stop: at most 16"),
     ({"prompt": "x", "frobnicate": 1}, 400, "frobnicate: unknown field"),
-    ({"prompt": "x", "presence_penalty": 0.5}, 400, "presence_penalty"),
-    ({"prompt": "x", "logit_bias": {"5": 10}}, 400, "logit_bias"),
+    ({"prompt": "x", "presence_penalty": 0.5}, 400, "presence_penalty: not supported (only 0 or null)"),
+    ({"prompt": "x", "logit_bias": {"5": 10}}, 400, "logit_bias: not supported (only {} or null)"),
+    ({"prompt": "x", "suffix": "y"}, 400, 'suffix: not supported (only "" or null)'),
+    ({"prompt": "x", "response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": "s"}}}, 400,
+     "response_format.json_schema.schema: Input should be a valid dictionary"),  # no "dict[any,any]" in the path
     ({"prompt": "x", "best_of": 3}, 400, "best_of"),
     ({"prompt": "x", "model": "gpt-4"}, 404, "model: 'gpt-4' is not served here"),
     ({"prompt": "x", "stream_options": {"include_usage": "yes"}}, 400, "stream_options.include_usage"),

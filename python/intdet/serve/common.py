@@ -184,9 +184,9 @@ class Server:
     def check_room(self, ids: list, max_tokens: int, what: str = "prompt"):
         ctx = self.llm.context_length
         if len(ids) + max_tokens > ctx:
-            raise BadRequest(f"{what}: this model's maximum context length is {ctx} tokens; the request needs "
-                             f"{len(ids) + max_tokens} ({len(ids)} in the prompt, {max_tokens} for max_tokens)",
-                             "max_tokens" if len(ids) < ctx else what)
+            name = "max_tokens" if len(ids) < ctx else what  # the message starts with the param it names
+            raise BadRequest(f"{name}: this model's maximum context length is {ctx} tokens; the request needs "
+                             f"{len(ids) + max_tokens} ({len(ids)} in the prompt, {max_tokens} for max_tokens)", name)
 
     def launch(self, loop, jobs):
         """Submit (prompt_ids, SamplingParams) jobs; returns [(scheduler Request, asyncio.Queue)]."""

@@ -13,11 +13,15 @@ from __future__ import annotations
 
 from typing import Annotated, List, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, ValidationError
+from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, ValidationError,
+                      model_validator)
 
 from ..logprobs import MAX_LOGPROBS
 
 U64 = 2**64 - 1
+# Fields with a non-null default that OpenAI's API also takes as null ("not
+# given"), as its clients send them: null is read as the default.
+NULL_IS_DEFAULT = frozenset({"n", "stream", "echo", "logprobs"})
 
 Num = Union[StrictInt, StrictFloat]
 Count = Annotated[StrictInt, Field(ge=0)]
@@ -28,6 +32,10 @@ UNION_HELP = {
     "stop": "must be a string or a list of strings",
     "content": "must be a string or a list of {\"type\": \"text\", \"text\": str} parts",
 }
+
+
+# Fields accepted only at their neutral value (the module docstring), and that value.
+NEUTRAL_ONLY = {"presence_penalty": "0", "frequency_penalty": "0", "logit_bias": "{}", "suffix": '""'}
 
 
 class Strict(BaseModel):
@@ -88,6 +96,13 @@ class SamplingFields(Strict):
     user: Optional[StrictStr] = None
     response_format: Optional[ResponseFormat] = None
     structured_outputs: Optional[StructuredOutputs] = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_default(cls, data):
+        if isinstance(data, dict):
+            return {k: v for k, v in data.items() if not (v is None and k in NULL_IS_DEFAULT)}
+        return data
 
 
 class CompletionRequest(SamplingFields):
@@ -153,8 +168,10 @@ def validation_message(e: ValidationError) -> tuple:
         return f"{'.'.join(loc[:loc.index(last_name) + 1])}: {UNION_HELP[last_name]}", field
     if first["type"] == "extra_forbidden":
         return f"{'.'.join(loc)}: unknown field", field
-    # drop pydantic's union-branch names ("int", "float", "list[int]") from the path
-    path = [p for p in loc if not (p in ("int", "float", "str") or p.startswith(("list[", "function-")))]
+    if field in NEUTRAL_ONLY and len(loc) == 1:  # OpenAI fields intdet takes only at their neutral value
+        return f"{field}: not supported (only {NEUTRAL_ONLY[field]} or null)", field
+    # drop pydantic's union-branch names ("int", "float", "list[int]", "dict[any,any]") from the path
+    path = [p for p in loc if not (p in ("int", "float", "str") or p.startswith(("list[", "dict[", "function-")))]
     what = first["msg"]
     if first["type"] in ("less_than_equal", "greater_than_equal", "less_than", "greater_than"):
         what += f" (got {first.get('input')!r})"[:80]
