@@ -46,6 +46,12 @@ def _llguidance():
     return llguidance
 
 
+def _json_kind(v) -> str:
+    """JSON's name for a decoded value's type (null, array, string, number)."""
+    return ("null" if v is None else "array" if isinstance(v, list) else "string" if isinstance(v, str)
+            else "number" if isinstance(v, (int, float)) else type(v).__name__)
+
+
 @dataclass
 class StructuredOutputsParams:
     """What the output must match (vLLM's ``StructuredOutputsParams``; set one).
@@ -103,7 +109,7 @@ class StructuredOutputsParams:
                     except ValueError as e:
                         raise IntdetError(f"{f}: not valid JSON: {e}", field=f) from None
                 if not isinstance(schema, (dict, bool)):
-                    raise IntdetError(f"{f}: a JSON schema is an object (got {type(schema).__name__})", field=f)
+                    raise IntdetError(f"{f}: a JSON schema is an object or true/false (got {_json_kind(schema)})", field=f)
                 return llg.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)
             if k == "regex":
                 return llg.LLMatcher.grammar_from_regex(self.regex)

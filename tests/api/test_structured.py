@@ -210,6 +210,8 @@ def test_sentencepiece_tokenizer(tmp_path, tiny_gemma3_hf):
 @pytest.mark.parametrize("so,field,what", [
     ({"json": {"type": "objekt"}}, "structured_outputs.json", "objekt"),
     ({"json": "{not json"}, "structured_outputs.json", "not valid JSON"),
+    ({"json": "null"}, "structured_outputs.json", "an object or true/false (got null)"),  # JSON's names, not Python's
+    ({"json": "[1]"}, "structured_outputs.json", "(got array)"),
     ({"json": {"$ref": "#/nope"}}, "structured_outputs.json", "nope"),
     ({"regex": "([a-"}, "structured_outputs.regex", "regex"),
     ({"grammar": 'root ::= ("a" '}, "structured_outputs.grammar", "GBNF"),

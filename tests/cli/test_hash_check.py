@@ -37,6 +37,8 @@ def test_all_configurations_agree(model, tmp_path):
     # --expect with the right hash passes, with another fails with exit 1.
     h = greedy[0]["hash"]
     assert hc("-m", model, "--prompt", "hello world", "--steps", "20", "--expect", h, cache=tmp_path).returncode == 0
+    up = hc("-m", model, "--prompt", "hello world", "--steps", "20", "--expect", h.upper(), cache=tmp_path)
+    assert up.returncode == 0 and f"--expect {h}: matches" in up.stdout, up.stderr  # hex in either case
     bad = hc("-m", model, "--prompt", "hello world", "--steps", "20", "--expect", "0" * 12, cache=tmp_path)
     assert bad.returncode == 1 and "DIFFERS" in bad.stdout
 

@@ -82,6 +82,8 @@ def hash_check(model, prompt, steps, seed, temperature, expect, with_ref, with_f
 
     if steps < 1:
         raise IntdetError(f"--steps: {steps} must be >= 1")
+    if expect is not None:
+        expect = expect.strip().lower()  # as pasted from anywhere: hex is hex in either case
     if expect is not None and not re.fullmatch(r"[0-9a-f]{12}", expect):
         raise IntdetError(f"--expect: {expect!r} is not a 12-hex-digit hash")
     Sampler(temperature=temperature, seed=seed)  # validate early
