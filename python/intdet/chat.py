@@ -58,11 +58,17 @@ def _lines(inp, tty: bool, prompt: str, err):
                 err.write("\n")
                 yield None
                 continue
+            except UnicodeDecodeError as e:  # a terminal whose bytes are not UTF-8
+                err.write(f"intdet: that line is not valid UTF-8 (byte {e.start}); it was not sent\n")
+                continue
         else:
-            line = inp.readline()
-            if not line:
+            # bytes, decoded here: a line that is not UTF-8 then reaches run_chat
+            # as surrogates (refused there, the chat goes on), not as a
+            # UnicodeDecodeError out of the text layer
+            raw = inp.buffer.readline() if hasattr(inp, "buffer") else inp.readline()
+            if not raw:
                 return
-            line = line.rstrip("\r\n")
+            line = (raw.decode("utf-8", "surrogateescape") if isinstance(raw, bytes) else raw).rstrip("\r\n")
         yield line
 
 
@@ -105,6 +111,12 @@ def run_chat(engine, lm, sampler, max_new_tokens: int, system: str | None = None
             continue
         if cmd.startswith("/") and " " not in cmd:
             err.write(f"unknown command {cmd}; /help lists them\n")
+            continue
+        try:  # stdin's undecodable bytes arrive as surrogates: one bad line is not the end of the chat
+            line.encode("utf-8")
+        except UnicodeEncodeError as e:
+            at = len(line[:e.start].encode("utf-8", "surrogateescape"))
+            err.write(f"intdet: that line is not valid UTF-8 (byte {at}); it was not sent\n")
             continue
         messages.append({"role": "user", "content": line})
         ids = conversation_ids(lm, messages)

@@ -450,6 +450,13 @@ def test_chat_from_stdin(conv, cache):
     assert hashes[1] == last_hash(two)
 
 
+def test_chat_skips_a_line_that_is_not_utf8(conv, cache):
+    r = ok(cli(["chat", "-m", conv, "-n", "5"], cache, stdin=b"ab\xff\nhi\n"))
+    assert "that line is not valid UTF-8 (byte 2); it was not sent" in r.stderr, r.stderr
+    one = ok(cli(["generate", "-m", conv, "-n", "5", "--chat", "hi"], cache))
+    assert HASH_RE.findall(r.stderr) == [last_hash(one)]  # the next line is the conversation's first
+
+
 def test_chat_system_prompt(conv, cache):
     r = ok(cli(["chat", "-m", conv, "-n", "5", "--system", "Be brief."], cache, stdin=b"hi\n"))
     g = ok(cli(["generate", "-m", conv, "-n", "5", "--chat", "--system", "Be brief.", "hi"], cache))
