@@ -96,6 +96,7 @@ class TextStream:
         self._held = ""
         self.text = ""
         self.stopped = False
+        self.stop_string: str | None = None  # the stop sequence that ended the text
 
     def _emit(self, s: str) -> str:
         self.text += s
@@ -107,7 +108,7 @@ class TextStream:
         buf = self._held + chunk
         hits = [(buf.find(s), s) for s in self.stop if s in buf]
         if hits:
-            at = min(h[0] for h in hits)
+            at, self.stop_string = min(hits, key=lambda h: h[0])  # the earliest; ties: the first listed
             self.stopped, self._held = True, ""
             return self._emit(buf[:at])
         # hold back the longest suffix of buf that is a proper prefix of a stop string

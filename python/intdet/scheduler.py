@@ -220,6 +220,12 @@ class Request:
         """Draft tokens kept (each one saved a forward call's row of its own)."""
         return self._draft.accepted if self._draft else 0
 
+    @property
+    def stop_string(self) -> str | None:
+        """The stop sequence that ended this request (finish_reason "stop"
+        by a stop string), else None (vLLM's ``stop_reason``)."""
+        return self._stream.stop_string if self._stream is not None else None
+
     def cancel(self) -> None:
         """Ask the scheduler to retire this request at its next step (its
         client went away); thread-safe, idempotent."""

@@ -4,6 +4,7 @@ included), lm-evaluation-harness's log-likelihood request, the openai client,
 and hostile clients (bad JSON, wrong types, huge numbers, unknown fields,
 oversized bodies, disconnects mid-stream, many at once); SIGTERM drains."""
 
+import dataclasses
 import http.client
 import json
 import os
@@ -106,7 +107,7 @@ BODIES = [
     {"prompt": "hello world", "max_tokens": 20, "temperature": 0, "seed": 0},
     {"prompt": [5, 17, 99, 230], "max_tokens": 30, "temperature": 0.8, "seed": 11, "top_k": 40},
     {"prompt": "a longer prompt " * 8, "max_tokens": 12, "temperature": 1.2, "seed": 5, "top_p": 0.9},
-    {"prompt": "stop here", "max_tokens": 40, "temperature": 0, "seed": 0, "stop": ["e", "zz"]},
+    {"prompt": "stop here", "max_tokens": 40, "temperature": 0, "seed": 0, "stop": ["zz", "ar "]},  # "ar " ends it
     {"prompt": "with logprobs", "max_tokens": 6, "temperature": 0.5, "seed": 3, "logprobs": 2},
 ]
 
@@ -118,9 +119,16 @@ def check_choice(llm, body, choice):
         want.finish_reason]
     if body.get("logprobs") is not None and "token_logprobs" in (choice.get("logprobs") or {}):
         assert choice["logprobs"]["token_logprobs"] == [t.logprob_q / 2**24 for t in want.logprobs]
+    if want.finish_reason == "stop":  # vLLM's stop_reason: the stop string that matched, next in the text
+        stops = params(body).stop
+        free = llm.generate(body["prompt"], dataclasses.replace(params(body), stop=()))
+        assert choice["stop_reason"] in stops and free.text.startswith(want.text + choice["stop_reason"]), choice
+    elif "stop_reason" in choice:
+        assert choice["stop_reason"] is None
 
 
 def test_completions_equal_alone(server, llm):
+    assert any(llm.generate(b["prompt"], params(b)).finish_reason == "stop" for b in BODIES)  # stop_reason is tested
     for body in BODIES:
         status, r = post(server, "/v1/completions", body)
         assert status == 200, r

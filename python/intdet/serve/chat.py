@@ -51,7 +51,8 @@ async def create_chat_completion(srv, request: Request):
         choices.append({"index": i, "message": {"role": "assistant", "content": req.text},
                         "logprobs": None if k is None else
                         {"content": [chat_logprob(srv.llm, lp, k) for lp in req.token_logprobs]},
-                        "finish_reason": FINISH[req.finish_reason], "hash": req.hash, "seed": req.sampler.seed})
+                        "finish_reason": FINISH[req.finish_reason], "stop_reason": req.stop_string,
+                        "hash": req.hash, "seed": req.sampler.seed})
     n_out = sum(len(req.tokens) for req, _ in runs)
     return JSONResponse({"id": cid, "object": "chat.completion", "created": created, "model": srv.model_name,
                          "system_fingerprint": srv.llm.system_fingerprint, "choices": choices,
@@ -62,7 +63,7 @@ def chat_delta(srv, i, ev, k):
     req = ev.request
     if ev.kind == "done":
         return {"index": i, "delta": {}, "logprobs": None, "finish_reason": FINISH[req.finish_reason],
-                "hash": req.hash, "seed": req.sampler.seed}
+                "stop_reason": req.stop_string, "hash": req.hash, "seed": req.sampler.seed}
     lp = None
     if k is not None and ev.logprob is not None:
         lp = {"content": [chat_logprob(srv.llm, ev.logprob, k)]}

@@ -90,7 +90,7 @@ async def create_completion(srv, request: Request):
         choices.append({"index": i, "text": prefix + req.text,
                         "logprobs": None if r.logprobs is None else
                         completion_logprobs(srv.llm, req, r.echo, r.logprobs),
-                        "finish_reason": FINISH[req.finish_reason], "stop_reason": None,
+                        "finish_reason": FINISH[req.finish_reason], "stop_reason": req.stop_string,
                         "hash": req.hash, "seed": req.sampler.seed})
     n_out = sum(len(req.tokens) for req, _ in runs)
     return JSONResponse({"id": cid, "object": "text_completion", "created": created, "model": srv.model_name,
@@ -110,5 +110,6 @@ def completion_delta(srv, i, ev, k, offset: int):
         d["logprobs"] = {"tokens": [s], "token_logprobs": [to_float(ev.logprob.logprob_q)],
                          "top_logprobs": [top_dict(srv.llm, ev.logprob, k)], "text_offset": [offset]}
     if ev.kind == "done":
-        d.update(finish_reason=FINISH[req.finish_reason], hash=req.hash, seed=req.sampler.seed)
+        d.update(finish_reason=FINISH[req.finish_reason], stop_reason=req.stop_string, hash=req.hash,
+                 seed=req.sampler.seed)
     return d
