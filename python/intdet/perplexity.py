@@ -34,7 +34,8 @@ class PplResult:
     windows: int
     ctx: int
     seconds: float
-    perplexity_second_half: float = float("nan")  # llama.cpp's protocol: second half of each window only
+    # llama.cpp's protocol: second half of each window only (None: --ctx 2 leaves no position there)
+    perplexity_second_half: float | None = None
     tokens_second_half: int = 0
 
     def as_dict(self) -> dict:
@@ -130,6 +131,9 @@ def perplexity(logits_fn, windows, n_bytes_fn, progress: bool = True, second_hal
     scores only predictions from position ctx/2 on (llama.cpp's protocol)."""
     from tqdm import tqdm
 
+    if second_half and windows and len(windows[0]) < 3:  # a window of 2 predicts one token, in its first half
+        raise IntdetError(f"--second-half: --ctx {len(windows[0])} leaves no prediction in the second half of a "
+                          "window (use --ctx 3 or more)")
     total_nll, total_tok, total_bytes = 0.0, 0, 0
     half_nll, half_tok = 0.0, 0
     t0 = time.perf_counter()
@@ -147,7 +151,7 @@ def perplexity(logits_fn, windows, n_bytes_fn, progress: bool = True, second_hal
     return PplResult(
         perplexity=math.exp(nll), nll=nll, bits_per_byte=total_nll / math.log(2) / max(total_bytes, 1),
         tokens=total_tok, windows=len(windows), ctx=len(windows[0]), seconds=time.perf_counter() - t0,
-        perplexity_second_half=math.exp(half_nll / half_tok), tokens_second_half=half_tok,
+        perplexity_second_half=math.exp(half_nll / half_tok) if half_tok else None, tokens_second_half=half_tok,
     )
 
 

@@ -42,6 +42,24 @@ def test_cli_matches_direct_computation(tiny_llama_hf, tmp_path):
     assert got["nll"] == pytest.approx(nll / n, rel=1e-9)
 
 
+def test_ctx_2_has_no_second_half(tiny_llama_hf, tmp_path):
+    """--ctx 2: every window predicts one token, in its first half: the
+    second-half figure is absent (it divided by zero), --second-half a
+    one-line error."""
+    out = convert(tiny_llama_hf, str(tmp_path / "m"), progress=False)
+    f = tmp_path / "t.txt"
+    f.write_text(TEXT[:200], encoding="utf-8")
+    env = dict(os.environ, INTDET_CACHE=str(tmp_path / "cache"))
+    base = [sys.executable, "-m", "intdet.cli", "perplexity", "-m", out, "-f", str(f), "--ctx", "2", "--max-windows", "4"]
+    got = json.loads(subprocess.run(base + ["--json"], capture_output=True, text=True, env=env, check=True).stdout)
+    assert got["tokens"] == 4 and got["perplexity"] > 1 and got["perplexity_second_half"] is None
+    r = subprocess.run(base, capture_output=True, text=True, env=env, check=True)
+    assert "second half" not in r.stdout and "over 4 tokens" in r.stdout
+    r = subprocess.run(base + ["--second-half"], capture_output=True, text=True, env=env)
+    assert r.returncode == 1 and r.stderr.splitlines() == [
+        "intdet: error: --second-half: --ctx 2 leaves no prediction in the second half of a window (use --ctx 3 or more)"]
+
+
 def test_float_flag_runs_reference(tiny_llama_hf, tmp_path):
     f = tmp_path / "t.txt"
     f.write_text(TEXT, encoding="utf-8")

@@ -65,9 +65,9 @@ def perplexity(model, file, ctx, max_windows, use_float, second_half, device, th
     if as_json:
         click.echo(json.dumps({**r.as_dict(), "model": os.path.basename(src or model), "kind": kind, "file": file}))
     else:
+        half = (f"; second half of each window only (llama.cpp's protocol): {r.perplexity_second_half:.4f}"
+                if r.perplexity_second_half is not None else "")
         click.echo(f"{kind}: perplexity {r.perplexity:.4f}, mean NLL {r.nll:.5f} nats/token, "
                    f"{r.bits_per_byte:.5f} bits/byte over {r.tokens} tokens "
-                   f"({r.windows} window{'s' if r.windows != 1 else ''} of {r.ctx}) "
-                   f"in {r.seconds:.1f} s; second half of each window only (llama.cpp's protocol): "
-                   f"{r.perplexity_second_half:.4f}")
+                   f"({r.windows} window{'s' if r.windows != 1 else ''} of {r.ctx}) in {r.seconds:.1f} s{half}")
 
