@@ -10,15 +10,22 @@ guessed delay, which a faster or slower machine would move. Stages:
   ``install`` (just before the final rename), ``installed`` (just after it);
 * generate: ``prefill-N`` (the N-th prefill call returned; calls are of
   generate.PREFILL_CHUNK tokens), ``token-N`` (the N-th generated token
-  chosen and streamed).
+  chosen and streamed);
+* batch: ``batch-record-N`` (the driver wrote its N-th record).
+
+``INTDET_TEST_STALL_AT`` names a stage where the process instead sleeps for
+an hour (a worker busy with a batch when its job is stopped): batch
+``batch-worker-N`` (a worker process starting its N-th batch).
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import time
 
 ENV = "INTDET_TEST_SIGNAL_AT"
+STALL_ENV = "INTDET_TEST_STALL_AT"
 
 
 def _armed() -> tuple[str, str]:
@@ -48,3 +55,9 @@ def watch_quantize(plan) -> None:
             job(put)
 
         plan.jobs[mid] = signalled
+
+
+def stall_at(stage: str) -> None:
+    """Sleep an hour if ``stage`` is the one named in $INTDET_TEST_STALL_AT."""
+    if os.environ.get(STALL_ENV) == stage:
+        time.sleep(3600)

@@ -412,6 +412,22 @@ def test_ctrl_c_stops_with_one_line_and_resumes(serial, model_dir, items_file, t
     assert r.returncode == 0 and open(out, "rb").read() == serial[1]
 
 
+def test_ctrl_c_stops_a_worker_busy_with_a_batch(serial, model_dir, items_file, tmp_path):
+    """Ctrl-C while a worker is inside a batch (stalled there by the test
+    hook): the job exits at once with the records written so far, and the
+    rerun resumes. (The pool's shutdown(wait=False) used to leave the exit
+    joining that worker: a hang.)"""
+    out = str(tmp_path / "out.jsonl")
+    env = dict(os.environ, INTDET_TEST_SIGNAL_AT="batch-record-4:SIGINT", INTDET_TEST_STALL_AT="batch-worker-2")
+    args = (items_file, "-o", out, "-m", model_dir, "--workers", "1", "--threads", "1", "--batch-size", "4")
+    r = subprocess.run([sys.executable, "-m", "intdet", "batch", *args], capture_output=True, text=True, env=env,
+                       start_new_session=True, timeout=120)
+    assert r.returncode == 130 and r.stderr.strip() == "intdet: interrupted", r.stderr
+    first = open(out, "rb").read()
+    assert first.count(b"\n") == 4 and serial[1].startswith(first)
+    assert _cli(*args).returncode == 0 and open(out, "rb").read() == serial[1]
+
+
 def test_resume_refuses_the_output_of_another_input(model_dir, tmp_path):
     """OUT holding records of ids the input lacks is another input's output:
     refused before anything runs or is appended (resuming would count them)."""

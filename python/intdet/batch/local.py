@@ -20,6 +20,7 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 
 from ..errors import IntdetError
+from ..testhook import stall_at
 from .items import Item
 from .tasks import TaskRunner
 
@@ -71,8 +72,14 @@ def _init(cfg: WorkerConfig, parent: int) -> None:
     _runner = cfg.runner()
 
 
+_batches = 0  # batches this worker process has started
+
+
 def _run(batch: list) -> list:
     """One batch in a worker process: [(pos, item JSON)] -> [(pos, record)]."""
+    global _batches
+    _batches += 1
+    stall_at(f"batch-worker-{_batches}")  # test hook (testhook.py), inert unless its variable is set
     items = [Item.from_json(s) for _, s in batch]
     return [(pos, r) for (pos, _), r in zip(batch, _runner.run(items))]
 
@@ -107,5 +114,21 @@ def run_pool(cfg: WorkerConfig, batches, workers: int):
                                       "rerun the same command to resume") from None
                 yield res
     finally:
-        # stopped early (Ctrl-C, an error): do not wait for batches nobody will write
-        ex.shutdown(wait=done, cancel_futures=not done)
+        if not done:
+            # stopped early (Ctrl-C, an error): the batches in flight will not be
+            # written (a rerun resumes them), so stop their workers now.
+            # shutdown(wait=False) alone could leave the interpreter's exit
+            # joining a worker that never got its sentinel: a hang.
+            _stop_workers(ex)
+        ex.shutdown(wait=True, cancel_futures=True)
+
+
+def _stop_workers(ex: ProcessPoolExecutor) -> None:
+    """Terminate the pool's worker processes (ProcessPoolExecutor.terminate_workers
+    from Python 3.14; before it, the processes the executor holds)."""
+    stop = getattr(ex, "terminate_workers", None)
+    if stop is not None:
+        stop()
+        return
+    for p in list((getattr(ex, "_processes", None) or {}).values()):
+        p.terminate()
