@@ -64,16 +64,22 @@ def _check_params(params, n: int) -> list:
     per = list(params) if isinstance(params, (list, tuple)) else [params] * n
     for p in per:
         if not isinstance(p, SamplingParams):
-            raise IntdetError(f"params: expected intdet.SamplingParams (or a list of them), got {type(p).__name__}")
+            raise IntdetError(f"params: expected intdet.SamplingParams (or a list of them), got {type(p).__name__}",
+                              field="params")
     if len(per) != n:
-        raise IntdetError(f"params: {len(per)} SamplingParams for {n} prompts")
+        raise IntdetError(f"params: {len(per)} SamplingParams for {n} prompts", field="params")
     return per
 
 
 def derive_seed(seed: int, index: int) -> int:
     """The seed of choice ``index`` of a request seeded ``seed`` (n > 1):
     choice 0 keeps ``seed``, choice i > 0 gets SplitMix64(seed + i), so
-    every choice draws independently and is reproducible alone."""
+    every choice draws independently and is reproducible alone.
+    Raises IntdetError for a seed outside [0, 2^64) or an index < 0."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MASK64:
+        raise IntdetError(f"seed: {seed!r} must be an integer in [0, 2^64)", field="seed")
+    if isinstance(index, bool) or not isinstance(index, int) or index < 0:
+        raise IntdetError(f"index: {index!r} must be an integer >= 0", field="index")
     return seed if index == 0 else splitmix64((seed + index) & MASK64)
 
 
@@ -338,7 +344,7 @@ class LLM:
         from .tokenizer import encode
 
         if not isinstance(text, str):
-            raise IntdetError(f"prompt: expected a string, got {type(text).__name__}")
+            raise IntdetError(f"prompt: expected a string, got {type(text).__name__}", field="prompt")
         return encode(self.tokenizer, self.meta, text, add_bos=add_bos, what="prompt")
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
@@ -359,15 +365,15 @@ class LLM:
         if not isinstance(messages, list) or not messages or not all(
                 isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
                 for m in messages):
-            raise IntdetError("messages: must be a non-empty list of {\"role\": str, \"content\": str}")
+            raise IntdetError("messages: must be a non-empty list of {\"role\": str, \"content\": str}", field="messages")
         for i, m in enumerate(messages):  # the roles chat templates know (and the server accepts)
             if m["role"] not in CHAT_ROLES:
-                raise IntdetError(f"messages[{i}].role: {m['role']!r}: choose one of {', '.join(CHAT_ROLES)}")
+                raise IntdetError(f"messages[{i}].role: {m['role']!r}: choose one of {', '.join(CHAT_ROLES)}", field="messages")
         return conversation_ids(self.lm, messages)
 
     def _check_ids(self, ids, what: str) -> None:
         if not _is_ids(ids):
-            raise IntdetError(f"{what}: expected a list of integer token ids")
+            raise IntdetError(f"{what}: expected a list of integer token ids", field=what)
         check_token_ids(ids, self.vocab_size, what)
 
     def prompt_ids(self, prompt: Prompt) -> list:
@@ -375,7 +381,7 @@ class LLM:
         ids = self.encode(prompt) if isinstance(prompt, str) else prompt
         self._check_ids(ids, "prompt")
         if not ids:
-            raise IntdetError("prompt: empty")
+            raise IntdetError("prompt: empty", field="prompt")
         return [int(t) for t in ids]
 
     # ---------------------------------------------------------------- requests
@@ -451,11 +457,11 @@ class LLM:
         a bad prompt or parameter before anything runs."""
         if not isinstance(prompts, (str, list, tuple)):
             raise IntdetError(f"prompts: expected a string, a list of token ids or a list of those, "
-                              f"got {type(prompts).__name__}")
+                              f"got {type(prompts).__name__}", field="prompts")
         single = isinstance(prompts, str) or _is_ids(prompts) and len(prompts) > 0
         plist = [prompts] if single else list(prompts)
         if not plist:
-            raise IntdetError("prompts: empty list")
+            raise IntdetError("prompts: empty list", field="prompts")
         per = _check_params(params, len(plist))
         reqs = [self.request(self.prompt_ids(p), sp) for p, sp in zip(plist, per)]
         self._run(reqs)
@@ -493,19 +499,19 @@ class LLM:
         ``score([(ctx, cont), ...])``, is scored batched -> [Score]."""
         pairs = context if continuation is None else [(context, continuation)]
         if not isinstance(top, int) or isinstance(top, bool) or not 0 <= top <= MAX_LOGPROBS:
-            raise IntdetError(f"top: {top!r} must be an integer in [0, {MAX_LOGPROBS}]")
+            raise IntdetError(f"top: {top!r} must be an integer in [0, {MAX_LOGPROBS}]", field="top")
         if not isinstance(pairs, (list, tuple)) or not pairs:
-            raise IntdetError("score: give (context, continuation) or a non-empty list of such pairs")
+            raise IntdetError("score: give (context, continuation) or a non-empty list of such pairs", field="score")
         reqs, shapes = [], []
         for pair in pairs:
             if not isinstance(pair, (list, tuple)) or len(pair) != 2:
-                raise IntdetError("score: each item must be a (context, continuation) pair")
+                raise IntdetError("score: each item must be a (context, continuation) pair", field="score")
             ctx, cont = pair
             c_ids = self.prompt_ids(ctx)
             k_ids = self.encode(cont, add_bos=False) if isinstance(cont, str) else cont
             self._check_ids(k_ids, "continuation")
             if not k_ids:
-                raise IntdetError("continuation: empty")
+                raise IntdetError("continuation: empty", field="continuation")
             # top-1 always, for is_greedy
             req = self.request(c_ids + [int(t) for t in k_ids],
                                SamplingParams(max_tokens=0, prompt_logprobs=max(int(top), 1)), score_from=len(c_ids))

@@ -76,6 +76,11 @@ CHOOSER_REFUSED = "the chooser found no token (impossible data)"  # a Request.ch
 PREFILL_PATIENCE = 8  # steps a prompt may be passed over by shorter ones before it goes first
 
 
+def _size(n: int) -> str:
+    """Bytes as MiB, or as bytes under 1 MiB (so a small budget does not read '0 MiB')."""
+    return f"{n >> 20} MiB" if n >= 1 << 20 else f"{n} bytes"
+
+
 def kv_bytes_per_position(cfg: dict) -> int:
     """Bytes of KV cache one position takes: int8 K and V of every layer and
     KV head plus their int32 absmax scales (csrc/include/intdet/model.h
@@ -254,9 +259,9 @@ class Scheduler:
                  draft=None):
         for name, v in (("max_batch", max_batch), ("step_tokens", step_tokens), ("kv_bytes", kv_bytes)):
             if not isinstance(v, int) or v < 1:
-                raise IntdetError(f"{name}: {v!r} must be an integer >= 1")
+                raise IntdetError(f"{name}: {v!r} must be an integer >= 1", field=name)
         if not isinstance(spec_tokens, int) or isinstance(spec_tokens, bool) or not 0 <= spec_tokens <= 64:
-            raise IntdetError(f"spec_tokens: {spec_tokens!r} must be an integer in [0, 64]")
+            raise IntdetError(f"spec_tokens: {spec_tokens!r} must be an integer in [0, 64]", field="spec_tokens")
         self.spec_tokens = spec_tokens
         self.draft = draft
         self.cache = PrefixCache() if prefix_cache else None
@@ -265,6 +270,9 @@ class Scheduler:
         self.step_tokens = step_tokens
         self.kv_bytes = kv_bytes
         self.kv_per_pos = kv_bytes_per_position(engine.lm.cfg)
+        if kv_bytes < 2 * self.kv_per_pos:  # a one-token prompt and one token: nothing smaller can run
+            raise IntdetError(f"kv_bytes: {kv_bytes} bytes hold fewer than the 2 positions a request needs "
+                              f"({self.kv_per_pos} bytes of KV cache each)", field="kv_bytes")
         self.kv_used = 0
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
@@ -285,19 +293,20 @@ class Scheduler:
         ``kv_bytes``."""
         ctx, vocab = self.engine.context_length, self.engine.vocab_size
         if not req.prompt_ids:
-            raise IntdetError("prompt: empty")
+            raise IntdetError("prompt: empty", field="prompt")
         check_token_ids(req.prompt_ids, vocab, "prompt")
         if req.max_new_tokens < 0:
-            raise IntdetError(f"max_tokens: {req.max_new_tokens} must be >= 0")
+            raise IntdetError(f"max_tokens: {req.max_new_tokens} must be >= 0", field="max_tokens")
         if len(req.prompt_ids) > ctx or (len(req.prompt_ids) == ctx and req.max_new_tokens > 0):
             raise IntdetError(f"prompt: {len(req.prompt_ids)} tokens do not fit the context length {ctx} "
-                              "(leave room for one generated token)")
+                              "(leave room for one generated token)", field="prompt")
         if not 1 <= req.score_from <= len(req.prompt_ids):
-            raise IntdetError(f"score_from: {req.score_from} must be in [1, {len(req.prompt_ids)}]")
+            raise IntdetError(f"score_from: {req.score_from} must be in [1, {len(req.prompt_ids)}]", field="score_from")
         need = self._positions(req) * self.kv_per_pos
         if need > self.kv_bytes:
-            raise IntdetError(f"prompt + max_tokens: {self._positions(req)} positions need {need >> 20} MiB of KV "
-                              f"cache, more than the server's {self.kv_bytes >> 20} MiB")
+            raise IntdetError(f"max_tokens: the prompt and max_tokens need {self._positions(req)} positions, "
+                              f"{_size(need)} of KV cache, more than the budget of {_size(self.kv_bytes)} "
+                              "(kv_bytes; intdet serve --kv-cache-mib)", field="max_tokens")
 
     def _positions(self, req: Request) -> int:
         return min(self.engine.context_length, len(req.prompt_ids) + req.max_new_tokens)

@@ -230,6 +230,24 @@ def test_wrong_argument_types_are_intdet_errors(llm):
             call()
 
 
+def test_errors_carry_their_field(llm, model_dir):
+    """Every IntdetError the API raises for an argument sets .field to the
+    name its message starts with (the server maps it to the 400's param)."""
+    calls = ((lambda: llm.generate(""), "prompt"), (lambda: llm.generate([[]]), "prompt"),
+             (lambda: llm.generate(5), "prompts"), (lambda: llm.generate([]), "prompts"),
+             (lambda: llm.generate("abc " * 200), "prompt"), (lambda: llm.score("a", ""), "continuation"),
+             (lambda: llm.score("a", "b", top=-1), "top"), (lambda: llm.score([]), "score"),
+             (lambda: llm.chat([{"role": "robot", "content": "x"}]), "messages"),
+             (lambda: llm.generate("a", [intdet.SamplingParams()] * 2), "params"),
+             (lambda: intdet.LLM(model_dir, max_batch=0), "max_batch"),
+             (lambda: intdet.LLM(model_dir, step_tokens=0), "step_tokens"),
+             (lambda: intdet.LLM(model_dir, spec_tokens=99), "spec_tokens"))
+    for call, field in calls:
+        with pytest.raises(IntdetError) as e:
+            call()
+        assert e.value.field == field and str(e.value).startswith(field), (field, str(e.value), e.value.field)
+
+
 @pytest.mark.parametrize("kw, field, msg", [
     (dict(threads="2"), "threads", "^threads: '2' must be in"),
     (dict(device="tpu"), "device", "^device 'tpu' is not available"),  # was "--device 'tpu' ..."
@@ -269,6 +287,11 @@ def test_derive_seed():
     assert intdet.derive_seed(7, 0) == 7
     seeds = {intdet.derive_seed(7, i) for i in range(100)}
     assert len(seeds) == 100 and all(0 <= s < 2**64 for s in seeds)
+    assert intdet.derive_seed(2**64 - 1, 0) == 2**64 - 1
+    for args, field in (((-1, 0), "seed"), ((2**64, 0), "seed"), ((1.0, 0), "seed"), ((1, -1), "index")):
+        with pytest.raises(IntdetError, match=f"^{field}: ") as e:  # was returned as given (-1, 2^64)
+            intdet.derive_seed(*args)
+        assert e.value.field == field
 
 
 def test_check_token_ids_names_the_field():

@@ -194,11 +194,18 @@ def test_requests_that_can_never_run_are_refused(engine):
     sch = Scheduler(engine, kv_bytes=100 * kv_bytes_per_position(engine.lm.cfg))
     ctx = engine.context_length
     for prompt, n, msg in (([], 4, "empty"), ([5, 320], 4, "outside the vocabulary"), ([-1], 4, "outside"),
-                           ([5] * ctx, 1, "do not fit"), ([5] * 90, 20, "KV")):
+                           ([5] * ctx, 1, "do not fit"),
+                           ([5] * 90, 20, r"^max_tokens: the prompt and max_tokens need 110 positions, \d+ bytes of KV "
+                                          r"cache, more than the budget of \d+ bytes \(kv_bytes")):
         with pytest.raises(IntdetError, match=msg):
             sch.submit(Request(prompt, n))
     with pytest.raises(IntdetError, match="max_batch"):
         Scheduler(engine, max_batch=0)
+    per = kv_bytes_per_position(engine.lm.cfg)
+    with pytest.raises(IntdetError, match=r"^kv_bytes: \d+ bytes hold fewer than the 2 positions") as e:
+        Scheduler(engine, kv_bytes=2 * per - 1)  # refused where it is set, not at every request
+    assert e.value.field == "kv_bytes"
+    Scheduler(engine, kv_bytes=2 * per).submit(Request([5], 1))
     assert sch.idle
 
 
