@@ -152,6 +152,8 @@ class SamplingParams:
             raise IntdetError(f"truncate: {self.truncate!r}: choose None, 'left' or 'right'", field="truncate")
         if not isinstance(self.stop, (list, tuple)) or not all(isinstance(s, str) for s in self.stop):
             raise IntdetError(f"stop: must be a list of strings (got {type(self.stop).__name__})", field="stop")
+        if any(x == "" for x in self.stop):  # it never fired: refused, as the CLI's --stop ""
+            raise IntdetError("stop: an empty string never ends the text", field="stop")
         self.structured_outputs = structured_from_any(self.structured_outputs)
         self.sampler()
 

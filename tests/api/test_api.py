@@ -202,6 +202,7 @@ def test_score(llm):
     (dict(prompt_logprobs=1000), r"prompt_logprobs: 1000 must be None or an integer in \[0, 20\]"),
     (dict(stop="x"), "stop: must be a list"),
     (dict(stop=5), "stop: must be a list of strings \\(got int\\)"),
+    (dict(stop=["x", ""]), "^stop: an empty string never ends the text$"),  # it never fired
     (dict(truncate="middle"), "truncate"),
     (dict(seed=None), "^seed: None is not an integer$"),
     (dict(seed=1.5), "^seed: 1.5 is not an integer$"),  # "& MASK64" on a float was a TypeError when sampling

@@ -324,6 +324,7 @@ BAD_ARGS = {
     "temperature_not_number": (["--ids", "1", "--temperature", "abc"], ["--temperature", "abc"]),
     "top_p_above_one": (["--ids", "1", "--top-p", "1.5"], ["--top-p", "1.5"]),
     "top_k_negative": (["--ids", "1", "--top-k", "-2"], ["--top-k", "-2"]),
+    "stop_empty": (["--ids", "1", "--stop", "x", "--stop", ""], ["--stop", "an empty string never ends the text"]),
     "no_prompt": ([], ["prompt"]),
     "prompt_twice": (["hi", "-p", "there"], ["prompt"]),
     "prompt_file_missing": (["-f", "/nonexistent/prompt.txt"], ["/nonexistent/prompt.txt"]),

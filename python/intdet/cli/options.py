@@ -121,6 +121,13 @@ def model_options(fn):
     return _apply(fn, [model_option(), revision_option(), weights_option(), device_option(), threads_option()])
 
 
+def _check_stops(ctx, param, stops):
+    """--stop: an empty string would never match (the text always "contains" it only trivially): refused."""
+    if any(x == "" for x in stops):
+        raise click.BadParameter("an empty string never ends the text; give the text to stop at")
+    return stops
+
+
 def sampling_options(fn):
     """-n, sampling, stop sequences, --seed."""
     return _apply(fn, [
@@ -138,7 +145,7 @@ def sampling_options(fn):
                           "(1 = off; llama.cpp's; applies to greedy too)."),
         click.option("--repeat-last-n", default=64, type=int, show_default=True,
                      help="How many recent tokens (prompt included) --repeat-penalty looks at (-1 = all, 0 = off)."),
-        click.option("--stop", "stops", multiple=True, metavar="STR",
+        click.option("--stop", "stops", multiple=True, metavar="STR", callback=_check_stops,
                      help="Stop when the text contains STR (not printed); repeat for several."),
         click.option("--seed", default="0", type=Seed(), show_default=True,
                      help="Seed of the sampling draws; 'random' draws one and prints it on stderr."),
