@@ -378,12 +378,12 @@ class LLM:
             raise IntdetError(f"{what}: expected a list of integer token ids", field=what)
         check_token_ids(ids, self.vocab_size, what)
 
-    def prompt_ids(self, prompt: Prompt) -> list:
-        """A prompt (text or ids) as checked ids."""
+    def prompt_ids(self, prompt: Prompt, what: str = "prompt") -> list:
+        """A prompt (text or ids) as checked ids; errors name ``what``."""
         ids = self.encode(prompt) if isinstance(prompt, str) else prompt
-        self._check_ids(ids, "prompt")
+        self._check_ids(ids, what)
         if not ids:
-            raise IntdetError("prompt: empty", field="prompt")
+            raise IntdetError(f"{what}: empty", field=what)
         return [int(t) for t in ids]
 
     # ---------------------------------------------------------------- requests
@@ -509,7 +509,7 @@ class LLM:
             if not isinstance(pair, (list, tuple)) or len(pair) != 2:
                 raise IntdetError("score: each item must be a (context, continuation) pair", field="score")
             ctx, cont = pair
-            c_ids = self.prompt_ids(ctx)
+            c_ids = self.prompt_ids(ctx, "context")
             k_ids = self.encode(cont, add_bos=False) if isinstance(cont, str) else cont
             self._check_ids(k_ids, "continuation")
             if not k_ids:

@@ -428,6 +428,25 @@ def test_ctrl_c_stops_a_worker_busy_with_a_batch(serial, model_dir, items_file, 
     assert _cli(*args).returncode == 0 and open(out, "rb").read() == serial[1]
 
 
+def test_score_errors_name_their_field(model_dir, tmp_path):
+    """A score item's bad ids name context or continuation (not prompt);
+    top has LLM.score's limit."""
+    lines = ['{"id": 1, "task": "score", "context": [999999], "continuation": "a"}',
+             '{"id": 2, "task": "score", "context": "a", "continuation": [5, 999999]}',
+             '{"id": 3, "task": "score", "context": "a", "continuation": []}',
+             '{"id": 4, "task": "score", "context": "a", "continuation": "b", "top": 50}']
+    inp = tmp_path / "in.jsonl"
+    inp.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "out.jsonl"
+    r = _cli(str(inp), "-o", str(out), "-m", model_dir, "--workers", "0")
+    assert r.returncode == 0, r.stderr  # error records are results
+    errs = {rec["id"]: rec["error"] for rec in records(out.read_bytes())}
+    assert errs[1].startswith("context: token id 999999 is outside the vocabulary"), errs
+    assert errs[2].startswith("continuation: token id 999999 is outside the vocabulary"), errs
+    assert errs[3] == "continuation: empty", errs
+    assert errs[4] == "top: 50 must be an integer in [0, 20]", errs  # was [0, 1000] here, [0, 20] in the worker
+
+
 def test_resume_refuses_the_output_of_another_input(model_dir, tmp_path):
     """OUT holding records of ids the input lacks is another input's output:
     refused before anything runs or is appended (resuming would count them)."""

@@ -33,6 +33,8 @@ import hashlib
 import json
 from dataclasses import dataclass
 
+from ..logprobs import MAX_LOGPROBS
+
 TASKS = ("generate", "score", "perplexity", "compress")
 SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "repeat_penalty", "repeat_last_n",
                    "seed", "stop", "logprobs", "truncate", "structured_outputs")
@@ -177,8 +179,8 @@ def _check_fields(task: str, d: dict) -> str:
             if err:
                 return err
         top = d.get("top", 0)
-        if not isinstance(top, int) or isinstance(top, bool) or not 0 <= top <= 1000:
-            return f"top: {top!r} must be an integer in [0, 1000]"
+        if not isinstance(top, int) or isinstance(top, bool) or not 0 <= top <= MAX_LOGPROBS:
+            return f"top: {top!r} must be an integer in [0, {MAX_LOGPROBS}]"  # as LLM.score takes it
         return ""
     if task == "perplexity":
         given = [k for k in ("text", "ids") if k in d]

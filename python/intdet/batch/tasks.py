@@ -130,11 +130,10 @@ class TaskRunner:
 
     def _score_args(self, it: Item):
         f = it.fields
-        c_ids = self.llm.prompt_ids(f["context"])
+        c_ids = self.llm.prompt_ids(f["context"], "context")
         cont = f["continuation"]
-        k_ids = self.llm.encode(cont, add_bos=False) if isinstance(cont, str) else list(cont)
-        if not k_ids:
-            raise IntdetError("continuation: empty")
+        k_ids = self.llm.prompt_ids(self.llm.encode(cont, add_bos=False) if isinstance(cont, str) else list(cont),
+                                    "continuation")
         return c_ids, k_ids, f.get("top", 0)
 
     def _check_score(self, c_ids, k_ids):
