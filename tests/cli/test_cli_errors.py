@@ -231,18 +231,31 @@ def test_unsupported_config(tmp_path, cache, case):
     assert_no_output(out)
 
 
-@pytest.mark.parametrize("case", ["missing_key", "bad_value"])
+MALFORMED = {  # config.json key -> value (None: the key removed), words of the one-line error
+    "missing_key": ("hidden_size", None, ["missing key 'hidden_size'"]),
+    "bad_value": ("num_attention_heads", "many", ['num_attention_heads = "many" must be a positive integer']),
+    # read with int() these converted as 72 (72.5, "72") or failed on a tensor's shape (true)
+    "float_size": ("hidden_size", 72.5, ["hidden_size = 72.5 must be a positive integer"]),
+    "string_size": ("hidden_size", "72", ['hidden_size = "72" must be a positive integer']),
+    "bool_size": ("hidden_size", True, ["hidden_size = true must be a positive integer"]),
+    "null_size": ("hidden_size", "null", ["hidden_size = null must be a positive integer"]),
+    "string_theta": ("rope_theta", "abc", ['rope_theta = "abc" must be a finite number']),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MALFORMED))
 def test_malformed_config(tiny_llama_hf, tmp_path, cache, case):
+    key, value, words = MALFORMED[case]
     d = _copy_hf(tiny_llama_hf, tmp_path / "hf")
     cfg_path = os.path.join(d, "config.json")
     cfg = json.loads(Path(cfg_path).read_text())
-    if case == "missing_key":
-        del cfg["hidden_size"]
+    if value is None:
+        del cfg[key]
     else:
-        cfg["num_attention_heads"] = "many"
+        cfg[key] = None if value == "null" else value
     Path(cfg_path).write_text(json.dumps(cfg))
     r = cli(["generate", "-m", d, "--ids", "1,2", "-n", "2"], cache)
-    assert_error(r, cfg_path, "hidden_size" if case == "missing_key" else "many")
+    assert_error(r, cfg_path, *words)
 
 
 # ------------------------------------------------------------ 5. NaN

@@ -204,6 +204,30 @@ def check_complete(weights, hp, where):
 
 # ---------------------------------------------------------------- Hugging Face
 
+# config.json sizes the readers take with int(): checked first, so 72.5, "72"
+# or true is refused by name instead of read as 72 (or 1); None is allowed
+# for the optional ones (transformers' configs write null for a default).
+HF_SIZES = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
+HF_OPTIONAL_SIZES = ("num_key_value_heads", "head_dim", "max_position_embeddings", "moe_intermediate_size",
+                     "num_experts", "num_experts_per_tok", "num_local_experts")
+HF_NUMBERS = ("rope_theta", "rms_norm_eps")
+
+
+def _check_hf_types(cfg: dict, where: str) -> None:
+    """IntdetError naming the key for a size that is not a positive integer
+    or a number field that is not a finite number."""
+    for k in HF_SIZES + HF_OPTIONAL_SIZES:
+        if k not in cfg or (cfg[k] is None and k in HF_OPTIONAL_SIZES):
+            continue
+        v = cfg[k]
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise IntdetError(f"{where}: {k} = {json.dumps(v)} must be a positive integer")
+    for k in HF_NUMBERS:
+        v = cfg.get(k)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)):
+            raise IntdetError(f"{where}: {k} = {json.dumps(v)} must be a finite number")
+
+
 def read_hf_dir(path: str) -> FloatModel:
     """Read a Hugging Face checkpoint directory (config.json, *.safetensors,
     tokenizer.json) of an architecture in models/ (LlamaForCausalLM,
@@ -227,6 +251,7 @@ def read_hf_dir(path: str) -> FloatModel:
     arch = models.by_hf_class(archs[0]) if isinstance(archs, list) and archs and isinstance(archs[0], str) else None
     if arch is None:
         raise IntdetError(f"{cfg_path}: unsupported architecture {archs!r} (supported: {', '.join(models.hf_classes())})")
+    _check_hf_types(cfg, cfg_path)
     try:
         hp = arch.hparams_from_hf(cfg, cfg_path)
     except KeyError as e:
