@@ -3,6 +3,7 @@ resumable output file, and the same bytes from every engine: serial in this
 process, the local worker pool, Ray Data (local mode, 2 CPUs) and a Dask
 LocalCluster (2 workers), whatever the batch size."""
 
+import importlib.util
 import json
 import os
 import signal
@@ -426,6 +427,22 @@ def test_ctrl_c_stops_a_worker_busy_with_a_batch(serial, model_dir, items_file, 
     first = open(out, "rb").read()
     assert first.count(b"\n") == 4 and serial[1].startswith(first)
     assert _cli(*args).returncode == 0 and open(out, "rb").read() == serial[1]
+
+
+def test_a_failed_start_leaves_no_output(model_dir, tmp_path):
+    """A job stopped before its first record (no such model, an unreachable
+    --address) leaves no empty output file behind (it was created first)."""
+    inp = tmp_path / "in.jsonl"
+    inp.write_text('{"id": 1, "prompt": "x", "max_tokens": 1}\n')
+    out = tmp_path / "out.jsonl"
+    r = _cli(str(inp), "-o", str(out), "-m", str(tmp_path / "nope"))
+    assert r.returncode == 1 and r.stderr.count("\n") == 1 and "nope" in r.stderr, r.stderr
+    assert not out.exists()
+    if importlib.util.find_spec("distributed") is not None:
+        r = _cli(str(inp), "-o", str(out), "-m", model_dir, "--engine", "dask", "--address", "bogus://x")
+        assert r.returncode == 1 and r.stderr.startswith(
+            "intdet: error: --address bogus://x: cannot reach a Dask scheduler there"), r.stderr
+        assert not out.exists()
 
 
 def test_score_errors_name_their_field(model_dir, tmp_path):

@@ -543,3 +543,11 @@ def test_unwritable_output_is_named_not_its_temporary(cmd, tiny_llama_gguf, cach
     assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
     assert r.stderr.startswith("intdet: error: /proc/intdet-no/out: cannot write"), r.stderr
     assert ".partial-" not in r.stderr and ".intdet-convert-" not in r.stderr
+
+
+def test_random_model_empty_out_is_named(tmp_path, cache):
+    """'' named the current directory ("exists and is not an empty directory")."""
+    r = subprocess.run([sys.executable, "-m", "intdet", "random-model", "", "--shape", "tiny-llama"],
+                       capture_output=True, text=True, cwd=tmp_path, env=dict(os.environ, INTDET_CACHE=str(cache)))
+    assert r.returncode == 1 and r.stderr == "intdet: error: OUT: empty path\n", r.stderr
+    assert os.listdir(tmp_path) == []

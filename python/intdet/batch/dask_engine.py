@@ -56,7 +56,10 @@ def run_dask(cfg: WorkerConfig, batches, workers: int, address=None):
     from distributed import Client, LocalCluster, as_completed
     cluster = None
     if address:
-        client = Client(address)
+        try:
+            client = Client(address)
+        except (OSError, TimeoutError, ValueError) as e:  # refused, timed out, a malformed address
+            raise IntdetError(f"--address {address}: cannot reach a Dask scheduler there ({e})") from None
     else:
         cluster = LocalCluster(n_workers=max(1, workers), threads_per_worker=1, processes=True,
                                dashboard_address=None, host="127.0.0.1")

@@ -4,6 +4,7 @@ the records (output.py), then total the whole output file."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 
@@ -72,7 +73,9 @@ def run_job(input_path: str, output_path: str, model=None, task: str = "generate
         from .dask_engine import require_dask as require
     if engine != "local":
         require()  # a missing extra is an error before the output file is touched
+    created = not os.path.lexists(output_path)
     f, done = open_output(output_path)
+    ok = False
     try:
         foreign = done.keys() - {it.key for it in items}
         if foreign:  # resuming would mix another input's results into this one's
@@ -126,7 +129,12 @@ def run_job(input_path: str, output_path: str, model=None, task: str = "generate
                     writer.put(pos, rec)
         writer.close()
         bar.close()
+        ok = True
     finally:
         if not f.closed:
             f.close()
+        if not ok and created:  # stopped before any record (a model or engine error): leave nothing behind
+            with contextlib.suppress(OSError):
+                if os.path.getsize(output_path) == 0:
+                    os.unlink(output_path)
     return summarize(output_path)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from ..errors import IntdetError
 from .errors import user_errors
 
 # intdet.random_model.SHAPES, spelled out here so that --help needs no import
@@ -25,6 +26,8 @@ def random_model(out_dir, shape, seed):
 
     from ..random_model import write_random_model
 
+    if not out_dir.strip():  # '' would mean the current directory
+        raise IntdetError("OUT: empty path")
     t0 = time.monotonic()
     log = lambda msg: click.echo(f"{time.monotonic() - t0:7.1f}s {msg}", err=True)  # noqa: E731
     write_random_model(out_dir, shape, seed, log=log)
