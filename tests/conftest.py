@@ -28,6 +28,18 @@ import signal  # noqa: E402
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
+
+def load_script(name: str):
+    """scripts/NAME.py as a module (the scripts are not a package)."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scripts", f"{name}.py")
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 # ---- every CPU kernel set (x thread count): the one definition the tests share
 
 ISAS = _core.available_isas()  # this build's sets that this CPU runs

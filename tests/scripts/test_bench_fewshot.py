@@ -2,23 +2,14 @@
 prompts share one header except every k-th, which has its own (a prefix
 cache miss under load)."""
 
-import importlib.util
 import os
 
 import pytest
-
-ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
-
-
-def load(name):
-    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "scripts", f"{name}.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from conftest import load_script
 
 
 def test_fresh_headers_every_kth():
-    bp = load("bench_prefix")
+    bp = load_script("bench_prefix")
     if not os.path.exists(bp.WIKI):
         pytest.skip("no WikiText-2 test split at ../shared/data")
     plain = bp.prompts(lambda t: t, 5, 16)

@@ -1,26 +1,16 @@
 """scripts/bench_spec.py --row-cost: the price of a verification forward of
 n rows, measured on a real (tiny) model, one table row per n."""
 
-import importlib.util
-import os
 
 import pytest
+from conftest import load_script
 
 from intdet.convert import convert
-
-ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
-
-
-def load(name):
-    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "scripts", f"{name}.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def test_row_cost_table(tmp_path, tiny_llama_hf, capsys):
     model = convert(tiny_llama_hf, str(tmp_path / "tiny"), progress=False)
-    bs = load("bench_spec")
+    bs = load_script("bench_spec")
     assert bs.main(["--row-cost", "--max-rows", "3", "-m", model, "--threads", "1"]) == 0
     rows = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("| ") and ln[2].isdigit()]
     assert [int(r.split("|")[1]) for r in rows] == [1, 2, 3]
@@ -31,5 +21,5 @@ def test_row_cost_table(tmp_path, tiny_llama_hf, capsys):
 
 def test_row_cost_rejects_bad_max_rows(capsys):
     with pytest.raises(SystemExit) as e:
-        load("bench_spec").main(["--row-cost", "--max-rows", "0"])
+        load_script("bench_spec").main(["--row-cost", "--max-rows", "0"])
     assert e.value.code == 2 and "--max-rows" in capsys.readouterr().err
