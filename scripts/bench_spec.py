@@ -86,6 +86,16 @@ def run(llm, ids, n):
     return c, dec, t_first - t0
 
 
+def cpu_model() -> str:
+    """The CPU's model name: bench_scale.cpu_model, the scripts' one reader of /proc/cpuinfo."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    if here not in sys.path:  # also when this file is loaded by path (tests)
+        sys.path.insert(0, here)
+    from bench_scale import cpu_model as read
+
+    return read()
+
+
 def row_cost(llm, max_rows: int, repeats: int = 15) -> list:
     """[(n, median ms)] of one forward call of n rows (all logits) on a state
     holding 300 positions (fewer if the context is shorter), truncated back
@@ -126,7 +136,7 @@ def main(argv=None) -> int:
 
     if a.row_cost:
         llm = LLM(a.model, threads=a.threads, max_batch=1)
-        cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?")
+        cpu = cpu_model()
         print(f"cpu: {cpu}; one forward call of n rows after 300 positions, median of 15")
         print("| rows | ms | cost in rows of one |")
         print("|---|---|---|")
@@ -156,7 +166,7 @@ def main(argv=None) -> int:
         res[name] = {"plain_tok_s": statistics.median(rp), "spec_tok_s": statistics.median(rs),
                      "kept": cs.spec_accepted, "drafted": cs.spec_drafted, "tokens": len(cs.tokens),
                      "identical": (cp.tokens, cp.hash) == (cs.tokens, cs.hash), "text": cs.text[:200]}
-    cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?")
+    cpu = cpu_model()
     how = f"--spec-draft {a.draft} --spec-draft-max {a.spec}" if a.draft else f"--spec-ngram {a.spec}"
     print(f"cpu: {cpu}; batch 1, greedy, {a.tokens} tokens, {how}, median of {a.rounds}")
     print("| workload | plain tok/s | drafted tok/s | speed-up | drafts kept / drafted | tokens and hash identical |")
