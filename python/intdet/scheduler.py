@@ -68,6 +68,7 @@ from .logprobs import LogSoftmax, to_float
 from .sampling import Sampler
 from .prefix_cache import PrefixCache
 from .speculate import DraftState, ngram_drafts
+from .testhook import stall_at
 
 DEFAULT_MAX_BATCH = 16
 DEFAULT_STEP_TOKENS = 512  # rows per forward call: decode rows + prefill chunks
@@ -108,7 +109,10 @@ class Event:
     """What a request's ``on_event`` receives.
 
     kind "token": one generated ``token`` (id), the ``text`` now safe to show
-    (stop sequences held back), its ``logprob`` (TokenLogprob or None).
+    (stop sequences held back), its ``logprob`` (TokenLogprob or None) and
+    ``chain_state``: the chain hash's state after it (hashing.ChainHash
+    .state, 16 bytes), so a consumer can name the hash of the tokens it has
+    received without reading the engine's state (the server's drain).
     kind "done": the request finished; ``request`` holds the result
     (tokens, text, finish_reason, hash, log-probabilities). kind "error":
     the engine failed on this request (``error``: message); it is retired."""
@@ -119,6 +123,7 @@ class Event:
     text: str = ""
     logprob: TokenLogprob | None = None
     error: str = ""
+    chain_state: bytes | None = None
 
 
 _ids = itertools.count()
@@ -490,6 +495,7 @@ class Scheduler:
         if not plan:
             return False
         masks = self._prefetch_masks(plan)
+        stall_at(f"engine-step-{self.steps + 1}")  # test hook (testhook.py), inert unless its variable is set
         try:
             outs = self.engine.forward_batch([r._seq for r, _ in plan], [t for _, t in plan], all_logits=flags)
         except Exception as e:  # noqa: BLE001  (inputs were checked; keep serving the others)
@@ -651,7 +657,7 @@ class Scheduler:
         piece, stopped = r._stream.push(tok) if r._stream is not None else ("", False)
         if r._stream is not None:
             r.text = r._stream.text
-        self._emit(r, Event("token", r, token=tok, text=piece, logprob=lp))
+        self._emit(r, Event("token", r, token=tok, text=piece, logprob=lp, chain_state=r._chain.state))
         if tok in r.eos_ids:
             self._retire(r, "eos")
         elif stopped or (r._grammar is not None and r._grammar.done):
@@ -735,4 +741,11 @@ class Scheduler:
                 r.cancel()
         if self._thread is not None:
             self._thread.join(timeout)
-            self._thread = None
+            if not self._thread.is_alive():
+                self._thread = None
+
+    @property
+    def busy(self) -> bool:
+        """Whether the loop thread is still running (after a ``shutdown``
+        whose timeout ended first: a forward call in flight)."""
+        return self._thread is not None and self._thread.is_alive()

@@ -15,7 +15,9 @@ guessed delay, which a faster or slower machine would move. Stages:
 
 ``INTDET_TEST_STALL_AT`` names a stage where the process instead sleeps for
 an hour (a worker busy with a batch when its job is stopped): batch
-``batch-worker-N`` (a worker process starting its N-th batch).
+``batch-worker-N`` (a worker process starting its N-th batch); scheduler
+``engine-step-N`` (the engine loop's N-th forward call, before it runs: a
+step that outlasts the server's drain).
 """
 
 from __future__ import annotations

@@ -23,11 +23,11 @@ from intdet.convert import convert
 KEY = "test-key-123"
 
 
-def start_server(model_dir, *extra, key=KEY):
+def start_server(model_dir, *extra, key=KEY, env=None):
     args = [sys.executable, "-m", "intdet", "serve", "-m", model_dir, "--port", "0", "--threads", "1", *extra]
     if key:
         args += ["--api-key", key]
-    env = dict(os.environ, INTDET_API_KEY="")
+    env = dict(os.environ, INTDET_API_KEY="", **(env or {}))
     proc = subprocess.Popen(args, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)
     deadline = time.monotonic() + 120
     line = ""
@@ -486,6 +486,68 @@ def test_drain_timeout_ends_requests_whole(model_dir):
     assert set(finishes) <= {"length", "stop", "abort"} and "abort" in finishes, finishes
     log = "".join(proc.log)
     assert "Traceback" not in log and "never retrieved" not in log, log
+
+
+def test_drain_outlasted_by_a_step_ends_every_response_whole(model_dir, llm):
+    """The engine's step in flight never returns (a test hook stalls its 6th
+    forward call for an hour: a long prefill on a slow machine): at
+    --drain-timeout every running or waiting choice still ends as a whole
+    response, finish_reason "abort", holding the tokens its client received
+    and their chain hash (the hash of generating just those tokens), and the
+    server exits 0 without waiting for the step; no traceback."""
+    proc, port = start_server(model_dir, "--drain-timeout", "1", "--max-batch", "16", "--step-tokens", "8",
+                              key=None, env={"INTDET_TEST_STALL_AT": "engine-step-6"})
+    out = {}
+    prompts = [f"prompt number {k} " * (1 + k % 3) for k in range(12)]
+
+    def one(k):
+        body = {"max_tokens": 150, "temperature": 0, "seed": 0}
+        chat = k % 4 >= 2
+        path = "/v1/chat/completions" if chat else "/v1/completions"
+        body.update({"messages": [{"role": "user", "content": prompts[k]}]} if chat else {"prompt": prompts[k]})
+        try:
+            if k % 2 == 0:
+                out[k] = sse(port, path, dict(body, stream=True, stream_options={"include_usage": True}))
+            else:
+                out[k] = post(port, path, body, key=None)
+        except Exception as e:  # noqa: BLE001
+            out[k] = e
+
+    ts = [threading.Thread(target=one, args=(k,)) for k in range(12)]
+    for t in ts:
+        t.start()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and stats_open(port)["requests"] < 12:
+        time.sleep(0.02)
+    assert stats_open(port)["steps"] == 5  # stalled in the 6th step, every request submitted
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    for t in ts:
+        t.join(30)
+    assert proc.wait(30) == 0 and time.monotonic() - t0 < 20
+    for k in range(12):
+        r = out[k]
+        assert not isinstance(r, Exception), (k, r)
+        chat = k % 4 >= 2
+        if k % 2 == 0:
+            ends = [c["choices"][0] for c in r if c["choices"] and c["choices"][0]["finish_reason"]]
+            assert len(ends) == 1 and ends[0]["finish_reason"] == "abort", r[-3:]
+            text = "".join((c["choices"][0]["delta"].get("content") or "") if chat else c["choices"][0]["text"]
+                           for c in r if c["choices"])
+            n_out, got_hash = r[-1]["usage"]["completion_tokens"], ends[0]["hash"]
+        else:
+            status, b = r
+            assert status == 200, b
+            c = b["choices"][0]
+            assert c["finish_reason"] == "abort", c
+            text = c["message"]["content"] if chat else c["text"]
+            n_out, got_hash = b["usage"]["completion_tokens"], c["hash"]
+        sp = intdet.SamplingParams(max_tokens=n_out, temperature=0, seed=0)
+        want = (llm.chat([{"role": "user", "content": prompts[k]}], sp) if chat else llm.generate(prompts[k], sp))
+        assert got_hash == want.hash and want.text.startswith(text), (k, n_out, text, want.text)
+    log = "".join(proc.log)
+    assert "Traceback" not in log and "never retrieved" not in log, log
+    assert "ended with finish_reason \"abort\"" in log, log
 
 
 def test_disconnect_while_waiting_logs_nothing(model_dir):

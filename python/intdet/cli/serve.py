@@ -2,10 +2,12 @@
 
 Binds to 127.0.0.1 unless --host says otherwise; --api-key (or
 $INTDET_API_KEY) requires ``Authorization: Bearer KEY`` on every endpoint but
-/health. SIGTERM or Ctrl-C: stop accepting connections, let running
-requests finish for up to --drain-timeout seconds, then cancel what is left
-(a second before the deadline, so each still gets a whole response with
-finish_reason "abort") and exit 0. It prints one line ``intdet serve: listening on http://HOST:PORT
+/health. SIGTERM or Ctrl-C: stop accepting connections (a request on a kept-alive
+connection gets a 503), let running requests finish for up to
+--drain-timeout seconds, then end every choice still running at once, from
+the event loop, as a whole response with finish_reason "abort" (a stream's
+last chunk and [DONE]; the text and hash of the tokens sent), whatever the
+engine's step in flight, and exit 0 without waiting for that step. It prints one line ``intdet serve: listening on http://HOST:PORT
 (model NAME)`` on stderr once it accepts connections (--port 0 picks a free
 port, named there).
 """
@@ -20,6 +22,10 @@ import click
 from ..errors import IntdetError
 from .errors import user_errors
 from .options import _log, draft_error, model_options, spec_draft_options, spec_settings
+
+# Seconds after --drain-timeout before uvicorn cancels what is left: a
+# backstop only, since the drain ends every choice at --drain-timeout.
+DRAIN_BACKSTOP = 5
 
 
 @click.command("serve")
@@ -100,7 +106,8 @@ def serve(model, revision, weights, device, threads, host, port, max_batch, step
     config = uvicorn.Config(app, http=protocol_class(idle_timeout), log_level="info" if verbose else "warning",
                             access_log=verbose,
                             # uvicorn counts the connection being checked: N + 1 lets N in
-                            limit_concurrency=max_connections + 1, timeout_graceful_shutdown=drain_timeout,
+                            limit_concurrency=max_connections + 1,
+                            timeout_graceful_shutdown=drain_timeout + DRAIN_BACKSTOP,
                             lifespan="on", server_header=False)
     server = uvicorn.Server(config)
     h, p = sock.getsockname()[:2]
@@ -115,15 +122,22 @@ def serve(model, revision, weights, device, threads, host, port, max_batch, step
 
     server.startup = startup
     orig_shutdown = server.shutdown
+    srv = app.state.server
+
+    def deadline():
+        # Ends every choice still running on the event loop itself, from what
+        # its client has received: an engine step in flight (a long prefill)
+        # may outlast the drain, and uvicorn's hard cancel, which cuts
+        # responses off, comes only DRAIN_BACKSTOP seconds later.
+        n = srv.abort_all()
+        llm.scheduler.cancel_all()
+        if n:
+            click.echo(f"intdet serve: drain timeout: {n} running choice(s) ended with finish_reason \"abort\"",
+                       err=True)
 
     async def shutdown(sockets=None):
-        # uvicorn cancels the tasks still running when the drain time is up,
-        # which cuts their responses off (a bare 500, a stream without its
-        # end). Cancelling intdet's own requests a moment earlier ends each as
-        # a whole response instead: finish_reason "abort", and a stream's last
-        # chunk and [DONE].
-        lead = min(1.0, drain_timeout / 2)
-        timer = asyncio.get_running_loop().call_later(drain_timeout - lead, llm.scheduler.cancel_all)
+        srv.draining = True  # a request on a kept-alive connection gets a 503 from now on
+        timer = asyncio.get_running_loop().call_later(drain_timeout, deadline)
         try:
             await orig_shutdown(sockets=sockets)
         finally:
@@ -140,7 +154,15 @@ def serve(model, revision, weights, device, threads, host, port, max_batch, step
     finally:
         for s, h in before.items():
             signal.signal(s, h)
-    if got:
-        click.echo(f"intdet serve: stopped ({signal.Signals(got[0]).name})", err=True)
     if getattr(server, "started", True) is False:
         raise IntdetError("the server did not start (see the lines above)")
+    if got:
+        click.echo(f"intdet serve: stopped ({signal.Signals(got[0]).name})", err=True)
+    if llm.scheduler.busy:
+        # Every response is answered; the engine thread is inside a forward
+        # call that cannot be interrupted (its results are not wanted).
+        # Leaving now without waiting for it, and without the interpreter's
+        # teardown running beside native code still in flight.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)

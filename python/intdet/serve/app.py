@@ -110,7 +110,10 @@ def create_app(llm: LLM, model_name: str, api_key: str | None = None, limits: Li
         try:
             yield
         finally:
-            llm.scheduler.shutdown(cancel=True, timeout=30)
+            # Every response has been answered (the drain saw to it); a
+            # forward call still in flight is not waited for long
+            # (cli/serve.py leaves without it).
+            llm.scheduler.shutdown(cancel=True, timeout=2)
 
     app = Starlette(routes=routes, lifespan=lifespan,
                     exception_handlers={HTTPException: not_found, 500: server_error})

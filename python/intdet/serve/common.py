@@ -75,6 +75,93 @@ class Mailbox:
             q.put_nowait(ev)
 
 
+class RunQueue(asyncio.Queue):
+    """One choice's events on the event loop, and what they have delivered
+    so far (tokens, text, log-probabilities, the chain hash's state).
+
+    ``abort()`` ends the choice on the loop at once, without waiting for the
+    engine (whose step may run for seconds): it queues a "done" event whose
+    ``request`` is an ``Aborted`` built from what was delivered, and drops
+    the engine's later events. The server's drain relies on it."""
+
+    def __init__(self, req):
+        super().__init__()
+        self.req = req
+        self.tokens: list[int] = []
+        self.text = ""
+        self.token_logprobs: list = []
+        self.chain_state: bytes | None = None
+        self.ended = False  # a done/error event was queued (the engine's or abort's)
+        self.aborted: "Aborted | None" = None
+
+    def put_nowait(self, ev) -> None:
+        if self.aborted is not None:
+            return  # the engine caught up after the abort: the client has its answer
+        if ev.kind == "token":
+            if ev.token is not None:
+                self.tokens.append(ev.token)
+                self.chain_state = ev.chain_state
+            if ev.logprob is not None:
+                self.token_logprobs.append(ev.logprob)
+            self.text += ev.text
+        else:
+            self.ended = True
+        super().put_nowait(ev)
+
+    def abort(self, llm) -> "Aborted | None":
+        """End this choice now as finish_reason "abort" (cancelling its
+        request); returns the Aborted result, or None when it had ended."""
+        if self.ended or self.aborted is not None:
+            return None
+        self.req.cancel()
+        self.aborted = Aborted(self, llm)
+        self.ended = True
+        super().put_nowait(_AbortEvent(self.aborted))
+        return self.aborted
+
+
+class Aborted:
+    """The result of a choice the drain ended: the fields the endpoints read
+    from a scheduler Request, filled from the events the client received
+    (the text held back for a stop string is not in it). ``hash`` is the
+    chain hash after the received tokens (docs/chain-hash.md), the hash of
+    a request cancelled at that point."""
+
+    finish_reason = "cancelled"
+    error = ""
+    stop_string = None
+
+    def __init__(self, q: RunQueue, llm):
+        from ..hashing import ChainHash
+
+        req = q.req
+        self.prompt_ids, self.sampler, self.cached_tokens = req.prompt_ids, req.sampler, req.cached_tokens
+        self.prompt_logprobs, self.logprobs = req.prompt_logprobs, req.logprobs
+        pl = list(req.prompt_token_logprobs)  # filled by prefill; pad what it has not reached
+        self.prompt_token_logprobs = pl + [None] * (len(req.prompt_ids) - len(pl))
+        self.tokens, self.text, self.token_logprobs = list(q.tokens), q.text, list(q.token_logprobs)
+        if q.chain_state is None:  # no token yet: the hash of the prompt alone
+            h = ChainHash(llm.lm.cfg["format_version"], llm.lm.model_sha256, req.prompt_ids[:req.score_from])
+            q.chain_state = h.state
+        self.hash = q.chain_state.hex()[:12]
+        self.done = threading.Event()
+        self.done.set()
+
+    def cancel(self) -> None:
+        pass
+
+
+class _AbortEvent:
+    kind = "done"
+    token = None
+    text = ""
+    logprob = None
+    error = ""
+
+    def __init__(self, result: Aborted):
+        self.request = result
+
+
 class Server:
     """The state the endpoints share over one ``LLM`` whose scheduler runs
     in its thread, and the request plumbing they call."""
@@ -85,8 +172,10 @@ class Server:
         self.api_key = api_key
         self.limits = limits or Limits()
         self.created = int(time.time())
-        self.counts = {"requests": 0, "cancelled": 0, "errors": 0}
+        self.counts = {"requests": 0, "cancelled": 0, "errors": 0, "aborted": 0}
         self._mailbox: Mailbox | None = None
+        self.draining = False  # set by the drain: new requests get a 503
+        self._live: dict[int, list] = {}  # id -> a request's runs list, while its endpoint answers
 
     # ------------------------------------------------------------ plumbing
 
@@ -189,14 +278,20 @@ class Server:
                              f"{len(ids) + max_tokens} ({len(ids)} in the prompt, {max_tokens} for max_tokens)", name)
 
     def launch(self, loop, jobs):
-        """Submit (prompt_ids, SamplingParams) jobs; returns [(scheduler Request, asyncio.Queue)]."""
+        """Submit (prompt_ids, SamplingParams) jobs; returns the runs list
+        [(scheduler Request, RunQueue)]. The list is live until the endpoint
+        calls ``finished(runs)`` (``wait_all`` and ``sse`` do): the drain
+        replaces the pair of a choice it aborts by (Aborted, RunQueue)."""
+        if self.draining:
+            raise BadRequest("the server is shutting down", status=503)
         if self._mailbox is None or self._mailbox.loop is not loop:
             self._mailbox = Mailbox(loop)
         post = self._mailbox.post
         out = []
         for ids, sp in jobs:
-            q: asyncio.Queue = asyncio.Queue()
+            q = RunQueue(None)
             req = self.llm.request(ids, sp, on_event=lambda ev, q=q: post(q, ev))
+            q.req = req
             out.append((req, q))
         try:
             for req, _ in out:
@@ -206,11 +301,36 @@ class Server:
                 req.cancel()
             raise BadRequest(str(e), status=503 if "shutting down" in str(e) else 400) from None
         self.counts["requests"] += len(out)
+        self._live[id(out)] = out
         return out
 
-    @staticmethod
-    async def wait_all(request: Request, runs):
+    def finished(self, runs) -> None:
+        """The endpoint has answered for ``runs``: the drain leaves them be."""
+        self._live.pop(id(runs), None)
+
+    def abort_all(self) -> int:
+        """The drain's deadline (on the event loop): end every choice still
+        running as a whole finish_reason "abort" answer now, whatever the
+        engine's step in flight; returns how many were ended."""
+        n = 0
+        for runs in list(self._live.values()):
+            for i, (_, q) in enumerate(runs):
+                res = q.abort(self.llm)
+                if res is not None:
+                    runs[i] = (res, q)
+                    n += 1
+        self.counts["aborted"] += n
+        return n
+
+    async def wait_all(self, request: Request, runs):
         """Wait until every run is done; a client that disconnects cancels them."""
+        try:
+            await self._wait_all(request, runs)
+        finally:
+            self.finished(runs)
+
+    @staticmethod
+    async def _wait_all(request: Request, runs):
 
         async def disconnected():
             while True:

@@ -60,6 +60,7 @@ def sse(srv, request, runs, chunk, n_prompt, include_usage, usage_chunk, first=N
                 yield _sse(usage_chunk(srv.usage(runs, n_prompt, n_out)))
             yield "data: [DONE]\n\n"
         finally:
+            srv.finished(runs)
             for p in pumps:
                 p.cancel()
             for req, _ in runs:
