@@ -282,7 +282,8 @@ def test_tokenize_detokenize_models_health(server, llm):
 
 def test_api_key_on_every_endpoint_but_health(server):
     for method, path in (("GET", "/v1/models"), ("POST", "/v1/completions"), ("POST", "/v1/chat/completions"),
-                         ("POST", "/tokenize"), ("POST", "/detokenize"), ("GET", "/stats"), ("GET", "/nope")):
+                         ("POST", "/tokenize"), ("POST", "/detokenize"), ("GET", "/stats"), ("GET", "/metrics"),
+                         ("GET", "/nope")):
         for key in (None, "wrong", KEY + "x"):
             status, r = request(server, method, path, {"prompt": "x"}, key=key)
             assert status == 401 and r["error"]["type"] == "authentication_error", (method, path, key)
