@@ -263,8 +263,9 @@ class LLM:
             source ``model`` accepts, or a LoadedModel) whose greedy tokens
             are the drafts (spec_tokens 0 then means 4), on ``device``.
         prefix_cache: keep finished requests' KV for prompts that start
-            with the same tokens (prefix_cache.py; the same bits as a cold
-            run; every device).
+            with the same tokens (prefix_cache.py; every device). On by
+            default, as in vLLM and llama-server: a hit gives the same bits
+            as a cold run, so only memory (within kv_bytes) and speed change.
         progress: a conversion progress bar on stderr; notice: None or a
             callable given a one-line message when the model is converted
             into the cache (or waits for another process converting it).
@@ -275,7 +276,7 @@ class LLM:
                  weights: Union[str, None] = None, revision: Union[str, None] = None,
                  max_batch: int = DEFAULT_MAX_BATCH, step_tokens: int = DEFAULT_STEP_TOKENS,
                  kv_bytes: int = DEFAULT_KV_BYTES, progress: bool = False, notice=None, spec_tokens: int = 0,
-                 prefix_cache: bool = False, draft_model=None):
+                 prefix_cache: bool = True, draft_model=None):
         from .model import Engine, LoadedModel, load_model
         from .resolve import resolve_model
 

@@ -47,6 +47,7 @@ class PrefixCache:
         self.bytes = 0
         self._next = 0
         self.lookups = self.hits = self.hit_tokens = 0
+        self.query_tokens = 0  # prompt tokens looked up (vLLM's prefix_cache_queries; hit_tokens: its hits)
 
     def __len__(self) -> int:
         """Retired entries held (live ones are the running requests')."""
@@ -57,6 +58,7 @@ class PrefixCache:
         and m = the positions to reuse (< len(prompt)), or (None, 0) when no
         entry shares min_tokens. A hit becomes the most recently used."""
         self.lookups += 1
+        self.query_tokens += len(prompt)
         p = np.asarray(prompt, dtype=np.int64)
         best, best_m = None, 0
         for key, e in self.entries.items():

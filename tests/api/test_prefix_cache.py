@@ -189,3 +189,18 @@ def test_prefix_cache_on_the_cuda_emulator(engine, monkeypatch):  # noqa: F811
     for x, y, ex, ey in zip(cold, warm, ev0, ev1):
         assert got(y, ey) == got(x, ex)
     assert sch.cache.hits == len(ss) - 1
+
+
+def test_on_by_default_in_the_api(engine):  # noqa: F811
+    """LLM() keeps a prefix cache unless prefix_cache=False: the second of
+    two prompts sharing a header reuses the first's KV, and both give the
+    tokens and hashes of the LLM without the cache."""
+    import intdet
+
+    prompts = [s["prompt"] for s in fewshot(2)]
+    on, off = intdet.LLM(engine.lm), intdet.LLM(engine.lm, prefix_cache=False)
+    assert on.scheduler.cache is not None and off.scheduler.cache is None
+    sp = intdet.SamplingParams(max_tokens=8, temperature="0.8", seed=7)
+    warm, cold = [on.generate(p, sp) for p in prompts], [off.generate(p, sp) for p in prompts]
+    assert [(c.tokens, c.hash) for c in warm] == [(c.tokens, c.hash) for c in cold]
+    assert warm[1].cached_tokens >= 60 and cold[1].cached_tokens == 0

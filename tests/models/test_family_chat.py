@@ -237,7 +237,8 @@ def test_cli_chat_and_server_agree(built, serve, tmp_path, case, convs):
     choice = s["choices"][0]
     assert (choice["hash"], choice["message"]["content"]) == (g["hash"], g["text"])
     assert s["usage"] == {"prompt_tokens": len(hf_ids(ref, msgs)), "completion_tokens": len(g["tokens"]),
-                          "total_tokens": len(hf_ids(ref, msgs)) + len(g["tokens"])}
+                          "total_tokens": len(hf_ids(ref, msgs)) + len(g["tokens"]),
+                          "prompt_tokens_details": {"cached_tokens": 0}}  # the prefix cache is on; nothing ran before
     assert g["prompt_tokens"] == len(hf_ids(ref, msgs))
     # intdet chat, two turns: the second reply is the server's for the conversation with the first reply in it
     second = "And then?"

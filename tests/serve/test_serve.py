@@ -282,7 +282,8 @@ def test_tokenize_detokenize_models_health(server, llm):
 
 def test_api_key_on_every_endpoint_but_health(server):
     for method, path in (("GET", "/v1/models"), ("POST", "/v1/completions"), ("POST", "/v1/chat/completions"),
-                         ("POST", "/tokenize"), ("POST", "/detokenize"), ("GET", "/stats"), ("GET", "/nope")):
+                         ("POST", "/tokenize"), ("POST", "/detokenize"), ("GET", "/stats"), ("GET", "/metrics"),
+                         ("GET", "/nope")):
         for key in (None, "wrong", KEY + "x"):
             status, r = request(server, method, path, {"prompt": "x"}, key=key)
             assert status == 401 and r["error"]["type"] == "authentication_error", (method, path, key)
@@ -698,24 +699,32 @@ def test_error_param_is_the_field(server, body, param):
     assert got == 400 and r["error"]["param"] == param, r
 
 
-def test_prefix_cache_server(model_dir, llm):
-    """intdet serve --prefix-cache --spec-ngram: a few-shot prompt sent twice
-    gives the same choices as the API without either, the second with
-    cached prompt tokens in usage; /stats counts the hit and the drafts."""
-    proc, port = start_server(model_dir, "--prefix-cache", "--spec-ngram", "4")
-    try:
-        prompt = "Q: the cat sat on the mat. A: the mat. " * 6 + "Q: the dog sat on the log. A:"
-        body = {"prompt": prompt, "max_tokens": 12, "temperature": 0, "seed": 1}
-        want = llm.generate(prompt, params(body))
-        outs = [post(port, "/v1/completions", body) for _ in range(2)]
-        for status, r in outs:
-            assert status == 200 and r["choices"][0]["hash"] == want.hash and r["choices"][0]["text"] == want.text
-        assert outs[0][1]["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
-        cached = outs[1][1]["usage"]["prompt_tokens_details"]["cached_tokens"]
-        assert 16 <= cached < outs[1][1]["usage"]["prompt_tokens"]
-        status, st = request(port, "GET", "/stats")
-        assert status == 200 and st["prefix_cache"]["hits"] == 1 and st["prefix_cache"]["hit_tokens"] == cached
-        assert st["spec_drafted_tokens"] >= st["spec_accepted_tokens"] >= 0
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(60) == 0
+def test_prefix_cache_server(model_dir):
+    """The prefix cache is on by default (--no-prefix-cache turns it off);
+    with --spec-ngram, a few-shot prompt sent twice gives the same choices
+    with and without the cache, those of the API without either; with it
+    the second request reports cached prompt tokens in usage and /stats
+    counts the hit and the drafts, without it neither exists."""
+    prompt = "Q: the cat sat on the mat. A: the mat. " * 6 + "Q: the dog sat on the log. A:"
+    body = {"prompt": prompt, "max_tokens": 12, "temperature": 0, "seed": 1}
+    cold = intdet.load(model_dir, threads=1, prefix_cache=False)
+    assert cold.scheduler.cache is None
+    want = cold.generate(prompt, params(body))
+    for flags, cache in (((), True), (("--no-prefix-cache",), False)):
+        proc, port = start_server(model_dir, *flags, "--spec-ngram", "4")
+        try:
+            outs = [post(port, "/v1/completions", body) for _ in range(2)]
+            for status, r in outs:
+                assert status == 200 and r["choices"][0]["hash"] == want.hash and r["choices"][0]["text"] == want.text
+            status, st = request(port, "GET", "/stats")
+            assert status == 200 and st["spec_drafted_tokens"] >= st["spec_accepted_tokens"] >= 0
+            if cache:
+                assert outs[0][1]["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
+                cached = outs[1][1]["usage"]["prompt_tokens_details"]["cached_tokens"]
+                assert 16 <= cached < outs[1][1]["usage"]["prompt_tokens"]
+                assert st["prefix_cache"]["hits"] == 1 and st["prefix_cache"]["hit_tokens"] == cached
+            else:
+                assert all("prompt_tokens_details" not in r["usage"] for _, r in outs) and "prefix_cache" not in st
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(60) == 0

@@ -111,9 +111,10 @@ def generate(ctx, prompt, prompt_opt, file, ids, chat, system, truncate, model, 
                               meta.get("bos_token_id"))
     # The Python API's scheduler runs the request (one sequence; prefill in
     # PREFILL_CHUNK calls, Ctrl-C honoured between them); the whole KV cache
-    # is the request's, so no KV budget applies.
+    # is the request's, so no KV budget applies (and one request leaves a
+    # prefix cache nothing to reuse).
     try:
-        llm = LLM(lm, device, threads, max_batch=1, step_tokens=PREFILL_CHUNK, kv_bytes=1 << 62,
+        llm = LLM(lm, device, threads, max_batch=1, step_tokens=PREFILL_CHUNK, kv_bytes=1 << 62, prefix_cache=False,
                   spec_tokens=spec_tokens, draft_model=draft_model, revision=revision, weights=weights)
     except IntdetError as e:
         raise draft_error(e) from None

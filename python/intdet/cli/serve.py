@@ -40,7 +40,7 @@ DRAIN_BACKSTOP = 5
 @click.option("--spec-ngram", "spec_ngram", default=0, show_default=True, type=click.IntRange(0, 64), metavar="K",
               help="Speculative decoding: up to K prompt-lookup drafts per decode step (the same outputs).")
 @spec_draft_options
-@click.option("--prefix-cache/--no-prefix-cache", default=False, show_default=True,
+@click.option("--prefix-cache/--no-prefix-cache", default=True, show_default=True,
               help="Keep finished requests' KV for prompts that start with the same tokens (the same outputs).")
 @click.option("--api-key", default=None, metavar="KEY",
               help="Require 'Authorization: Bearer KEY' (default: $INTDET_API_KEY; none = open).")

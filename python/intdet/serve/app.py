@@ -23,7 +23,8 @@ answers. The rest of serve/, one job a module:
 * logprobs.py: log-probabilities in the responses' shapes
 * completions.py: ``POST /v1/completions``
 * chat.py: ``POST /v1/chat/completions``
-* misc.py: ``/health``, ``/stats``, ``/v1/models``, ``/tokenize``, ``/detokenize``
+* misc.py: ``/health``, ``/stats``, ``/metrics``, ``/v1/models``, ``/tokenize``, ``/detokenize``
+* metrics.py: the Prometheus metrics behind ``/metrics`` (vLLM's names)
 * protocol.py: the request shapes; http.py: uvicorn protocol additions
 
 Add an endpoint: a function ``(srv, request)`` in a module of serve/ plus
@@ -95,6 +96,7 @@ def create_app(llm: LLM, model_name: str, api_key: str | None = None, limits: Li
     routes = [
         Route("/health", guarded(misc.health, auth=False), methods=["GET"]),
         Route("/stats", guarded(misc.stats), methods=["GET"]),
+        Route("/metrics", guarded(misc.metrics), methods=["GET"]),
         Route("/v1/models", guarded(misc.models), methods=["GET"]),
         Route("/tokenize", guarded(misc.tokenize), methods=["POST"]),
         Route("/detokenize", guarded(misc.detokenize), methods=["POST"]),

@@ -19,6 +19,7 @@ from starlette.responses import JSONResponse
 from ..api import LLM, SamplingParams
 from ..errors import IntdetError
 from . import protocol as P
+from .metrics import Metrics
 
 FINISH = {"eos": "stop", "stop": "stop", "length": "length", "context": "length", "cancelled": "abort",
           "error": "error"}
@@ -173,6 +174,7 @@ class Server:
         self.limits = limits or Limits()
         self.created = int(time.time())
         self.counts = {"requests": 0, "cancelled": 0, "errors": 0, "aborted": 0}
+        self.metrics = Metrics(llm.scheduler, model_name, llm.context_length, FINISH)
         self._mailbox: Mailbox | None = None
         self.draining = False  # set by the drain: new requests get a 503
         self._live: dict[int, list] = {}  # id -> a request's runs list, while its endpoint answers
@@ -286,11 +288,17 @@ class Server:
             raise BadRequest("the server is shutting down", status=503)
         if self._mailbox is None or self._mailbox.loop is not loop:
             self._mailbox = Mailbox(loop)
-        post = self._mailbox.post
+        post, finished = self._mailbox.post, self.metrics.finished
+
+        def on_event(ev, q):
+            if ev.kind != "token":  # counted before the client can see the end
+                finished(ev.request)
+            post(q, ev)
+
         out = []
         for ids, sp in jobs:
             q = RunQueue(None)
-            req = self.llm.request(ids, sp, on_event=lambda ev, q=q: post(q, ev))
+            req = self.llm.request(ids, sp, on_event=lambda ev, q=q: on_event(ev, q))
             q.req = req
             out.append((req, q))
         try:

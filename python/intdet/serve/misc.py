@@ -1,5 +1,5 @@
-"""The small endpoints: ``GET /health``, ``GET /stats``, ``GET /v1/models``,
-``POST /tokenize`` and ``POST /detokenize``."""
+"""The small endpoints: ``GET /health``, ``GET /stats``, ``GET /metrics``,
+``GET /v1/models``, ``POST /tokenize`` and ``POST /detokenize``."""
 
 from __future__ import annotations
 
@@ -24,6 +24,13 @@ async def stats(srv, request: Request):
                                               "lookups": s.cache.lookups, "hits": s.cache.hits,
                                               "hit_tokens": s.cache.hit_tokens}} if s.cache is not None else {}),
                          **srv.counts})
+
+
+async def metrics(srv, request: Request):
+    """Prometheus metrics (metrics.py): text format, or OpenMetrics when the
+    scraper's Accept header asks for it."""
+    body, content_type = srv.metrics.render(request.headers.get("accept"))
+    return Response(body, media_type=content_type)
 
 
 async def models(srv, request: Request):
