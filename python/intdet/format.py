@@ -17,6 +17,10 @@ FORMAT_VERSION = 2  # csrc/include/intdet/loader.h kFormatVersion
 WEIGHT_FORMATS = ("int8", "int4")
 W4_GROUP = 32  # int4 weights: inputs per group
 W4_MAX = 2047  # |gd * u + gm| <= 2047 for every code u in 0..15
+# config.json's record of model.safetensors' sha256 at conversion, which
+# loading compares (model.py); models converted before it have none.
+MODEL_SHA256_KEY = "model_sha256"
+SKIP_SHA256_ENV = "INTDET_SKIP_SHA256_CHECK"
 # Every file `intdet convert` writes into a model directory.
 MODEL_FILES = frozenset({"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"})
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -19,6 +20,7 @@ import numpy as np
 
 from .background import Background, sha256_file
 from .errors import IntdetError
+from .format import MODEL_SHA256_KEY, SKIP_SHA256_ENV
 from .safetensors_io import SafetensorsFile
 from .sampling import draw_u64
 
@@ -45,10 +47,33 @@ class LoadedModel:
     def model_sha256(self) -> str:
         """sha256 of model.safetensors (hex). It is computed on a thread from
         load_model on, beside the engine's checks and packing (which release
-        the GIL); the first use waits for it."""
+        the GIL); the first use waits for it (Engine's constructor, after
+        packing) and compares it with the one config.json recorded at
+        conversion (check_recorded_sha256: IntdetError on a mismatch)."""
         if not isinstance(self.sha256_job, str):
-            self.sha256_job = self.sha256_job.result()
+            got = self.sha256_job.result()
+            check_recorded_sha256(self.cfg, got, self.st_path or os.path.join(self.path, "model.safetensors"))
+            self.sha256_job = got
         return self.sha256_job
+
+    def check_sha256(self) -> str:
+        """Wait for model_sha256 (and so its check against config.json's
+        record); returns it. Raises IntdetError on a mismatch."""
+        return self.model_sha256
+
+
+def check_recorded_sha256(cfg: dict, got: str, st_path: str) -> None:
+    """IntdetError (field "model") when config.json records a sha256 of
+    model.safetensors (``model_sha256``, written by convert) that differs
+    from ``got``, the file's sha256 now: it was damaged or changed after
+    conversion. Models converted before the record existed pass, as does
+    any model with INTDET_SKIP_SHA256_CHECK=1."""
+    recorded = cfg.get(MODEL_SHA256_KEY)
+    if recorded is None or recorded == got or os.environ.get(SKIP_SHA256_ENV, "") not in ("", "0"):
+        return
+    raise IntdetError(f"{st_path}: sha256 {got} does not match the {recorded} recorded in config.json at "
+                      f"conversion (the file is damaged or was changed; {SKIP_SHA256_ENV}=1 loads it anyway)",
+                      field="model")
 
 
 def load_model(path: str) -> LoadedModel:
@@ -70,6 +95,10 @@ def load_model(path: str) -> LoadedModel:
         cfg = json.loads(text)
     except (OSError, ValueError) as e:
         raise IntdetError(f"{cfg_path}: cannot read JSON ({e})") from None
+    recorded = cfg.get(MODEL_SHA256_KEY) if isinstance(cfg, dict) else None
+    if recorded is not None and not (isinstance(recorded, str) and re.fullmatch(r"[0-9a-f]{64}", recorded)):
+        raise IntdetError(f"{cfg_path}: {MODEL_SHA256_KEY} must be 64 lowercase hex digits, not {recorded!r:.80}",
+                          field=MODEL_SHA256_KEY)
     st = SafetensorsFile(st_path)
     job = Background(sha256_file, st_path)  # reads the whole file: alongside the checks below
     tensors = {name: st.get(name) for name in st.names()}
@@ -272,6 +301,8 @@ class Engine:
                 raise IntdetError(str(e)) from None
             except RuntimeError as e:  # out of device memory, a driver error
                 raise IntdetError(f"--device cuda: {e}") from None
+        # model.safetensors' sha256, read beside the packing, against config.json's record
+        lm.check_sha256()
 
     def forward_batch(self, seqs, tokens, all_logits=False, out: np.ndarray | None = None):
         """Advance several sequences in one call (their rows share every linear

@@ -1,7 +1,8 @@
 """Pre-flight checks: refuse a conversion or a load that cannot fit, with
 the estimate and what the machine has, instead of an OOM kill halfway.
 
-Estimates come from header sizes only (nothing is read or allocated):
+Estimates come from header sizes only (nothing is read or allocated;
+check_disk is also compress's and decompress's output check):
 - convert: the output's bytes must fit on the output's file system; its
   memory is bounded (quantize.BLOCK_ELEMS row blocks, the source mapped),
   so only the working set is compared with available memory;
@@ -11,7 +12,7 @@ Estimates come from header sizes only (nothing is read or allocated):
 Available memory is MemAvailable from /proc/meminfo, lowered to the cgroup
 limit where one applies (containers); where neither can be read the check
 passes. ``INTDET_SKIP_PREFLIGHT=1`` skips the memory checks (the estimate
-is deliberately conservative).
+is deliberately conservative) and compress's and decompress's disk check.
 """
 
 from __future__ import annotations
@@ -108,25 +109,54 @@ def mem_available() -> int | None:
     return avail
 
 
-def _skipped() -> bool:
+def skipped() -> bool:
+    """INTDET_SKIP_PREFLIGHT is set (not "" or "0")."""
     return os.environ.get("INTDET_SKIP_PREFLIGHT", "") not in ("", "0")
+
+
+def existing_parent(path: str) -> str:
+    """The nearest existing directory above ``path`` (its file system is the
+    one a new file or directory at ``path`` lands on)."""
+    parent = os.path.dirname(os.path.abspath(path)) or "."
+    while not os.path.isdir(parent):  # convert creates missing parents
+        parent = os.path.dirname(parent)
+    return parent
+
+
+def disk_free(directory: str) -> int | None:
+    """Bytes an unprivileged process may still write on ``directory``'s file
+    system (statvfs f_bavail); None where unknown or a pseudo file system."""
+    try:
+        st = os.statvfs(directory)
+    except (OSError, AttributeError):
+        return None
+    return st.f_bavail * st.f_frsize if st.f_blocks else None  # no blocks: a pseudo file system (/proc)
+
+
+def size_text(n: int) -> str:
+    """n bytes as GiB, or MiB/KiB/bytes for a small n."""
+    if n >= GiB:
+        return gib(n)
+    if n >= 1 << 20:
+        return f"{n / (1 << 20):.1f} MiB"
+    return f"{n / 1024:.1f} KiB" if n >= 1024 else f"{n} bytes"
+
+
+def check_disk(need: int, directory: str, what: str, margin: int = 0, fmt=size_text, hint: str = "") -> None:
+    """IntdetError "WHAT needs N but DIRECTORY has M free[; HINT]" (sizes
+    written by ``fmt``) when ``need`` + ``margin`` bytes do not fit on
+    ``directory``'s file system; passes where the free space is unknown."""
+    free = disk_free(directory)
+    if free is not None and need + margin > free:
+        raise IntdetError(f"{what} needs {fmt(need)} but {directory} has {fmt(free)} free" + (f"; {hint}" if hint else ""))
 
 
 def check_convert(output_bytes: int, out_dir: str, available=None) -> None:
     """IntdetError naming the numbers if the converted model (output_bytes)
     cannot fit on out_dir's file system, or the conversion's working set
     does not fit in memory."""
-    parent = os.path.dirname(os.path.abspath(out_dir)) or "."
-    while not os.path.isdir(parent):  # convert creates missing parents
-        parent = os.path.dirname(parent)
-    try:
-        st = os.statvfs(parent)
-        free = st.f_bavail * st.f_frsize if st.f_blocks else None  # no blocks: a pseudo file system (/proc)
-    except (OSError, AttributeError):
-        free = None
-    if free is not None and output_bytes + (64 << 20) > free:
-        raise IntdetError(f"{out_dir}: the converted model needs {gib(output_bytes)} but {parent} has {gib(free)} free")
-    avail = None if _skipped() else (available or mem_available)()
+    check_disk(output_bytes, existing_parent(out_dir), f"{out_dir}: the converted model", margin=64 << 20, fmt=gib)
+    avail = None if skipped() else (available or mem_available)()
     if avail is not None and CONVERT_WORKING_SET > avail:
         raise IntdetError(f"convert: needs about {gib(CONVERT_WORKING_SET)} of memory, {gib(avail)} available")
 
@@ -153,7 +183,7 @@ def check_load(cfg: dict, tensors: dict, where: str, available=None) -> None:
     """IntdetError naming the estimate and the memory available if the CPU
     engine cannot hold the model; names --weights int4 where that would
     fit (for an int8 model)."""
-    if _skipped():
+    if skipped():
         return
     avail = (available or mem_available)()
     if avail is None:

@@ -5,7 +5,10 @@ renamed into place, or copied to stdout, only once complete and, for
 decompress, checked against the header's sha256; an error, Ctrl-C, SIGTERM
 or SIGHUP removes it. An existing output is replaced only with --force,
 also when another run creates it meanwhile (the finished file is hard-linked
-into place, which fails where a name exists).
+into place, which fails where a name exists). The output's free space is
+checked before any work (decompress: the header's original size; compress:
+at most its input's size and chunk records), and a failed write (a full
+disk) is one line naming -o OUT, the temporary file removed.
 """
 
 from __future__ import annotations
@@ -41,16 +44,69 @@ def _open_input(path: str):
     return f, path, size
 
 
+class _Sink:
+    """The temporary output file as compress_stream / decompress_stream
+    write it: an OSError (a full disk, a quota, EFBIG) becomes one
+    IntdetError naming the output, not the temporary file."""
+
+    def __init__(self, f, where: str):
+        self._f, self._where = f, where
+
+    def _call(self, fn, *a):
+        try:
+            return fn(*a)
+        except OSError as e:
+            raise _cannot_write(self._where, e) from None
+
+    def write(self, b):
+        return self._call(self._f.write, b)
+
+    def seek(self, *a):
+        return self._call(self._f.seek, *a)
+
+    def tell(self):
+        return self._call(self._f.tell)
+
+    def flush(self):
+        return self._call(self._f.flush)
+
+    def fileno(self) -> int:
+        return self._f.fileno()
+
+
+def _cannot_write(where: str, e: OSError) -> IntdetError:
+    return IntdetError(f"{where}: cannot write ({e.strerror or e})", field="output")
+
+
+def _check_space(path: str, need: int | None, what: str, hint: str = "") -> None:
+    """Refuse before any work when ``need`` bytes (None: unknown) cannot fit
+    where the output's temporary file goes (``-``: $TMPDIR). The preflight
+    checks' INTDET_SKIP_PREFLIGHT=1 skips it."""
+    import tempfile
+
+    from ..preflight import skipped, check_disk
+
+    if need is None or skipped():
+        return
+    d = tempfile.gettempdir() if path == "-" else os.path.dirname(os.path.abspath(path))
+    check_disk(need, d, f"-o {path}: {what}", hint=hint)
+
+
 @contextlib.contextmanager
-def _output(path: str, force: bool, inp: str = "-"):
-    """Yield a seekable binary temp file; on success it becomes ``path``
-    (``-``: is copied to stdout); on any error it is removed. ``inp``: the
-    input path, which the output may not replace."""
+def _output(path: str, force: bool, inp: str = "-", need: int | None = None, need_what: str = "the output",
+            need_hint: str = ""):
+    """Yield a seekable binary temp file (a _Sink); on success it becomes
+    ``path`` (``-``: is copied to stdout); on any error or signal it is
+    removed. ``inp``: the input path, which the output may not replace.
+    ``need``: bytes the output may take (``need_what`` says what they are,
+    ``need_hint`` what to do if they do not fit), checked against the free
+    space first. Raises IntdetError naming ``-o
+    PATH`` for a bad path, too little space, or a failed write (full disk)."""
     import shutil
     import tempfile
 
     if not path:
-        raise IntdetError("-o: empty path")
+        raise IntdetError("-o: empty path", field="output")
     if path != "-":
         if os.path.isdir(path):
             raise IntdetError(f"-o {path}: is a directory")
@@ -63,30 +119,48 @@ def _output(path: str, force: bool, inp: str = "-"):
         d = os.path.dirname(os.path.abspath(path))
         if not os.path.isdir(d):
             raise IntdetError(f"-o {path}: directory {d} does not exist")
-    tmp = tempfile.NamedTemporaryFile(
-        "w+b", dir=None if path == "-" else os.path.dirname(os.path.abspath(path)),
-        prefix="." + (os.path.basename(path) if path != "-" else "intdet") + ".", suffix=".tmp", delete=False)
+    _check_space(path, need, need_what, need_hint)
+    where = f"-o {path}" if path != "-" else f"-o - (its temporary copy in {tempfile.gettempdir()})"
     with sigterm_raises(hangup=True):  # `kill` or a closed terminal cleans up as Ctrl-C does
+        try:
+            tmp = tempfile.NamedTemporaryFile(
+                "w+b", dir=None if path == "-" else os.path.dirname(os.path.abspath(path)),
+                prefix="." + (os.path.basename(path) if path != "-" else "intdet") + ".", suffix=".tmp",
+                delete=False)
+        except OSError as e:
+            raise IntdetError(f"{where}: cannot create a file there ({e.strerror or e})", field="output") from None
         try:
             umask = os.umask(0)
             os.umask(umask)
             os.chmod(tmp.name, 0o666 & ~umask)  # as open() would create it, not mkstemp's 0600
-            yield tmp
-            tmp.flush()
+            yield _Sink(tmp, where)
+            try:
+                tmp.flush()  # a full disk shows here at the latest (or at fsync)
+                if path != "-":
+                    os.fsync(tmp.fileno())
+                    tmp.close()
+                    _place(tmp.name, path, force)
+            except OSError as e:
+                raise _cannot_write(where, e) from None
             if path == "-":
                 tmp.seek(0)
-                shutil.copyfileobj(tmp, sys.stdout.buffer)
-                sys.stdout.buffer.flush()
+                try:
+                    shutil.copyfileobj(tmp, sys.stdout.buffer)
+                    sys.stdout.buffer.flush()
+                except BrokenPipeError:
+                    raise
+                except OSError as e:  # stdout redirected to a full disk
+                    raise _cannot_write("-o - (standard output)", e) from None
                 tmp.close()
                 os.unlink(tmp.name)
-            else:
-                os.fsync(tmp.fileno())
-                tmp.close()
-                _place(tmp.name, path, force)
         except BaseException:
-            tmp.close()
-            with contextlib.suppress(OSError):
-                os.unlink(tmp.name)
+            try:
+                tmp.close()  # flushes what is buffered: on a full disk it fails again
+            except OSError:
+                pass
+            finally:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp.name)
             raise
 
 
@@ -154,7 +228,15 @@ def compress(inp, output, model, weights, ctx, device, threads, force, as_json):
     if output == "-" or as_json:  # the data or the report would be lost
         _need_stdout()
     fin, name, size = _open_input(inp)
-    with fin as f, _output(output, force, inp) as out:
+    need = None
+    if size is not None and os.path.isfile(inp):  # not stdin or a pipe: its size is known up front
+        from ..compress.codec import DEFAULT_CTX
+        from ..compress.container import compressed_bound
+
+        # chunks hold at least about ctx / 2 bytes (each token is a byte or more)
+        need = compressed_bound(size, (ctx or DEFAULT_CTX) // 2)
+    with fin as f, _output(output, force, inp, need, "the compressed file (at most its input's size and chunk "
+                           "records)", "INTDET_SKIP_PREFLIGHT=1 tries anyway") as out:
         lm = _load(model, None, weights, False)
         eng = _engine(lm, device, threads)
         if ctx is None:
@@ -194,7 +276,7 @@ def decompress(inp, output, model, batch, device, threads, force, as_json):
     fin, name, _ = _open_input(inp)
     with fin as f:
         h = read_header(f, name)
-        with _output(output, force, inp) as out:
+        with _output(output, force, inp, h.orig_len, "the decompressed file") as out:
             # the header's --weights (int4) applies to a -m that needs converting, not to a converted dir
             from ..resolve import is_converted
 

@@ -75,6 +75,18 @@ class Header:
         return b + _CRC.pack(zlib.crc32(b))
 
 
+CHUNK_OVERHEAD = _REC.size + _CRC.size  # bytes of a chunk record before its payload
+HEADER_MAX = _FIXED.size + 2 + 0xFFFF + 1 + 0xFF + _CRC.size  # the longest model name and weights
+
+
+def compressed_bound(n_bytes: int, min_chunk: int) -> int:
+    """About the most bytes a compressed file of ``n_bytes`` can take when
+    no chunk is shorter than ``min_chunk`` bytes (the last may be): every
+    chunk stored (a coded one is smaller, else it is stored), plus each
+    chunk's record and the header."""
+    return HEADER_MAX + n_bytes + CHUNK_OVERHEAD * -(-n_bytes // max(1, min_chunk))
+
+
 def _read_exact(f, n: int, where: str, what: str) -> bytes:
     b = f.read(n)
     if len(b) != n:

@@ -15,8 +15,9 @@ import json
 import os
 import secrets
 
+from ..background import Background, sha256_file
 from ..errors import IntdetError
-from ..format import WEIGHT_FORMATS, is_converted
+from ..format import MODEL_SHA256_KEY, WEIGHT_FORMATS, is_converted
 from ..signals import sigterm_raises
 from ..testhook import signal_at, watch_quantize
 from .output import TMP_PREFIX, check_output, claim, install, old_path, release, remove_tree, sweep_stale
@@ -93,8 +94,12 @@ def _write(fm, plan, src: str, out_dir: str, force: bool) -> None:
             plan.close()
         writer.close()
         signal_at("written")
+        # read back once (the pages are mostly still cached): the blocks were
+        # written out of order by several threads, so no running hash is possible
+        st_sha = Background(sha256_file, os.path.join(tmp, "model.safetensors"))
         cfg = plan.cfg
         cfg["source"] = resolve_source(cfg["source"])
+        cfg[MODEL_SHA256_KEY] = st_sha.result()
         cfg["tokenizer"] = {"bos_token_id": fm.tok_meta.get("bos_token_id"),
                             "eos_token_ids": fm.tok_meta.get("eos_token_ids", [])}
         with open(os.path.join(tmp, "config.json"), "w", encoding="utf-8") as f:
