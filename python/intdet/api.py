@@ -24,7 +24,6 @@ hash), whatever else is in the batch. Log-probabilities are fixed-point
 from __future__ import annotations
 
 import collections
-import functools
 import hashlib
 import json
 import threading
@@ -174,7 +173,8 @@ class Completion:
     prompt position (when asked); truncated: prompt tokens cut;
     spec_drafted / spec_accepted: draft tokens proposed / kept by
     speculative decoding (``LLM(spec_tokens=K)``; 0 without);
-    cached_tokens: prompt positions reused from the prefix cache.
+    cached_tokens: prompt positions reused from the prefix cache;
+    model_version: the sha256 of the weights it ran on (LLM.model_version).
     """
 
     prompt_ids: list
@@ -191,6 +191,7 @@ class Completion:
     spec_drafted: int = 0
     spec_accepted: int = 0
     cached_tokens: int = 0
+    model_version: str = ""
 
     @property
     def cumulative_logprob(self) -> Union[float, None]:
@@ -222,7 +223,8 @@ class Score:
     token is a most likely token at its position (ties count); hash: the
     chain hash of the context with the continuation as if generated (equal
     to ``intdet generate --ids CONTEXT``'s when greedy decoding produces
-    exactly the continuation)."""
+    exactly the continuation); model_version: the sha256 of the weights it
+    ran on (LLM.model_version)."""
 
     context_ids: list
     continuation_ids: list
@@ -230,6 +232,7 @@ class Score:
     logprob_q: int = 0
     is_greedy: bool = True
     hash: str = ""
+    model_version: str = ""
 
     @property
     def logprob(self) -> float:
@@ -332,12 +335,63 @@ class LLM:
     def model_sha256(self) -> str:
         return self.lm.model_sha256
 
-    @functools.cached_property  # every streamed chunk names it
+    @property
+    def model_version(self) -> str:
+        """The policy version: the sha256 of the model file the weights in
+        force would be (the chain hash's model id; ``update_weights``
+        changes it). Every Completion and Score names the one it ran on."""
+        return self.lm.model_sha256
+
+    @property
     def system_fingerprint(self) -> str:
         """Names the model file and the format version, nothing of the
         machine: equal fingerprints give equal results."""
-        h = hashlib.sha256(f"intdet-v{self.lm.cfg['format_version']}-{self.lm.model_sha256}".encode()).hexdigest()
-        return f"intdet-v{self.lm.cfg['format_version']}-{h[:16]}"
+        key = (self.lm.cfg["format_version"], self.lm.model_sha256)
+        if getattr(self, "_fingerprint", (None, None))[0] != key:  # every streamed chunk names it: computed once
+            h = hashlib.sha256(f"intdet-v{key[0]}-{key[1]}".encode()).hexdigest()
+            self._fingerprint = (key, f"intdet-v{key[0]}-{h[:16]}")
+        return self._fingerprint[1]
+
+    # ---------------------------------------------------------------- weights
+
+    def update_weights(self, weights, timeout: Union[float, None] = None) -> str:
+        """Swap in new float weights, quantized exactly as ``intdet convert``
+        would quantize them: afterwards every logit equals that of a fresh
+        conversion of the same weights (update.py), on every device.
+
+        Args:
+            weights: a mapping or an iterable of (name, tensor) pairs in
+                Hugging Face names (torch tensors or numpy arrays, float32,
+                float16 or bfloat16), or the path of a .safetensors file or
+                a directory of them. A subset of the model's tensors may be
+                given; the rest keep their values.
+            timeout: seconds to wait for the running requests to finish
+                (the swap happens between them; waiting ones start after it).
+        Returns:
+            The new model_version (64 hex digits).
+        Raises:
+            IntdetError (field "weights") naming the tensor: an unknown
+            name, a wrong shape, a dtype that is not float, NaN/Inf, an
+            RMSNorm whose fixed-point exponent changes without the layers
+            reading it; (field "model") a model converted before config.json
+            recorded "hparams". The old weights stay in force whole.
+
+        The prefix cache is emptied (its KV was computed with the old
+        weights). The model directory on disk is not changed.
+        """
+        from .convert import quantize_workers
+        from .update import plan_update
+
+        tensors, cfg, sha, _ = plan_update(self.lm, weights, workers=quantize_workers())
+
+        def swap():
+            self.engine.replace_weights(cfg, tensors, sha)
+            if self.scheduler.cache is not None:
+                self.scheduler.cache.clear()
+            return sha
+
+        with self._run_lock:
+            return self.scheduler.exclusive(swap, timeout)
 
     # ---------------------------------------------------------------- text
 
@@ -437,7 +491,7 @@ class LLM:
                           prompt_logprobs=list(req.prompt_token_logprobs) if req.prompt_logprobs is not None else None,
                           truncated=req.truncated, error=req.error,
                           spec_drafted=req.spec_drafted, spec_accepted=req.spec_accepted,
-                          cached_tokens=req.cached_tokens)
+                          cached_tokens=req.cached_tokens, model_version=req.model_version)
 
     def _run(self, reqs: list) -> None:
         with self._run_lock:
@@ -526,7 +580,7 @@ class LLM:
             lps = [t for t in req.prompt_token_logprobs[len(c_ids):] if t is not None]  # every position has one
             greedy = all(t.logprob_q == t.top[0][1] for t in lps)
             lps = [TokenLogprob(t.token, t.logprob_q, t.top[:top]) for t in lps]
-            out.append(Score(c_ids, k_ids, lps, sum(t.logprob_q for t in lps), greedy, req.hash))
+            out.append(Score(c_ids, k_ids, lps, sum(t.logprob_q for t in lps), greedy, req.hash, req.model_version))
         return out if continuation is None else out[0]
 
 

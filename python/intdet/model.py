@@ -304,6 +304,39 @@ class Engine:
         # model.safetensors' sha256, read beside the packing, against config.json's record
         lm.check_sha256()
 
+    def replace_weights(self, cfg: dict, tensors: dict, sha256: str) -> None:
+        """Run from now on the model of ``tensors`` (name -> int array, the
+        loader's dtypes and shapes) and ``cfg`` whose model.safetensors
+        would have ``sha256`` (update.plan_update). The backend's model is
+        built (checked, packed, uploaded) before anything is replaced, so
+        an error leaves the old one whole. States made before belong to
+        the old model: drop them first (the scheduler does)."""
+        if self.device == "cpu":
+            try:
+                model = self._core.Model(cfg, tensors, mapped=False, config_path="update_weights",
+                                         tensors_path="update_weights")
+            except ValueError as e:
+                raise IntdetError(str(e)) from None
+        elif self.device == "cuda":
+            try:
+                model = self._core.Model(cfg, tensors, bool(self._model.cuda_graphs), "update_weights",
+                                         "update_weights")
+            except ValueError as e:
+                raise IntdetError(str(e)) from None
+            except RuntimeError as e:
+                raise IntdetError(f"--device cuda: {e}") from None
+        else:  # ref: the numpy spec reads lm.tensors when a state is made
+            from . import _core
+
+            try:
+                _core.check_model(json.dumps(cfg), tensors, "update_weights", "update_weights", mapped=False)
+            except ValueError as e:
+                raise IntdetError(str(e)) from None
+            model = None
+        if model is not None:
+            self._model = model
+        self.lm.cfg, self.lm.tensors, self.lm.sha256_job = cfg, tensors, sha256
+
     def forward_batch(self, seqs, tokens, all_logits=False, out: np.ndarray | None = None):
         """Advance several sequences in one call (their rows share every linear
         layer); returns one int32 logits array per sequence, bit-identical to

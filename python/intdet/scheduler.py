@@ -218,6 +218,7 @@ class Request:
         self._pending = False  # the device lane: a step enqueued on the GPU (submit_pick), not yet waited for
         self._chosen: int | None = None  # this step's token from the chooser
         self.cached_tokens = 0  # prompt positions taken from the prefix cache (not computed)
+        self.model_version = ""  # the model's sha256 when admitted (LLM.update_weights changes it)
         self.truncated = 0  # prompt tokens the API cut (SamplingParams.truncate)
 
     @property
@@ -289,6 +290,7 @@ class Scheduler:
         self.max_running_seen = 0
         self.spec_drafted = self.spec_accepted = 0  # over every request (speculative decoding)
         self._grammar_pool = None  # one worker computing structured-output masks beside the forward call
+        self._exclusive: list = []  # (fn, Future): run with nothing running (exclusive())
 
     # ---------------------------------------------------------------- submit
 
@@ -376,7 +378,7 @@ class Scheduler:
             gone = [r for r in self.waiting if r._cancel]
             if gone:
                 self.waiting = deque(r for r in self.waiting if not r._cancel)
-            while self.waiting and len(self.running) < self.max_batch:
+            while self.waiting and len(self.running) < self.max_batch and not self._exclusive:
                 req = self.waiting[0]
                 need = self._positions(req) * self.kv_per_pos
                 while self.cache is not None and self.kv_used + self.cache.bytes + need > self.kv_bytes and self.cache:
@@ -402,6 +404,7 @@ class Scheduler:
 
         req._n_total = self._positions(req)
         req.t_start = time.perf_counter()
+        req.model_version = self.engine.lm.model_sha256  # the weights it runs on (exclusive() swaps between)
         if req.max_new_tokens > 0 or req.needs_all_logits:
             req._seq = self.engine.new_state(req._n_total)
         req._chain = ChainHash(self.engine.lm.cfg["format_version"], self.engine.lm.model_sha256,
@@ -695,13 +698,52 @@ class Scheduler:
         self._thread = threading.Thread(target=self._loop, name="intdet-engine", daemon=True)
         self._thread.start()
 
+    def exclusive(self, fn, timeout: float | None = None):
+        """Run ``fn()`` with no request running and return its result (or
+        raise its exception): admission pauses, the running requests finish
+        (on what they started with), ``fn`` runs (in the loop thread when
+        ``start`` runs one, else here), then the waiting ones are admitted.
+        LLM.update_weights swaps the weights this way. Without a loop
+        thread, requests still running (a stream not read to its end) are
+        an IntdetError. TimeoutError after ``timeout`` seconds (``fn`` then
+        still runs when its turn comes)."""
+        from concurrent.futures import Future
+
+        if self._thread is None:
+            with self._lock:
+                busy = bool(self.running)
+            if busy:
+                raise IntdetError("requests are running (a stream not read to its end): finish or close them first")
+            return fn()
+        fut: Future = Future()
+        with self._lock:
+            if self._stopping:
+                raise IntdetError("the server is shutting down")
+            self._exclusive.append((fn, fut))
+            self._wake.notify_all()
+        return fut.result(timeout)
+
+    def _run_exclusive(self) -> None:
+        with self._lock:
+            if not self._exclusive or self.running:
+                return
+            fn, fut = self._exclusive.pop(0)
+        if fut.set_running_or_notify_cancel():
+            try:
+                fut.set_result(fn())
+            except BaseException as e:  # noqa: BLE001  (handed to the caller)
+                fut.set_exception(e)
+
     def _loop(self) -> None:
         while True:
             with self._lock:
-                while not self.waiting and not self.running and not self._stopping:
+                while not self.waiting and not self.running and not self._stopping and not self._exclusive:
                     self._wake.wait()
                 if self._stopping and not self.running and not self.waiting:
+                    for _, fut in self._exclusive:
+                        fut.cancel()
                     return
+            self._run_exclusive()
             try:
                 self.step()
             except Exception as e:  # noqa: BLE001  (a bug here must not leave clients waiting forever)

@@ -243,6 +243,7 @@ class Plan:
 
     def __init__(self, cfg: dict):
         self.cfg, self.specs, self.static, self.jobs = cfg, {}, {}, []
+        self.job_tensors: list[str] = []  # the output name (prefix) of each job's tensor
         self.close = lambda: None  # the progress bar's
 
     def add_static(self, name: str, a: np.ndarray) -> None:
@@ -326,6 +327,7 @@ def _rows_job(plan: Plan, name: str, src, lead: tuple, K: int, quant: str, scale
 
     for i, (lo, hi) in enumerate(blocks):
         plan.jobs.append(lambda put, lo=lo, hi=hi, last=i == len(blocks) - 1: block(put, lo, hi, last))
+        plan.job_tensors.append(name)
 
 
 def plan_model(fm, weights: str = "int8", progress: bool = False) -> Plan:
@@ -443,6 +445,8 @@ def plan_model(fm, weights: str = "int8", progress: bool = False) -> Plan:
             raise IntdetError(f"internal: no quantizer for parameter kind {kind!r}")
     plan.cfg["fixed_point"] = fixed_point_notes(weights, R)
     plan.cfg["norm_gamma_exponents"] = norm_exp
+    if fm.hparams:  # what LLM.update_weights quantizes new weights with (update.py)
+        plan.cfg["hparams"] = fm.hparams
     plan.cfg["source"] = fm.source  # its sha256 may still be computing (sources.resolve_source)
     plan.close = bar.close
     return plan

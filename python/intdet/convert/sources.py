@@ -40,6 +40,16 @@ class FloatModel:
     tokenizer: object = None  # tokenizers.Tokenizer
     tok_meta: dict = field(default_factory=dict)
     source: dict = field(default_factory=dict)
+    # hp as it stood before the family's weight fix-ups (some of which
+    # consume keys: Granite's multipliers), without "layers": config.json's
+    # "hparams", from which LLM.update_weights quantizes new weights as
+    # this conversion did (update.py)
+    hparams: dict = field(default_factory=dict)
+
+
+def hparams_record(hp: dict) -> dict:
+    """A JSON-ready copy of ``hp`` without the block description."""
+    return json.loads(json.dumps({k: v for k, v in hp.items() if k != "layers"}))
 
 
 def _check_hparams(hp, where, n_tensors):
@@ -144,11 +154,13 @@ def read_gguf(path: str) -> FloatModel:
     hp["tied_embeddings"] = "output" not in weights
     hp["layers"] = arch.blocks(hp)
     models.rope_scaling.take_freq_factors(weights, hp, path)  # llama.cpp's form of Llama 3's RoPE scaling
+    record = hparams_record(hp)
     arch.gguf_transform(weights, hp)
     check_complete(weights, hp, path)
     return FloatModel(
         arch=arch.NAME, hp=hp, weights=weights, tokenizer=tok, tok_meta=meta,
         source={"kind": "gguf", "name": os.path.basename(path), "sha256": Background(sha256_file, path)},
+        hparams=record,
     )
 
 
@@ -280,6 +292,7 @@ def read_hf_dir(path: str) -> FloatModel:
     elif "output" not in weights:
         raise IntdetError(f"{path}: tie_word_embeddings is false but lm_head.weight is missing")
     hp["layers"] = arch.blocks(hp)
+    record = hparams_record(hp)
     if hasattr(arch, "hf_transform"):  # before the check: it may split fused tensors (Phi-3)
         arch.hf_transform(weights, hp)
     check_complete(weights, hp, path)
@@ -299,6 +312,7 @@ def read_hf_dir(path: str) -> FloatModel:
     return FloatModel(
         arch=arch.NAME, hp=hp, weights=weights, tokenizer=tok, tok_meta=tok_meta,
         source={"kind": "hf", "name": os.path.basename(os.path.abspath(path)), "sha256": Background(source_sha256, path)},
+        hparams=record,
     )
 
 
