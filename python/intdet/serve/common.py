@@ -243,9 +243,9 @@ class Server:
     def new_seed(self, given):
         return given if given is not None else int.from_bytes(os.urandom(8), "little")
 
-    def chat_ids(self, messages) -> list:
+    def chat_ids(self, messages, tools=None) -> list:
         try:
-            return self.llm.chat_ids([{"role": m.role, "content": m.text()} for m in messages])
+            return self.llm.chat_ids([m.openai() for m in messages], tools)
         except IntdetError as e:
             msg = str(e)
             raise BadRequest(msg if msg.startswith("messages") else f"messages: {msg}", "messages") from None
