@@ -427,7 +427,7 @@ class CallParser:
     """One reply's text as it is generated, split into content that is safe
     to show now and, at the end, the calls.
 
-    ``push(id)`` -> the content text now safe to show (text that may be the
+    ``push(id)`` -> the content text now safe to show (None: nothing) (text that may be the
     start of a call is held back); ``finish(reply_hash)`` -> (the content not
     yet shown, OpenAI tool_calls or [] when the text holds no valid call).
     The content shown plus the rest equals ``parse``'s content. Ids in
@@ -444,8 +444,8 @@ class CallParser:
         self.content = ""  # the whole content, once finished
         self._shown = 0
 
-    def push(self, token: int) -> str:
-        if int(token) in self._eos:
+    def push(self, token) -> str:
+        if token is None or int(token) in self._eos:  # None: the scheduler's last text event (flushed text)
             return ""
         piece, _ = self._stream.push(token)
         self.text += piece

@@ -191,7 +191,7 @@ def test_stream_parser_agrees(tokenizers, fmt, choice):
     for text in ([call] if fmt == "llama3_json" else ["I will call it.\n" + call]) + ["Plain words <tool", call[:-4]]:
         ids = tok.encode(text, add_special_tokens=False).ids + [1]  # EOS last: no text
         p = CallParser(ts, tok, eos_ids=[1])
-        shown = [p.push(t) for t in ids]
+        shown = [p.push(t) for t in ids] + [p.push(None)]  # None: the scheduler's flushed-text event
         rest, calls = p.finish("abc")
         assert (p.content, calls) == parse_reply(ts, tok, ids, [1], (), "abc")
         assert "".join(shown) + rest == p.content
