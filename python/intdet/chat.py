@@ -45,7 +45,7 @@ def conversation_ids(lm, messages: list[dict], tools: list | None = None) -> lis
     has_calls = any(isinstance(m, dict) and m.get("tool_calls") for m in messages)
     renders = (not has_calls or fmt is None
                or renders_tool_calls(template, meta.get("bos_token") or "", meta.get("eos_token") or ""))
-    msgs, literals = template_messages(messages, fmt, renders)
+    msgs, literals = template_messages(messages, fmt, renders, tools)
     try:
         return encode_messages(lm.tokenizer, meta, msgs, tools=tools, literals=literals)
     except ValueError as e:

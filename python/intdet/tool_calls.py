@@ -182,17 +182,20 @@ def setup(template: Optional[str], tools, tool_choice=None, parallel_tool_calls=
 # ------------------------------------------------------------------ messages
 
 
-def template_messages(messages: list, fmt: Optional[str] = None, renders_calls: bool = True) -> tuple:
+def template_messages(messages: list, fmt: Optional[str] = None, renders_calls: bool = True, tools=None) -> tuple:
     """OpenAI chat messages -> (the template's messages, literals for
     tokenizer.encode_messages). ``developer`` is rendered as ``system``; a
     null content is ""; text parts are joined; an assistant message's
     ``tool_calls[j].function.arguments`` (a JSON string) is given to the
     template as the object it encodes, as vLLM does (templates write it with
     tojson). With ``renders_calls`` false (the template drops tool_calls),
-    the calls are written into the content in the format ``fmt``.
+    the calls are written into the content in the format ``fmt``, its tag
+    as a placeholder no string of messages or ``tools`` holds (literals
+    maps it to the tag's special-token string).
     Raises IntdetError naming ``messages[i]...`` for a bad message."""
     out: list = []
     literals: dict = {}
+    placeholder = None
     for i, m in enumerate(messages):
         where = f"messages[{i}]"
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
@@ -222,7 +225,11 @@ def template_messages(messages: list, fmt: Optional[str] = None, renders_calls: 
                 raise IntdetError(f"{where}.tool_calls: only in an assistant message", field="messages")
             msg["tool_calls"] = [_history_call(c, f"{where}.tool_calls[{j}]") for j, c in enumerate(calls)]
             if not renders_calls and fmt is not None and msg["tool_calls"]:
-                placeholder = "\ue001intdet-call\ue001"
+                if placeholder is None:
+                    blob, n = json.dumps([messages, tools], ensure_ascii=False, default=str), 0
+                    while f"\ue001intdet-call-{n}\ue001" in blob:
+                        n += 1
+                    placeholder = f"\ue001intdet-call-{n}\ue001"
                 literals[placeholder] = START[fmt]
                 text = render_calls(fmt, msg["tool_calls"]).replace(START[fmt], placeholder, 1)
                 msg["content"] = (msg["content"] + "\n" if msg["content"] else "") + text

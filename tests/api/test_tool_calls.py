@@ -168,6 +168,10 @@ def test_template_messages():
     msgs, lits = template_messages([{"role": "assistant", "content": None, "tool_calls": calls}], "granite", False)
     (ph, tag), = lits.items()
     assert tag == "<|tool_call|>" and msgs[0]["content"] == ph + '[{"name": "add", "arguments": {"a": 1, "b": 2}}]'
+    # a placeholder typed by the client is not the one used (it would become the control token)
+    typed = [{"role": "user", "content": ph}, {"role": "assistant", "content": None, "tool_calls": calls}]
+    _, lits2 = template_messages(typed, "granite", False)
+    assert ph not in lits2 and list(lits2.values()) == ["<|tool_call|>"]
     for bad, needle in (([{"role": "tool", "content": "3"}], r"messages\[0\].tool_call_id: required"),
                         ([{"role": "user", "content": None}], r"messages\[0\].content: required"),
                         ([{"role": "robot", "content": "x"}], r"messages\[0\].role: 'robot'"),
