@@ -24,6 +24,7 @@ hash), whatever else is in the batch. Log-probabilities are fixed-point
 from __future__ import annotations
 
 import collections
+import dataclasses
 import hashlib
 import json
 import threading
@@ -44,7 +45,6 @@ DEFAULT_DRAFT_TOKENS = 4  # drafts per step from a draft model (llama.cpp's --dr
 FINISH_REASONS = ("eos", "stop", "length", "context", "cancelled", "error")
 
 
-CHAT_ROLES = ("system", "user", "assistant")
 
 
 def _api_error(e: IntdetError, pairs) -> IntdetError:
@@ -175,6 +175,10 @@ class Completion:
     speculative decoding (``LLM(spec_tokens=K)``; 0 without);
     cached_tokens: prompt positions reused from the prefix cache;
     model_version: the sha256 of the weights it ran on (LLM.model_version).
+    tool_calls: None, or (``LLM.chat`` with tools) the calls parsed from
+    the reply in OpenAI's shape ([{"id", "type": "function", "function":
+    {"name", "arguments": JSON text}}]); finish_reason is then "tool_calls"
+    and text the content before them.
     """
 
     prompt_ids: list
@@ -192,6 +196,7 @@ class Completion:
     spec_accepted: int = 0
     cached_tokens: int = 0
     model_version: str = ""
+    tool_calls: Union[list, None] = None
 
     @property
     def cumulative_logprob(self) -> Union[float, None]:
@@ -414,19 +419,46 @@ class LLM:
             return ""
         return self.tokenizer.decode([int(token)], skip_special_tokens=False)
 
-    def chat_ids(self, messages: list) -> list:
-        """Token ids of ``messages`` ([{"role", "content"}]) under the model's
-        chat template with the generation prompt (``intdet generate --chat``'s)."""
+    def chat_ids(self, messages: list, tools: Union[list, None] = None) -> list:
+        """Token ids of ``messages`` (OpenAI's chat messages: roles system,
+        developer, user, assistant (with ``tool_calls``) and tool) under the
+        model's chat template with the generation prompt (``intdet generate
+        --chat``'s); ``tools``: OpenAI's tool definitions, given to the
+        template. IntdetError naming ``messages[i]...`` for a bad message."""
         from .chat import conversation_ids
 
-        if not isinstance(messages, list) or not messages or not all(
-                isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
-                for m in messages):
+        if not isinstance(messages, list) or not messages:
             raise IntdetError("messages: must be a non-empty list of {\"role\": str, \"content\": str}", field="messages")
-        for i, m in enumerate(messages):  # the roles chat templates know (and the server accepts)
-            if m["role"] not in CHAT_ROLES:
-                raise IntdetError(f"messages[{i}].role: {m['role']!r}: choose one of {', '.join(CHAT_ROLES)}", field="messages")
-        return conversation_ids(self.lm, messages)
+        return conversation_ids(self.lm, messages, tools)
+
+    def tool_setup(self, tools, tool_choice=None, parallel_tool_calls=None):
+        """The checked ``tool_calls.ToolSetup`` of a chat request (None
+        without tools); IntdetError naming ``tools...`` or ``tool_choice``."""
+        from .tool_calls import setup
+
+        return setup(self.meta.get("chat_template"), tools, tool_choice, parallel_tool_calls)
+
+    def tool_grammar(self, ts) -> Union[StructuredOutputsParams, None]:
+        """The structured output a reply under ``ts`` (a ToolSetup or None)
+        must match (tool_choice "required" or a named function), else None;
+        ``tool_calls.tool_grammar`` over ``grammar`` (IntdetError naming
+        ``tools[i].function.parameters`` or ``tools``)."""
+        from .tool_calls import tool_grammar
+
+        return tool_grammar(ts, self.tokenizer, self.grammar)[0]
+
+    def with_tool_calls(self, c: Completion, ts, stop=()) -> Completion:
+        """``c`` with its reply parsed under ``ts`` (tool_calls.parse_reply):
+        text the content (special tokens shown), tool_calls and finish_reason
+        "tool_calls" when it holds calls."""
+        from .tool_calls import parse_reply
+
+        if ts is None or not ts.parses:
+            return c
+        c.text, calls = parse_reply(ts, self.tokenizer, c.tokens, self.eos_ids, stop, c.hash)
+        if calls:
+            c.tool_calls, c.finish_reason = calls, "tool_calls"
+        return c
 
     def _check_ids(self, ids, what: str) -> None:
         if not _is_ids(ids):
@@ -525,12 +557,31 @@ class LLM:
         outs = [self.completion(r) for r in reqs]
         return outs[0] if single else outs
 
-    def chat(self, messages, params: Union[SamplingParams, None] = None):
-        """``generate`` on chat conversations: one conversation
-        ([{"role", "content"}]) -> Completion, or a list of them -> [Completion]."""
+    def chat(self, messages, params: Union[SamplingParams, None] = None, tools: Union[list, None] = None,
+             tool_choice=None, parallel_tool_calls: Union[bool, None] = None):
+        """``generate`` on chat conversations: one conversation (OpenAI's
+        messages, ``chat_ids``) -> Completion, or a list of them ->
+        [Completion]. ``tools`` (OpenAI's function definitions),
+        ``tool_choice`` ("none", "auto" (the default with tools),
+        "required" or {"type": "function", "function": {"name": ...}}) and
+        ``parallel_tool_calls`` as OpenAI's chat completions take them
+        (tool_calls.py): the calls come back in ``Completion.tool_calls``;
+        "required" and a named function generate under the format's grammar
+        (not with ``structured_outputs``). Raises IntdetError naming the
+        argument or field."""
         single = isinstance(messages, list) and messages and isinstance(messages[0], dict)
         convs = [messages] if single else list(messages)
-        outs = self.generate([self.chat_ids(m) for m in convs], params)
+        ts = self.tool_setup(tools, tool_choice, parallel_tool_calls)
+        so = self.tool_grammar(ts)
+        per = _check_params(params, len(convs)) if convs else []
+        if so is not None:
+            if any(p.structured_outputs is not None for p in per):
+                raise IntdetError("tool_choice: \"required\" or a named function cannot be combined with "
+                                  "structured_outputs", field="tool_choice")
+            per = [dataclasses.replace(p, structured_outputs=so) for p in per]
+        ids = [self.chat_ids(m, ts.tools if ts else None) for m in convs]
+        outs = self.generate(ids, per) if ids else self.generate([], params)
+        outs = [self.with_tool_calls(c, ts, p.stop) for c, p in zip(outs, per)]
         return outs[0] if single else outs
 
     def stream(self, prompt: Prompt, params: Union[SamplingParams, None] = None, on_prefill=None) -> "Stream":

@@ -13,32 +13,55 @@ part already shown stays in the conversation).
 
 from __future__ import annotations
 
+import json
 import sys
 
 from .errors import IntdetError
 from .generate import PREFILL_CHUNK, Generation
 from .scheduler import Request, Scheduler
+from .tool_calls import CallParser
 
 HELP = """commands:
   /reset   forget the conversation (the system prompt stays)
+  /tool TEXT  the result of the reply's next unanswered tool call (with --tools)
   /help    this list
   /exit    leave (or Ctrl-D); Ctrl-C stops the current reply only"""
 
 
-def conversation_ids(lm, messages: list[dict]) -> list[int]:
-    """Token ids of ``messages`` under the model's chat template, ending
-    with the generation prompt; IntdetError for a missing or failing template."""
+def conversation_ids(lm, messages: list[dict], tools: list | None = None) -> list[int]:
+    """Token ids of ``messages`` (OpenAI's chat messages: system, developer,
+    user, assistant with or without ``tool_calls``, tool) under the model's
+    chat template, with ``tools`` (OpenAI's definitions) when given, ending
+    with the generation prompt; IntdetError for a bad message, a missing or
+    failing template (tool_calls.template_messages)."""
     import jinja2
 
     from .tokenizer import encode_messages
+    from .tool_calls import detect_format, renders_tool_calls, template_messages
 
+    meta = lm.tok_meta
+    template = meta.get("chat_template")
+    fmt = detect_format(template)
+    has_calls = any(isinstance(m, dict) and m.get("tool_calls") for m in messages)
+    renders = (not has_calls or fmt is None
+               or renders_tool_calls(template, meta.get("bos_token") or "", meta.get("eos_token") or ""))
+    msgs, literals = template_messages(messages, fmt, renders, tools)
     try:
-        return encode_messages(lm.tokenizer, lm.tok_meta, messages)
+        return encode_messages(lm.tokenizer, meta, msgs, tools=tools, literals=literals)
     except ValueError as e:
         raise IntdetError(str(e)) from None
     except jinja2.TemplateError as e:  # a broken template or its raise_exception()
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise IntdetError(f"{lm.path}: chat template failed ({msg})") from None
+
+
+def _tool_setup(lm, eos, vocab_size: int, tools, tool_choice) -> tuple:
+    """(ToolSetup or None, the compiled grammar a forced reply follows or None)."""
+    from .structured import Grammar
+    from .tool_calls import setup, tool_grammar
+
+    ts = setup(lm.tok_meta.get("chat_template"), tools, tool_choice)
+    return ts, tool_grammar(ts, lm.tokenizer, lambda so: Grammar(so, lm.tokenizer, eos, vocab_size))[1]
 
 
 def _lines(inp, tty: bool, prompt: str, err):
@@ -73,24 +96,35 @@ def _lines(inp, tty: bool, prompt: str, err):
 
 
 def run_chat(engine, lm, sampler, max_new_tokens: int, system: str | None = None, stop=(), inp=None, out=None,
-             err=None, tty: bool | None = None, quiet: bool = False, stats_line=None) -> int:
+             err=None, tty: bool | None = None, quiet: bool = False, stats_line=None, tools=None,
+             tool_choice=None) -> int:
     """The chat loop; returns the number of replies. ``stats_line(g)``
-    formats a reply's stats (token counts, speed, hash) for stderr."""
+    formats a reply's stats (token counts, speed, hash) for stderr.
+    ``tools`` (OpenAI's function definitions) and ``tool_choice`` as the
+    server takes them (tool_calls.py): each call of a reply is printed on
+    its own line as OpenAI's tool_calls item (JSON), and ``/tool TEXT``
+    answers the next unanswered one (the reply follows the last answer)."""
     inp = inp or sys.stdin
     out = out or sys.stdout
     err = err or sys.stderr
     tty = inp.isatty() if tty is None else tty
     base = [{"role": "system", "content": system}] if system is not None else []
     messages = list(base)
-    conversation_ids(lm, messages + [{"role": "user", "content": ""}])  # a broken template fails now, not mid-chat
     eos = lm.tok_meta.get("eos_token_ids") or []
+    ts, grammar = _tool_setup(lm, eos, engine.vocab_size, tools, tool_choice)
+    tool_defs = ts.tools if ts is not None else None
+    conversation_ids(lm, messages + [{"role": "user", "content": "x"}], tool_defs)  # a broken template fails now
+    pending: list = []  # the last reply's calls not yet answered by /tool
     # one sequence, its whole KV cache its own (no budget); the prompt in PREFILL_CHUNK calls
     sched = Scheduler(engine, max_batch=1, step_tokens=PREFILL_CHUNK, kv_bytes=1 << 62)
     replies = 0
 
+    parser = None  # the reply's tool_calls.CallParser (with tools)
+
     def show(ev):  # the reply's text as it comes (a stop string and what follows never shown)
-        if ev.kind == "token" and ev.text:
-            out.write(ev.text)
+        text = (parser.push(ev.token) if parser is not None else ev.text) if ev.kind == "token" else ""
+        if text:
+            out.write(text)
             out.flush()
 
     if tty:
@@ -105,11 +139,15 @@ def run_chat(engine, lm, sampler, max_new_tokens: int, system: str | None = None
             messages = list(base)
             err.write("(conversation cleared)\n")
             continue
+        tool_result = cmd.startswith("/tool ") or cmd == "/tool"
+        if tool_result and not pending:
+            err.write("no tool call to answer\n")
+            continue
         if cmd == "/help":
             out.write(HELP + "\n")
             out.flush()
             continue
-        if cmd.startswith("/") and " " not in cmd:
+        if cmd.startswith("/") and " " not in cmd and not tool_result:
             err.write(f"unknown command {cmd}; /help lists them\n")
             continue
         try:  # stdin's undecodable bytes arrive as surrogates: one bad line is not the end of the chat
@@ -118,27 +156,44 @@ def run_chat(engine, lm, sampler, max_new_tokens: int, system: str | None = None
             at = len(line[:e.start].encode("utf-8", "surrogateescape"))
             err.write(f"intdet: that line is not valid UTF-8 (byte {at}); it was not sent\n")
             continue
-        messages.append({"role": "user", "content": line})
-        ids = conversation_ids(lm, messages)
+        if tool_result:
+            messages.append({"role": "tool", "tool_call_id": pending.pop(0)["id"], "content": line.strip()[6:]})
+            if pending:
+                continue
+        else:
+            pending = []
+            messages.append({"role": "user", "content": line})
+        ids = conversation_ids(lm, messages, tool_defs)
         if len(ids) >= engine.context_length:
             messages.pop()
             err.write(f"intdet: the conversation ({len(ids)} tokens) no longer fits the context length "
                       f"{engine.context_length}: /reset to start again\n")
             continue
-        req = Request(ids, max_new_tokens, sampler, eos_ids=eos, stop=stop, tokenizer=lm.tokenizer, on_event=show)
+        parser = CallParser(ts, lm.tokenizer, eos, stop) if ts is not None and ts.parses else None
+        req = Request(ids, max_new_tokens, sampler, eos_ids=eos, stop=stop, tokenizer=lm.tokenizer, on_event=show,
+                      grammar=grammar)
         sched.submit(req)
         try:
             sched.run_until_idle()
         except KeyboardInterrupt:  # Ctrl-C stops this reply; what was shown stays
             req.cancel()
             sched.run_until_idle()
+        reply: dict = {"role": "assistant", "content": req.text}
+        if parser is not None:
+            rest, pending = parser.finish(req.hash)
+            out.write(rest)
+            reply["content"] = parser.content
+            if pending:
+                reply["tool_calls"] = list(pending)
         out.write("\n")
+        for c in pending:
+            out.write(json.dumps(c, ensure_ascii=False) + "\n")
         out.flush()
         g = Generation(prompt_ids=ids, tokens=list(req.tokens), hash=req.hash, hashes=dict(req.hashes),
                        prefill_s=(req.t_first - req.t_start) if req.t_first else 0.0,
                        decode_s=(req.t_done - req.t_first) if req.t_first else 0.0,
                        stop="interrupted" if req.finish_reason == "cancelled" else req.finish_reason)
-        messages.append({"role": "assistant", "content": req.text})
+        messages.append(reply)
         replies += 1
         if not quiet and stats_line:
             err.write(stats_line(g) + "\n")

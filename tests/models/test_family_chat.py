@@ -83,12 +83,14 @@ CONVERSATIONS = {
 }
 
 
-def write_chat_family(case: str, hf_dir: str) -> str:
-    """The tiny checkpoint of the case's family with the real template and its special tokens."""
+def write_chat_family(case: str, hf_dir: str, extra_specials=(), **overrides) -> str:
+    """The tiny checkpoint of the case's family with the real template and its special tokens
+    (and ``extra_specials``); ``overrides``: config values (families.write_family)."""
     from tokenizers import AddedToken, Tokenizer
 
     family, template, specials, bos, eos = CASES[case]
-    families.write_family(family, hf_dir)
+    specials = list(specials) + list(extra_specials)
+    families.write_family(family, hf_dir, **overrides)
     tok = Tokenizer.from_file(os.path.join(hf_dir, "tokenizer.json"))
     tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in specials])
     assert tok.get_vocab_size() <= families.TINY["vocab_size"]  # the new ids have rows in the model

@@ -1,9 +1,12 @@
 """``POST /v1/chat/completions``: messages rendered by the model's chat
-template, to chat completions, whole or streamed, with logprobs."""
+template, to chat completions, whole or streamed, with logprobs and tool
+calls (tool_calls.py: the model's own format, parsed back into OpenAI's
+``tool_calls``; streamed as one delta per call once the call is complete)."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 import uuid
 
@@ -11,6 +14,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from ..api import derive_seed
+from ..errors import IntdetError
+from ..tool_calls import CallParser, parse_reply
 from . import protocol as P
 from .common import FINISH, BadRequest
 from .logprobs import chat_logprob
@@ -21,7 +26,8 @@ async def create_chat_completion(srv, request: Request):
     r = await srv.body(request, P.ChatRequest)
     srv.check_model(r.model)
     srv.check_shape(r, 1)
-    ids = srv.chat_ids(r.messages)
+    ts, tool_so = tool_request(srv, r)
+    ids = srv.chat_ids(r.messages, ts.tools if ts is not None else None)
     mt = r.max_completion_tokens if r.max_completion_tokens is not None else r.max_tokens
     if mt is None:
         if len(ids) >= srv.llm.context_length:
@@ -32,7 +38,7 @@ async def create_chat_completion(srv, request: Request):
         raise BadRequest("top_logprobs: needs \"logprobs\": true", param="top_logprobs")
     k = (r.top_logprobs or 0) if r.logprobs else None
     seed = srv.new_seed(r.seed)
-    jobs = [(ids, srv.sampling(r, mt, derive_seed(seed, c), k, None)) for c in range(r.n)]
+    jobs = [(ids, with_grammar(srv.sampling(r, mt, derive_seed(seed, c), k, None), tool_so)) for c in range(r.n)]
     runs = srv.launch(asyncio.get_running_loop(), jobs)
     cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
     if r.stream:
@@ -40,18 +46,29 @@ async def create_chat_completion(srv, request: Request):
         head = lambda choices: {"id": cid, "object": "chat.completion.chunk", "created": created,  # noqa: E731
                                 "model": srv.model_name, "system_fingerprint": srv.llm.system_fingerprint,
                                 "choices": choices}
-        return sse(srv, request, runs, lambda i, ev: head([chat_delta(srv, i, ev, k)]), len(ids), include_usage,
-                   lambda usage: dict(head([]), usage=usage),
+        if ts is not None and ts.parses:
+            parsers = [CallParser(ts, srv.llm.tokenizer, srv.llm.eos_ids, req.stop) for req, _ in runs]
+            chunk = lambda i, ev: [head([d]) for d in tool_deltas(srv, i, ev, k, parsers[i])]  # noqa: E731
+        else:
+            chunk = lambda i, ev: head([chat_delta(srv, i, ev, k)])  # noqa: E731
+        return sse(srv, request, runs, chunk, len(ids), include_usage, lambda usage: dict(head([]), usage=usage),
                    first=[head([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                                 "finish_reason": None}]) for i in range(len(runs))])
+                                 "finish_reason": None}]) for i in range(len(runs))],
+                   every_token=ts is not None and ts.parses)
     await srv.wait_all(request, runs)
     choices = []
     for i, (req, _) in enumerate(runs):
         srv.raise_failed(req)
-        choices.append({"index": i, "message": {"role": "assistant", "content": req.text},
+        message, finish = {"role": "assistant", "content": req.text}, FINISH[req.finish_reason]
+        if ts is not None and ts.parses:
+            content, calls = parse_reply(ts, srv.llm.tokenizer, req.tokens, srv.llm.eos_ids, req.stop, req.hash)
+            message["content"] = content if content or not calls else None
+            if calls:
+                message["tool_calls"], finish = calls, "tool_calls"
+        choices.append({"index": i, "message": message,
                         "logprobs": None if k is None else
                         {"content": [chat_logprob(srv.llm, lp, k) for lp in req.token_logprobs]},
-                        "finish_reason": FINISH[req.finish_reason], "stop_reason": req.stop_string,
+                        "finish_reason": finish, "stop_reason": req.stop_string,
                         "hash": req.hash, "seed": req.sampler.seed})
     n_out = sum(len(req.tokens) for req, _ in runs)
     return JSONResponse({"id": cid, "object": "chat.completion", "created": created, "model": srv.model_name,
@@ -68,3 +85,52 @@ def chat_delta(srv, i, ev, k):
     if k is not None and ev.logprob is not None:
         lp = {"content": [chat_logprob(srv.llm, ev.logprob, k)]}
     return {"index": i, "delta": {"content": ev.text}, "logprobs": lp, "finish_reason": None}
+
+
+def tool_request(srv, r):
+    """(ToolSetup or None, the grammar's StructuredOutputsParams or None) of
+    a chat request's tools, tool_choice and parallel_tool_calls; BadRequest
+    naming the field."""
+    tools = None if r.tools is None else [
+        {"type": t.type, "function": {k: v for k, v in t.function.model_dump().items() if v is not None}}
+        for t in r.tools]
+    choice = r.tool_choice.model_dump() if isinstance(r.tool_choice, P.NamedToolChoice) else r.tool_choice
+    try:
+        ts = srv.llm.tool_setup(tools, choice, r.parallel_tool_calls)
+        so = srv.llm.tool_grammar(ts)
+    except IntdetError as e:
+        raise BadRequest(str(e), e.field) from None
+    if so is not None and ((r.response_format is not None and r.response_format.type != "text")
+                           or r.structured_outputs is not None):
+        raise BadRequest("tool_choice: \"required\" or a named function cannot be combined with response_format or "
+                         "structured_outputs", "tool_choice")
+    return ts, so
+
+
+def with_grammar(sp, so):
+    """sp generating under the tool grammar so (None: sp as it is)."""
+    return sp if so is None else dataclasses.replace(sp, structured_outputs=so)
+
+
+def tool_deltas(srv, i, ev, k, parser) -> list:
+    """The stream's choice deltas of choice i's event when its reply is
+    parsed for calls: content as the parser lets it through, then at the
+    end the rest of the content, each call (a delta with index, id, type and
+    name, then one with its arguments) and the finish chunk."""
+    if ev.kind == "token":
+        text = parser.push(ev.token)
+        lp = {"content": [chat_logprob(srv.llm, ev.logprob, k)]} if k is not None and ev.logprob is not None else None
+        return [{"index": i, "delta": {"content": text}, "logprobs": lp, "finish_reason": None}] if text or lp else []
+    rest, calls = parser.finish(ev.request.hash)
+    out = [{"index": i, "delta": {"content": rest}, "logprobs": None, "finish_reason": None}] if rest else []
+    for j, c in enumerate(calls):
+        fn = c["function"]
+        out.append({"index": i, "delta": {"tool_calls": [{"index": j, "id": c["id"], "type": "function",
+                                                          "function": {"name": fn["name"], "arguments": ""}}]},
+                    "logprobs": None, "finish_reason": None})
+        out.append({"index": i, "delta": {"tool_calls": [{"index": j, "function": {"arguments": fn["arguments"]}}]},
+                    "logprobs": None, "finish_reason": None})
+    done = chat_delta(srv, i, ev, k)
+    if calls:
+        done["finish_reason"] = "tool_calls"
+    return out + [done]

@@ -137,6 +137,7 @@ class Aborted:
 
         req = q.req
         self.prompt_ids, self.sampler, self.cached_tokens = req.prompt_ids, req.sampler, req.cached_tokens
+        self.stop, self.model_version = req.stop, req.model_version
         self.prompt_logprobs, self.logprobs = req.prompt_logprobs, req.logprobs
         pl = list(req.prompt_token_logprobs)  # filled by prefill; pad what it has not reached
         self.prompt_token_logprobs = pl + [None] * (len(req.prompt_ids) - len(pl))
@@ -371,9 +372,9 @@ class Server:
     def new_seed(self, given):
         return given if given is not None else int.from_bytes(os.urandom(8), "little")
 
-    def chat_ids(self, messages) -> list:
+    def chat_ids(self, messages, tools=None) -> list:
         try:
-            return self.llm.chat_ids([{"role": m.role, "content": m.text()} for m in messages])
+            return self.llm.chat_ids([m.openai() for m in messages], tools)
         except IntdetError as e:
             msg = str(e)
             raise BadRequest(msg if msg.startswith("messages") else f"messages: {msg}", "messages") from None

@@ -31,6 +31,7 @@ UNION_HELP = {
     "prompt": "must be a string, a list of strings, a list of token ids or a list of token-id lists",
     "stop": "must be a string or a list of strings",
     "content": "must be a string or a list of {\"type\": \"text\", \"text\": str} parts",
+    "tool_choice": "must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": str}}",
 }
 
 
@@ -119,13 +120,62 @@ class TextPart(Strict):
     text: StrictStr
 
 
+class FunctionCall(Strict):
+    name: StrictStr
+    arguments: StrictStr  # JSON text, as OpenAI sends it
+
+
+class ToolCall(Strict):
+    id: StrictStr
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class Message(Strict):
-    role: Literal["system", "user", "assistant"]
-    content: Union[StrictStr, List[TextPart]]
+    """A chat message. ``developer`` is rendered as ``system``; ``tool``
+    carries a call's result (``tool_call_id``); an assistant message may
+    carry ``tool_calls`` (content then may be null). ``refusal``,
+    ``annotations``, ``audio`` and ``function_call``: what the SDK echoes
+    back from a response message, accepted and not rendered."""
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Union[StrictStr, List[TextPart], None] = None
     name: Optional[StrictStr] = None
+    tool_calls: Optional[List[ToolCall]] = None
+    tool_call_id: Optional[StrictStr] = None
+    refusal: Optional[StrictStr] = None
+    annotations: Optional[list] = None
+    audio: None = None
+    function_call: None = None
 
     def text(self) -> str:
-        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+        c = self.content
+        return "" if c is None else c if isinstance(c, str) else "".join(p.text for p in c)
+
+    def openai(self) -> dict:
+        """The message as tool_calls.template_messages reads it."""
+        return self.model_dump(include={"role", "content", "name", "tool_calls", "tool_call_id"}, exclude_none=True)
+
+
+class FunctionDef(Strict):
+    name: StrictStr
+    description: Optional[StrictStr] = None
+    parameters: Optional[dict] = None
+    strict: Optional[StrictBool] = None
+
+
+class Tool(Strict):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedFunction(Strict):
+    name: StrictStr
+
+
+class NamedToolChoice(Strict):
+    type: Literal["function"]
+    function: NamedFunction
 
 
 class ChatRequest(SamplingFields):
@@ -134,6 +184,15 @@ class ChatRequest(SamplingFields):
     max_completion_tokens: Optional[Count] = None
     logprobs: StrictBool = False
     top_logprobs: Optional[Annotated[StrictInt, Field(ge=0, le=MAX_LOGPROBS)]] = None
+    tools: Optional[List[Tool]] = None
+    tool_choice: Optional[Union[Literal["none", "auto", "required"], NamedToolChoice]] = None
+    parallel_tool_calls: Optional[StrictBool] = None
+    # OpenAI's fields that do not change the output, accepted and ignored (as vLLM does)
+    store: Optional[StrictBool] = None
+    metadata: Optional[dict] = None
+    service_tier: Optional[StrictStr] = None
+    prompt_cache_key: Optional[StrictStr] = None
+    safety_identifier: Optional[StrictStr] = None
 
 
 class TokenizeRequest(Strict):

@@ -11,11 +11,15 @@ from starlette.responses import StreamingResponse
 from . import protocol as P
 
 
-def sse(srv, request, runs, chunk, n_prompt, include_usage, usage_chunk, first=None, echo_texts=None):
+def sse(srv, request, runs, chunk, n_prompt, include_usage, usage_chunk, first=None, echo_texts=None,
+        every_token=False):
     """A text/event-stream response: one chunk per token event of any
     choice (in the order the engine made them), a last chunk per choice
     with its finish_reason, hash and seed, the usage chunk when asked,
-    then [DONE]. A client that goes away cancels every choice."""
+    then [DONE]. A client that goes away cancels every choice.
+    ``chunk(i, ev)``: the chunk of choice i's event, or a list of chunks;
+    ``every_token``: call it for token events with no text too (a tool
+    call's parser reads every id)."""
 
     async def events():
         merged: asyncio.Queue = asyncio.Queue()
@@ -50,9 +54,11 @@ def sse(srv, request, runs, chunk, n_prompt, include_usage, usage_chunk, first=N
                     yield _sse(P.error_body(f"engine error: {ev.error}", "server_error", None, 500))
                     left -= 1
                     continue
-                if ev.kind == "token" and not ev.text and ev.logprob is None:
+                if ev.kind == "token" and not ev.text and ev.logprob is None and not every_token:
                     continue  # a token with no visible text yet (held back, or a partial character)
-                yield _sse(chunk(i, ev))
+                out = chunk(i, ev)
+                for c in out if isinstance(out, list) else [out]:
+                    yield _sse(c)
                 if ev.kind == "done":
                     left -= 1
             if include_usage:

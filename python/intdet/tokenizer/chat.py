@@ -104,48 +104,95 @@ def encode_chat(tok: Tokenizer, meta: dict, user_text: str, system: str | None =
 
 
 def encode_messages(tok: Tokenizer, meta: dict, messages: list[dict],
-                    add_generation_prompt: bool = True) -> list[int]:
+                    add_generation_prompt: bool = True, tools: list | None = None,
+                    literals: dict | None = None) -> list[int]:
     """Token ids of a chat (``[{"role", "content"}, ...]``) rendered by the
-    model's template, ending with the generation prompt.
+    model's template, ending with the generation prompt. ``tools``: OpenAI's
+    tool definitions (``[{"type": "function", "function": {...}}]``), passed
+    to the template as ``tools`` when given.
 
     As in transformers' ``apply_chat_template``, the template sees the real
     contents (it may trim them or look inside them) and its output is
     tokenized as one text, so tokens that span a content's edges come out as
     they would there. Unlike there, a special-token string typed inside a
-    content ("<|im_end|>") cannot become a control token: it is swapped for a
-    private marker before rendering, and each marker is encoded as the plain
-    text of its string. BOS is added when meta asks for it and the template
-    did not write it. Raises what :func:`render_chat` raises, and IntdetError
-    naming ``messages[i].content`` for text that is not valid Unicode.
+    content ("<|im_end|>"), or anywhere in a message's other strings (tool
+    calls) or in ``tools``, cannot become a control token: it is swapped for
+    a private marker before rendering, and each marker is encoded as the
+    plain text of its string. ``literals``: {placeholder: special-token
+    string} written as control tokens where a placeholder appears in the
+    rendered text (intdet's own text put in a message, tool_calls.py). BOS
+    is added when meta asks for it and the template did not write it.
+    Raises what :func:`render_chat` raises, and IntdetError naming
+    ``messages[i].content`` (or ``tools``) for text that is not valid Unicode.
     """
     contents = [m.get("content") if isinstance(m, dict) else None for m in messages] if isinstance(
         messages, list) else []
     for i, c in enumerate(contents):
         if isinstance(c, str):
             check_text(c, f"messages[{i}].content")
+    for s in _strings(tools):
+        check_text(s, "tools")
     specials = sorted({t.content for t in tok.get_added_tokens_decoder().values() if t.special}, key=len,
                       reverse=True)
-    typed: list[str] = []  # the special-token strings found in contents, by marker number
-    if specials and any(isinstance(c, str) for c in contents):
-        n = 0  # a marker prefix no content holds
-        while any(isinstance(c, str) and f"\x00intdet-{n}-" in c for c in contents):
+    typed: list[str] = []  # the special-token strings found in the strings, by marker number
+    strings = list(_strings(messages)) + list(_strings(tools)) if isinstance(messages, list) else []
+    if specials and strings:
+        n = 0  # a marker prefix no string holds
+        while any(f"{_MARK}intdet-{n}-" in s for s in strings):
             n += 1
-        prefix, found = f"\x00intdet-{n}-", re.compile("|".join(map(re.escape, specials)))
+        prefix, found = f"{_MARK}intdet-{n}-", re.compile("|".join(map(re.escape, specials)))
 
         def swap(match):
             typed.append(match.group(0))
-            return f"{prefix}{len(typed) - 1}\x00"
+            return f"{prefix}{len(typed) - 1}{_MARK}"
 
-        messages = [dict(m, content=found.sub(swap, m["content"])) if isinstance(c, str) else m
-                    for m, c in zip(messages, contents)]
-    rendered = render_chat(meta, messages, add_generation_prompt=add_generation_prompt)
+        messages = _map_strings(messages, lambda s: found.sub(swap, s))
+        if tools is not None:
+            tools = _map_strings(tools, lambda s: found.sub(swap, s))
+    variables = {} if tools is None else {"tools": tools}
+    rendered = render_chat(meta, messages, add_generation_prompt=add_generation_prompt, **variables)
     bos = meta.get("bos_token")
     add_bos = bool(meta.get("add_bos_token")) and not (bos and rendered.startswith(bos))
     if not typed:
-        return encode(tok, meta, rendered, add_bos=add_bos, special=True)
-    pieces = re.split(f"{re.escape(prefix)}(\\d+)\x00", rendered)
-    ids = encode(tok, meta, pieces[0], add_bos=add_bos, special=True)
+        return _encode_literals(tok, meta, rendered, add_bos, literals)
+    pieces = re.split(f"{re.escape(prefix)}(\\d+){_MARK}", rendered)
+    ids = _encode_literals(tok, meta, pieces[0], add_bos, literals)
     for j in range(1, len(pieces), 2):
         ids += encode(tok, meta, typed[int(pieces[j])], add_bos=False)  # plain text
-        ids += encode(tok, meta, pieces[j + 1], add_bos=False, special=True)
+        ids += _encode_literals(tok, meta, pieces[j + 1], False, literals)
     return ids
+
+
+# Private-use character around swap markers: kept as is by templates' tojson (unlike "\x00", which
+# JSON escapes), so a marker inside a tool's JSON is found again after rendering.
+_MARK = "\ue000"
+
+
+def _strings(x):
+    """Every str inside x (nested dicts and lists; dict keys included)."""
+    if isinstance(x, str):
+        yield x
+    elif isinstance(x, dict):
+        for k, v in x.items():
+            yield from _strings(k)
+            yield from _strings(v)
+    elif isinstance(x, (list, tuple)):
+        for v in x:
+            yield from _strings(v)
+
+
+def _map_strings(x, f):
+    if isinstance(x, str):
+        return f(x)
+    if isinstance(x, dict):
+        return {_map_strings(k, f): _map_strings(v, f) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_map_strings(v, f) for v in x]
+    return x
+
+
+def _encode_literals(tok, meta, text: str, add_bos: bool, literals: dict | None) -> list[int]:
+    """encode(..., special=True) of text with each literals placeholder as its special string."""
+    for placeholder, special in (literals or {}).items():
+        text = text.replace(placeholder, special)
+    return encode(tok, meta, text, add_bos=add_bos, special=True)
