@@ -179,3 +179,90 @@ def test_running_requests_finish_on_their_version(tmp_path):
     for r, p in zip(reqs, PROMPTS * 2):
         ref = old_llm if r.model_version == old_llm.model_sha256 else new_llm
         assert r.hash == ref.generate(p, sp).hash
+
+
+def test_server_weight_updates_under_load(tmp_path):
+    """8 streaming clients while 3 weight updates arrive (a path on the
+    server's disk twice, a safetensors body once): no request fails, each
+    choice names the version it ran on, and equals a run alone on a fresh
+    conversion of that version; /v1/models names the last. Refusals: 403
+    without --allow-weight-updates, 401 without the key, 400 naming a bad
+    tensor (the weights unchanged)."""
+    import io
+    import json as _json
+
+    from test_serve import post, request, sse, start_server
+
+    hf = models.write_hf_model(str(tmp_path / "hf"), "llama")
+    m0 = convert(hf, str(tmp_path / "m0"), progress=False)
+    base = hf_tensors(hf)
+    sets = [perturbed(base, seed=s) for s in (1, 2, 3)]
+    paths = []
+    for i, w in enumerate(sets):
+        paths.append(str(tmp_path / f"w{i}.safetensors"))
+        save_file(w, paths[-1])
+    oracles = {intdet.LLM(m0, threads=1).model_sha256: intdet.LLM(m0, threads=1)}
+    for i, w in enumerate(sets):
+        o = fresh(hf, w, str(tmp_path / f"m{i + 1}"))
+        oracles[o.model_sha256] = o
+
+    off, off_port = start_server(m0, "--max-batch", "4")
+    try:
+        status, body = post(off_port, "/v1/weights", {"path": paths[0]})
+        assert status == 403 and "--allow-weight-updates" in body["error"]["message"]
+    finally:
+        off.terminate()
+        off.wait(30)
+
+    proc, port = start_server(m0, "--max-batch", "4", "--allow-weight-updates")
+    try:
+        assert post(port, "/v1/weights", {"path": paths[0]}, key=None)[0] == 401
+        status, body = post(port, "/v1/weights", {"path": str(tmp_path / "none.safetensors")})
+        assert status == 400 and body["error"]["param"] == "path"
+        results, errors = [], []
+
+        def client(k):
+            try:
+                for j in range(4):
+                    prompt = f"client {k} request {j} " * (1 + j % 2)
+                    body = {"prompt": prompt, "max_tokens": 24, "temperature": 0, "seed": 0, "stream": True}
+                    chunks = sse(port, "/v1/completions", body)
+                    end = [c["choices"][0] for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]][0]
+                    results.append((prompt, end["hash"], end["model_version"]))
+            except Exception as e:  # noqa: BLE001
+                errors.append(e)
+
+        ts = [threading.Thread(target=client, args=(k,)) for k in range(8)]
+        for t in ts:
+            t.start()
+        versions = []
+        for i in range(3):
+            if i == 1:  # the body form
+                buf = io.BytesIO()
+                with open(paths[1], "rb") as f:
+                    buf.write(f.read())
+                status, body = request(port, "POST", "/v1/weights", raw=buf.getvalue(),
+                                       headers={"Content-Type": "application/octet-stream"})
+            else:
+                status, body = post(port, "/v1/weights", {"path": paths[i]})
+            assert status == 200, body
+            versions.append(body["model_version"])
+        for t in ts:
+            t.join(300)
+        assert not errors and len(results) == 32
+        assert versions == [o for o in list(oracles)[1:]]
+        for prompt, h, v in results:
+            assert v in oracles
+            assert h == oracles[v].generate(prompt, intdet.SamplingParams(max_tokens=24, temperature=0, seed=0)).hash
+        status, body = request(port, "GET", "/v1/models")
+        assert body["data"][0]["model_version"] == versions[-1]
+        bad = dict(sets[0], **{"model.norm.weight": np.full(5, 1.0, np.float32)})
+        save_file(bad, str(tmp_path / "bad.safetensors"))
+        status, body = post(port, "/v1/weights", {"path": str(tmp_path / "bad.safetensors")})
+        assert status == 400 and "'model.norm.weight' has shape [5]" in body["error"]["message"]
+        assert body["error"]["param"] == "weights"
+        assert request(port, "GET", "/v1/models")[1]["data"][0]["model_version"] == versions[-1]
+        assert _json.dumps(body)  # a JSON answer
+    finally:
+        proc.terminate()
+        assert proc.wait(60) == 0

@@ -50,6 +50,10 @@ DRAIN_BACKSTOP = 5
               help="Concurrent connections; more get HTTP 503.")
 @click.option("--max-body-mib", default=8, show_default=True, type=int, help="Largest request body.")
 @click.option("--max-n", default=16, show_default=True, type=int, help="Largest n (choices per prompt).")
+@click.option("--allow-weight-updates", is_flag=True,
+              help="Take new weights on POST /v1/weights (a path on this machine or a safetensors body).")
+@click.option("--max-weights-mib", default=2048, show_default=True, type=int,
+              help="Largest safetensors body POST /v1/weights takes.")
 @click.option("--drain-timeout", default=10, show_default=True, type=int,
               help="Seconds SIGTERM waits for running requests before cancelling them.")
 @click.option("--idle-timeout", default=15, show_default=True, type=int,
@@ -58,7 +62,7 @@ DRAIN_BACKSTOP = 5
 @user_errors
 def serve(model, revision, weights, device, threads, host, port, max_batch, step_tokens, kv_cache_mib, spec_ngram,
           spec_draft, spec_draft_max, prefix_cache, api_key, served_model_name, max_connections, max_body_mib, max_n,
-          drain_timeout, idle_timeout, verbose):
+          allow_weight_updates, max_weights_mib, drain_timeout, idle_timeout, verbose):
     """Serve the model over an OpenAI-compatible HTTP API (deterministic continuous batching)."""
     import asyncio
     import signal
@@ -76,7 +80,8 @@ def serve(model, revision, weights, device, threads, host, port, max_batch, step
 
     for name, v, lo in (("--port", port, 0), ("--max-batch", max_batch, 1), ("--step-tokens", step_tokens, 1),
                         ("--kv-cache-mib", kv_cache_mib, 1), ("--max-connections", max_connections, 1),
-                        ("--max-body-mib", max_body_mib, 1), ("--max-n", max_n, 1), ("--drain-timeout", drain_timeout, 0),
+                        ("--max-body-mib", max_body_mib, 1), ("--max-n", max_n, 1), ("--max-weights-mib", max_weights_mib, 1),
+                        ("--drain-timeout", drain_timeout, 0),
                         ("--idle-timeout", idle_timeout, 1)):
         if v < lo:
             raise IntdetError(f"{name}: {v} must be >= {lo}")
@@ -101,7 +106,9 @@ def serve(model, revision, weights, device, threads, host, port, max_batch, step
                   notice=_log(True), spec_tokens=spec_tokens, prefix_cache=prefix_cache, draft_model=draft_model)
     except IntdetError as e:
         raise draft_error(e) from None
-    app = create_app(llm, name, api_key, Limits(max_body_bytes=max_body_mib << 20, max_n=max_n))
+    app = create_app(llm, name, api_key, Limits(max_body_bytes=max_body_mib << 20, max_n=max_n,
+                                             allow_weight_updates=allow_weight_updates,
+                                             max_weights_bytes=max_weights_mib << 20))
     install_json_503()
     config = uvicorn.Config(app, http=protocol_class(idle_timeout), log_level="info" if verbose else "warning",
                             access_log=verbose,

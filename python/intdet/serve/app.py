@@ -23,6 +23,7 @@ answers. The rest of serve/, one job a module:
 * logprobs.py: log-probabilities in the responses' shapes
 * completions.py: ``POST /v1/completions``
 * chat.py: ``POST /v1/chat/completions``
+* weights.py: ``POST /v1/weights`` (new weights, --allow-weight-updates)
 * misc.py: ``/health``, ``/stats``, ``/metrics``, ``/v1/models``, ``/tokenize``, ``/detokenize``
 * metrics.py: the Prometheus metrics behind ``/metrics`` (vLLM's names)
 * protocol.py: the request shapes; http.py: uvicorn protocol additions
@@ -43,7 +44,7 @@ from starlette.routing import Route
 
 from ..api import LLM
 from ..errors import IntdetError
-from . import misc
+from . import misc, weights
 from .auth import unauthorized
 from .chat import create_chat_completion
 from .common import BadRequest, Limits, Server, error_response
@@ -102,6 +103,7 @@ def create_app(llm: LLM, model_name: str, api_key: str | None = None, limits: Li
         Route("/detokenize", guarded(misc.detokenize), methods=["POST"]),
         Route("/v1/completions", guarded(create_completion), methods=["POST"]),
         Route("/v1/chat/completions", guarded(create_chat_completion), methods=["POST"]),
+        Route("/v1/weights", guarded(weights.update_weights), methods=["POST"]),
     ]
 
     from contextlib import asynccontextmanager

@@ -69,7 +69,7 @@ async def create_chat_completion(srv, request: Request):
                         "logprobs": None if k is None else
                         {"content": [chat_logprob(srv.llm, lp, k) for lp in req.token_logprobs]},
                         "finish_reason": finish, "stop_reason": req.stop_string,
-                        "hash": req.hash, "seed": req.sampler.seed})
+                        "hash": req.hash, "seed": req.sampler.seed, "model_version": req.model_version})
     n_out = sum(len(req.tokens) for req, _ in runs)
     return JSONResponse({"id": cid, "object": "chat.completion", "created": created, "model": srv.model_name,
                          "system_fingerprint": srv.llm.system_fingerprint, "choices": choices,
@@ -80,7 +80,8 @@ def chat_delta(srv, i, ev, k):
     req = ev.request
     if ev.kind == "done":
         return {"index": i, "delta": {}, "logprobs": None, "finish_reason": FINISH[req.finish_reason],
-                "stop_reason": req.stop_string, "hash": req.hash, "seed": req.sampler.seed}
+                "stop_reason": req.stop_string, "hash": req.hash, "seed": req.sampler.seed,
+                "model_version": req.model_version}
     lp = None
     if k is not None and ev.logprob is not None:
         lp = {"content": [chat_logprob(srv.llm, ev.logprob, k)]}

@@ -30,6 +30,8 @@ class Limits:
     """Per-request limits (the server's options)."""
 
     max_body_bytes: int = 8 << 20
+    allow_weight_updates: bool = False  # POST /v1/weights (serve/weights.py)
+    max_weights_bytes: int = 2048 << 20  # its safetensors body
     max_n: int = 16
     max_prompts: int = 256
     max_stop: int = 16

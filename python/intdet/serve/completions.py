@@ -91,7 +91,7 @@ async def create_completion(srv, request: Request):
                         "logprobs": None if r.logprobs is None else
                         completion_logprobs(srv.llm, req, r.echo, r.logprobs),
                         "finish_reason": FINISH[req.finish_reason], "stop_reason": req.stop_string,
-                        "hash": req.hash, "seed": req.sampler.seed})
+                        "hash": req.hash, "seed": req.sampler.seed, "model_version": req.model_version})
     n_out = sum(len(req.tokens) for req, _ in runs)
     return JSONResponse({"id": cid, "object": "text_completion", "created": created, "model": srv.model_name,
                          "system_fingerprint": srv.llm.system_fingerprint, "choices": choices,
@@ -111,5 +111,5 @@ def completion_delta(srv, i, ev, k, offset: int):
                          "top_logprobs": [top_dict(srv.llm, ev.logprob, k)], "text_offset": [offset]}
     if ev.kind == "done":
         d.update(finish_reason=FINISH[req.finish_reason], stop_reason=req.stop_string, hash=req.hash,
-                 seed=req.sampler.seed)
+                 seed=req.sampler.seed, model_version=req.model_version)
     return d

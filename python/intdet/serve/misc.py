@@ -37,7 +37,7 @@ async def models(srv, request: Request):
     return JSONResponse({"object": "list", "data": [{
         "id": srv.model_name, "object": "model", "created": srv.created, "owned_by": "intdet",
         "root": srv.model_name, "max_model_len": srv.llm.context_length,
-        "system_fingerprint": srv.llm.system_fingerprint}]})
+        "system_fingerprint": srv.llm.system_fingerprint, "model_version": srv.llm.model_version}]})
 
 
 async def tokenize(srv, request: Request):
