@@ -231,6 +231,12 @@ class Request:
         self.truncated = 0  # prompt tokens the API cut (SamplingParams.truncate)
 
     @property
+    def chain_hash(self) -> str:
+        """The whole chain hash (32 hex digits; ``hash`` is its first 12)
+        after the tokens made so far, "" before the request starts."""
+        return self._chain.state.hex() if self._chain is not None else ""
+
+    @property
     def spec_drafted(self) -> int:
         """Draft tokens proposed for this request (speculative decoding)."""
         return self._draft.drafted if self._draft else 0
