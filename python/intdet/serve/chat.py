@@ -15,6 +15,7 @@ from . import protocol as P
 from .common import FINISH, BadRequest
 from .logprobs import chat_logprob
 from .sse import sse
+from .token_io import add_to_choice, add_to_delta, params
 
 
 async def create_chat_completion(srv, request: Request):
@@ -32,7 +33,7 @@ async def create_chat_completion(srv, request: Request):
         raise BadRequest("top_logprobs: needs \"logprobs\": true", param="top_logprobs")
     k = (r.top_logprobs or 0) if r.logprobs else None
     seed = srv.new_seed(r.seed)
-    jobs = [(ids, srv.sampling(r, mt, derive_seed(seed, c), k, None)) for c in range(r.n)]
+    jobs = [(ids, params(srv.sampling(r, mt, derive_seed(seed, c), k, None), r)) for c in range(r.n)]
     runs = srv.launch(asyncio.get_running_loop(), jobs)
     cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
     if r.stream:
@@ -40,23 +41,28 @@ async def create_chat_completion(srv, request: Request):
         head = lambda choices: {"id": cid, "object": "chat.completion.chunk", "created": created,  # noqa: E731
                                 "model": srv.model_name, "system_fingerprint": srv.llm.system_fingerprint,
                                 "choices": choices}
-        return sse(srv, request, runs, lambda i, ev: head([chat_delta(srv, i, ev, k)]), len(ids), include_usage,
+        return sse(srv, request, runs, lambda i, ev: head([add_to_delta(chat_delta(srv, i, ev, k), ev, r)]), len(ids),
+                   include_usage,
                    lambda usage: dict(head([]), usage=usage),
                    first=[head([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                                 "finish_reason": None}]) for i in range(len(runs))])
+                                 "finish_reason": None}]) for i in range(len(runs))],
+                   every_token=r.return_token_ids)
     await srv.wait_all(request, runs)
     choices = []
     for i, (req, _) in enumerate(runs):
         srv.raise_failed(req)
-        choices.append({"index": i, "message": {"role": "assistant", "content": req.text},
-                        "logprobs": None if k is None else
-                        {"content": [chat_logprob(srv.llm, lp, k) for lp in req.token_logprobs]},
-                        "finish_reason": FINISH[req.finish_reason], "stop_reason": req.stop_string,
-                        "hash": req.hash, "seed": req.sampler.seed})
+        choices.append(add_to_choice({"index": i, "message": {"role": "assistant", "content": req.text},
+                                      "logprobs": None if k is None else
+                                      {"content": [chat_logprob(srv.llm, lp, k) for lp in req.token_logprobs]},
+                                      "finish_reason": FINISH[req.finish_reason], "stop_reason": req.stop_string,
+                                      "hash": req.hash, "seed": req.sampler.seed}, req, r, prompt_ids=False))
     n_out = sum(len(req.tokens) for req, _ in runs)
-    return JSONResponse({"id": cid, "object": "chat.completion", "created": created, "model": srv.model_name,
-                         "system_fingerprint": srv.llm.system_fingerprint, "choices": choices,
-                         "usage": srv.usage(runs, len(ids), n_out)})
+    body = {"id": cid, "object": "chat.completion", "created": created, "model": srv.model_name,
+            "system_fingerprint": srv.llm.system_fingerprint, "choices": choices,
+            "usage": srv.usage(runs, len(ids), n_out)}
+    if r.return_token_ids:  # vLLM's chat response holds the prompt's ids once
+        body["prompt_token_ids"] = list(ids)
+    return JSONResponse(body)
 
 
 def chat_delta(srv, i, ev, k):

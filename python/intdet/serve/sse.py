@@ -11,11 +11,13 @@ from starlette.responses import StreamingResponse
 from . import protocol as P
 
 
-def sse(srv, request, runs, chunk, n_prompt, include_usage, usage_chunk, first=None, echo_texts=None):
+def sse(srv, request, runs, chunk, n_prompt, include_usage, usage_chunk, first=None, echo_texts=None,
+        every_token=False):
     """A text/event-stream response: one chunk per token event of any
-    choice (in the order the engine made them), a last chunk per choice
-    with its finish_reason, hash and seed, the usage chunk when asked,
-    then [DONE]. A client that goes away cancels every choice."""
+    choice (in the order the engine made them; a token with no text yet
+    only when ``every_token``: its id is asked for), a last chunk per
+    choice with its finish_reason, hash and seed, the usage chunk when
+    asked, then [DONE]. A client that goes away cancels every choice."""
 
     async def events():
         merged: asyncio.Queue = asyncio.Queue()
@@ -50,7 +52,7 @@ def sse(srv, request, runs, chunk, n_prompt, include_usage, usage_chunk, first=N
                     yield _sse(P.error_body(f"engine error: {ev.error}", "server_error", None, 500))
                     left -= 1
                     continue
-                if ev.kind == "token" and not ev.text and ev.logprob is None:
+                if ev.kind == "token" and not ev.text and ev.logprob is None and not (every_token and ev.token is not None):
                     continue  # a token with no visible text yet (held back, or a partial character)
                 yield _sse(chunk(i, ev))
                 if ev.kind == "done":
