@@ -10,7 +10,7 @@ A receipt is a JSON object (``RECEIPT_VERSION`` 1):
                    strings), top_k, repeat_last_n, seed (ints)
   structured_outputs  null, or {kind: value} of the grammar that masked the picks
   output_ids       the generated ids (EOS or the stop string's token included)
-  finish_reason    eos, stop, length, context, cancelled
+  finish_reason    eos, stop, length, context, cancelled, error
   chain_hash       the chain hash after the last output id, all 32 hex
                    digits (docs/chain-hash.md; its first 12 are ``hash``)
   step_hashes      (when asked) the 12-digit chain hash after every output id
@@ -36,7 +36,7 @@ RECEIPT_VERSION = 1
 SAMPLING_KEYS = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n", "seed")
 RECEIPT_KEYS = ("receipt_version", "model_sha256", "format_version", "prompt_ids", "sampling", "structured_outputs",
                 "output_ids", "finish_reason", "chain_hash", "step_hashes")
-FINISH_REASONS = ("eos", "stop", "length", "context", "cancelled")
+FINISH_REASONS = ("eos", "stop", "length", "context", "cancelled", "error")  # api.FINISH_REASONS
 
 
 def _dec(num: int, den: int) -> str:
