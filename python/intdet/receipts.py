@@ -185,6 +185,9 @@ class ForcedChooser:
 
     def _next(self, row) -> int:
         want = self.output_ids[self.step]
+        if self.first_bad_pick is not None:  # only the first divergence is reported: force the rest
+            self.step += 1
+            return want
         try:
             allowed = self.grammar.allowed() if self.grammar is not None else None
             got = self.sampler.pick(row, self.position, self.history or (), allowed)
@@ -193,7 +196,7 @@ class ForcedChooser:
         if got != want and self.first_bad_pick is None:
             self.first_bad_pick, self.picked = self.step + 1, got
         if self.grammar is not None and self.first_bad_pick is None:
-            self.grammar.advance(want)  # a token the grammar refused ends its checking (the pick already differs)
+            self.grammar.advance(want)  # (a token the grammar refuses differs from the pick: not advanced)
         if self.history is not None:
             self.history.append(want)
         self.step += 1
@@ -254,7 +257,8 @@ def replay(llm, receipts: list, model_name: str = "the model") -> list:
             verdicts[i] = Verdict(where, False, None, f"cannot run here: {e}")
             continue
         jobs.append((i, req, ch))
-    llm._run([r for _, r, _ in jobs])  # one batch: the scheduler runs them together
+    # one batch: the scheduler runs them together (LLM._run: submit, step until done, Ctrl-C retires them)
+    llm._run([r for _, r, _ in jobs])
     for i, req, ch in jobs:
         where, d = receipts[i]
         verdicts[i] = _judge(where, d, req, ch, llm)

@@ -27,7 +27,11 @@ def read_receipts(path: str) -> list:
         raise IntdetError(f"{path}: no such file")
     if path != "-" and os.path.getsize(path) > VERIFY_FILE_LIMIT:
         raise IntdetError(f"{path}: larger than {VERIFY_FILE_LIMIT >> 20} MiB")
-    raw = sys.stdin.buffer.read(VERIFY_FILE_LIMIT + 1) if path == "-" else open(path, "rb").read()
+    if path == "-":
+        raw = sys.stdin.buffer.read(VERIFY_FILE_LIMIT + 1)
+    else:
+        with open(path, "rb") as f:
+            raw = f.read(VERIFY_FILE_LIMIT + 1)
     if len(raw) > VERIFY_FILE_LIMIT:
         raise IntdetError(f"{path}: larger than {VERIFY_FILE_LIMIT >> 20} MiB")
     try:
