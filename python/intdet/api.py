@@ -32,6 +32,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Sequence, Union
 
+from . import receipts
 from .errors import IntdetError, check_token_ids
 from .logprobs import MAX_LOGPROBS, to_float
 from .sampling import MASK64, Sampler, splitmix64
@@ -107,6 +108,11 @@ class SamplingParams:
     structured_outputs: None, or a ``StructuredOutputsParams`` (or a dict
         of its fields: json, json_object, regex, choice, grammar): the
         output matches it (an exact mask on the logits; structured.py).
+    receipt: the Completion carries a ``receipt`` (receipts.py,
+        docs/receipts.md) that ``intdet verify`` replays bit for bit.
+    step_hashes: keep the chain hash after every generated token
+        (``Completion.step_hashes``, and in the receipt: a replay then
+        names the first step whose logits differ).
     Raises IntdetError (naming the field) for a value out of range.
     """
 
@@ -123,6 +129,8 @@ class SamplingParams:
     prompt_logprobs: Union[int, None] = None
     truncate: Union[str, None] = None
     structured_outputs: Union[StructuredOutputsParams, dict, None] = None
+    receipt: bool = False
+    step_hashes: bool = False
 
     def sampler(self) -> Sampler:
         """The integer ``Sampler`` of these parameters (IntdetError naming the field)."""
@@ -153,6 +161,9 @@ class SamplingParams:
             raise IntdetError(f"stop: must be a list of strings (got {type(self.stop).__name__})", field="stop")
         if any(x == "" for x in self.stop):  # it never fired: refused, as the CLI's --stop ""
             raise IntdetError("stop: an empty string never ends the text", field="stop")
+        for name in ("receipt", "step_hashes"):
+            if not isinstance(getattr(self, name), bool):
+                raise IntdetError(f"{name}: {getattr(self, name)!r} must be true or false", field=name)
         self.structured_outputs = structured_from_any(self.structured_outputs)
         self.sampler()
 
@@ -179,6 +190,9 @@ class Completion:
     the reply in OpenAI's shape ([{"id", "type": "function", "function":
     {"name", "arguments": JSON text}}]); finish_reason is then "tool_calls"
     and text the content before them.
+    receipt: the replayable record (receipts.py) when
+    ``SamplingParams.receipt``, else None; step_hashes: the 12-digit chain
+    hash after each token when ``SamplingParams.step_hashes``, else None.
     """
 
     prompt_ids: list
@@ -197,6 +211,8 @@ class Completion:
     cached_tokens: int = 0
     model_version: str = ""
     tool_calls: Union[list, None] = None
+    receipt: Union[dict, None] = None
+    step_hashes: Union[list, None] = None
 
     @property
     def cumulative_logprob(self) -> Union[float, None]:
@@ -242,6 +258,13 @@ class Score:
     @property
     def logprob(self) -> float:
         return to_float(self.logprob_q)
+
+
+def receipt_of(req) -> Union[dict, None]:
+    """The receipt of a finished request made by ``LLM.request`` with
+    ``SamplingParams.receipt`` (receipts.py), else None."""
+    hd = getattr(req, "receipt_head", None)
+    return None if hd is None else receipts.finish(hd, req)
 
 
 def _is_ids(x) -> bool:
@@ -489,10 +512,14 @@ class LLM:
                                          self.meta.get("bos_token_id"))
         so = params.structured_outputs  # check() made a dict a StructuredOutputsParams
         grammar = self.grammar(so) if isinstance(so, StructuredOutputsParams) else None
-        req = Request(prompt_ids, params.max_tokens, params.sampler(), eos_ids=self.eos_ids, stop=params.stop,
+        sampler = params.sampler()
+        req = Request(prompt_ids, params.max_tokens, sampler, eos_ids=self.eos_ids, stop=params.stop,
                       logprobs=params.logprobs, prompt_logprobs=params.prompt_logprobs, score_from=score_from,
-                      on_event=on_event, tokenizer=self.tokenizer, on_prefill=on_prefill, grammar=grammar)
+                      on_event=on_event, tokenizer=self.tokenizer, on_prefill=on_prefill, grammar=grammar,
+                      step_hashes=params.step_hashes)
         req.truncated = n_given - len(prompt_ids)
+        # the receipt's model and parameters as the request starts (receipts.py)
+        req.receipt_head = receipts.head(self.lm, sampler, so if grammar is not None else None) if params.receipt else None
         self.scheduler.check(req)
         return req
 
@@ -523,7 +550,8 @@ class LLM:
                           prompt_logprobs=list(req.prompt_token_logprobs) if req.prompt_logprobs is not None else None,
                           truncated=req.truncated, error=req.error,
                           spec_drafted=req.spec_drafted, spec_accepted=req.spec_accepted,
-                          cached_tokens=req.cached_tokens, model_version=req.model_version)
+                          cached_tokens=req.cached_tokens, model_version=req.model_version, receipt=receipt_of(req),
+                          step_hashes=list(req.step_hashes) if req.step_hashes is not None else None)
 
     def _run(self, reqs: list) -> None:
         with self._run_lock:

@@ -35,7 +35,12 @@ token the most likely" is exact.
 
 The log-probabilities are those of the model's distribution (the raw logits,
 before temperature, top-k/top-p or the repetition penalty), as vLLM and the
-OpenAI API report them.
+OpenAI API report them. The behaviour log-probability (the distribution the
+sampler actually drew from: sampling.py ``Sampler.behaviour_logprob_q``) is
+``ratio_logprob_q(w, total)``: ln(w / total) of two positive integers in the
+same Q24 format, from the same ``log2_q`` digits and ln 2 constant:
+-round((log2_Q40(total) - log2_Q40(w)) * ln2_Q64 / 2^80), each log2 of an
+integer >= 1 in Q40 (error < 2^-39 each), so |error| < 2^-37 + 2^-25 nats.
 """
 
 from __future__ import annotations
@@ -72,6 +77,20 @@ def log2_q(x: int, frac_bits: int, int_bits_of_one: int) -> int:
             y >>= 1
             frac |= 1
     return ((n - int_bits_of_one) << frac_bits) | frac
+
+
+def ratio_logprob_q(w: int, total: int) -> int:
+    """ln(w / total) in Q``LOGPROB_FRAC_BITS`` (an int <= 0) for Python ints
+    1 <= w <= total: the difference of the two Q40 base-2 logarithms
+    (``log2_q``), times ln 2 in Q64, rounded half up to Q24 (the module
+    docstring's behaviour log-probability). w == total gives exactly 0.
+    Raises ValueError outside that range."""
+    w, total = int(w), int(total)
+    if not 1 <= w <= total:
+        raise ValueError(f"ratio_logprob_q needs 1 <= w <= total, not w={w}, total={total}")
+    d = log2_q(total, LOG2_FRAC_BITS, 0) - log2_q(w, LOG2_FRAC_BITS, 0)  # >= 0: log2 is monotone here
+    shift = 64 + LOG2_FRAC_BITS - LOGPROB_FRAC_BITS
+    return -((d * LN2_Q64 + (1 << (shift - 1))) >> shift)
 
 
 def _ln_z_q(gaps: np.ndarray) -> np.ndarray:

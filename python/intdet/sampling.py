@@ -32,6 +32,7 @@ from decimal import Decimal, InvalidOperation
 import numpy as np
 
 from .errors import IntdetError
+from .logprobs import ratio_logprob_q
 from .ref.intmath import LOG2E_Q30, exp2_neg_q30, round_div, round_shift
 
 MASK64 = (1 << 64) - 1
@@ -149,15 +150,65 @@ class Sampler:
             raise IntdetError("structured output: the grammar allows no token here")
         return self._choose(logits, position, allowed)
 
+    def pick_logprob(self, logits: np.ndarray, position: int, history=(),
+                     allowed: np.ndarray | None = None) -> tuple[int, int]:
+        """``pick``'s id and its behaviour log-probability (Q24, see
+        ``behaviour_logprob_q``) from the one distribution both come from."""
+        if self.penalized:
+            logits = apply_repeat_penalty(logits, self.recent(history), self.r_num, self.r_den)
+        if allowed is not None and not allowed.any():
+            raise IntdetError("structured output: the grammar allows no token here")
+        order, cum = self._support(logits, allowed)
+        i = self._draw(cum, position)
+        return int(order[i]), _weight_logprob_q(cum, i)
+
+    def behaviour_logprob_q(self, logits: np.ndarray, token: int, history=(),
+                            allowed: np.ndarray | None = None):
+        """The log-probability of ``token`` under the distribution this
+        sampler draws from at this step (the behaviour policy of RL), Q24
+        nats (logprobs.py): with w the Q30 weights left after the repetition
+        penalty, temperature, the mask, top-k, top-p and min-p, and total =
+        sum(w) over that kept set, ln(w_token / total) by
+        ``logprobs.ratio_logprob_q`` (the draw picks token i with probability
+        w_i / total, up to the 64-bit draw's own rounding, < total / 2^64).
+        Greedy: 0 for the argmax. None when ``token`` is outside the kept set
+        (probability 0: a forced token the sampler could not draw). The
+        arguments are ``pick``'s (no position: the distribution does not
+        depend on it, only the draw)."""
+        if self.penalized:
+            logits = apply_repeat_penalty(logits, self.recent(history), self.r_num, self.r_den)
+        if allowed is not None and not allowed.any():
+            return None
+        order, cum = self._support(logits, allowed)
+        hit = np.flatnonzero(order == int(token))
+        if not len(hit) or (int(cum[hit[0]]) - (int(cum[hit[0] - 1]) if hit[0] else 0)) == 0:
+            return None
+        return _weight_logprob_q(cum, int(hit[0]))
+
     def _choose(self, logits: np.ndarray, position: int, allowed: np.ndarray | None = None) -> int:
         """The pick from (penalized) logits, over the allowed ids when a mask
         is given: the same id as picking from logits[ids] (ids = the allowed
         ids, ascending) and mapping back, without building that copy."""
+        order, cum = self._support(logits, allowed)
+        return int(order[self._draw(cum, position)])
+
+    def _draw(self, cum: np.ndarray, position: int) -> int:
+        """The index into the kept set that the draw at ``position`` selects."""
+        if len(cum) == 1:
+            return 0
+        total = int(cum[-1])
+        target = (draw_u64(self.seed, position) * total) >> 64
+        return int(np.searchsorted(cum, target, side="right"))
+
+    def _support(self, logits: np.ndarray, allowed: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """The kept set the draw is made over: (ids in draw order, int64
+        cumulative Q30 weights), both of one length >= 1. Greedy: the argmax
+        alone, weight 1."""
         best = int(np.argmax(logits))  # lowest id wins ties
         if allowed is not None and not allowed[best]:  # the model's favourite is not allowed: the largest allowed logit
             best = int(np.argmax(np.where(allowed, np.asarray(logits, dtype=np.int64), np.iinfo(np.int64).min)))
         if self.greedy:
-            return best
+            return np.array([best]), np.array([1], dtype=np.int64)
         logits = np.asarray(logits, dtype=np.int64)
         # Only tokens whose weight can be non-zero matter: exp2_neg_q30 is 0
         # once u >= 31 * 2^16. Filtering them first keeps the sort small and
@@ -186,7 +237,10 @@ class Sampler:
             # w is non-increasing, so that is a prefix, never empty
             n = int(np.count_nonzero(w[:len(cum)] * self.m_den >= self.m_num << 30))
             cum = cum[:max(n, 1)]
-        total = int(cum[-1])
-        target = (draw_u64(self.seed, position) * total) >> 64
-        i = int(np.searchsorted(cum, target, side="right"))
-        return int(order[i])
+        return order[:len(cum)], cum
+
+
+def _weight_logprob_q(cum: np.ndarray, i: int) -> int:
+    """ln(w_i / total) in Q24 of the kept set's cumulative weights ``cum``."""
+    w = int(cum[i]) - (int(cum[i - 1]) if i else 0)
+    return ratio_logprob_q(w, int(cum[-1]))

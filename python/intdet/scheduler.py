@@ -92,16 +92,26 @@ def kv_bytes_per_position(cfg: dict) -> int:
 @dataclass
 class TokenLogprob:
     """One position's log-probabilities, Q24 nats (logprobs.py): ``token``
-    and its ``logprob_q``; ``top``: [(id, logprob_q)] most likely first."""
+    and its ``logprob_q`` (the model's: raw logits); ``top``: [(id,
+    logprob_q)] most likely first; ``behaviour_logprob_q``: for a generated
+    token, its log-probability under the distribution the sampler drew it
+    from (temperature, top-k/p, min-p, repetition penalty, grammar mask:
+    ``Sampler.behaviour_logprob_q``; 0 when greedy), else None."""
 
     token: int
     logprob_q: int
     top: list = field(default_factory=list)
+    behaviour_logprob_q: int | None = None
 
     @property
     def logprob(self) -> float:
         """The exact float value logprob_q / 2^24."""
         return to_float(self.logprob_q)
+
+    @property
+    def behaviour_logprob(self) -> float | None:
+        """The exact float value behaviour_logprob_q / 2^24 (None when not known)."""
+        return None if self.behaviour_logprob_q is None else to_float(self.behaviour_logprob_q)
 
 
 @dataclass
@@ -220,6 +230,12 @@ class Request:
         self.cached_tokens = 0  # prompt positions taken from the prefix cache (not computed)
         self.model_version = ""  # the model's sha256 when admitted (LLM.update_weights changes it)
         self.truncated = 0  # prompt tokens the API cut (SamplingParams.truncate)
+
+    @property
+    def chain_hash(self) -> str:
+        """The whole chain hash (32 hex digits; ``hash`` is its first 12)
+        after the tokens made so far, "" before the request starts."""
+        return self._chain.state.hex() if self._chain is not None else ""
 
     @property
     def spec_drafted(self) -> int:
@@ -623,6 +639,7 @@ class Scheduler:
         positions are cached; ``tok``: the token the device lane chose from
         it) and apply the stop rules."""
         on_device = tok is not None  # chosen by the device lane: the GPU holds it for the next step
+        behaviour = None  # the chosen token's behaviour log-probability, when log-probabilities are asked
         if r.chooser is not None:
             tok, r._chosen = r._chosen, None
             if tok is None or tok < 0:
@@ -631,12 +648,17 @@ class Scheduler:
         elif tok is None:
             try:
                 allowed = r._grammar.allowed() if r._grammar is not None else None
-                tok = r.sampler.pick(logits, n_past, r._history, allowed)
+                if r.logprobs is not None:
+                    tok, behaviour = r.sampler.pick_logprob(logits, n_past, r._history, allowed)
+                else:
+                    tok = r.sampler.pick(logits, n_past, r._history, allowed)
                 if r._grammar is not None:
                     r._grammar.advance(tok)
             except IntdetError as e:
                 self._retire(r, "error", str(e))
                 return -1
+        elif r.logprobs is not None:  # the device lane's pick (no grammar there): the same distribution
+            behaviour = r.sampler.behaviour_logprob_q(logits, tok, r._history)
         if (tok not in r.eos_ids and len(r.tokens) + 1 < r.max_new_tokens and r._seq.n_past < r._n_total
                 and self._device_lane(r)):
             if not on_device:  # forward_batch's rows may live in the pinned buffer the submit writes
@@ -655,7 +677,7 @@ class Scheduler:
         lp = None
         if r.logprobs is not None:
             ls = LogSoftmax(logits)
-            lp = TokenLogprob(tok, ls.logprob_q(0, tok), ls.top(0, r.logprobs))
+            lp = TokenLogprob(tok, ls.logprob_q(0, tok), ls.top(0, r.logprobs), behaviour)
             r.token_logprobs.append(lp)
         piece, stopped = r._stream.push(tok) if r._stream is not None else ("", False)
         if r._stream is not None:

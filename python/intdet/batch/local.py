@@ -31,8 +31,9 @@ class WorkerConfig:
     machine, the converted directory the driver resolved once; on a cluster
     the source as given, resolved on each node), the device, CPU threads per
     worker (0 = all cores), the scheduler's batch limit, revision and
-    weights for a model that needs converting, and whether the scheduler
-    keeps a prefix cache (items sharing a prompt's start: few-shot evals)."""
+    weights for a model that needs converting, whether the scheduler
+    keeps a prefix cache (items sharing a prompt's start: few-shot evals),
+    and whether generate records carry a receipt (receipts.py)."""
 
     model: object
     device: str = "cpu"
@@ -41,10 +42,11 @@ class WorkerConfig:
     revision: object = None
     weights: object = None
     prefix_cache: bool = False
+    receipts: bool = False
 
     def runner(self) -> TaskRunner:
         return TaskRunner(self.model, self.device, self.threads, self.max_batch, self.revision, self.weights,
-                          self.prefix_cache)
+                          self.prefix_cache, self.receipts)
 
 
 def run_serial(cfg: WorkerConfig, batches):

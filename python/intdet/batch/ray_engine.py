@@ -59,15 +59,16 @@ class BatchPredictor:
     Args: model (converted model dir, GGUF, HF dir or repo id; None = the
     default), task (the default task of rows without a ``task`` column),
     device, threads (per actor; 0 = all cores), max_batch, revision and
-    weights (when the model needs converting), prefix_cache.
+    weights (when the model needs converting), prefix_cache, receipts.
     ``__call__(batch)``: batch is a dict of columns (numpy arrays or lists);
     each row is an item (items.py; null cells are dropped). Returns columns
     ``id``, ``record`` (str) and ``error`` (str, "" when the item worked)."""
 
     def __init__(self, model=None, task: str = "generate", device: str = "cpu", threads: int = 1,
-                 max_batch: int = 16, revision=None, weights=None, prefix_cache: bool = False):
+                 max_batch: int = 16, revision=None, weights=None, prefix_cache: bool = False, receipts: bool = False):
         self.task = task
-        self.runner = WorkerConfig(model, device, threads, max_batch, revision, weights, prefix_cache).runner()
+        self.runner = WorkerConfig(model, device, threads, max_batch, revision, weights, prefix_cache,
+                                   receipts).runner()
 
     def __call__(self, batch: dict) -> dict:
         cols = list(batch)
@@ -146,7 +147,8 @@ def run_ray(cfg: WorkerConfig, batches, workers: int, address=None, batch_size: 
                             compute=ray.data.ActorPoolStrategy(size=max(1, workers)), num_cpus=1,
                             fn_constructor_kwargs=dict(model=cfg.model, device=cfg.device, threads=cfg.threads or 1,
                                                        max_batch=cfg.max_batch, revision=cfg.revision,
-                                                       weights=cfg.weights, prefix_cache=cfg.prefix_cache))
+                                                       weights=cfg.weights, prefix_cache=cfg.prefix_cache,
+                                                       receipts=cfg.receipts))
         for b in ds.iter_batches(batch_size=batch_size, batch_format="numpy", prefetch_batches=1):
             yield [(int(p), json.loads(r)) for p, r in zip(b[POS_COLUMN], b["record"])]
     finally:

@@ -39,7 +39,7 @@ def read_items(path: str, task: str) -> list:
 def run_job(input_path: str, output_path: str, model=None, task: str = "generate", engine: str = "local",
             workers: int = 1, address=None, batch_size: int = 16, threads=None, device: str = "cpu",
             unordered: bool = False, progress: bool = False, revision=None, weights=None, notice=None,
-            prefix_cache: bool = False) -> dict:
+            prefix_cache: bool = False, receipts: bool = False) -> dict:
     """Run the items of ``input_path`` into ``output_path`` (resuming it) and
     return output.summarize of the finished file. ``workers`` 0 with the
     local engine runs in this process. ``threads``: CPU threads per worker
@@ -47,7 +47,8 @@ def run_job(input_path: str, output_path: str, model=None, task: str = "generate
     ``notice(msg)``: told when the model is converted into the cache.
     ``prefix_cache``: each worker's scheduler keeps a prefix cache (a batch
     of items sharing a few-shot header prefills it once; the records are
-    the same bits either way).
+    the same bits either way). ``receipts``: every generate record's result
+    carries its receipt (``intdet verify`` replays them).
     Raises IntdetError for a bad argument, file or model."""
     from tqdm import tqdm
 
@@ -110,10 +111,10 @@ def run_job(input_path: str, output_path: str, model=None, task: str = "generate
             batches.append(cur)
         if batches:
             if address:  # the nodes of a cluster resolve (and convert) the model themselves
-                cfg = WorkerConfig(model, device, threads, batch_size, revision, weights, prefix_cache)
+                cfg = WorkerConfig(model, device, threads, batch_size, revision, weights, prefix_cache, receipts)
             else:  # converted once here; every worker loads the converted directory
                 path = resolve_model(model, revision, progress=progress, weights=weights, notice=notice)
-                cfg = WorkerConfig(path, device, threads, batch_size, prefix_cache=prefix_cache)
+                cfg = WorkerConfig(path, device, threads, batch_size, prefix_cache=prefix_cache, receipts=receipts)
             if engine == "local":
                 results = run_pool(cfg, batches, workers)
             elif engine == "ray":

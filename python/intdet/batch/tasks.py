@@ -12,7 +12,8 @@ its float is the exact quotient q / 2^24.
 Results:
 * generate: prompt_tokens, tokens, text, finish_reason, hash (chain hash),
   seed, truncated, cumulative_logprob_q; logprobs ([{token, logprob_q,
-  logprob, top: [[id, q]]}]) when the item asks for them.
+  logprob, behaviour_logprob_q, top: [[id, q]]}]) when the item asks for
+  them; receipt (receipts.py, docs/receipts.md) with ``--receipts``.
 * score: tokens (continuation ids), logprob_q, logprob, is_greedy, hash,
   token_logprobs_q; top ([[[id, q]]] per token) when top > 0.
 * compress: bytes (UTF-8 bytes of the text), compressed_bytes (the
@@ -83,13 +84,15 @@ class TaskRunner:
     directory loads without converting), device, threads (None/0 = all
     cores), max_batch (sequences the scheduler runs together), revision and
     weights (when the model needs converting), prefix_cache (the scheduler
-    reuses the KV cache of prompts' shared starts: scheduler.py). Raises
-    IntdetError when the model cannot be loaded."""
+    reuses the KV cache of prompts' shared starts: scheduler.py), receipts
+    (every generate result carries its receipt). Raises IntdetError when
+    the model cannot be loaded."""
 
     def __init__(self, model, device: str = "cpu", threads=None, max_batch: int = 16, revision=None, weights=None,
-                 prefix_cache: bool = False):
+                 prefix_cache: bool = False, receipts: bool = False):
         from ..api import LLM
 
+        self.receipts = receipts
         self.llm = LLM(model, device=device, threads=threads or None, max_batch=max(1, max_batch), revision=revision,
                        weights=weights, prefix_cache=prefix_cache)
 
@@ -112,7 +115,7 @@ class TaskRunner:
         if isinstance(kw.get("stop"), list):
             kw["stop"] = tuple(kw["stop"])
         try:
-            sp = SamplingParams(**kw)
+            sp = SamplingParams(**kw, receipt=self.receipts)
         except TypeError as e:
             raise IntdetError(str(e)) from None
         self.llm.request(ids, sp)  # every check the run makes (context, KV cache) before anything runs
@@ -125,7 +128,10 @@ class TaskRunner:
         if c.logprobs is not None:
             r["cumulative_logprob_q"] = sum(t.logprob_q for t in c.logprobs)
             r["logprobs"] = [{"token": t.token, "logprob_q": t.logprob_q, "logprob": to_float(t.logprob_q),
-                              "top": [[i, q] for i, q in t.top]} for t in c.logprobs]
+                              "behaviour_logprob_q": t.behaviour_logprob_q, "top": [[i, q] for i, q in t.top]}
+                             for t in c.logprobs]
+        if c.receipt is not None:
+            r["receipt"] = c.receipt
         return r
 
     def _score_args(self, it: Item):

@@ -32,6 +32,7 @@ VERBS = {
     "compress": "compress",
     "decompress": "compress",
     "serve": "serve",
+    "verify": "verify",
 }
 
 

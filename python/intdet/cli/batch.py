@@ -36,11 +36,13 @@ from .options import _log, model_options
 @click.option("--batch-size", default=16, show_default=True, type=int, help="Items sent to a worker at a time.")
 @click.option("--prefix-cache", is_flag=True,
               help="Reuse the KV cache of prompts' shared starts within a worker (same records, faster few-shot).")
+@click.option("--receipts", is_flag=True,
+              help="Every generate record carries a receipt (result.receipt) that `intdet verify` replays.")
 @click.option("--unordered", is_flag=True, help="Write records as they finish instead of in input order.")
 @click.option("--no-progress", is_flag=True, help="No progress bar (it shows only on a terminal anyway).")
 @user_errors
 def batch(input_path, output_path, model, revision, weights, device, threads, task, engine, workers, address,
-          batch_size, prefix_cache, unordered, no_progress):
+          batch_size, prefix_cache, receipts, unordered, no_progress):
     """Run the items of IN.jsonl (one JSON object with an id per line) into OUT.jsonl."""
     from ..batch.runner import run_job
 
@@ -53,5 +55,6 @@ def batch(input_path, output_path, model, revision, weights, device, threads, ta
     summary = run_job(input_path, output_path, model=model, task=task, engine=engine, workers=workers,
                       address=address, batch_size=batch_size, threads=threads or None, device=device,
                       unordered=unordered, progress=sys.stderr.isatty() and not no_progress, revision=revision,
-                      notice=_log(True), weights=weights, prefix_cache=prefix_cache)
+                      notice=_log(True), weights=weights, prefix_cache=prefix_cache,
+                      receipts=receipts)
     click.echo(json.dumps(summary, sort_keys=True))

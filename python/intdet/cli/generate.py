@@ -64,14 +64,16 @@ def _prefill_bar(n_prompt: int, quiet: bool):
 @click.option("--spec-ngram", "spec_ngram", default=0, show_default=True, type=click.IntRange(0, 64), metavar="K",
               help="Speculative decoding: draft up to K tokens a step by prompt lookup (the same tokens and hash).")
 @spec_draft_options
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of streaming text.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print one JSON object instead of streaming text (with a receipt for `intdet verify`).")
+@click.option("--step-hashes", is_flag=True, help="With --json: the chain hash after every token, in the receipt.")
 @verbosity_options
 @click.pass_context
 @user_errors
 def generate(ctx, prompt, prompt_opt, file, ids, chat, system, truncate, model, revision, weights, device, threads,
              max_new_tokens, temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, stops, seed, json_schema,
-             json_schema_file, grammar, grammar_file, regex, spec_ngram, spec_draft, spec_draft_max, as_json, quiet,
-             verbose):
+             json_schema_file, grammar, grammar_file, regex, spec_ngram, spec_draft, spec_draft_max, as_json, step_hashes,
+             quiet, verbose):
     """Generate text; stream it to stdout, stats and the chain hash to stderr."""
     import time
 
@@ -91,6 +93,8 @@ def generate(ctx, prompt, prompt_opt, file, ids, chat, system, truncate, model, 
         check_text(system, "--system")
     if quiet and verbose:
         raise IntdetError("-q and -v: choose one")
+    if step_hashes and not as_json:
+        raise IntdetError("--step-hashes: needs --json (the hashes go in its receipt)")
     sampler = _make_sampler(ctx, ctx.params, as_json)
     spec_tokens, draft_model = spec_settings(spec_ngram, spec_draft, spec_draft_max)
     structured, structured_opt = structured_params(ctx.params)
@@ -124,7 +128,7 @@ def generate(ctx, prompt, prompt_opt, file, ids, chat, system, truncate, model, 
     params = SamplingParams(max_tokens=max_new_tokens, temperature=p["temperature"], top_p=p["top_p"],
                             top_k=p["top_k"], min_p=p["min_p"], repeat_penalty=p["repeat_penalty"],
                             repeat_last_n=p["repeat_last_n"], seed=sampler.seed, stop=list(stops),
-                            structured_outputs=structured)
+                            structured_outputs=structured, receipt=as_json, step_hashes=step_hashes)
     out = sys.stdout
     bar, show_prefill = _prefill_bar(len(prompt_ids), quiet or as_json)
     chunks = [0]
@@ -173,6 +177,7 @@ def generate(ctx, prompt, prompt_opt, file, ids, chat, system, truncate, model, 
         st["seed"] = sampler.seed
         if spec_tokens:
             st["spec_drafted"], st["spec_accepted"] = c.spec_drafted, c.spec_accepted
+        st["receipt"] = c.receipt
         click.echo(json.dumps(st))
     else:
         out.write(tail + "\n")

@@ -20,6 +20,7 @@ from . import protocol as P
 from .common import FINISH, BadRequest
 from .logprobs import chat_logprob
 from .sse import sse
+from .token_io import add_to_choice, add_to_delta, params
 
 
 async def create_chat_completion(srv, request: Request):
@@ -38,7 +39,8 @@ async def create_chat_completion(srv, request: Request):
         raise BadRequest("top_logprobs: needs \"logprobs\": true", param="top_logprobs")
     k = (r.top_logprobs or 0) if r.logprobs else None
     seed = srv.new_seed(r.seed)
-    jobs = [(ids, with_grammar(srv.sampling(r, mt, derive_seed(seed, c), k, None), tool_so)) for c in range(r.n)]
+    jobs = [(ids, params(with_grammar(srv.sampling(r, mt, derive_seed(seed, c), k, None), tool_so), r))
+            for c in range(r.n)]
     runs = srv.launch(asyncio.get_running_loop(), jobs)
     cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
     if r.stream:
@@ -48,13 +50,20 @@ async def create_chat_completion(srv, request: Request):
                                 "choices": choices}
         if ts is not None and ts.parses:
             parsers = [CallParser(ts, srv.llm.tokenizer, srv.llm.eos_ids, req.stop) for req, _ in runs]
-            chunk = lambda i, ev: [head([d]) for d in tool_deltas(srv, i, ev, k, parsers[i])]  # noqa: E731
+
+            def chunk(i, ev):
+                ds = tool_deltas(srv, i, ev, k, parsers[i])
+                if r.return_token_ids and not ds and ev.kind == "token":
+                    ds = [{"index": i, "delta": {}, "logprobs": None, "finish_reason": None}]  # the id, held text
+                if ds:  # the event's token id, or at the end the receipt, on its last delta
+                    ds[-1] = add_to_delta(ds[-1], ev, r)
+                return [head([d]) for d in ds]
         else:
-            chunk = lambda i, ev: head([chat_delta(srv, i, ev, k)])  # noqa: E731
+            chunk = lambda i, ev: head([add_to_delta(chat_delta(srv, i, ev, k), ev, r)])  # noqa: E731
         return sse(srv, request, runs, chunk, len(ids), include_usage, lambda usage: dict(head([]), usage=usage),
                    first=[head([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                                  "finish_reason": None}]) for i in range(len(runs))],
-                   every_token=ts is not None and ts.parses)
+                   every_token=(ts is not None and ts.parses) or r.return_token_ids)
     await srv.wait_all(request, runs)
     choices = []
     for i, (req, _) in enumerate(runs):
@@ -65,15 +74,19 @@ async def create_chat_completion(srv, request: Request):
             message["content"] = content if content or not calls else None
             if calls:
                 message["tool_calls"], finish = calls, "tool_calls"
-        choices.append({"index": i, "message": message,
-                        "logprobs": None if k is None else
-                        {"content": [chat_logprob(srv.llm, lp, k) for lp in req.token_logprobs]},
-                        "finish_reason": finish, "stop_reason": req.stop_string,
-                        "hash": req.hash, "seed": req.sampler.seed, "model_version": req.model_version})
+        choices.append(add_to_choice({"index": i, "message": message,
+                                      "logprobs": None if k is None else
+                                      {"content": [chat_logprob(srv.llm, lp, k) for lp in req.token_logprobs]},
+                                      "finish_reason": finish, "stop_reason": req.stop_string,
+                                      "hash": req.hash, "seed": req.sampler.seed, "model_version": req.model_version},
+                                     req, r, prompt_ids=False))
     n_out = sum(len(req.tokens) for req, _ in runs)
-    return JSONResponse({"id": cid, "object": "chat.completion", "created": created, "model": srv.model_name,
-                         "system_fingerprint": srv.llm.system_fingerprint, "choices": choices,
-                         "usage": srv.usage(runs, len(ids), n_out)})
+    body = {"id": cid, "object": "chat.completion", "created": created, "model": srv.model_name,
+            "system_fingerprint": srv.llm.system_fingerprint, "choices": choices,
+            "usage": srv.usage(runs, len(ids), n_out)}
+    if r.return_token_ids:  # vLLM's chat response holds the prompt's ids once
+        body["prompt_token_ids"] = list(ids)
+    return JSONResponse(body)
 
 
 def chat_delta(srv, i, ev, k):

@@ -17,6 +17,7 @@ from . import protocol as P
 from .common import FINISH, BadRequest
 from .logprobs import completion_logprobs, top_dict
 from .sse import sse
+from .token_io import add_to_choice, add_to_delta, params
 
 
 def prompts_of(srv, prompt) -> list:
@@ -61,8 +62,8 @@ async def create_completion(srv, request: Request):
         srv.check_room(ids, max_tokens, "prompt" if len(prompts) == 1 else f"prompt[{p}]")
         for c in range(r.n):
             s = derive_seed(seed, c)
-            jobs.append((ids, srv.sampling(r, max_tokens, s, r.logprobs,
-                                           r.logprobs if r.echo and r.logprobs is not None else None)))
+            jobs.append((ids, params(srv.sampling(r, max_tokens, s, r.logprobs,
+                                                  r.logprobs if r.echo and r.logprobs is not None else None), r)))
             meta.append((p, text))
     loop = asyncio.get_running_loop()
     runs = srv.launch(loop, jobs)
@@ -73,7 +74,7 @@ async def create_completion(srv, request: Request):
         offsets = [0] * len(runs)  # text_offset of each choice's next chunk
 
         def chunk(i, ev):
-            d = completion_delta(srv, i, ev, r.logprobs, offsets[i])
+            d = add_to_delta(completion_delta(srv, i, ev, r.logprobs, offsets[i]), ev, r)
             offsets[i] += len(ev.text)
             return {"id": cid, "object": "text_completion", "created": created, "model": srv.model_name,
                     "system_fingerprint": srv.llm.system_fingerprint, "choices": [d]}
@@ -81,17 +82,19 @@ async def create_completion(srv, request: Request):
         return sse(srv, request, runs, chunk, n_prompt, include_usage,
             lambda usage: {"id": cid, "object": "text_completion", "created": created, "model": srv.model_name,
                            "system_fingerprint": srv.llm.system_fingerprint, "choices": [], "usage": usage},
-            echo_texts=[echo_text(srv, runs[i][0], meta[i][1]) if r.echo else "" for i in range(len(runs))])
+            echo_texts=[echo_text(srv, runs[i][0], meta[i][1]) if r.echo else "" for i in range(len(runs))],
+            every_token=r.return_token_ids)
     await srv.wait_all(request, runs)
     choices = []
     for i, (req, _) in enumerate(runs):
         srv.raise_failed(req)
         prefix = echo_text(srv, req, meta[i][1]) if r.echo else ""
-        choices.append({"index": i, "text": prefix + req.text,
-                        "logprobs": None if r.logprobs is None else
-                        completion_logprobs(srv.llm, req, r.echo, r.logprobs),
-                        "finish_reason": FINISH[req.finish_reason], "stop_reason": req.stop_string,
-                        "hash": req.hash, "seed": req.sampler.seed, "model_version": req.model_version})
+        choices.append(add_to_choice({"index": i, "text": prefix + req.text,
+                                      "logprobs": None if r.logprobs is None else
+                                      completion_logprobs(srv.llm, req, r.echo, r.logprobs),
+                                      "finish_reason": FINISH[req.finish_reason], "stop_reason": req.stop_string,
+                                      "hash": req.hash, "seed": req.sampler.seed, "model_version": req.model_version},
+                                     req, r))
     n_out = sum(len(req.tokens) for req, _ in runs)
     return JSONResponse({"id": cid, "object": "text_completion", "created": created, "model": srv.model_name,
                          "system_fingerprint": srv.llm.system_fingerprint, "choices": choices,
@@ -108,6 +111,7 @@ def completion_delta(srv, i, ev, k, offset: int):
     if ev.kind == "token" and k is not None and ev.logprob is not None:
         s = srv.llm.token_text(ev.token)
         d["logprobs"] = {"tokens": [s], "token_logprobs": [to_float(ev.logprob.logprob_q)],
+                         "behaviour_logprobs": [ev.logprob.behaviour_logprob],
                          "top_logprobs": [top_dict(srv.llm, ev.logprob, k)], "text_offset": [offset]}
     if ev.kind == "done":
         d.update(finish_reason=FINISH[req.finish_reason], stop_reason=req.stop_string, hash=req.hash,

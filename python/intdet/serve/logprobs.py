@@ -1,6 +1,8 @@
 """Log-probabilities in the responses' shapes: completions' ``logprobs``
-(tokens, token_logprobs, top_logprobs, text_offset) and chat's per-token
-entries; numbers from the fixed-point log-softmax (intdet/logprobs.py)."""
+(tokens, token_logprobs, behaviour_logprobs, top_logprobs, text_offset) and
+chat's per-token entries (logprob, behaviour_logprob, ...); numbers from
+the fixed-point log-softmax (intdet/logprobs.py) and the sampler's own
+distribution (docs/receipts.md)."""
 
 from __future__ import annotations
 
@@ -8,23 +10,26 @@ from ..logprobs import to_float
 
 
 def completion_logprobs(llm, req, echo: bool, k: int, text_start: int = 0) -> dict:
-    toks, lps, tops = [], [], []
+    toks, lps, tops, blps = [], [], [], []
     if echo:
         pl = req.prompt_token_logprobs if req.prompt_logprobs is not None else [None] * len(req.prompt_ids)
         for tok, lp in zip(req.prompt_ids, pl):
             toks.append(tok)
             lps.append(None if lp is None else to_float(lp.logprob_q))
             tops.append(None if lp is None else top_dict(llm, lp, k))
+            blps.append(None)  # a prompt token was not sampled
     for lp in req.token_logprobs:
         toks.append(lp.token)
         lps.append(to_float(lp.logprob_q))
         tops.append(top_dict(llm, lp, k))
+        blps.append(lp.behaviour_logprob)
     strs = [llm.token_text(t) for t in toks]
     offsets, at = [], text_start
     for s in strs:
         offsets.append(at)
         at += len(s)
-    return {"tokens": strs, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}
+    return {"tokens": strs, "token_logprobs": lps, "behaviour_logprobs": blps, "top_logprobs": tops,
+            "text_offset": offsets}
 
 
 def top_dict(llm, lp, k: int) -> dict:
@@ -37,6 +42,7 @@ def top_dict(llm, lp, k: int) -> dict:
 
 def chat_logprob(llm, lp, k: int) -> dict:
     s = llm.token_text(lp.token)
-    return {"token": s, "logprob": to_float(lp.logprob_q), "bytes": list(s.encode("utf-8")),
+    return {"token": s, "logprob": to_float(lp.logprob_q), "behaviour_logprob": lp.behaviour_logprob,
+            "bytes": list(s.encode("utf-8")),
             "top_logprobs": [{"token": llm.token_text(t), "logprob": to_float(q),
                               "bytes": list(llm.token_text(t).encode("utf-8"))} for t, q in lp.top[:k]]}

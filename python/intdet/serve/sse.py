@@ -19,7 +19,7 @@ def sse(srv, request, runs, chunk, n_prompt, include_usage, usage_chunk, first=N
     then [DONE]. A client that goes away cancels every choice.
     ``chunk(i, ev)``: the chunk of choice i's event, or a list of chunks;
     ``every_token``: call it for token events with no text too (a tool
-    call's parser reads every id)."""
+    call's parser reads every id; token ids asked for)."""
 
     async def events():
         merged: asyncio.Queue = asyncio.Queue()
@@ -54,7 +54,7 @@ def sse(srv, request, runs, chunk, n_prompt, include_usage, usage_chunk, first=N
                     yield _sse(P.error_body(f"engine error: {ev.error}", "server_error", None, 500))
                     left -= 1
                     continue
-                if ev.kind == "token" and not ev.text and ev.logprob is None and not every_token:
+                if ev.kind == "token" and not ev.text and ev.logprob is None and not (every_token and ev.token is not None):
                     continue  # a token with no visible text yet (held back, or a partial character)
                 out = chunk(i, ev)
                 for c in out if isinstance(out, list) else [out]:
