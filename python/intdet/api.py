@@ -35,7 +35,7 @@ from typing import Sequence, Union
 from .errors import IntdetError, check_token_ids
 from .logprobs import MAX_LOGPROBS, to_float
 from .sampling import MASK64, Sampler, splitmix64
-from .structured import Grammar, StructuredOutputsParams, structured_from_any
+from .structured import Grammar, StructuredOutputsParams, grammar_tokenizer, structured_from_any
 from .scheduler import DEFAULT_KV_BYTES, DEFAULT_MAX_BATCH, DEFAULT_STEP_TOKENS, Request, Scheduler, TokenLogprob
 
 Prompt = Union[str, Sequence[int]]
@@ -107,7 +107,8 @@ class SamplingParams:
         "right" (as ``intdet generate --truncate``).
     structured_outputs: None, or a ``StructuredOutputsParams`` (or a dict
         of its fields: json, json_object, regex, choice, grammar): the
-        output matches it (an exact mask on the logits; structured.py).
+        output matches it (an exact mask on the logits; structured.py);
+        or a ``Grammar`` that ``LLM.grammar`` compiled for this model.
     Raises IntdetError (naming the field) for a value out of range.
     """
 
@@ -123,7 +124,7 @@ class SamplingParams:
     logprobs: Union[int, None] = None
     prompt_logprobs: Union[int, None] = None
     truncate: Union[str, None] = None
-    structured_outputs: Union[StructuredOutputsParams, dict, None] = None
+    structured_outputs: Union[StructuredOutputsParams, Grammar, dict, None] = None
 
     def sampler(self) -> Sampler:
         """The integer ``Sampler`` of these parameters (IntdetError naming the field)."""
@@ -401,7 +402,10 @@ class LLM:
             prompt_ids = truncate_prompt(prompt_ids, self.context_length, params.max_tokens, params.truncate,
                                          self.meta.get("bos_token_id"))
         so = params.structured_outputs  # check() made a dict a StructuredOutputsParams
-        grammar = self.grammar(so) if isinstance(so, StructuredOutputsParams) else None
+        grammar = self.grammar(so) if isinstance(so, StructuredOutputsParams) else so
+        if isinstance(so, Grammar) and so.tokenizer is not grammar_tokenizer(self.tokenizer, self.eos_ids):
+            raise IntdetError("structured_outputs: this Grammar was compiled for another model's tokenizer",
+                              field="structured_outputs")
         req = Request(prompt_ids, params.max_tokens, params.sampler(), eos_ids=self.eos_ids, stop=params.stop,
                       logprobs=params.logprobs, prompt_logprobs=params.prompt_logprobs, score_from=score_from,
                       on_event=on_event, tokenizer=self.tokenizer, on_prefill=on_prefill, grammar=grammar)
@@ -410,20 +414,29 @@ class LLM:
         return req
 
     def grammar(self, so: StructuredOutputsParams) -> Grammar:
-        """``so`` compiled for this model (IntdetError naming the field for a
-        bad schema or grammar); the last GRAMMAR_CACHE compiled are kept, so
-        a schema sent with every request is compiled once."""
+        """``so`` compiled for this model and checked (``structured.Grammar``:
+        sizes, the library's compile, a first token allowed and taken):
+        IntdetError with ``field`` "structured_outputs.<kind>" in one plain
+        sentence otherwise. The last GRAMMAR_CACHE outcomes are kept, errors
+        too, so a schema sent with every request is compiled once and a bad
+        one is refused at once."""
+        so.check()
         key = (so.kind(), json.dumps(getattr(so, so.kind()), sort_keys=True))
         with self._grammars_lock:
             g = self._grammars.get(key)
             if g is not None:
                 self._grammars.move_to_end(key)
-                return g
-        g = Grammar(so, self.tokenizer, self.eos_ids, self.vocab_size)
-        with self._grammars_lock:
-            self._grammars[key] = g
-            while len(self._grammars) > GRAMMAR_CACHE:
-                self._grammars.popitem(last=False)
+        if g is None:
+            try:
+                g = Grammar(so, self.tokenizer, self.eos_ids, self.vocab_size)
+            except IntdetError as e:
+                g = e
+            with self._grammars_lock:
+                self._grammars[key] = g
+                while len(self._grammars) > GRAMMAR_CACHE:
+                    self._grammars.popitem(last=False)
+        if isinstance(g, IntdetError):  # a new exception each time: a raised one keeps its traceback
+            raise IntdetError(str(g), field=g.field)
         return g
 
     @staticmethod

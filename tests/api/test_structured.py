@@ -228,6 +228,66 @@ def test_bad_constraints_name_the_field(llm, so, field, what):
     assert "\n" not in str(e.value)
 
 
+# The grammars llguidance cannot run (issue 52): each was a 500 at the first
+# token (or a panic after a 10-22 s stall) with the library's state dumped.
+UNRUNNABLE = [
+    pytest.param({"regex": r"a{1000}{1000}"}, "structured_outputs.regex", "too complex", id="regex-huge-repeat"),
+    pytest.param({"regex": r"[^\x00-\x{10FFFF}]"}, "structured_outputs.regex", "allows no output", id="regex-empty"),
+    pytest.param({"json": {"$defs": {"a": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}}, "structured_outputs.json",
+                 "allows no output", id="schema-self-ref"),
+    pytest.param({"grammar": 'root ::= "a" root'}, "structured_outputs.grammar", "never ends", id="gbnf-endless"),
+    pytest.param({"choice": [f"s{i}" for i in range(5000)]}, "structured_outputs.choice",
+                 "5000 strings is more than the limit of 1000", id="choice-5000"),
+    pytest.param({"choice": [f"word number {i}" for i in range(100_000)]}, "structured_outputs.choice",
+                 "100000 strings is more than the limit of 1000", id="choice-100000"),
+    pytest.param({"json": False}, "structured_outputs.json", "allows no output", id="schema-false"),
+    pytest.param({"json": "false"}, "structured_outputs.json", "allows no output", id="schema-false-text"),
+    pytest.param({"regex": "a" * (256 << 10) + "b"}, "structured_outputs.regex",
+                 f"a regex of {(256 << 10) + 1} bytes is more than the limit of {256 << 10}", id="regex-too-big"),
+    pytest.param({"choice": ["x" * 100 + str(i) for i in range(700)]}, "structured_outputs.choice",
+                 "bytes of strings is more than the limit of 65536", id="choice-bytes"),
+]
+
+
+def plain(msg: str) -> bool:
+    """One line, none of llguidance's state or a Rust backtrace."""
+    return "\n" not in msg and not any(w in msg for w in ("<state>", "non-verbose", "backtrace", "panic", "Parser:",
+                                                          "NoExtensionBias", "rows"))
+
+
+@pytest.mark.parametrize("so,field,what", UNRUNNABLE)
+def test_grammars_the_library_cannot_run_are_refused_before_generating(llm, so, field, what):
+    for _ in range(2):  # the second time from the cache of outcomes, the same error
+        with pytest.raises(IntdetError) as e:
+            llm.generate("x", SamplingParams(max_tokens=4, structured_outputs=so))
+        assert e.value.field == field and str(e.value).startswith(field + ": ") and what in str(e.value), e.value
+        assert plain(str(e.value)), str(e.value)
+
+
+def test_schema_true_is_any_json_value(llm):
+    for seed in range(3):
+        c = llm.generate("x", sp({"json": True}, "1.5", seed, max_tokens=30))
+        if c.finish_reason != "length":
+            json.loads(c.text)
+    assert llm.grammar(StructuredOutputsParams(json="true")).text == llm.grammar(StructuredOutputsParams(json={})).text
+
+
+def test_choice_at_its_limit_runs(llm):
+    choice = [f"option {i}" for i in range(1000)]
+    for seed in range(3):
+        c = llm.generate("x", sp({"choice": choice}, 1, seed, max_tokens=10))
+        assert c.text in choice and c.finish_reason in ("stop", "eos"), c
+
+
+def test_a_compiled_grammar_is_a_structured_output(llm, model_dir):
+    g = llm.grammar(StructuredOutputsParams(regex=REGEX))
+    assert bits(llm.generate("x", sp(g, 1, 5))) == bits(llm.generate("x", sp({"regex": REGEX}, 1, 5)))
+    other = intdet.load(model_dir, threads=1)  # its own tokenizer object: its own llguidance view
+    with pytest.raises(IntdetError, match="compiled for another model") as e:
+        other.generate("x", sp(g))
+    assert e.value.field == "structured_outputs"
+
+
 def test_structured_outputs_params_object(llm):
     c = llm.generate("x", SamplingParams(max_tokens=8, structured_outputs=StructuredOutputsParams(choice=["yes"])))
     assert c.text == "yes" and c.finish_reason == "stop"
