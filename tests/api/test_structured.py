@@ -335,15 +335,20 @@ def test_cli_errors_are_one_line(model_dir, args, msg):
 
 
 @pytest.fixture(scope="module")
-def server(model_dir):
+def server_proc(model_dir):
     import signal
 
     from test_serve import start_server
 
     proc, port = start_server(model_dir, "--max-batch", "4", "--step-tokens", "16")
-    yield port
+    yield proc, port
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(60) == 0
+
+
+@pytest.fixture(scope="module")
+def server(server_proc):
+    return server_proc[1]
 
 
 def post(port, path, body):
@@ -416,6 +421,91 @@ def test_server_bad_schema_or_grammar_is_a_400_naming_it(server, path, extra, pa
     assert status == 400, r
     assert r["error"]["param"] == param and what in r["error"]["message"], r
     assert "\n" not in r["error"]["message"]
+
+
+class HealthPoll:
+    """GET /health over one connection, again and again, in a thread: the
+    longest answer while it ran (the event loop's stalls)."""
+
+    def __init__(self, port):
+        import http.client
+        import threading
+
+        self.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        self.longest, self.count, self._stop = 0.0, 0, threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        import time
+
+        while not self._stop.is_set():
+            t = time.monotonic()
+            self.conn.request("GET", "/health")
+            r = self.conn.getresponse()
+            r.read()
+            assert r.status == 200
+            self.longest = max(self.longest, time.monotonic() - t)
+            self.count += 1
+            time.sleep(0.005)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join(60)
+        self.conn.close()
+
+
+def unrunnable_bodies():
+    """(path, body, param, what) of each of UNRUNNABLE, sent as vLLM's
+    structured_outputs, and the JSON schemas also as OpenAI's response_format."""
+    msgs = [{"role": "user", "content": "x"}]
+    out = []
+    for p in UNRUNNABLE:
+        so, field, what = p.values
+        out.append(pytest.param("/v1/completions", {"prompt": "x", "max_tokens": 4, "structured_outputs": so}, field,
+                                what, id="so-" + p.id))
+        if "json" in so:
+            out.append(pytest.param("/v1/chat/completions", {
+                "messages": msgs, "max_tokens": 4, "response_format": {"type": "json_schema", "json_schema": {
+                    "name": "x", "schema": json.loads(so["json"]) if isinstance(so["json"], str) else so["json"]}}},
+                "response_format.json_schema.schema", what, id="rf-" + p.id))
+    return out
+
+
+@pytest.mark.parametrize("path,body,param,what", unrunnable_bodies())
+def test_server_refuses_unrunnable_grammars_at_admission_and_keeps_serving(server_proc, path, body, param, what):
+    """A 400 naming the field the client sent, in one plain line, within 2 s,
+    logged on one line; /health answers in < 100 ms meanwhile (issue 52)."""
+    import time
+
+    proc, port = server_proc
+    n_log = len(proc.log)
+    with HealthPoll(port) as health:
+        t = time.monotonic()
+        status, r = post(port, path, body)
+        took = time.monotonic() - t
+    assert status == 400, r
+    err = r["error"]
+    assert err["param"] == param and err["message"].startswith(param + ": "), err
+    assert what in err["message"] or "took more than" in err["message"], err  # a slow machine: the time limit
+    assert plain(err["message"]), err
+    assert took < 2, took
+    assert health.count >= 1 and health.longest < 0.1, (health.count, health.longest)
+    time.sleep(0.2)  # the log line is read from the server's stderr by a thread
+    logged = [ln for ln in proc.log[n_log:] if param in ln]
+    assert len(logged) == 1 and "structured output refused" in logged[0], proc.log[n_log:]
+
+
+def test_server_schema_true_is_any_json(server):
+    status, r = post(server, "/v1/chat/completions", {
+        "messages": [{"role": "user", "content": "x"}], "max_tokens": 20, "temperature": 0,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "any", "schema": True}}})
+    assert status == 200, r
+    if r["choices"][0]["finish_reason"] == "stop":
+        json.loads(r["choices"][0]["message"]["content"])
 
 
 # ---------------------------------------------------------------- the real default model

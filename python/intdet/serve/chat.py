@@ -32,7 +32,8 @@ async def create_chat_completion(srv, request: Request):
         raise BadRequest("top_logprobs: needs \"logprobs\": true", param="top_logprobs")
     k = (r.top_logprobs or 0) if r.logprobs else None
     seed = srv.new_seed(r.seed)
-    jobs = [(ids, srv.sampling(r, mt, derive_seed(seed, c), k, None)) for c in range(r.n)]
+    grammar = await srv.structured(r)
+    jobs = [(ids, srv.sampling(r, mt, derive_seed(seed, c), k, None, grammar)) for c in range(r.n)]
     runs = srv.launch(asyncio.get_running_loop(), jobs)
     cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
     if r.stream:
