@@ -351,8 +351,13 @@ class LLM:
         return encode(self.tokenizer, self.meta, text, add_bos=add_bos, what="prompt")
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        from .tokenizer.text import RELEASE_GIL_IDS
+
         self._check_ids(ids, "tokens")
-        return self.tokenizer.decode([int(t) for t in ids], skip_special_tokens=skip_special_tokens)
+        ids = [int(t) for t in ids]
+        if len(ids) > RELEASE_GIL_IDS:  # decode_batch lets the GIL go while it runs
+            return self.tokenizer.decode_batch([ids], skip_special_tokens=skip_special_tokens)[0]
+        return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
 
     def token_text(self, token: int) -> str:
         """The text of one id (special tokens shown; '' for an id the tokenizer lacks)."""
