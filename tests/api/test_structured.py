@@ -423,41 +423,6 @@ def test_server_bad_schema_or_grammar_is_a_400_naming_it(server, path, extra, pa
     assert "\n" not in r["error"]["message"]
 
 
-class HealthPoll:
-    """GET /health over one connection, again and again, in a thread: the
-    longest answer while it ran (the event loop's stalls)."""
-
-    def __init__(self, port):
-        import http.client
-        import threading
-
-        self.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-        self.longest, self.count, self._stop = 0.0, 0, threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self):
-        import time
-
-        while not self._stop.is_set():
-            t = time.monotonic()
-            self.conn.request("GET", "/health")
-            r = self.conn.getresponse()
-            r.read()
-            assert r.status == 200
-            self.longest = max(self.longest, time.monotonic() - t)
-            self.count += 1
-            time.sleep(0.005)
-
-    def __enter__(self):
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join(60)
-        self.conn.close()
-
-
 def unrunnable_bodies():
     """(path, body, param, what) of each of UNRUNNABLE, sent as vLLM's
     structured_outputs, and the JSON schemas also as OpenAI's response_format."""
@@ -480,6 +445,8 @@ def test_server_refuses_unrunnable_grammars_at_admission_and_keeps_serving(serve
     """A 400 naming the field the client sent, in one plain line, within 2 s,
     logged on one line; /health answers in < 100 ms meanwhile (issue 52)."""
     import time
+
+    from test_serve import HealthPoll
 
     proc, port = server_proc
     n_log = len(proc.log)

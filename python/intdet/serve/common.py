@@ -23,6 +23,7 @@ from ..errors import IntdetError
 from . import protocol as P
 
 _log = logging.getLogger("intdet.serve")
+PARSE_INLINE_BYTES = 64 << 10  # larger request bodies are parsed in a worker thread
 GRAMMAR_WORKERS = 2  # threads compiling structured outputs (a flood of slow grammars waits, within grammar_seconds)
 
 FINISH = {"eos": "stop", "stop": "stop", "length": "length", "context": "length", "cancelled": "abort",
@@ -113,17 +114,9 @@ class Server:
                 raise BadRequest(f"request body larger than {self.limits.max_body_bytes} bytes", status=413)
             chunks.append(c)
         raw = b"".join(chunks)
-        try:
-            data = json.loads(raw, parse_constant=_no_constant)
-        except (ValueError, RecursionError) as e:
-            raise BadRequest(f"body: not valid JSON ({str(e)[:120]})") from None
-        if not isinstance(data, dict):
-            raise BadRequest("body: must be a JSON object")
-        try:
-            return model.model_validate(data)
-        except ValidationError as e:
-            msg, field = P.validation_message(e)
-            raise BadRequest(msg, field) from None
+        if len(raw) > PARSE_INLINE_BYTES:  # ~10 ms a MB: in a thread, so the loop keeps serving
+            return await asyncio.to_thread(_parse, raw, model)
+        return _parse(raw, model)
 
     def check_model(self, name):
         if name is not None and name not in (self.model_name, ""):
@@ -298,6 +291,21 @@ class Server:
         if req.finish_reason == "error":
             self.counts["errors"] += 1
             raise BadRequest(f"engine error: {req.error}", status=500)
+
+
+def _parse(raw: bytes, model):
+    """The JSON body ``raw`` parsed into the pydantic ``model`` (BadRequest otherwise)."""
+    try:
+        data = json.loads(raw, parse_constant=_no_constant)
+    except (ValueError, RecursionError) as e:
+        raise BadRequest(f"body: not valid JSON ({str(e)[:120]})") from None
+    if not isinstance(data, dict):
+        raise BadRequest("body: must be a JSON object")
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        msg, field = P.validation_message(e)
+        raise BadRequest(msg, field) from None
 
 
 def _refused(err: BadRequest, t0: float) -> BadRequest:
