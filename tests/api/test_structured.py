@@ -323,12 +323,19 @@ def test_cli_json_schema_grammar_regex(model_dir, tmp_path):
     (["--regex", "([a-"], "--regex: "),
     (["--grammar-file", "/nonexistent/g.gbnf"], "--grammar-file /nonexistent/g.gbnf: cannot read"),
     (["--regex", "a", "--grammar", "root ::= \"a\""], "give one of"),
+    # the grammars llguidance cannot run (issue 52): named by option, no library state
+    (["--regex", "a{1000}{1000}"], "--regex: cannot be run: it never ends, or it is too complex"),
+    (["--regex", r"[^\x00-\x{10FFFF}]"], "--regex: allows no output"),
+    (["-j", '{"$defs":{"a":{"$ref":"#/$defs/a"}},"$ref":"#/$defs/a"}'], "--json-schema: allows no output"),
+    (["-j", "false"], "--json-schema: the schema false allows no output"),
+    (["--grammar", 'root ::= "a" root'], "--grammar: cannot be run: it never ends"),
 ])
 def test_cli_errors_are_one_line(model_dir, args, msg):
     r = cli("-m", model_dir, "hello", *args)
     assert r.returncode == 1 and r.stdout == ""
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("intdet: error: ") and msg in lines[0], r.stderr
+    assert plain(lines[0])
 
 
 # ---------------------------------------------------------------- server
