@@ -300,6 +300,7 @@ class LLM:
         self._run_lock = threading.RLock()  # one thread steps at a time; re-entrant for generate inside stream
         self._grammars: collections.OrderedDict = collections.OrderedDict()  # structured outputs compiled, LRU
         self._grammars_lock = threading.Lock()
+        self._compiling: dict = {}  # key -> threading.Event set when its compile ends
 
     def _draft_model(self, spec, device, revision, weights, progress, notice):
         """speculate.DraftModel of ``spec`` (IntdetError naming draft_model)."""
@@ -424,22 +425,33 @@ class LLM:
         IntdetError with ``field`` "structured_outputs.<kind>" in one plain
         sentence otherwise. The last GRAMMAR_CACHE outcomes are kept, errors
         too, so a schema sent with every request is compiled once and a bad
-        one is refused at once."""
+        one is refused at once; a thread asking for one being compiled waits
+        for that compile instead of starting another."""
         so.check()
         key = (so.kind(), json.dumps(getattr(so, so.kind()), sort_keys=True))
-        with self._grammars_lock:
-            g = self._grammars.get(key)
-            if g is not None:
-                self._grammars.move_to_end(key)
+        while True:
+            with self._grammars_lock:
+                g = self._grammars.get(key)
+                if g is not None:
+                    self._grammars.move_to_end(key)
+                    break
+                running = self._compiling.get(key)
+                if running is None:
+                    running = self._compiling[key] = threading.Event()
+                    break
+            running.wait()  # then read its outcome (compiled again only if evicted meanwhile)
         if g is None:
             try:
                 g = Grammar(so, self.tokenizer, self.eos_ids, self.vocab_size)
             except IntdetError as e:
                 g = e
-            with self._grammars_lock:
-                self._grammars[key] = g
-                while len(self._grammars) > GRAMMAR_CACHE:
-                    self._grammars.popitem(last=False)
+            finally:
+                with self._grammars_lock:
+                    if g is not None:
+                        self._grammars[key] = g
+                        while len(self._grammars) > GRAMMAR_CACHE:
+                            self._grammars.popitem(last=False)
+                    self._compiling.pop(key).set()
         if isinstance(g, IntdetError):  # a new exception each time: a raised one keeps its traceback
             raise IntdetError(str(g), field=g.field)
         return g

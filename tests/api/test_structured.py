@@ -264,6 +264,40 @@ def test_grammars_the_library_cannot_run_are_refused_before_generating(llm, so, 
         assert plain(str(e.value)), str(e.value)
 
 
+def test_one_compile_per_grammar_however_many_ask_at_once(llm, monkeypatch):
+    import threading
+    import time
+
+    import intdet.api
+
+    made = []
+
+    class Slow(intdet.api.Grammar):
+        def __init__(self, *a, **kw):
+            made.append(1)
+            time.sleep(0.3)  # long enough that every thread asks while it runs
+            super().__init__(*a, **kw)
+
+    monkeypatch.setattr(intdet.api, "Grammar", Slow)
+    out = []
+    for so in ({"regex": "[a-f]{1,3}q"}, {"grammar": 'root ::= "q" root'}):  # compiled, and refused (new here)
+        made.clear()
+        out.clear()
+
+        def ask(so=so):
+            try:
+                out.append(llm.grammar(StructuredOutputsParams(**so)))
+            except IntdetError as e:
+                out.append(str(e))
+
+        ths = [threading.Thread(target=ask) for _ in range(4)]
+        for t in ths:
+            t.start()
+        for t in ths:
+            t.join(60)
+        assert len(made) == 1 and len(out) == 4 and all(o is out[0] or o == out[0] for o in out), (made, out)
+
+
 def test_schema_true_is_any_json_value(llm):
     for seed in range(3):
         c = llm.generate("x", sp({"json": True}, "1.5", seed, max_tokens=30))
