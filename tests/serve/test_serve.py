@@ -355,6 +355,19 @@ def test_tokenize_and_detokenize_off_the_event_loop_and_bounded(model_dir, llm):
         proc.wait(60)
 
 
+def test_llguidance_tokenizer_is_built_before_serving(model_dir):
+    """Its build holds the GIL (~0.5 s for SmolLM2's 49k ids): done when the
+    app is made, not at the first structured request on the event loop."""
+    from intdet import structured
+    from intdet.serve.app import create_app
+
+    llm = intdet.load(model_dir, threads=1)  # a tokenizer object of its own
+    key = (id(llm.tokenizer), tuple(llm.eos_ids))
+    assert key not in structured._TOKENIZERS
+    create_app(llm, "tiny")
+    assert structured._TOKENIZERS[key][0] is llm.tokenizer
+
+
 def test_api_key_on_every_endpoint_but_health(server):
     for method, path in (("GET", "/v1/models"), ("POST", "/v1/completions"), ("POST", "/v1/chat/completions"),
                          ("POST", "/tokenize"), ("POST", "/detokenize"), ("GET", "/stats"), ("GET", "/nope")):

@@ -97,6 +97,19 @@ class Server:
         self.counts = {"requests": 0, "cancelled": 0, "errors": 0}
         self._mailbox: Mailbox | None = None
         self._grammar_pool: ThreadPoolExecutor | None = None
+        self._warm_grammar_tokenizer()
+
+    def _warm_grammar_tokenizer(self) -> None:
+        """Build llguidance's view of the tokenizer now: it holds the GIL
+        (~0.5 s for 49k ids), so built at the first structured request it
+        would stall the event loop. Without llguidance (or for a tokenizer it
+        cannot read) the first structured request reports it."""
+        from ..structured import grammar_tokenizer
+
+        try:
+            grammar_tokenizer(self.llm.tokenizer, self.llm.eos_ids)
+        except IntdetError:
+            pass
 
     # ------------------------------------------------------------ plumbing
 
@@ -179,16 +192,11 @@ class Server:
         "tools[0].function.parameters"}), logged on "intdet.serve". A compile
         past the time limit goes on in its thread (llguidance's own limits
         end it) and its outcome is cached for the next request."""
-        from ..structured import grammar_tokenizer
-
         loop = asyncio.get_running_loop()
         if self._grammar_pool is None:
             self._grammar_pool = ThreadPoolExecutor(GRAMMAR_WORKERS, thread_name_prefix="intdet-grammar")
         t0 = time.monotonic()
         try:
-            # the tokenizer's llguidance view, built once per model (~0.5 s), is not the grammar's time
-            await loop.run_in_executor(self._grammar_pool, grammar_tokenizer, self.llm.tokenizer, self.llm.eos_ids)
-            t0 = time.monotonic()
             return await asyncio.wait_for(loop.run_in_executor(self._grammar_pool, self.llm.grammar, params),
                                           self.limits.grammar_seconds)
         except IntdetError as e:
