@@ -36,7 +36,7 @@ from . import receipts
 from .errors import IntdetError, check_token_ids
 from .logprobs import MAX_LOGPROBS, to_float
 from .sampling import MASK64, Sampler, splitmix64
-from .structured import Grammar, StructuredOutputsParams, structured_from_any
+from .structured import Grammar, StructuredOutputsParams, grammar_tokenizer, structured_from_any
 from .scheduler import DEFAULT_KV_BYTES, DEFAULT_MAX_BATCH, DEFAULT_STEP_TOKENS, Request, Scheduler, TokenLogprob
 
 Prompt = Union[str, Sequence[int]]
@@ -107,7 +107,8 @@ class SamplingParams:
         "right" (as ``intdet generate --truncate``).
     structured_outputs: None, or a ``StructuredOutputsParams`` (or a dict
         of its fields: json, json_object, regex, choice, grammar): the
-        output matches it (an exact mask on the logits; structured.py).
+        output matches it (an exact mask on the logits; structured.py);
+        or a ``Grammar`` that ``LLM.grammar`` compiled for this model.
     receipt: the Completion carries a ``receipt`` (receipts.py,
         docs/receipts.md) that ``intdet verify`` replays bit for bit.
     step_hashes: keep the chain hash after every generated token
@@ -128,7 +129,7 @@ class SamplingParams:
     logprobs: Union[int, None] = None
     prompt_logprobs: Union[int, None] = None
     truncate: Union[str, None] = None
-    structured_outputs: Union[StructuredOutputsParams, dict, None] = None
+    structured_outputs: Union[StructuredOutputsParams, Grammar, dict, None] = None
     receipt: bool = False
     step_hashes: bool = False
 
@@ -331,6 +332,7 @@ class LLM:
         self._run_lock = threading.RLock()  # one thread steps at a time; re-entrant for generate inside stream
         self._grammars: collections.OrderedDict = collections.OrderedDict()  # structured outputs compiled, LRU
         self._grammars_lock = threading.Lock()
+        self._compiling: dict = {}  # key -> threading.Event set when its compile ends
 
     def _draft_model(self, spec, device, revision, weights, progress, notice):
         """speculate.DraftModel of ``spec`` (IntdetError naming draft_model)."""
@@ -433,8 +435,13 @@ class LLM:
         return encode(self.tokenizer, self.meta, text, add_bos=add_bos, what="prompt")
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        from .tokenizer.text import RELEASE_GIL_IDS
+
         self._check_ids(ids, "tokens")
-        return self.tokenizer.decode([int(t) for t in ids], skip_special_tokens=skip_special_tokens)
+        ids = [int(t) for t in ids]
+        if len(ids) > RELEASE_GIL_IDS:  # decode_batch lets the GIL go while it runs
+            return self.tokenizer.decode_batch([ids], skip_special_tokens=skip_special_tokens)[0]
+        return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
 
     def token_text(self, token: int) -> str:
         """The text of one id (special tokens shown; '' for an id the tokenizer lacks)."""
@@ -511,7 +518,10 @@ class LLM:
             prompt_ids = truncate_prompt(prompt_ids, self.context_length, params.max_tokens, params.truncate,
                                          self.meta.get("bos_token_id"))
         so = params.structured_outputs  # check() made a dict a StructuredOutputsParams
-        grammar = self.grammar(so) if isinstance(so, StructuredOutputsParams) else None
+        grammar = self.grammar(so) if isinstance(so, StructuredOutputsParams) else so
+        if isinstance(so, Grammar) and so.tokenizer is not grammar_tokenizer(self.tokenizer, self.eos_ids):
+            raise IntdetError("structured_outputs: this Grammar was compiled for another model's tokenizer",
+                              field="structured_outputs")
         sampler = params.sampler()
         req = Request(prompt_ids, params.max_tokens, sampler, eos_ids=self.eos_ids, stop=params.stop,
                       logprobs=params.logprobs, prompt_logprobs=params.prompt_logprobs, score_from=score_from,
@@ -519,25 +529,46 @@ class LLM:
                       step_hashes=params.step_hashes)
         req.truncated = n_given - len(prompt_ids)
         # the receipt's model and parameters as the request starts (receipts.py)
-        req.receipt_head = receipts.head(self.lm, sampler, so if grammar is not None else None) if params.receipt else None
+        req.receipt_head = receipts.head(self.lm, sampler, grammar.params if grammar is not None else None) \
+            if params.receipt else None
         self.scheduler.check(req)
         return req
 
     def grammar(self, so: StructuredOutputsParams) -> Grammar:
-        """``so`` compiled for this model (IntdetError naming the field for a
-        bad schema or grammar); the last GRAMMAR_CACHE compiled are kept, so
-        a schema sent with every request is compiled once."""
+        """``so`` compiled for this model and checked (``structured.Grammar``:
+        sizes, the library's compile, a first token allowed and taken):
+        IntdetError with ``field`` "structured_outputs.<kind>" in one plain
+        sentence otherwise. The last GRAMMAR_CACHE outcomes are kept, errors
+        too, so a schema sent with every request is compiled once and a bad
+        one is refused at once; a thread asking for one being compiled waits
+        for that compile instead of starting another."""
+        so.check()
         key = (so.kind(), json.dumps(getattr(so, so.kind()), sort_keys=True))
-        with self._grammars_lock:
-            g = self._grammars.get(key)
-            if g is not None:
-                self._grammars.move_to_end(key)
-                return g
-        g = Grammar(so, self.tokenizer, self.eos_ids, self.vocab_size)
-        with self._grammars_lock:
-            self._grammars[key] = g
-            while len(self._grammars) > GRAMMAR_CACHE:
-                self._grammars.popitem(last=False)
+        while True:
+            with self._grammars_lock:
+                g = self._grammars.get(key)
+                if g is not None:
+                    self._grammars.move_to_end(key)
+                    break
+                running = self._compiling.get(key)
+                if running is None:
+                    running = self._compiling[key] = threading.Event()
+                    break
+            running.wait()  # then read its outcome (compiled again only if evicted meanwhile)
+        if g is None:
+            try:
+                g = Grammar(so, self.tokenizer, self.eos_ids, self.vocab_size)
+            except IntdetError as e:
+                g = e
+            finally:
+                with self._grammars_lock:
+                    if g is not None:
+                        self._grammars[key] = g
+                        while len(self._grammars) > GRAMMAR_CACHE:
+                            self._grammars.popitem(last=False)
+                    self._compiling.pop(key).set()
+        if isinstance(g, IntdetError):  # a new exception each time: a raised one keeps its traceback
+            raise IntdetError(str(g), field=g.field)
         return g
 
     @staticmethod

@@ -37,6 +37,12 @@ from .errors import IntdetError
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 KINDS = ("json", "json_object", "regex", "choice", "grammar")
 
+# Sizes checked before anything is compiled (a request's bytes bound the
+# compile's work; llguidance's own limits bound the rest, see parser_limits).
+MAX_GRAMMAR_BYTES = 256 << 10  # a JSON schema's text, a regex or a grammar
+MAX_CHOICES = 1000  # llguidance's parser holds one item per choice in a row and refuses rows over 2000
+MAX_CHOICE_BYTES = 64 << 10  # all the choice strings together
+
 
 def _llguidance():
     try:
@@ -44,6 +50,20 @@ def _llguidance():
     except ImportError:  # a dependency of intdet; only a broken install lacks it
         raise IntdetError("structured output needs llguidance: pip install 'intdet[structured]'") from None
     return llguidance
+
+
+_LIMITS = None
+
+
+def parser_limits():
+    """llguidance's ``LLParserLimits`` for every grammar intdet compiles: the
+    library's defaults (its lexer fuel and parser item caps bound the time of
+    a compile and of each mask), with short errors that hold none of the
+    parser's state."""
+    global _LIMITS
+    if _LIMITS is None:
+        _LIMITS = _llguidance().LLParserLimits(verbose_errors=False)
+    return _LIMITS
 
 
 def _json_kind(v) -> str:
@@ -74,19 +94,23 @@ class StructuredOutputsParams:
     def __post_init__(self):
         self.check()
 
+    def _given(self) -> list:
+        # json_object: false is "not set"; a JSON schema may be false
+        return [k for k in KINDS if getattr(self, k) is not None and not (k == "json_object" and self.json_object is False)]
+
     def kind(self) -> str:
-        return next(k for k in KINDS if getattr(self, k) not in (None, False))
+        return self._given()[0]
 
     def check(self) -> None:
-        given = [k for k in KINDS if getattr(self, k) not in (None, False)]
+        given = self._given()
         if len(given) != 1:
             raise IntdetError(f"structured_outputs: set exactly one of {', '.join(KINDS)} "
                               f"(got {', '.join(given) or 'none'})", field="structured_outputs")
         k = given[0]
         v = getattr(self, k)
         f = f"structured_outputs.{k}"
-        if k == "json" and not isinstance(v, (dict, str)):
-            raise IntdetError(f"{f}: must be a JSON schema (an object or its JSON text)", field=f)
+        if k == "json" and not isinstance(v, (dict, bool, str)):
+            raise IntdetError(f"{f}: must be a JSON schema (an object, true, false or its JSON text)", field=f)
         if k == "json_object" and v is not True:
             raise IntdetError(f"{f}: must be true or false", field=f)
         if k in ("regex", "grammar") and (not isinstance(v, str) or not v.strip()):
@@ -94,6 +118,29 @@ class StructuredOutputsParams:
         if k == "choice" and (isinstance(v, str) or not isinstance(v, (list, tuple)) or not v
                               or not all(isinstance(c, str) and c for c in v)):
             raise IntdetError(f"{f}: must be a non-empty list of non-empty strings", field=f)
+        self._check_size(k, v, f)
+
+    @staticmethod
+    def _check_size(k: str, v, f: str) -> None:
+        """The size limits (MAX_GRAMMAR_BYTES, MAX_CHOICES, MAX_CHOICE_BYTES)."""
+        if k == "choice":
+            if len(v) > MAX_CHOICES:
+                raise IntdetError(f"{f}: {len(v)} strings is more than the limit of {MAX_CHOICES}", field=f)
+            n = sum(len(c.encode("utf-8", "surrogatepass")) for c in v)
+            if n > MAX_CHOICE_BYTES:
+                raise IntdetError(f"{f}: {n} bytes of strings is more than the limit of {MAX_CHOICE_BYTES}", field=f)
+            return
+        if k == "json" and isinstance(v, dict):
+            try:
+                v = json.dumps(v)
+            except (TypeError, ValueError, RecursionError):
+                raise IntdetError(f"{f}: not a JSON value (a circular or non-JSON object)", field=f) from None
+        if isinstance(v, str):
+            n = len(v.encode("utf-8", "surrogatepass"))
+            if n > MAX_GRAMMAR_BYTES:
+                what = "JSON schema" if k == "json" else k
+                raise IntdetError(f"{f}: a {what} of {n} bytes is more than the limit of {MAX_GRAMMAR_BYTES}",
+                                  field=f)
 
     def grammar_text(self) -> str:
         """llguidance's grammar definition (JSON text) of this constraint."""
@@ -110,6 +157,10 @@ class StructuredOutputsParams:
                         raise IntdetError(f"{f}: not valid JSON: {e}", field=f) from None
                 if not isinstance(schema, (dict, bool)):
                     raise IntdetError(f"{f}: a JSON schema is an object or true/false (got {_json_kind(schema)})", field=f)
+                if schema is False:  # JSON Schema's false: no value is valid
+                    raise IntdetError(f"{f}: the schema false allows no output", field=f)
+                if schema is True:  # JSON Schema's true: any JSON value, as the empty schema
+                    schema = {}
                 return llg.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)
             if k == "regex":
                 return llg.LLMatcher.grammar_from_regex(self.regex)
@@ -121,9 +172,22 @@ class StructuredOutputsParams:
         except Exception as e:  # llguidance's parse errors (ValueError, RuntimeError)
             raise IntdetError(f"{f}: {_one_line(e)}", field=f) from None
 
+    def field(self) -> str:
+        """The field a compile error names: ``structured_outputs.<kind>``."""
+        return f"structured_outputs.{self.kind()}"
+
 
 def _one_line(e) -> str:
-    s = " ".join(str(e).split())
+    """An llguidance message on one line, without the parser's state (the
+    part from its first ``<state>`` / ``<non-verbose/>`` marker on)."""
+    s = str(e)
+    cut = min((i for i in (s.find("\n<"), s.find("<state>"), s.find("<non-verbose/>")) if i >= 0), default=len(s))
+    lines = s[:cut].splitlines() or [""]
+    # the regex crate's parse error: the reason is on its "error: " line, after a picture of the pattern
+    why = next((ln.strip()[len("error: "):] for ln in lines if ln.strip().startswith("error: ")), None)
+    if why and lines[0].rstrip().endswith("regex parse error:"):
+        lines = [lines[0].rstrip()[:-len("regex parse error:")] + why]
+    s = " ".join(" ".join(lines).split())
     return s[:300] + ("..." if len(s) > 300 else "")
 
 
@@ -150,8 +214,13 @@ def grammar_tokenizer(tokenizer, eos_ids: Sequence[int]):
 
 
 class Grammar:
-    """A constraint compiled for one model's tokenizer (checked: a bad
-    schema or grammar raises IntdetError naming the field). ``matcher()``
+    """A constraint compiled for one model's tokenizer, and checked: the
+    library takes it, it allows a first token, and the parser can take that
+    token. Otherwise IntdetError naming the field (``params.field()``) in a
+    plain sentence: a schema or grammar the library cannot compile, one no
+    output can match (a regex of no character, a schema that only refers to
+    itself, JSON Schema's ``false``), one that can never end or is too
+    complex for the library's limits (``parser_limits``). ``matcher()``
     gives each sequence its own state."""
 
     def __init__(self, params: StructuredOutputsParams, tokenizer, eos_ids: Sequence[int], vocab_size: int):
@@ -159,14 +228,53 @@ class Grammar:
         self.params = params
         self.vocab_size = int(vocab_size)
         self.tokenizer = grammar_tokenizer(tokenizer, eos_ids)
+        self.eos_ids = tuple(int(t) for t in eos_ids)
         self.text = params.grammar_text()
-        f = f"structured_outputs.{params.kind()}"
-        err = llg.LLMatcher.validate_grammar(self.text, self.tokenizer)
+        f = params.field()
+        err = llg.LLMatcher.validate_grammar(self.text, self.tokenizer, limits=parser_limits())
         if err:
             raise IntdetError(f"{f}: {_one_line(err)}", field=f)
+        self._check_runs(f)
+
+    def _check_runs(self, f: str) -> None:
+        """The first mask allows a token and the parser takes one (the
+        lowest allowed id that is not EOS) and computes the next mask: the
+        errors llguidance would otherwise raise at the first token (in the
+        library's own terms: no extension allowed, too many Earley items or
+        lexer states) are found here, once per compile."""
+        m = self._matcher()
+        if m.is_error():
+            raise IntdetError(f"{f}: {_one_line(m.get_error())}", field=f)
+        allowed = _mask(m, self.vocab_size)
+        if m.is_error() or not allowed.any():
+            if m.is_error() and "NoExtensionBias" not in m.get_error():
+                raise IntdetError(f"{f}: too complex for the structured-output engine", field=f)
+            raise IntdetError(f"{f}: allows no output (no token can begin it)", field=f)
+        ids = [t for t in np.flatnonzero(allowed).tolist() if t not in self.eos_ids]
+        if not ids:  # only the empty output: the grammar is done at once
+            return
+        ok = m.consume_token(ids[0])
+        if ok and not m.is_stopped():
+            _mask(m, self.vocab_size)
+            ok = not m.is_error()
+        if not ok:
+            raise IntdetError(f"{f}: cannot be run: it never ends, or it is too complex for the structured-output "
+                              "engine", field=f)
+
+    def _matcher(self):
+        return _llguidance().LLMatcher(self.tokenizer, self.text, log_level=0, limits=parser_limits())
 
     def matcher(self) -> "GrammarState":
         return GrammarState(self)
+
+
+def _mask(m, vocab_size: int) -> np.ndarray:
+    """bool [vocab_size]: the ids matcher ``m`` allows next (ids the
+    tokenizer lacks are never allowed)."""
+    bits = np.unpackbits(np.frombuffer(m.compute_bitmask(), dtype=np.uint8), bitorder="little")
+    if len(bits) < vocab_size:
+        bits = np.concatenate([bits, np.zeros(vocab_size - len(bits), dtype=np.uint8)])
+    return bits[:vocab_size].astype(bool)
 
 
 class GrammarState:
@@ -179,9 +287,8 @@ class GrammarState:
     """
 
     def __init__(self, grammar: Grammar):
-        llg = _llguidance()
         self.vocab_size = grammar.vocab_size
-        self._m = llg.LLMatcher(grammar.tokenizer, grammar.text, log_level=0)
+        self._m = grammar._matcher()
         # the next allowed() (or its IntdetError), computed ahead by prefetch()
         self._next: np.ndarray | IntdetError | None = None
         if self._m.is_error():
@@ -204,13 +311,10 @@ class GrammarState:
         return nxt if nxt is not None else self._allowed()
 
     def _allowed(self) -> np.ndarray:
-        bits = np.unpackbits(np.frombuffer(self._m.compute_bitmask(), dtype=np.uint8), bitorder="little")
+        allowed = _mask(self._m, self.vocab_size)
         if self._m.is_error():
             raise IntdetError(f"structured output: {_one_line(self._m.get_error())}")
-        v = self.vocab_size
-        if len(bits) < v:
-            bits = np.concatenate([bits, np.zeros(v - len(bits), dtype=np.uint8)])
-        return bits[:v].astype(bool)
+        return allowed
 
     def advance(self, token: int) -> None:
         self._next = None
@@ -224,9 +328,9 @@ class GrammarState:
 
 
 def structured_from_any(value: Any, field: str = "structured_outputs") -> Optional[StructuredOutputsParams]:
-    """None, a ``StructuredOutputsParams`` or a dict of its fields (the
-    server's and the JSON API's shape)."""
-    if value is None or isinstance(value, StructuredOutputsParams):
+    """None, a ``StructuredOutputsParams``, a compiled ``Grammar`` (kept as
+    it is) or a dict of its fields (the server's and the JSON API's shape)."""
+    if value is None or isinstance(value, (StructuredOutputsParams, Grammar)):
         return value
     if not isinstance(value, dict):
         raise IntdetError(f"{field}: must be an object with one of {', '.join(KINDS)}", field=field)

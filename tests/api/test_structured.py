@@ -228,6 +228,100 @@ def test_bad_constraints_name_the_field(llm, so, field, what):
     assert "\n" not in str(e.value)
 
 
+# The grammars llguidance cannot run (issue 52): each was a 500 at the first
+# token (or a panic after a 10-22 s stall) with the library's state dumped.
+UNRUNNABLE = [
+    pytest.param({"regex": r"a{1000}{1000}"}, "structured_outputs.regex", "too complex", id="regex-huge-repeat"),
+    pytest.param({"regex": r"[^\x00-\x{10FFFF}]"}, "structured_outputs.regex", "allows no output", id="regex-empty"),
+    pytest.param({"json": {"$defs": {"a": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}}, "structured_outputs.json",
+                 "allows no output", id="schema-self-ref"),
+    pytest.param({"grammar": 'root ::= "a" root'}, "structured_outputs.grammar", "never ends", id="gbnf-endless"),
+    pytest.param({"choice": [f"s{i}" for i in range(5000)]}, "structured_outputs.choice",
+                 "5000 strings is more than the limit of 1000", id="choice-5000"),
+    pytest.param({"choice": [f"word number {i}" for i in range(100_000)]}, "structured_outputs.choice",
+                 "100000 strings is more than the limit of 1000", id="choice-100000"),
+    pytest.param({"json": False}, "structured_outputs.json", "allows no output", id="schema-false"),
+    pytest.param({"json": "false"}, "structured_outputs.json", "allows no output", id="schema-false-text"),
+    pytest.param({"regex": "a" * (256 << 10) + "b"}, "structured_outputs.regex",
+                 f"a regex of {(256 << 10) + 1} bytes is more than the limit of {256 << 10}", id="regex-too-big"),
+    pytest.param({"choice": ["x" * 100 + str(i) for i in range(700)]}, "structured_outputs.choice",
+                 "bytes of strings is more than the limit of 65536", id="choice-bytes"),
+]
+
+
+def plain(msg: str) -> bool:
+    """One line, none of llguidance's state or a Rust backtrace."""
+    return "\n" not in msg and not any(w in msg for w in ("<state>", "non-verbose", "backtrace", "panic", "Parser:",
+                                                          "NoExtensionBias", "rows"))
+
+
+@pytest.mark.parametrize("so,field,what", UNRUNNABLE)
+def test_grammars_the_library_cannot_run_are_refused_before_generating(llm, so, field, what):
+    for _ in range(2):  # the second time from the cache of outcomes, the same error
+        with pytest.raises(IntdetError) as e:
+            llm.generate("x", SamplingParams(max_tokens=4, structured_outputs=so))
+        assert e.value.field == field and str(e.value).startswith(field + ": ") and what in str(e.value), e.value
+        assert plain(str(e.value)), str(e.value)
+
+
+def test_one_compile_per_grammar_however_many_ask_at_once(llm, monkeypatch):
+    import threading
+    import time
+
+    import intdet.api
+
+    made = []
+
+    class Slow(intdet.api.Grammar):
+        def __init__(self, *a, **kw):
+            made.append(1)
+            time.sleep(0.3)  # long enough that every thread asks while it runs
+            super().__init__(*a, **kw)
+
+    monkeypatch.setattr(intdet.api, "Grammar", Slow)
+    out = []
+    for so in ({"regex": "[a-f]{1,3}q"}, {"grammar": 'root ::= "q" root'}):  # compiled, and refused (new here)
+        made.clear()
+        out.clear()
+
+        def ask(so=so):
+            try:
+                out.append(llm.grammar(StructuredOutputsParams(**so)))
+            except IntdetError as e:
+                out.append(str(e))
+
+        ths = [threading.Thread(target=ask) for _ in range(4)]
+        for t in ths:
+            t.start()
+        for t in ths:
+            t.join(60)
+        assert len(made) == 1 and len(out) == 4 and all(o is out[0] or o == out[0] for o in out), (made, out)
+
+
+def test_schema_true_is_any_json_value(llm):
+    for seed in range(3):
+        c = llm.generate("x", sp({"json": True}, "1.5", seed, max_tokens=30))
+        if c.finish_reason != "length":
+            json.loads(c.text)
+    assert llm.grammar(StructuredOutputsParams(json="true")).text == llm.grammar(StructuredOutputsParams(json={})).text
+
+
+def test_choice_at_its_limit_runs(llm):
+    choice = [f"option {i}" for i in range(1000)]
+    for seed in range(3):
+        c = llm.generate("x", sp({"choice": choice}, 1, seed, max_tokens=10))
+        assert c.text in choice and c.finish_reason in ("stop", "eos"), c
+
+
+def test_a_compiled_grammar_is_a_structured_output(llm, model_dir):
+    g = llm.grammar(StructuredOutputsParams(regex=REGEX))
+    assert bits(llm.generate("x", sp(g, 1, 5))) == bits(llm.generate("x", sp({"regex": REGEX}, 1, 5)))
+    other = intdet.load(model_dir, threads=1)  # its own tokenizer object: its own llguidance view
+    with pytest.raises(IntdetError, match="compiled for another model") as e:
+        other.generate("x", sp(g))
+    assert e.value.field == "structured_outputs"
+
+
 def test_structured_outputs_params_object(llm):
     c = llm.generate("x", SamplingParams(max_tokens=8, structured_outputs=StructuredOutputsParams(choice=["yes"])))
     assert c.text == "yes" and c.finish_reason == "stop"
@@ -263,27 +357,39 @@ def test_cli_json_schema_grammar_regex(model_dir, tmp_path):
     (["--regex", "([a-"], "--regex: "),
     (["--grammar-file", "/nonexistent/g.gbnf"], "--grammar-file /nonexistent/g.gbnf: cannot read"),
     (["--regex", "a", "--grammar", "root ::= \"a\""], "give one of"),
+    # the grammars llguidance cannot run (issue 52): named by option, no library state
+    (["--regex", "a{1000}{1000}"], "--regex: cannot be run: it never ends, or it is too complex"),
+    (["--regex", r"[^\x00-\x{10FFFF}]"], "--regex: allows no output"),
+    (["-j", '{"$defs":{"a":{"$ref":"#/$defs/a"}},"$ref":"#/$defs/a"}'], "--json-schema: allows no output"),
+    (["-j", "false"], "--json-schema: the schema false allows no output"),
+    (["--grammar", 'root ::= "a" root'], "--grammar: cannot be run: it never ends"),
 ])
 def test_cli_errors_are_one_line(model_dir, args, msg):
     r = cli("-m", model_dir, "hello", *args)
     assert r.returncode == 1 and r.stdout == ""
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("intdet: error: ") and msg in lines[0], r.stderr
+    assert plain(lines[0])
 
 
 # ---------------------------------------------------------------- server
 
 
 @pytest.fixture(scope="module")
-def server(model_dir):
+def server_proc(model_dir):
     import signal
 
     from test_serve import start_server
 
     proc, port = start_server(model_dir, "--max-batch", "4", "--step-tokens", "16")
-    yield port
+    yield proc, port
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(60) == 0
+
+
+@pytest.fixture(scope="module")
+def server(server_proc):
+    return server_proc[1]
 
 
 def post(port, path, body):
@@ -356,6 +462,58 @@ def test_server_bad_schema_or_grammar_is_a_400_naming_it(server, path, extra, pa
     assert status == 400, r
     assert r["error"]["param"] == param and what in r["error"]["message"], r
     assert "\n" not in r["error"]["message"]
+
+
+def unrunnable_bodies():
+    """(path, body, param, what) of each of UNRUNNABLE, sent as vLLM's
+    structured_outputs, and the JSON schemas also as OpenAI's response_format."""
+    msgs = [{"role": "user", "content": "x"}]
+    out = []
+    for p in UNRUNNABLE:
+        so, field, what = p.values
+        out.append(pytest.param("/v1/completions", {"prompt": "x", "max_tokens": 4, "structured_outputs": so}, field,
+                                what, id="so-" + p.id))
+        if "json" in so:
+            out.append(pytest.param("/v1/chat/completions", {
+                "messages": msgs, "max_tokens": 4, "response_format": {"type": "json_schema", "json_schema": {
+                    "name": "x", "schema": json.loads(so["json"]) if isinstance(so["json"], str) else so["json"]}}},
+                "response_format.json_schema.schema", what, id="rf-" + p.id))
+    return out
+
+
+@pytest.mark.parametrize("path,body,param,what", unrunnable_bodies())
+def test_server_refuses_unrunnable_grammars_at_admission_and_keeps_serving(server_proc, path, body, param, what):
+    """A 400 naming the field the client sent, in one plain line, within 2 s,
+    logged on one line; /health answers in < 100 ms meanwhile (issue 52)."""
+    import time
+
+    from test_serve import HealthPoll
+
+    proc, port = server_proc
+    n_log = len(proc.log)
+    with HealthPoll(port) as health:
+        t = time.monotonic()
+        status, r = post(port, path, body)
+        took = time.monotonic() - t
+    assert status == 400, r
+    err = r["error"]
+    assert err["param"] == param and err["message"].startswith(param + ": "), err
+    assert what in err["message"] or "took more than" in err["message"], err  # a slow machine: the time limit
+    assert plain(err["message"]), err
+    assert took < 2, took
+    assert health.count >= 1 and health.longest < 0.1, (health.count, health.longest)
+    time.sleep(0.2)  # the log line is read from the server's stderr by a thread
+    logged = [ln for ln in proc.log[n_log:] if param in ln]
+    assert len(logged) == 1 and "structured output refused" in logged[0], proc.log[n_log:]
+
+
+def test_server_schema_true_is_any_json(server):
+    status, r = post(server, "/v1/chat/completions", {
+        "messages": [{"role": "user", "content": "x"}], "max_tokens": 20, "temperature": 0,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "any", "schema": True}}})
+    assert status == 200, r
+    if r["choices"][0]["finish_reason"] == "stop":
+        json.loads(r["choices"][0]["message"]["content"])
 
 
 # ---------------------------------------------------------------- the real default model

@@ -84,6 +84,48 @@ def request(port, method, path, body=None, key=KEY, raw=None, headers=None, time
         return r.status, text
 
 
+HEALTH_POLL = """
+import http.client, sys, threading, time
+c = http.client.HTTPConnection("127.0.0.1", int(sys.argv[1]), timeout=60)
+stop = threading.Event()
+threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
+longest, n = 0.0, 0
+while n == 0 or not stop.is_set():
+    t = time.monotonic()
+    c.request("GET", "/health")
+    r = c.getresponse()
+    r.read()
+    if r.status != 200:
+        sys.exit(f"/health answered {r.status}")
+    longest, n = max(longest, time.monotonic() - t), n + 1
+    if n == 1:
+        print("ready", flush=True)
+    time.sleep(0.005)
+print(n, longest)
+"""
+
+
+class HealthPoll:
+    """GET /health over one connection, again and again, from a process of
+    its own (so this one's GIL does not slow it): ``longest``, the longest
+    answer while it ran (the server's event-loop stalls), and ``count``."""
+
+    def __init__(self, port):
+        self.port = port
+
+    def __enter__(self):
+        self.proc = subprocess.Popen([sys.executable, "-c", HEALTH_POLL, str(self.port)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True)
+        assert self.proc.stdout.readline() == "ready\n"
+        return self
+
+    def __exit__(self, *exc):
+        out, _ = self.proc.communicate("", timeout=60)
+        assert self.proc.returncode == 0, out
+        n, longest = out.split()
+        self.count, self.longest = int(n), float(longest)
+
+
 def post(port, path, body, **kw):
     return request(port, "POST", path, body, **kw)
 
@@ -278,6 +320,52 @@ def test_tokenize_detokenize_models_health(server, llm):
     assert request(server, "GET", "/health", key=None)[0] == 200
     status, r = request(server, "GET", "/v1/models")
     assert r["data"][0]["max_model_len"] == llm.context_length
+
+
+def test_tokenize_and_detokenize_off_the_event_loop_and_bounded(model_dir, llm):
+    """A MB of text is tokenized in a worker thread (/health answers in
+    < 100 ms meanwhile); past the limits a 413 names the field (issue 52:
+    7.8 MB blocked every request for 5 s)."""
+    proc, port = start_server(model_dir)  # the default body limit, 8 MiB
+    try:
+        limit = 1 << 20
+        words = ["".join(chr(97 + (i * 7 + j) % 26) for j in range(1 + i % 9)) for i in range(200_000)]
+        text = " ".join(words)[:limit]
+        with HealthPoll(port) as health:
+            status, r = post(port, "/tokenize", {"prompt": text})
+        assert status == 200 and r["tokens"] == llm.encode(text), status
+        assert health.count >= 3 and health.longest < 0.1, (health.count, health.longest)
+        ids = r["tokens"][: 1 << 18]
+        with HealthPoll(port) as health:
+            status, r = post(port, "/detokenize", {"tokens": ids})
+        assert status == 200 and r["prompt"] == llm.decode(ids)
+        assert health.longest < 0.1, health.longest
+
+        status, r = post(port, "/tokenize", {"prompt": text + "é"})
+        assert status == 413 and r["error"]["param"] == "prompt", r
+        assert r["error"]["message"] == f"prompt: {limit + 2} bytes of text is more than this server's limit of " \
+                                        f"{limit} for /tokenize"
+        half = {"role": "user", "content": text[: limit // 2 + 1]}
+        status, r = post(port, "/tokenize", {"messages": [half, half]})
+        assert status == 413 and r["error"]["param"] == "messages", r
+        status, r = post(port, "/detokenize", {"tokens": [1] * ((1 << 18) + 1)})
+        assert status == 413 and r["error"]["param"] == "tokens" and "262145 ids" in r["error"]["message"], r
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+
+
+def test_llguidance_tokenizer_is_built_before_serving(model_dir):
+    """Its build holds the GIL (~0.5 s for SmolLM2's 49k ids): done when the
+    app is made, not at the first structured request on the event loop."""
+    from intdet import structured
+    from intdet.serve.app import create_app
+
+    llm = intdet.load(model_dir, threads=1)  # a tokenizer object of its own
+    key = (id(llm.tokenizer), tuple(llm.eos_ids))
+    assert key not in structured._TOKENIZERS
+    create_app(llm, "tiny")
+    assert structured._TOKENIZERS[key][0] is llm.tokenizer
 
 
 def test_api_key_on_every_endpoint_but_health(server):

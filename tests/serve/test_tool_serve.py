@@ -191,7 +191,7 @@ def test_parallel_calls_and_errors(serve):
     bad_tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
         "a": {"type": "string", "pattern": "(("}}}}}
     cases = [
-        ({"tools": [WEATHER, bad_tool]}, "tools[1].function.parameters", "regex"),
+        ({"tools": [WEATHER, bad_tool]}, "tools[1].function.parameters", "unclosed group"),
         ({"tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice.function.name", "nope"),
         ({"tool_choice": "always"}, "tool_choice", "tool_choice"),
         ({"tools": None, "tool_choice": "required"}, "tool_choice", "needs tools"),

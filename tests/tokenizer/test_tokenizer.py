@@ -12,6 +12,7 @@ from pathlib import Path
 import gguf
 import jinja2
 import pytest
+from intdet.errors import IntdetError
 from intdet.tokenizer import (
     StreamDecoder,
     encode,
@@ -120,6 +121,24 @@ def test_toy_special_and_user_tokens(toy):
     think = tok.token_to_id("<think>")
     assert encode(tok, meta, "<think>hello") == [think, tok.token_to_id("hello")]
     assert tok.decode(encode(tok, meta, "a <think> b")) == "a <think> b"
+
+
+def test_long_text_takes_the_gil_releasing_path_with_the_same_ids(toy):
+    """Past RELEASE_GIL_CHARS encode runs the batch form (the GIL let go);
+    the ids are those of one plain encode, special strings as asked."""
+    from intdet.tokenizer.text import RELEASE_GIL_CHARS
+
+    tok, meta = toy
+    text = ("hello world <think>hi<|im_end|> " * (RELEASE_GIL_CHARS // 20))[:RELEASE_GIL_CHARS + 7]
+    assert len(text) > RELEASE_GIL_CHARS
+    end = tok.token_to_id("<|im_end|>")
+    for special in (False, True):
+        tok.encode_special_tokens = not special
+        want = tok.encode(text, add_special_tokens=False).ids
+        tok.encode_special_tokens = False
+        assert encode(tok, meta, text, special=special) == want and (end in want) == special
+    with pytest.raises(IntdetError, match="lone surrogate"):
+        encode(tok, meta, text + "\ud800", what="prompt")
 
 
 def test_encode_bos(toy):

@@ -27,7 +27,7 @@ async def create_chat_completion(srv, request: Request):
     r = await srv.body(request, P.ChatRequest)
     srv.check_model(r.model)
     srv.check_shape(r, 1)
-    ts, tool_so = tool_request(srv, r)
+    ts, tool_so = await tools_off_the_loop(srv, r)
     ids = srv.chat_ids(r.messages, ts.tools if ts is not None else None)
     mt = r.max_completion_tokens if r.max_completion_tokens is not None else r.max_tokens
     if mt is None:
@@ -39,7 +39,8 @@ async def create_chat_completion(srv, request: Request):
         raise BadRequest("top_logprobs: needs \"logprobs\": true", param="top_logprobs")
     k = (r.top_logprobs or 0) if r.logprobs else None
     seed = srv.new_seed(r.seed)
-    jobs = [(ids, params(with_grammar(srv.sampling(r, mt, derive_seed(seed, c), k, None), tool_so), r))
+    grammar = await srv.structured(r)
+    jobs = [(ids, params(with_grammar(srv.sampling(r, mt, derive_seed(seed, c), k, None, grammar), tool_so), r))
             for c in range(r.n)]
     runs = srv.launch(asyncio.get_running_loop(), jobs)
     cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
@@ -99,6 +100,18 @@ def chat_delta(srv, i, ev, k):
     if k is not None and ev.logprob is not None:
         lp = {"content": [chat_logprob(srv.llm, ev.logprob, k)]}
     return {"index": i, "delta": {"content": ev.text}, "logprobs": lp, "finish_reason": None}
+
+
+async def tools_off_the_loop(srv, r):
+    """tool_request in a worker thread (each tool's schema is compiled),
+    bounded in time as the other grammars are (Server.grammar)."""
+    loop = asyncio.get_running_loop()
+    try:
+        return await asyncio.wait_for(loop.run_in_executor(None, tool_request, srv, r),
+                                      2 * srv.limits.grammar_seconds)
+    except asyncio.TimeoutError:
+        raise BadRequest(f"tools: took more than {2 * srv.limits.grammar_seconds:g} s to compile; give simpler "
+                         "parameter schemas", "tools") from None
 
 
 def tool_request(srv, r):

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from pydantic import ValidationError
@@ -20,6 +22,10 @@ from ..api import LLM, SamplingParams
 from ..errors import IntdetError
 from . import protocol as P
 from .metrics import Metrics
+
+_log = logging.getLogger("intdet.serve")
+PARSE_INLINE_BYTES = 64 << 10  # larger request bodies are parsed in a worker thread
+GRAMMAR_WORKERS = 2  # threads compiling structured outputs (a flood of slow grammars waits, within grammar_seconds)
 
 FINISH = {"eos": "stop", "stop": "stop", "length": "length", "context": "length", "cancelled": "abort",
           "error": "error"}
@@ -35,6 +41,9 @@ class Limits:
     max_n: int = 16
     max_prompts: int = 256
     max_stop: int = 16
+    grammar_seconds: float = 1.5  # a structured output's compile and check, queueing included
+    max_tokenize_bytes: int = 1 << 20  # /tokenize's text (prompt, or the messages' contents)
+    max_detokenize_tokens: int = 1 << 18  # /detokenize's ids
 
 
 class BadRequest(Exception):
@@ -181,6 +190,20 @@ class Server:
         self._mailbox: Mailbox | None = None
         self.draining = False  # set by the drain: new requests get a 503
         self._live: dict[int, list] = {}  # id -> a request's runs list, while its endpoint answers
+        self._grammar_pool: ThreadPoolExecutor | None = None
+        self._warm_grammar_tokenizer()
+
+    def _warm_grammar_tokenizer(self) -> None:
+        """Build llguidance's view of the tokenizer now: it holds the GIL
+        (~0.5 s for 49k ids), so built at the first structured request it
+        would stall the event loop. Without llguidance (or for a tokenizer it
+        cannot read) the first structured request reports it."""
+        from ..structured import grammar_tokenizer
+
+        try:
+            grammar_tokenizer(self.llm.tokenizer, self.llm.eos_ids)
+        except IntdetError:
+            pass
 
     # ------------------------------------------------------------ plumbing
 
@@ -198,44 +221,36 @@ class Server:
                 raise BadRequest(f"request body larger than {self.limits.max_body_bytes} bytes", status=413)
             chunks.append(c)
         raw = b"".join(chunks)
-        try:
-            data = json.loads(raw, parse_constant=_no_constant)
-        except (ValueError, RecursionError) as e:
-            raise BadRequest(f"body: not valid JSON ({str(e)[:120]})") from None
-        if not isinstance(data, dict):
-            raise BadRequest("body: must be a JSON object")
-        try:
-            return model.model_validate(data)
-        except ValidationError as e:
-            msg, field = P.validation_message(e)
-            raise BadRequest(msg, field) from None
+        if len(raw) > PARSE_INLINE_BYTES:  # ~10 ms a MB: in a thread, so the loop keeps serving
+            return await asyncio.to_thread(_parse, raw, model)
+        return _parse(raw, model)
 
     def check_model(self, name):
         if name is not None and name not in (self.model_name, ""):
             raise BadRequest(f"model: {name!r} is not served here (this server serves {self.model_name!r})",
                              "model", status=404)
 
-    def sampling(self, r, max_tokens: int, seed: int, logprobs, prompt_logprobs) -> SamplingParams:
+    def sampling(self, r, max_tokens: int, seed: int, logprobs, prompt_logprobs, grammar=None) -> SamplingParams:
+        """The SamplingParams of request ``r``; ``grammar``: its compiled
+        structured output (``await structured(r)``) or None."""
         stops = [r.stop] if isinstance(r.stop, str) else list(r.stop or [])
         if len(stops) > self.limits.max_stop:
             raise BadRequest(f"stop: at most {self.limits.max_stop} strings", "stop")
         temperature = 1 if r.temperature is None else r.temperature
-        structured = self.structured(r)
         try:  # SamplingParams checks every field when made
             sp = SamplingParams(max_tokens=max_tokens, temperature=_dec(temperature), top_p=_dec(r.top_p or 1),
                                 top_k=max(r.top_k or 0, 0), min_p=_dec(r.min_p or 0),
                                 repeat_penalty=_dec(r.repetition_penalty or 1), repeat_last_n=-1 if
                                 r.repetition_penalty not in (None, 1) else 64, seed=seed, stop=stops,
-                                logprobs=logprobs, prompt_logprobs=prompt_logprobs, structured_outputs=structured)
+                                logprobs=logprobs, prompt_logprobs=prompt_logprobs, structured_outputs=grammar)
         except IntdetError as e:
             raise BadRequest(str(e), e.field) from None
         return sp
 
-    def structured(self, r):
-        """The request's StructuredOutputsParams (response_format, OpenAI's,
-        or structured_outputs, vLLM's), compiled here so a bad schema or
-        grammar is a 400 naming the field (compiled grammars are cached by
-        the LLM: a schema sent with every request is compiled once)."""
+    async def structured(self, r):
+        """The compiled structured output of request ``r`` (response_format,
+        OpenAI's, or structured_outputs, vLLM's; ``grammar``), or None;
+        BadRequest naming the field the client sent."""
         from ..structured import StructuredOutputsParams
 
         rf, so = r.response_format, r.structured_outputs
@@ -244,27 +259,48 @@ class Server:
                              "response_format")
         if rf is not None and rf.type == "json_schema" and rf.json_schema is None:
             raise BadRequest("response_format.json_schema: required when type is \"json_schema\"", "response_format")
-        where = {}
+        names, t0 = {}, time.monotonic()
         try:
             if rf is not None and rf.type == "json_object":
-                params, where = StructuredOutputsParams(json_object=True), {"json_object": "response_format"}
+                params, names = StructuredOutputsParams(json_object=True), {"structured_outputs.json_object":
+                                                                            "response_format"}
             elif rf is not None and rf.type == "json_schema":
+                names = {"structured_outputs.json": "response_format.json_schema.schema"}
                 params = StructuredOutputsParams(json=rf.json_schema.schema_)
-                where = {"json": "response_format.json_schema.schema"}
             elif so is not None:
                 params = StructuredOutputsParams(**{k: v for k, v in so.model_dump(by_alias=True).items()
                                                     if v is not None})
             else:
                 return None
-            self.llm.grammar(params)
         except IntdetError as e:
-            msg, field = str(e), e.field or "structured_outputs"
-            for k, name in where.items():  # name the field the client sent
-                f = f"structured_outputs.{k}"
-                if field == f:
-                    msg, field = name + msg[len(f):], name
-            raise BadRequest(msg, field) from None
-        return params
+            raise _refused(_renamed(e, names), t0) from None
+        return await self.grammar(params, names)
+
+    async def grammar(self, params, names: dict | None = None):
+        """``params`` (a ``StructuredOutputsParams``) compiled and checked for
+        the model (``LLM.grammar``, whose cache keeps the outcome) in a worker
+        thread within ``limits.grammar_seconds``, so the event loop keeps
+        serving while it compiles: the ``Grammar``, or BadRequest (400) in one
+        line naming the field the client sent (``names`` maps the API's
+        "structured_outputs.<kind>" to it, e.g. {"structured_outputs.json":
+        "tools[0].function.parameters"}), logged on "intdet.serve". A compile
+        past the time limit goes on in its thread (llguidance's own limits
+        end it) and its outcome is cached for the next request."""
+        loop = asyncio.get_running_loop()
+        if self._grammar_pool is None:
+            self._grammar_pool = ThreadPoolExecutor(GRAMMAR_WORKERS, thread_name_prefix="intdet-grammar")
+        t0 = time.monotonic()
+        try:
+            return await asyncio.wait_for(loop.run_in_executor(self._grammar_pool, self.llm.grammar, params),
+                                          self.limits.grammar_seconds)
+        except IntdetError as e:
+            err = _renamed(e, names or {})
+        except asyncio.TimeoutError:
+            f = params.field()
+            f = (names or {}).get(f, f)
+            err = BadRequest(f"{f}: took more than {self.limits.grammar_seconds:g} s to compile; "
+                             "give a simpler one", f)
+        raise _refused(err, t0)
 
     def check_shape(self, r, n_prompts: int):
         if r.n > self.limits.max_n:
@@ -394,6 +430,36 @@ class Server:
         if req.finish_reason == "error":
             self.counts["errors"] += 1
             raise BadRequest(f"engine error: {req.error}", status=500)
+
+
+def _parse(raw: bytes, model):
+    """The JSON body ``raw`` parsed into the pydantic ``model`` (BadRequest otherwise)."""
+    try:
+        data = json.loads(raw, parse_constant=_no_constant)
+    except (ValueError, RecursionError) as e:
+        raise BadRequest(f"body: not valid JSON ({str(e)[:120]})") from None
+    if not isinstance(data, dict):
+        raise BadRequest("body: must be a JSON object")
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        msg, field = P.validation_message(e)
+        raise BadRequest(msg, field) from None
+
+
+def _refused(err: BadRequest, t0: float) -> BadRequest:
+    """``err``, logged in one line for the operator (a grammar refused)."""
+    _log.warning("structured output refused in %.2f s: %s", time.monotonic() - t0, err)
+    return err
+
+
+def _renamed(e: IntdetError, names: dict) -> BadRequest:
+    """BadRequest of a structured-output IntdetError, its field renamed to
+    the one the client sent (``names``: API field -> request field)."""
+    msg, field = str(e), e.field or "structured_outputs"
+    if field in names and msg.startswith(field):
+        msg, field = names[field] + msg[len(field):], names[field]
+    return BadRequest(msg, field)
 
 
 def _no_constant(name):

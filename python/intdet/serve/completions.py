@@ -57,13 +57,15 @@ async def create_completion(srv, request: Request):
         raise BadRequest("echo: with logprobs, not supported when streaming", "echo")
     max_tokens = 16 if r.max_tokens is None else r.max_tokens
     seed = srv.new_seed(r.seed)
+    grammar = await srv.structured(r)
     jobs, meta = [], []
     for p, (ids, text) in enumerate(prompts):
         srv.check_room(ids, max_tokens, "prompt" if len(prompts) == 1 else f"prompt[{p}]")
         for c in range(r.n):
             s = derive_seed(seed, c)
             jobs.append((ids, params(srv.sampling(r, max_tokens, s, r.logprobs,
-                                                  r.logprobs if r.echo and r.logprobs is not None else None), r)))
+                                                  r.logprobs if r.echo and r.logprobs is not None else None, grammar),
+                                     r)))
             meta.append((p, text))
     loop = asyncio.get_running_loop()
     runs = srv.launch(loop, jobs)

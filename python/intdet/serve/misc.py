@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
+
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
@@ -41,24 +44,59 @@ async def models(srv, request: Request):
 
 
 async def tokenize(srv, request: Request):
+    """Tokens of a prompt or messages, at most ``limits.max_tokenize_bytes``
+    of text (413 naming the field past it), encoded in a worker thread (a
+    MB takes about a second) so the event loop keeps serving."""
     r = await srv.body(request, P.TokenizeRequest)
     srv.check_model(r.model)
     if (r.prompt is None) == (r.messages is None):
         raise BadRequest("body: give either prompt or messages", "prompt")
-    if r.messages is not None:
-        ids = srv.chat_ids(r.messages)
-    else:
-        try:
-            ids = srv.llm.encode(r.prompt, add_bos=None if r.add_special_tokens else False)
-        except IntdetError as e:
-            raise BadRequest(str(e), "prompt") from None
-    return JSONResponse({"count": len(ids), "max_model_len": srv.llm.context_length, "tokens": ids})
+    field, size = ("messages", sum(_utf8(m.text()) for m in r.messages)) if r.messages is not None else (
+        "prompt", _utf8(r.prompt))
+    limit = srv.limits.max_tokenize_bytes
+    if size > limit:
+        raise BadRequest(f"{field}: {size} bytes of text is more than this server's limit of {limit} for /tokenize",
+                         field, status=413)
+
+    def run() -> bytes:  # the encode and the JSON of its ids (~0.3 s for a MB of text) off the loop
+        if r.messages is not None:
+            ids = srv.chat_ids(r.messages)
+        else:
+            try:
+                ids = srv.llm.encode(r.prompt, add_bos=None if r.add_special_tokens else False)
+            except IntdetError as e:
+                raise BadRequest(str(e), "prompt") from None
+        return (f'{{"count":{len(ids)},"max_model_len":{srv.llm.context_length},"tokens":'
+                f'{_json_ids(ids)}}}').encode()
+
+    return Response(await asyncio.to_thread(run), media_type="application/json")
 
 
 async def detokenize(srv, request: Request):
+    """The text of at most ``limits.max_detokenize_tokens`` ids (413 naming
+    ``tokens`` past it), decoded in a worker thread."""
     r = await srv.body(request, P.DetokenizeRequest)
     srv.check_model(r.model)
-    try:
-        return JSONResponse({"prompt": srv.llm.decode(r.tokens)})
-    except IntdetError as e:
-        raise BadRequest(str(e), "tokens") from None
+    limit = srv.limits.max_detokenize_tokens
+    if len(r.tokens) > limit:
+        raise BadRequest(f"tokens: {len(r.tokens)} ids is more than this server's limit of {limit} for /detokenize",
+                         "tokens", status=413)
+
+    def run() -> bytes:
+        try:
+            return JSONResponse({"prompt": srv.llm.decode(r.tokens)}).body
+        except IntdetError as e:
+            raise BadRequest(str(e), "tokens") from None
+
+    return Response(await asyncio.to_thread(run), media_type="application/json")
+
+
+def _json_ids(ids: list) -> str:
+    """The JSON array of ``ids``, written a slice at a time: one json.dumps
+    of a million ids holds the GIL (and so the event loop) for ~0.2 s."""
+    step = 1 << 14
+    return "[" + ",".join(json.dumps(ids[i:i + step])[1:-1] for i in range(0, len(ids), step)) + "]"
+
+
+def _utf8(text: str) -> int:
+    return len(text.encode("utf-8", "surrogatepass"))

@@ -69,7 +69,7 @@ class StructuredOutputs(Strict):
     """vLLM's structured_outputs (set one; checked by structured.StructuredOutputsParams)."""
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
-    json_: Optional[Union[dict, StrictStr]] = Field(default=None, alias="json")
+    json_: Optional[Union[dict, StrictBool, StrictStr]] = Field(default=None, alias="json")  # true/false: JSON Schema's
     json_object: Optional[StrictBool] = None
     regex: Optional[StrictStr] = None
     choice: Optional[List[StrictStr]] = None
