@@ -409,16 +409,24 @@ class LLM:
         The prefix cache is emptied (its KV was computed with the old
         weights). The model directory on disk is not changed.
         """
+        from .background import Background
         from .convert import quantize_workers
-        from .update import plan_update
+        from .update import file_sha256, plan_update
 
-        tensors, cfg, sha, _ = plan_update(self.lm, weights, workers=quantize_workers())
+        try:
+            tensors, cfg, _ = plan_update(self.lm, weights, workers=quantize_workers())
+        except IntdetError as e:  # a NaN met in a row block (convert's LazyTensor) names no field
+            if e.field is None and str(e).startswith("weights"):
+                e.field = "weights"
+            raise
+        sha = Background(file_sha256, tensors)  # beside the packing (both let the GIL go)
+        cfg["model_sha256"] = None
 
         def swap():
             self.engine.replace_weights(cfg, tensors, sha)
             if self.scheduler.cache is not None:
                 self.scheduler.cache.clear()
-            return sha
+            return self.lm.model_sha256
 
         with self._run_lock:
             return self.scheduler.exclusive(swap, timeout)

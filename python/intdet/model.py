@@ -307,7 +307,8 @@ class Engine:
     def replace_weights(self, cfg: dict, tensors: dict, sha256: str) -> None:
         """Run from now on the model of ``tensors`` (name -> int array, the
         loader's dtypes and shapes) and ``cfg`` whose model.safetensors
-        would have ``sha256`` (update.plan_update). The backend's model is
+        would have ``sha256`` (a str, or a background.Background computing
+        it; update.plan_update, update.file_sha256). The backend's model is
         built (checked, packed, uploaded) before anything is replaced, so
         an error leaves the old one whole. States made before belong to
         the old model: drop them first (the scheduler does)."""
@@ -333,9 +334,11 @@ class Engine:
             except ValueError as e:
                 raise IntdetError(str(e)) from None
             model = None
+        sha = sha256 if isinstance(sha256, str) else sha256.result()  # a background.Background, hashing meanwhile
+        cfg["model_sha256"] = sha
         if model is not None:
             self._model = model
-        self.lm.cfg, self.lm.tensors, self.lm.sha256_job = cfg, tensors, sha256
+        self.lm.cfg, self.lm.tensors, self.lm.sha256_job = cfg, tensors, sha
 
     def forward_batch(self, seqs, tokens, all_logits=False, out: np.ndarray | None = None):
         """Advance several sequences in one call (their rows share every linear

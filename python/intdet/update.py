@@ -13,9 +13,10 @@ bits of a full conversion as long as no RMSNorm changes its exponent while
 a layer reading it keeps its old weights; such an update is refused,
 naming the tensors to send along (an RL step's small changes keep G).
 
-``plan_update(lm, weights)`` returns the model's new tensors, config and
-model sha256 (the sha256 ``intdet convert`` would give model.safetensors:
-the same layout, computed without writing it); nothing of ``lm`` changes.
+``plan_update(lm, weights)`` returns the model's new tensors and config,
+and ``file_sha256(tensors)`` the sha256 ``intdet convert`` would give
+their model.safetensors (the same layout, hashed without writing it);
+nothing of ``lm`` changes.
 """
 
 from __future__ import annotations
@@ -60,10 +61,14 @@ class _Absent:
         raise _NotGiven(self.name)
 
 
-def _to_float32(name: str, t) -> np.ndarray:
-    """A torch tensor or numpy array of float32/float16/bfloat16 -> float32
-    numpy (exact: each of those widens to float32 without rounding);
-    IntdetError naming the tensor for another dtype or a NaN/Inf."""
+def _lazy(name: str, t):
+    """A torch tensor or numpy array of float32/float16/bfloat16 as convert's
+    LazyTensor: rows widened to float32 (exact) a block at a time, in the
+    quantizer's threads, and checked for NaN/Inf there (as a checkpoint
+    file's are), so no float32 copy of the whole model is made up front.
+    IntdetError naming the tensor for another dtype."""
+    from .convert.lazy import LazyTensor
+
     mod = type(t).__module__
     if mod.startswith("torch"):
         import torch
@@ -71,21 +76,28 @@ def _to_float32(name: str, t) -> np.ndarray:
         if t.dtype not in (torch.float32, torch.float16, torch.bfloat16):
             raise IntdetError(f"weights: tensor '{name}' is {str(t.dtype).replace('torch.', '')}; "
                               f"give {', '.join(FLOAT_DTYPES)}", field="weights")
-        a = t.detach().to("cpu", torch.float32).contiguous().numpy()
+        t = t.detach().to("cpu")
+        shape = tuple(t.shape)
+        rows = t.reshape(-1, shape[-1]) if shape else t.reshape(1, 1)
+
+        def read(lo, hi, rows=rows):
+            return rows[lo:hi].to(torch.float32).numpy()
     else:
         a = np.asarray(t)
         if a.dtype.name not in FLOAT_DTYPES:
             raise IntdetError(f"weights: tensor '{name}' is {a.dtype.name}; give {', '.join(FLOAT_DTYPES)}",
                               field="weights")
-        a = a.astype(np.float32, copy=False)
-    if not np.isfinite(a).all():
-        raise IntdetError(f"weights: tensor '{name}' holds NaN or Inf values", field="weights")
-    return a
+        shape = a.shape
+        rows = a.reshape(-1, shape[-1]) if shape else a.reshape(1, 1)
+
+        def read(lo, hi, rows=rows):
+            return rows[lo:hi].astype(np.float32)
+    return LazyTensor(shape, read, name, "weights")
 
 
 def read_weights(weights) -> dict:
-    """``weights`` -> {Hugging Face name: float32 array or convert's lazy
-    tensor}: a mapping or an iterable of (name, tensor) pairs (torch or
+    """``weights`` -> {Hugging Face name: convert's lazy tensor (float32
+    rows read on demand)}: a mapping or an iterable of (name, tensor) pairs (torch or
     numpy, float32/float16/bfloat16), or the path of a .safetensors file
     or of a directory of them (read lazily, a row block at a time).
     IntdetError naming the file or tensor otherwise."""
@@ -104,7 +116,7 @@ def read_weights(weights) -> dict:
         name, t = pair
         if name in out:
             raise IntdetError(f"weights: tensor '{name}' given twice", field="weights")
-        out[name] = _to_float32(name, t)
+        out[name] = _lazy(name, t)
     if not out:
         raise IntdetError("weights: no tensors given", field="weights")
     return out
@@ -133,11 +145,11 @@ def _read_path(path: str) -> dict:
 
 
 def plan_update(lm, weights, workers: int = 1):
-    """(tensors, cfg, sha256, changed): every tensor of ``lm`` (a
+    """(tensors, cfg, written): every tensor of ``lm`` (a
     model.LoadedModel) with those that ``weights`` (read_weights' forms)
-    changes quantized anew, the config (new norm exponents), the sha256 of
-    the model.safetensors holding them, and the names of the intdet
-    tensors rewritten. IntdetError (field "weights") naming the tensor for
+    changes quantized anew, the config (new norm exponents), and the names
+    of the intdet tensors written anew (``file_sha256(tensors)`` is the new
+    model's sha256). IntdetError (field "weights") naming the tensor for
     an unknown name, a wrong shape, a dtype that is not float, NaN/Inf, or
     an RMSNorm whose exponent changes while a layer reading it is not
     given; naming config.json for a model converted before "hparams" was
@@ -215,7 +227,7 @@ def plan_update(lm, weights, workers: int = 1):
                         f"{', '.join(_hf_names(arch, missing))}", field="weights")
 
     fm = FloatModel(arch=arch.NAME, hp=hp, weights=W)
-    plan = plan_model(fm, weights=cfg.get("weight_format", "int8"))
+    plan = plan_model(fm, weights=cfg.get("weight_format", "int8"), with_rope=False)
     plan.close()
     # which outputs to take: the statics and jobs of the given tensors, and
     # what is derived from norms alone (attention score scales)
@@ -250,14 +262,11 @@ def plan_update(lm, weights, workers: int = 1):
         if old is None or old.dtype != a.dtype or old.shape != a.shape:
             raise IntdetError(f"internal: updated tensor '{k}' does not match the model's")
         tensors[k] = a
-    changed = sorted(k for k, a in new.items() if not np.array_equal(a, lm.tensors[k]))
     new_cfg = copy.deepcopy(cfg)
     new_cfg["norm_gamma_exponents"] = {**exps, **{k: v for k, v in plan.cfg["norm_gamma_exponents"].items()
                                                   if k in canon}}
     new_cfg.pop("model_sha256", None)
-    sha = file_sha256(tensors)
-    new_cfg["model_sha256"] = sha
-    return tensors, new_cfg, sha, changed
+    return tensors, new_cfg, sorted(new)
 
 
 def _hf_names(arch, names):

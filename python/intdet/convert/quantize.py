@@ -330,13 +330,14 @@ def _rows_job(plan: Plan, name: str, src, lead: tuple, K: int, quant: str, scale
         plan.job_tensors.append(name)
 
 
-def plan_model(fm, weights: str = "int8", progress: bool = False) -> Plan:
+def plan_model(fm, weights: str = "int8", progress: bool = False, with_rope: bool = True) -> Plan:
     """FloatModel -> Plan (above): every output tensor's name, dtype and
     shape, the small tensors computed, and one job per large tensor.
 
     weights: "int8" (per-channel int8) or "int4" (the decoder layers' linear
     weights as per-group int4, quant_rows_int4; the embedding and lm_head
-    stay int8). Raises IntdetError for another value.
+    stay int8). Raises IntdetError for another value. ``with_rope``:
+    False leaves the RoPE tables out (they depend on the config alone).
 
     Activations entering each linear layer carry a static factor c_in (the
     value of one unit of the int16 activation at exponent 0):
@@ -381,6 +382,8 @@ def plan_model(fm, weights: str = "int8", progress: bool = False) -> Plan:
             e = hp.get("embed_scale", 1.0)
             _rows_job(plan, name, W[name], tuple(W[name].shape[:-1]), W[name].shape[-1], "int8",
                       lambda s, e=e: s * e * 2.0**R)
+        elif kind == "rope" and not with_rope:  # LLM.update_weights: weights never change them
+            continue
         elif kind == "rope":  # "rope" (rope_theta) or "rope_local" (rope_local_theta: Gemma's local layers)
             theta = hp["rope_local_theta"] if name == "rope_local" else hp["rope_theta"]
             scaling = None if name == "rope_local" else hp.get("rope_scaling")  # local layers keep plain RoPE
