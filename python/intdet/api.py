@@ -390,10 +390,13 @@ class LLM:
     # ---------------------------------------------------------------- requests
 
     def request(self, prompt_ids: list, params: SamplingParams, on_event=None, score_from=None,
-                on_prefill=None) -> Request:
+                on_prefill=None, ids_checked: bool = False) -> Request:
         """The scheduler ``Request`` for ``prompt_ids`` under ``params``
-        (checked; truncated as ``params.truncate`` says); ``on_event`` and
-        ``on_prefill`` as ``scheduler.Request`` takes them."""
+        (checked once, by ``Scheduler.check``: submitting it does not check
+        again; truncated as ``params.truncate`` says); ``on_event`` and
+        ``on_prefill`` as ``scheduler.Request`` takes them; ``ids_checked``:
+        the caller has checked the ids (``prompt_ids``, errors.check_token_ids
+        naming its own field), so they are not scanned again."""
         from .generate import truncate_prompt
 
         params.check()
@@ -407,7 +410,7 @@ class LLM:
                       logprobs=params.logprobs, prompt_logprobs=params.prompt_logprobs, score_from=score_from,
                       on_event=on_event, tokenizer=self.tokenizer, on_prefill=on_prefill, grammar=grammar)
         req.truncated = n_given - len(prompt_ids)
-        self.scheduler.check(req)
+        self.scheduler.check(req, ids_checked)
         return req
 
     def grammar(self, so: StructuredOutputsParams) -> Grammar:
@@ -466,7 +469,7 @@ class LLM:
         if not plist:
             raise IntdetError("prompts: empty list", field="prompts")
         per = _check_params(params, len(plist))
-        reqs = [self.request(self.prompt_ids(p), sp) for p, sp in zip(plist, per)]
+        reqs = [self.request(self.prompt_ids(p), sp, ids_checked=True) for p, sp in zip(plist, per)]
         self._run(reqs)
         outs = [self.completion(r) for r in reqs]
         return outs[0] if single else outs
@@ -489,7 +492,8 @@ class LLM:
         parameter before anything runs."""
         (params,) = _check_params(params, 1)
         events: deque = deque()
-        req = self.request(self.prompt_ids(prompt), params, on_event=events.append, on_prefill=on_prefill)
+        req = self.request(self.prompt_ids(prompt), params, on_event=events.append, on_prefill=on_prefill,
+                           ids_checked=True)
         self.scheduler.submit(req)
         return Stream(self, req, events)
 
@@ -517,7 +521,8 @@ class LLM:
                 raise IntdetError("continuation: empty", field="continuation")
             # top-1 always, for is_greedy
             req = self.request(c_ids + [int(t) for t in k_ids],
-                               SamplingParams(max_tokens=0, prompt_logprobs=max(int(top), 1)), score_from=len(c_ids))
+                               SamplingParams(max_tokens=0, prompt_logprobs=max(int(top), 1)), score_from=len(c_ids),
+                               ids_checked=True)
             reqs.append(req)
             shapes.append((c_ids, [int(t) for t in k_ids]))
         self._run(reqs)

@@ -11,6 +11,7 @@ import itertools
 import threading
 from dataclasses import dataclass, field
 
+from .errors import IntdetError, check_token_ids
 from .logprobs import to_float
 from .sampling import Sampler
 
@@ -145,6 +146,7 @@ class Request:
         self._chosen: int | None = None  # this step's token from the chooser
         self.cached_tokens = 0  # prompt positions taken from the prefix cache (not computed)
         self.truncated = 0  # prompt tokens the API cut (SamplingParams.truncate)
+        self._checked_by = None  # the Scheduler whose check it passed (its submit does not check again)
 
     @property
     def spec_drafted(self) -> int:
@@ -173,3 +175,37 @@ class Request:
 
     def wait(self, timeout: float | None = None) -> bool:
         return self.done.wait(timeout)
+
+
+def _size(n: int) -> str:
+    """Bytes as MiB, or as bytes under 1 MiB (so a small budget does not read '0 MiB')."""
+    return f"{n >> 20} MiB" if n >= 1 << 20 else f"{n} bytes"
+
+
+def check_request(req: Request, context_length: int, vocab_size: int, kv_per_pos: int, kv_bytes: int,
+                  ids_checked: bool = False) -> None:
+    """The checks of a request (the one path: ``Scheduler.check`` runs it
+    once, for whoever builds the Request). IntdetError, naming the field,
+    when ``req`` can never run: empty prompt, an id outside [0,
+    ``vocab_size``) (not scanned when ``ids_checked``: the caller checked
+    them under its own field's name), max_new_tokens < 0, no room in
+    ``context_length``, score_from out of range, or a KV cache (positions x
+    ``kv_per_pos`` bytes) larger than ``kv_bytes``."""
+    ctx = context_length
+    if not req.prompt_ids:
+        raise IntdetError("prompt: empty", field="prompt")
+    if not ids_checked:
+        check_token_ids(req.prompt_ids, vocab_size, "prompt")
+    if req.max_new_tokens < 0:
+        raise IntdetError(f"max_tokens: {req.max_new_tokens} must be >= 0", field="max_tokens")
+    if len(req.prompt_ids) > ctx or (len(req.prompt_ids) == ctx and req.max_new_tokens > 0):
+        raise IntdetError(f"prompt: {len(req.prompt_ids)} tokens do not fit the context length {ctx} "
+                          "(leave room for one generated token)", field="prompt")
+    if not 1 <= req.score_from <= len(req.prompt_ids):
+        raise IntdetError(f"score_from: {req.score_from} must be in [1, {len(req.prompt_ids)}]", field="score_from")
+    positions = min(ctx, len(req.prompt_ids) + req.max_new_tokens)  # Scheduler._positions
+    need = positions * kv_per_pos
+    if need > kv_bytes:
+        raise IntdetError(f"max_tokens: the prompt and max_tokens need {positions} positions, "
+                          f"{_size(need)} of KV cache, more than the budget of {_size(kv_bytes)} "
+                          "(kv_bytes; intdet serve --kv-cache-mib)", field="max_tokens")

@@ -58,11 +58,11 @@ import threading
 import time
 from collections import deque
 
-from .errors import IntdetError, check_token_ids
+from .errors import IntdetError
 from .hashing import ChainHash
 from .outputs import CHOOSER_REFUSED, Outputs
 from .prefix_cache import PrefixCache
-from .request import Event, Request, TokenLogprob
+from .request import Event, Request, TokenLogprob, check_request
 from .speculate import DraftState, ngram_drafts
 from .testhook import stall_at
 
@@ -73,11 +73,6 @@ DEFAULT_MAX_BATCH = 16
 DEFAULT_STEP_TOKENS = 512  # rows per forward call: decode rows + prefill chunks
 DEFAULT_KV_BYTES = 2 << 30
 PREFILL_PATIENCE = 8  # steps a prompt may be passed over by shorter ones before it goes first
-
-
-def _size(n: int) -> str:
-    """Bytes as MiB, or as bytes under 1 MiB (so a small budget does not read '0 MiB')."""
-    return f"{n >> 20} MiB" if n >= 1 << 20 else f"{n} bytes"
 
 
 def kv_bytes_per_position(cfg: dict) -> int:
@@ -131,33 +126,25 @@ class Scheduler(Outputs):
 
     # ---------------------------------------------------------------- submit
 
-    def check(self, req: Request) -> None:
-        """IntdetError when ``req`` can never run: empty prompt, an id out of
-        the vocabulary, no room in the context, or a KV cache larger than
-        ``kv_bytes``."""
-        ctx, vocab = self.engine.context_length, self.engine.vocab_size
-        if not req.prompt_ids:
-            raise IntdetError("prompt: empty", field="prompt")
-        check_token_ids(req.prompt_ids, vocab, "prompt")
-        if req.max_new_tokens < 0:
-            raise IntdetError(f"max_tokens: {req.max_new_tokens} must be >= 0", field="max_tokens")
-        if len(req.prompt_ids) > ctx or (len(req.prompt_ids) == ctx and req.max_new_tokens > 0):
-            raise IntdetError(f"prompt: {len(req.prompt_ids)} tokens do not fit the context length {ctx} "
-                              "(leave room for one generated token)", field="prompt")
-        if not 1 <= req.score_from <= len(req.prompt_ids):
-            raise IntdetError(f"score_from: {req.score_from} must be in [1, {len(req.prompt_ids)}]", field="score_from")
-        need = self._positions(req) * self.kv_per_pos
-        if need > self.kv_bytes:
-            raise IntdetError(f"max_tokens: the prompt and max_tokens need {self._positions(req)} positions, "
-                              f"{_size(need)} of KV cache, more than the budget of {_size(self.kv_bytes)} "
-                              "(kv_bytes; intdet serve --kv-cache-mib)", field="max_tokens")
+    def check(self, req: Request, ids_checked: bool = False) -> None:
+        """IntdetError when ``req`` can never run (request.check_request,
+        under this scheduler's context, vocabulary and KV budget);
+        ``ids_checked``: the caller has already checked the prompt's ids
+        (errors.check_token_ids naming its own field), so they are not
+        scanned again. A request that passed is not checked again by
+        ``submit``."""
+        check_request(req, self.engine.context_length, self.engine.vocab_size, self.kv_per_pos, self.kv_bytes,
+                      ids_checked)
+        req._checked_by = self
 
     def _positions(self, req: Request) -> int:
         return min(self.engine.context_length, len(req.prompt_ids) + req.max_new_tokens)
 
     def submit(self, req: Request) -> Request:
-        """Queue ``req`` (checked first: IntdetError when it can never run)."""
-        self.check(req)
+        """Queue ``req`` (checked first unless ``check`` passed it: IntdetError
+        when it can never run)."""
+        if req._checked_by is not self:
+            self.check(req)
         req.t_submit = time.perf_counter()
         with self._lock:
             if self._stopping:

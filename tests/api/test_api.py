@@ -284,6 +284,24 @@ def test_bad_prompts(llm):
         intdet.load(os.path.join(os.path.dirname(llm.lm.path), "missing"))
 
 
+def test_each_prompt_is_scanned_once(llm, monkeypatch):
+    """generate, stream and score check a prompt's ids once (LLM.prompt_ids,
+    naming the argument), not again in the scheduler's check or submit."""
+    import intdet.api
+    import intdet.request
+
+    scans = []
+    for mod in (intdet.api, intdet.request):
+        real = mod.check_token_ids
+        monkeypatch.setattr(mod, "check_token_ids", lambda ids, *a, real=real: (scans.append(list(ids)), real(ids, *a)))
+    llm.generate([[5, 6], [7, 8, 9]], intdet.SamplingParams(max_tokens=2))
+    assert scans == [[5, 6], [7, 8, 9]]
+    scans.clear()
+    list(llm.stream([5, 6], intdet.SamplingParams(max_tokens=2)))
+    llm.score([5, 6], [7])
+    assert scans == [[5, 6], [5, 6], [7]]
+
+
 def test_derive_seed():
     assert intdet.derive_seed(7, 0) == 7
     seeds = {intdet.derive_seed(7, i) for i in range(100)}
