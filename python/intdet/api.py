@@ -247,7 +247,11 @@ class LLM:
         model: any source ``intdet generate -m`` accepts (converted dir, GGUF
             file, Hugging Face dir or repo id; None = the default
             SmolLM2-135M-Instruct), converted into the cache when needed; or
-            a ``model.LoadedModel`` already loaded (as the CLI passes).
+            a ``model.LoadedModel`` already loaded (as the CLI passes); or a
+            ``model.Engine`` already set up, used as it is (its device, ISA
+            and threads; ``device``, ``threads``, ``weights`` and ``revision``
+            are then not read): hash-check and decompression, which drive
+            their own engines through the same loop.
         device: "cpu" (C++ core), "cuda" (GPU kernels, same bits) or "ref"
             (numpy integer spec).
         threads: CPU threads (None: leave the setting as it is; 0 = auto:
@@ -281,11 +285,15 @@ class LLM:
         from .resolve import resolve_model
 
         try:
-            if isinstance(model, LoadedModel):
-                self.lm = model
+            if isinstance(model, Engine):
+                self.lm, self.engine = model.lm, model
             else:
-                self.lm = load_model(resolve_model(model, revision, progress=progress, weights=weights, notice=notice))
-            self.engine = Engine(self.lm, device, threads)
+                if isinstance(model, LoadedModel):
+                    self.lm = model
+                else:
+                    self.lm = load_model(resolve_model(model, revision, progress=progress, weights=weights,
+                                                       notice=notice))
+                self.engine = Engine(self.lm, device, threads)
         except IntdetError as e:  # the loaders name CLI options: name the arguments instead
             raise _api_error(e, (("-m", "model"), ("--threads", "threads"), ("--device", "device"),
                                  ("--weights", "weights"), ("--revision", "revision"))) from None
@@ -442,12 +450,18 @@ class LLM:
                           spec_drafted=req.spec_drafted, spec_accepted=req.spec_accepted,
                           cached_tokens=req.cached_tokens)
 
-    def _run(self, reqs: list) -> None:
+    def run(self, reqs: list, until=None) -> None:
+        """Submit ``reqs`` (scheduler Requests: ``request``'s, or ones it
+        cannot build, with a chooser or step_hashes) and step the scheduler
+        in this thread until each is done, or until ``until()`` is true
+        (requests submitted before advance too). On any exception (Ctrl-C
+        mid-step) ``reqs`` are cancelled and retired before it propagates.
+        IntdetError from submit for a request that can never run."""
         with self._run_lock:
             for r in reqs:
                 self.scheduler.submit(r)
             try:
-                self.scheduler.run_until_idle(until=lambda: all(r.done.is_set() for r in reqs))
+                self.scheduler.run_until_idle(until=until or (lambda: all(r.done.is_set() for r in reqs)))
             except BaseException:  # Ctrl-C mid-step: retire these requests, leave the scheduler clean
                 for r in reqs:
                     r.cancel()
@@ -470,7 +484,7 @@ class LLM:
             raise IntdetError("prompts: empty list", field="prompts")
         per = _check_params(params, len(plist))
         reqs = [self.request(self.prompt_ids(p), sp, ids_checked=True) for p, sp in zip(plist, per)]
-        self._run(reqs)
+        self.run(reqs)
         outs = [self.completion(r) for r in reqs]
         return outs[0] if single else outs
 
@@ -525,7 +539,7 @@ class LLM:
                                ids_checked=True)
             reqs.append(req)
             shapes.append((c_ids, [int(t) for t in k_ids]))
-        self._run(reqs)
+        self.run(reqs)
         out = []
         for req, (c_ids, k_ids) in zip(reqs, shapes):
             lps = [t for t in req.prompt_token_logprobs[len(c_ids):] if t is not None]  # every position has one
