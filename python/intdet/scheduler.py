@@ -50,6 +50,13 @@ time: the caller's (``run_until_idle``, as the Python API does) or the loop
 thread of ``start`` (as the server does). Events are delivered by the
 request's ``on_event(event)`` callback, called in the stepping thread; it
 must not block (the server hands them to an asyncio queue).
+
+The cut (as vLLM v1 cuts its scheduler): request.py holds the requests and
+their checks (``Request``, ``Event``, ``TokenLogprob``, ``check_request``);
+this module plans and steps (admission, the step plan, the forward calls,
+the driving loop and threads); outputs.py takes the step's outputs (picking
+tokens, the stop rules, retiring, emitting events) as ``Outputs``, which
+``Scheduler`` inherits. The moved names are importable from here too.
 """
 
 from __future__ import annotations
