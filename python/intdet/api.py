@@ -279,7 +279,11 @@ class LLM:
         model: any source ``intdet generate -m`` accepts (converted dir, GGUF
             file, Hugging Face dir or repo id; None = the default
             SmolLM2-135M-Instruct), converted into the cache when needed; or
-            a ``model.LoadedModel`` already loaded (as the CLI passes).
+            a ``model.LoadedModel`` already loaded (as the CLI passes); or a
+            ``model.Engine`` already set up, used as it is (its device, ISA
+            and threads; ``device``, ``threads``, ``weights`` and ``revision``
+            are then not read): hash-check and decompression, which drive
+            their own engines through the same loop.
         device: "cpu" (C++ core), "cuda" (GPU kernels, same bits) or "ref"
             (numpy integer spec).
         threads: CPU threads (None: leave the setting as it is; 0 = auto:
@@ -313,11 +317,15 @@ class LLM:
         from .resolve import resolve_model
 
         try:
-            if isinstance(model, LoadedModel):
-                self.lm = model
+            if isinstance(model, Engine):
+                self.lm, self.engine = model.lm, model
             else:
-                self.lm = load_model(resolve_model(model, revision, progress=progress, weights=weights, notice=notice))
-            self.engine = Engine(self.lm, device, threads)
+                if isinstance(model, LoadedModel):
+                    self.lm = model
+                else:
+                    self.lm = load_model(resolve_model(model, revision, progress=progress, weights=weights,
+                                                       notice=notice))
+                self.engine = Engine(self.lm, device, threads)
         except IntdetError as e:  # the loaders name CLI options: name the arguments instead
             raise _api_error(e, (("-m", "model"), ("--threads", "threads"), ("--device", "device"),
                                  ("--weights", "weights"), ("--revision", "revision"))) from None
@@ -514,10 +522,13 @@ class LLM:
     # ---------------------------------------------------------------- requests
 
     def request(self, prompt_ids: list, params: SamplingParams, on_event=None, score_from=None,
-                on_prefill=None) -> Request:
+                on_prefill=None, ids_checked: bool = False) -> Request:
         """The scheduler ``Request`` for ``prompt_ids`` under ``params``
-        (checked; truncated as ``params.truncate`` says); ``on_event`` and
-        ``on_prefill`` as ``scheduler.Request`` takes them."""
+        (checked once, by ``Scheduler.check``: submitting it does not check
+        again; truncated as ``params.truncate`` says); ``on_event`` and
+        ``on_prefill`` as ``scheduler.Request`` takes them; ``ids_checked``:
+        the caller has checked the ids (``prompt_ids``, errors.check_token_ids
+        naming its own field), so they are not scanned again."""
         from .generate import truncate_prompt
 
         params.check()
@@ -539,7 +550,7 @@ class LLM:
         # the receipt's model and parameters as the request starts (receipts.py)
         req.receipt_head = receipts.head(self.lm, sampler, grammar.params if grammar is not None else None) \
             if params.receipt else None
-        self.scheduler.check(req)
+        self.scheduler.check(req, ids_checked)
         return req
 
     def grammar(self, so: StructuredOutputsParams) -> Grammar:
@@ -592,12 +603,18 @@ class LLM:
                           cached_tokens=req.cached_tokens, model_version=req.model_version, receipt=receipt_of(req),
                           step_hashes=list(req.step_hashes) if req.step_hashes is not None else None)
 
-    def _run(self, reqs: list) -> None:
+    def run(self, reqs: list, until=None) -> None:
+        """Submit ``reqs`` (scheduler Requests: ``request``'s, or ones it
+        cannot build, with a chooser or step_hashes) and step the scheduler
+        in this thread until each is done, or until ``until()`` is true
+        (requests submitted before advance too). On any exception (Ctrl-C
+        mid-step) ``reqs`` are cancelled and retired before it propagates.
+        IntdetError from submit for a request that can never run."""
         with self._run_lock:
             for r in reqs:
                 self.scheduler.submit(r)
             try:
-                self.scheduler.run_until_idle(until=lambda: all(r.done.is_set() for r in reqs))
+                self.scheduler.run_until_idle(until=until or (lambda: all(r.done.is_set() for r in reqs)))
             except BaseException:  # Ctrl-C mid-step: retire these requests, leave the scheduler clean
                 for r in reqs:
                     r.cancel()
@@ -619,8 +636,8 @@ class LLM:
         if not plist:
             raise IntdetError("prompts: empty list", field="prompts")
         per = _check_params(params, len(plist))
-        reqs = [self.request(self.prompt_ids(p), sp) for p, sp in zip(plist, per)]
-        self._run(reqs)
+        reqs = [self.request(self.prompt_ids(p), sp, ids_checked=True) for p, sp in zip(plist, per)]
+        self.run(reqs)
         outs = [self.completion(r) for r in reqs]
         return outs[0] if single else outs
 
@@ -661,7 +678,8 @@ class LLM:
         parameter before anything runs."""
         (params,) = _check_params(params, 1)
         events: deque = deque()
-        req = self.request(self.prompt_ids(prompt), params, on_event=events.append, on_prefill=on_prefill)
+        req = self.request(self.prompt_ids(prompt), params, on_event=events.append, on_prefill=on_prefill,
+                           ids_checked=True)
         self.scheduler.submit(req)
         return Stream(self, req, events)
 
@@ -689,10 +707,11 @@ class LLM:
                 raise IntdetError("continuation: empty", field="continuation")
             # top-1 always, for is_greedy
             req = self.request(c_ids + [int(t) for t in k_ids],
-                               SamplingParams(max_tokens=0, prompt_logprobs=max(int(top), 1)), score_from=len(c_ids))
+                               SamplingParams(max_tokens=0, prompt_logprobs=max(int(top), 1)), score_from=len(c_ids),
+                               ids_checked=True)
             reqs.append(req)
             shapes.append((c_ids, [int(t) for t in k_ids]))
-        self._run(reqs)
+        self.run(reqs)
         out = []
         for req, (c_ids, k_ids) in zip(reqs, shapes):
             lps = [t for t in req.prompt_token_logprobs[len(c_ids):] if t is not None]  # every position has one

@@ -19,7 +19,7 @@ import xxhash
 from .hashing import ChainHash
 from .model import Engine, default_threads
 from .sampling import Sampler
-from .scheduler import Request, Scheduler
+from .scheduler import Request
 
 
 @dataclass
@@ -40,21 +40,23 @@ def _tokens_hash(tokens) -> str:
 
 def run_one(engine: Engine, prompt, steps: int, sampler: Sampler, prefill_chunk: int = 0,
             batch: int = 1, co_seed: int = 0) -> Run:
-    """Generate ``steps`` tokens for ``prompt`` through the scheduler (the
-    product's loop), the prompt in calls of ``prefill_chunk`` tokens (0: one
-    call); with batch > 1 the sequence runs inside a batch with batch-1
-    random co-prompts (greedy, own lengths, submitted with it)."""
+    """Generate ``steps`` tokens for ``prompt`` through ``LLM`` on ``engine``
+    (the product's loop, as it is set: ISA, threads), the prompt in calls of
+    ``prefill_chunk`` tokens (0: one call); with batch > 1 the sequence runs
+    inside a batch with batch-1 random co-prompts (greedy, own lengths,
+    submitted with it)."""
+    from .api import LLM
+
     lm = engine.lm
     rng = random.Random(co_seed)
     cos = [[rng.randrange(lm.cfg["vocab_size"]) for _ in range(rng.randrange(1, max(2, len(prompt) * 2)))]
            for _ in range(batch - 1)]
     budget = prefill_chunk or len(prompt) + sum(len(c) for c in cos)
-    sched = Scheduler(engine, max_batch=batch, step_tokens=budget, kv_bytes=1 << 62)
+    # no prefix cache: every run computes its whole prompt in the configuration's chunks
+    llm = LLM(engine, max_batch=batch, step_tokens=budget, kv_bytes=1 << 62, prefix_cache=False)
     t0 = time.perf_counter()
-    req = sched.submit(Request(prompt, steps, sampler, step_hashes=True))
-    for c in cos:
-        sched.submit(Request(c, steps))
-    sched.run_until_idle()
+    req = Request(prompt, steps, sampler, step_hashes=True)  # no EOS: every run makes `steps` tokens
+    llm.run([req] + [Request(c, steps) for c in cos])
     r = Run(config="", hash=req.hash, step_hashes=list(req.step_hashes), tokens=list(req.tokens),
             seconds=time.perf_counter() - t0)
     r.tokens_hash = _tokens_hash(r.tokens)

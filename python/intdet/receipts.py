@@ -260,7 +260,7 @@ def replay(llm, receipts: list, model_name: str = "the model") -> list:
             continue
         jobs.append((i, req, ch))
     # one batch: the scheduler runs them together (LLM._run: submit, step until done, Ctrl-C retires them)
-    llm._run([r for _, r, _ in jobs])
+    llm.run([r for _, r, _ in jobs])
     for i, req, ch in jobs:
         where, d = receipts[i]
         verdicts[i] = _judge(where, d, req, ch, llm)

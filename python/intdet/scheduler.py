@@ -50,36 +50,36 @@ time: the caller's (``run_until_idle``, as the Python API does) or the loop
 thread of ``start`` (as the server does). Events are delivered by the
 request's ``on_event(event)`` callback, called in the stepping thread; it
 must not block (the server hands them to an asyncio queue).
+
+The cut (as vLLM v1 cuts its scheduler): request.py holds the requests and
+their checks (``Request``, ``Event``, ``TokenLogprob``, ``check_request``);
+this module plans and steps (admission, the step plan, the forward calls,
+the driving loop and threads); outputs.py takes the step's outputs (picking
+tokens, the stop rules, retiring, emitting events) as ``Outputs``, which
+``Scheduler`` inherits. The moved names are importable from here too.
 """
 
 from __future__ import annotations
 
-import itertools
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
 
-import numpy as np
-
-from .errors import IntdetError, check_token_ids
+from .errors import IntdetError
 from .hashing import ChainHash
-from .logprobs import LogSoftmax, to_float
-from .sampling import Sampler
+from .outputs import CHOOSER_REFUSED, Outputs
 from .prefix_cache import PrefixCache
+from .request import Event, Request, TokenLogprob, check_request
 from .speculate import DraftState, ngram_drafts
 from .testhook import stall_at
+
+__all__ = ["CHOOSER_REFUSED", "DEFAULT_KV_BYTES", "DEFAULT_MAX_BATCH", "DEFAULT_STEP_TOKENS", "Event",
+           "PREFILL_PATIENCE", "Request", "Scheduler", "TokenLogprob", "kv_bytes_per_position"]
 
 DEFAULT_MAX_BATCH = 16
 DEFAULT_STEP_TOKENS = 512  # rows per forward call: decode rows + prefill chunks
 DEFAULT_KV_BYTES = 2 << 30
-CHOOSER_REFUSED = "the chooser found no token (impossible data)"  # a Request.chooser's id < 0
 PREFILL_PATIENCE = 8  # steps a prompt may be passed over by shorter ones before it goes first
-
-
-def _size(n: int) -> str:
-    """Bytes as MiB, or as bytes under 1 MiB (so a small budget does not read '0 MiB')."""
-    return f"{n >> 20} MiB" if n >= 1 << 20 else f"{n} bytes"
 
 
 def kv_bytes_per_position(cfg: dict) -> int:
@@ -89,184 +89,8 @@ def kv_bytes_per_position(cfg: dict) -> int:
     return cfg["num_layers"] * cfg["num_kv_heads"] * (2 * cfg["head_dim"] + 2 * 4)
 
 
-@dataclass
-class TokenLogprob:
-    """One position's log-probabilities, Q24 nats (logprobs.py): ``token``
-    and its ``logprob_q`` (the model's: raw logits); ``top``: [(id,
-    logprob_q)] most likely first; ``behaviour_logprob_q``: for a generated
-    token, its log-probability under the distribution the sampler drew it
-    from (temperature, top-k/p, min-p, repetition penalty, grammar mask:
-    ``Sampler.behaviour_logprob_q``; 0 when greedy), else None."""
 
-    token: int
-    logprob_q: int
-    top: list = field(default_factory=list)
-    behaviour_logprob_q: int | None = None
-
-    @property
-    def logprob(self) -> float:
-        """The exact float value logprob_q / 2^24."""
-        return to_float(self.logprob_q)
-
-    @property
-    def behaviour_logprob(self) -> float | None:
-        """The exact float value behaviour_logprob_q / 2^24 (None when not known)."""
-        return None if self.behaviour_logprob_q is None else to_float(self.behaviour_logprob_q)
-
-
-@dataclass
-class Event:
-    """What a request's ``on_event`` receives.
-
-    kind "token": one generated ``token`` (id), the ``text`` now safe to show
-    (stop sequences held back), its ``logprob`` (TokenLogprob or None) and
-    ``chain_state``: the chain hash's state after it (hashing.ChainHash
-    .state, 16 bytes), so a consumer can name the hash of the tokens it has
-    received without reading the engine's state (the server's drain).
-    kind "done": the request finished; ``request`` holds the result
-    (tokens, text, finish_reason, hash, log-probabilities). kind "error":
-    the engine failed on this request (``error``: message); it is retired."""
-
-    kind: str
-    request: "Request"
-    token: int | None = None
-    text: str = ""
-    logprob: TokenLogprob | None = None
-    error: str = ""
-    chain_state: bytes | None = None
-
-
-_ids = itertools.count()
-
-
-class Request:
-    """One sequence to run.
-
-    Args:
-        prompt_ids: int token ids (non-empty, each in [0, vocab)).
-        max_new_tokens: most tokens to generate (>= 0).
-        sampler: a ``Sampler`` (greedy by default); its seed keys the draws.
-        eos_ids: ids that end the generation (kept and hashed).
-        stop: stop strings: the generation ends when its text contains one
-            (the token completing it is kept and hashed; the text before it
-            is the result, as ``intdet generate --stop``).
-        logprobs: None, or k >= 0: each generated token's log-probability
-            and the k most likely alternatives.
-        prompt_logprobs: None, or k >= 0: the same for every prompt position
-            after the first (the log-likelihood an evaluation harness reads).
-        score_from: prompt positions >= score_from are a continuation being
-            scored: the chain hash starts from prompt_ids[:score_from] and
-            hashes each of those tokens with the logits that predicted it
-            (as if generated), then goes on with the generated tokens.
-            Default: len(prompt_ids) (the hash of ``intdet generate``).
-        on_event: callable(Event) or None.
-        step_hashes: keep the chain hash after every generated token in
-            ``step_hashes`` (hash-check's divergence report).
-        on_prefill: callable(done, total) or None, called in the stepping
-            thread after each prefill chunk (``done`` prompt positions of
-            ``total`` have run); an exception from it cancels the request,
-            except KeyboardInterrupt, which propagates (Ctrl-C in the CLI).
-        tokenizer: for the text and stop strings (None: no text).
-        grammar: None, or a ``structured.Grammar``: each token is picked
-            over the ids it allows (the chain hash and log-probabilities
-            still see the unmasked logits); the generation ends ("stop")
-            when the grammar can take nothing more.
-        chooser: None, or an object choosing each token instead of the
-            sampler (decompression's range decoder, compress/codec.py): the
-            scheduler calls ``type(chooser).choose_rows(choosers, rows)``
-            once per step for every request with a chooser of that class
-            (rows: each one's int32 logits row, V values) and takes the
-            returned ids; an id < 0 retires the request with an error.
-            Such a request gets no drafts; give it no eos_ids or stop to
-            run max_new_tokens tokens.
-    """
-
-    def __init__(self, prompt_ids, max_new_tokens: int, sampler: Sampler | None = None, eos_ids=(), stop=(),
-                 logprobs: int | None = None, prompt_logprobs: int | None = None, score_from: int | None = None,
-                 on_event=None, tokenizer=None, on_prefill=None, grammar=None, step_hashes: bool = False,
-                 chooser=None):
-        self.id = next(_ids)
-        self.prompt_ids = [int(t) for t in prompt_ids]
-        self.max_new_tokens = int(max_new_tokens)
-        self.sampler = sampler or Sampler()
-        self.eos_ids = frozenset(int(e) for e in eos_ids)
-        self.stop = tuple(s for s in stop if s)
-        self.logprobs = logprobs
-        self.prompt_logprobs = prompt_logprobs
-        self.score_from = len(self.prompt_ids) if score_from is None else int(score_from)
-        self.on_event = on_event
-        self.on_prefill = on_prefill
-        self.tokenizer = tokenizer
-        self._grammar = grammar.matcher() if grammar is not None else None  # built here, in the caller's thread
-        self.chooser = chooser
-        # results
-        self.tokens: list[int] = []
-        self.token_logprobs: list[TokenLogprob] = []
-        self.prompt_token_logprobs: list[TokenLogprob | None] = []  # [None] + one per prompt position > 0
-        self.text = ""
-        self.finish_reason = ""  # eos, stop, length, context, cancelled, error
-        self.error = ""
-        self.hash = ""
-        self.hashes: dict = {}
-        self.step_hashes: list | None = [] if step_hashes else None
-        self.done = threading.Event()
-        self.t_submit = self.t_start = self.t_first = self.t_done = 0.0  # t_start: admitted
-        # engine state (the scheduler's)
-        self._cancel = False
-        self._seq = None
-        self._prefilled = 0
-        self._chain = None
-        self._stream = None
-        self._history = None
-        self._n_total = 0
-        self._logits = None  # the logits rows the next tokens are picked from
-        self._looked_up = True  # prefix cache: looked up (or not to be)
-        self._draft = None  # speculate.DraftState with speculative decoding
-        self._draft_seq = None  # speculate.DraftSeq with a draft model
-        self._drafts: list = []  # this step's drafts (fed after the last token)
-        self._passed_over = 0  # consecutive steps this prompt's prefill got no rows
-        self._pending = False  # the device lane: a step enqueued on the GPU (submit_pick), not yet waited for
-        self._chosen: int | None = None  # this step's token from the chooser
-        self.cached_tokens = 0  # prompt positions taken from the prefix cache (not computed)
-        self.model_version = ""  # the model's sha256 when admitted (LLM.update_weights changes it)
-        self.truncated = 0  # prompt tokens the API cut (SamplingParams.truncate)
-
-    @property
-    def chain_hash(self) -> str:
-        """The whole chain hash (32 hex digits; ``hash`` is its first 12)
-        after the tokens made so far, "" before the request starts."""
-        return self._chain.state.hex() if self._chain is not None else ""
-
-    @property
-    def spec_drafted(self) -> int:
-        """Draft tokens proposed for this request (speculative decoding)."""
-        return self._draft.drafted if self._draft else 0
-
-    @property
-    def spec_accepted(self) -> int:
-        """Draft tokens kept (each one saved a forward call's row of its own)."""
-        return self._draft.accepted if self._draft else 0
-
-    @property
-    def stop_string(self) -> str | None:
-        """The stop sequence that ended this request (finish_reason "stop"
-        by a stop string), else None (vLLM's ``stop_reason``)."""
-        return self._stream.stop_string if self._stream is not None else None
-
-    def cancel(self) -> None:
-        """Ask the scheduler to retire this request at its next step (its
-        client went away); thread-safe, idempotent."""
-        self._cancel = True
-
-    @property
-    def needs_all_logits(self) -> bool:
-        return self.prompt_logprobs is not None or self.score_from < len(self.prompt_ids)
-
-    def wait(self, timeout: float | None = None) -> bool:
-        return self.done.wait(timeout)
-
-
-class Scheduler:
+class Scheduler(Outputs):
     """The engine loop. ``max_batch``: sequences running at once;
     ``step_tokens``: rows per forward call (the token budget); ``kv_bytes``:
     KV cache memory the running sequences (and the prefix cache) may hold
@@ -310,33 +134,25 @@ class Scheduler:
 
     # ---------------------------------------------------------------- submit
 
-    def check(self, req: Request) -> None:
-        """IntdetError when ``req`` can never run: empty prompt, an id out of
-        the vocabulary, no room in the context, or a KV cache larger than
-        ``kv_bytes``."""
-        ctx, vocab = self.engine.context_length, self.engine.vocab_size
-        if not req.prompt_ids:
-            raise IntdetError("prompt: empty", field="prompt")
-        check_token_ids(req.prompt_ids, vocab, "prompt")
-        if req.max_new_tokens < 0:
-            raise IntdetError(f"max_tokens: {req.max_new_tokens} must be >= 0", field="max_tokens")
-        if len(req.prompt_ids) > ctx or (len(req.prompt_ids) == ctx and req.max_new_tokens > 0):
-            raise IntdetError(f"prompt: {len(req.prompt_ids)} tokens do not fit the context length {ctx} "
-                              "(leave room for one generated token)", field="prompt")
-        if not 1 <= req.score_from <= len(req.prompt_ids):
-            raise IntdetError(f"score_from: {req.score_from} must be in [1, {len(req.prompt_ids)}]", field="score_from")
-        need = self._positions(req) * self.kv_per_pos
-        if need > self.kv_bytes:
-            raise IntdetError(f"max_tokens: the prompt and max_tokens need {self._positions(req)} positions, "
-                              f"{_size(need)} of KV cache, more than the budget of {_size(self.kv_bytes)} "
-                              "(kv_bytes; intdet serve --kv-cache-mib)", field="max_tokens")
+    def check(self, req: Request, ids_checked: bool = False) -> None:
+        """IntdetError when ``req`` can never run (request.check_request,
+        under this scheduler's context, vocabulary and KV budget);
+        ``ids_checked``: the caller has already checked the prompt's ids
+        (errors.check_token_ids naming its own field), so they are not
+        scanned again. A request that passed is not checked again by
+        ``submit``."""
+        check_request(req, self.engine.context_length, self.engine.vocab_size, self.kv_per_pos, self.kv_bytes,
+                      ids_checked)
+        req._checked_by = self
 
     def _positions(self, req: Request) -> int:
         return min(self.engine.context_length, len(req.prompt_ids) + req.max_new_tokens)
 
     def submit(self, req: Request) -> Request:
-        """Queue ``req`` (checked first: IntdetError when it can never run)."""
-        self.check(req)
+        """Queue ``req`` (checked first unless ``check`` passed it: IntdetError
+        when it can never run)."""
+        if req._checked_by is not self:
+            self.check(req)
         req.t_submit = time.perf_counter()
         with self._lock:
             if self._stopping:
@@ -351,43 +167,6 @@ class Scheduler:
             return not self.waiting and not self.running
 
     # ---------------------------------------------------------------- the step
-
-    def _emit(self, req: Request, ev: Event) -> None:
-        if req.on_event is not None:
-            try:
-                req.on_event(ev)
-            except Exception:  # a consumer's bug must not stop the engine loop
-                req._cancel = True
-
-    def _retire(self, req: Request, reason: str, error: str = "") -> None:
-        # held-back text (a stop string's possible start, an incomplete UTF-8
-        # character) belongs to the tokens made, also when the client cancels
-        if req._stream is not None and reason not in ("stop", "error"):
-            tail = req._stream.flush()
-            if tail:
-                req.text = req._stream.text
-                self._emit(req, Event("token", req, text=tail))  # held-back text, no new token
-        if req._stream is not None:
-            req.text = req._stream.text
-        req.finish_reason, req.error = reason, error
-        if req._chain is not None:
-            req.hash, req.hashes = req._chain.hex(), dict(req._chain.at)
-        seq = req._seq
-        if req._pending:  # the step the device lane enqueued ahead is not used
-            seq.wait_pick()
-            req._pending = False
-        req._seq = req._logits = req._draft_seq = None  # frees the KV caches, or hands one to the prefix cache
-        self.kv_used -= self._positions(req) * self.kv_per_pos
-        if self.cache is not None and seq is not None:
-            self.cache.drop_live(seq)
-            if reason != "error" and seq.can_copy_prefix:
-                self.cache.insert((req.prompt_ids + req.tokens)[:seq.n_past], seq, self._positions(req) * self.kv_per_pos)
-        req.t_done = time.perf_counter()
-        with self._lock:
-            if req in self.running:
-                self.running.remove(req)
-        self._emit(req, Event("error" if reason == "error" else "done", req, error=error))
-        req.done.set()
 
     def _admit(self) -> None:
         with self._lock:
@@ -408,12 +187,6 @@ class Scheduler:
             self.max_running_seen = max(self.max_running_seen, len(self.running))
         for r in gone:
             self._drop_waiting(r)
-
-    def _drop_waiting(self, req: Request) -> None:
-        req.finish_reason = "cancelled"
-        req.t_done = time.perf_counter()
-        self._emit(req, Event("done", req))
-        req.done.set()
 
     def _start(self, req: Request) -> None:
         from .generate import TextStream
@@ -532,18 +305,6 @@ class Scheduler:
                 self._advance(r)
         return True
 
-    @staticmethod
-    def _choose(reqs) -> None:
-        """The choosers' tokens for this step, one call per chooser class
-        (a batch of range decoders runs in parallel in C++)."""
-        by_class: dict = {}
-        for r in reqs:
-            by_class.setdefault(type(r.chooser), []).append(r)
-        for cls, group in by_class.items():
-            toks = cls.choose_rows([r.chooser for r in group], [r._logits[0] for r in group])
-            for r, t in zip(group, toks):
-                r._chosen = int(t)
-
     def _prefetch_masks(self, plan):
         """Start computing the structured-output masks of this step's first
         picks in a worker thread (the grammar states cannot change before
@@ -592,113 +353,6 @@ class Scheduler:
                 r._draft_seq = self.draft.new_seq(r._n_total)
             return self.draft.propose(r._draft_seq, r.prompt_ids + r.tokens, k)
         return ngram_drafts(r.prompt_ids + r.tokens, k)
-
-    def _prompt_rows(self, r: Request, start: int, out) -> None:
-        """Rows of prompt positions start..start+len(out)-1: the log-probability
-        of the next prompt token, and the scored continuation's hash."""
-        n = len(r.prompt_ids)
-        last = min(start + len(out), n - 1)  # row p predicts prompt token p + 1
-        if last <= start:
-            return
-        rows = out[:last - start]
-        if r.prompt_logprobs is not None:
-            ls = LogSoftmax(rows)
-            for j in range(len(rows)):
-                tok = r.prompt_ids[start + j + 1]
-                r.prompt_token_logprobs.append(TokenLogprob(tok, ls.logprob_q(j, tok), ls.top(j, r.prompt_logprobs)))
-        for j in range(len(rows)):
-            p = start + j
-            if p >= r.score_from - 1:
-                r._chain.update(rows[j], r.prompt_ids[p + 1])
-
-    def _advance(self, r: Request) -> None:
-        """Pick the next token(s) from r._logits: the last token's row, then,
-        while each pick equals this step's draft, the draft's row; then drop
-        the KV entries of the drafts not kept."""
-        rows, r._logits = r._logits, None
-        drafts, r._drafts = r._drafts, []
-        base = r._seq.n_past - len(rows) + 1  # positions cached after row 0 in plain decoding
-        kept = 0
-        for i in range(len(rows)):
-            tok = self._take(r, rows[i], base + i)
-            if r._seq is None:  # retired (eos, stop, length, context)
-                break
-            if i < len(drafts) and tok == drafts[i]:
-                kept += 1
-                continue
-            if r._seq.n_past > base + i and not r._pending:
-                r._seq.truncate(base + i)  # the rejected drafts' KV entries
-            break
-        if drafts:
-            r._draft.record(len(drafts), kept)
-            self.spec_drafted += len(drafts)
-            self.spec_accepted += kept
-
-    def _take(self, r: Request, logits, n_past: int, tok: int | None = None) -> int:
-        """Pick one token from logits (the row plain decoding has when n_past
-        positions are cached; ``tok``: the token the device lane chose from
-        it) and apply the stop rules."""
-        on_device = tok is not None  # chosen by the device lane: the GPU holds it for the next step
-        behaviour = None  # the chosen token's behaviour log-probability, when log-probabilities are asked
-        if r.chooser is not None:
-            tok, r._chosen = r._chosen, None
-            if tok is None or tok < 0:
-                self._retire(r, "error", CHOOSER_REFUSED)
-                return -1
-        elif tok is None:
-            try:
-                allowed = r._grammar.allowed() if r._grammar is not None else None
-                if r.logprobs is not None:
-                    tok, behaviour = r.sampler.pick_logprob(logits, n_past, r._history, allowed)
-                else:
-                    tok = r.sampler.pick(logits, n_past, r._history, allowed)
-                if r._grammar is not None:
-                    r._grammar.advance(tok)
-            except IntdetError as e:
-                self._retire(r, "error", str(e))
-                return -1
-        elif r.logprobs is not None:  # the device lane's pick (no grammar there): the same distribution
-            behaviour = r.sampler.behaviour_logprob_q(logits, tok, r._history)
-        if (tok not in r.eos_ids and len(r.tokens) + 1 < r.max_new_tokens and r._seq.n_past < r._n_total
-                and self._device_lane(r)):
-            if not on_device:  # forward_batch's rows may live in the pinned buffer the submit writes
-                logits = np.array(logits)
-            # the next step runs on the GPU while the host hashes this one
-            r._seq.submit_pick(None if on_device else [tok], r.sampler)
-            r._pending = True
-        r._chain.update(logits, tok)  # the unmasked logits: the model's (docs/chain-hash.md)
-        if r.step_hashes is not None:
-            r.step_hashes.append(r._chain.hex())
-        r.tokens.append(tok)
-        if not r.t_first:
-            r.t_first = time.perf_counter()
-        if r._history is not None:
-            r._history.append(tok)
-        lp = None
-        if r.logprobs is not None:
-            ls = LogSoftmax(logits)
-            lp = TokenLogprob(tok, ls.logprob_q(0, tok), ls.top(0, r.logprobs), behaviour)
-            r.token_logprobs.append(lp)
-        piece, stopped = r._stream.push(tok) if r._stream is not None else ("", False)
-        if r._stream is not None:
-            r.text = r._stream.text
-        self._emit(r, Event("token", r, token=tok, text=piece, logprob=lp, chain_state=r._chain.state))
-        if tok in r.eos_ids:
-            self._retire(r, "eos")
-        elif stopped or (r._grammar is not None and r._grammar.done):
-            self._retire(r, "stop")
-        elif len(r.tokens) >= r.max_new_tokens:
-            self._retire(r, "length")
-        elif n_past >= r._n_total:
-            self._retire(r, "context")
-        return tok
-
-    def _device_lane(self, r: Request) -> bool:
-        """Whether r's next token may be chosen on the device, enqueued now
-        (the module docstring's device lane)."""
-        return (r._seq.device_pick and r.sampler.device_ok and r._grammar is None and r._draft is None
-                and r.chooser is None
-                and not r._cancel and len(self.running) == 1 and not self.waiting)
 
     # ---------------------------------------------------------------- driving
 

@@ -284,6 +284,44 @@ def test_bad_prompts(llm):
         intdet.load(os.path.join(os.path.dirname(llm.lm.path), "missing"))
 
 
+def test_each_prompt_is_scanned_once(llm, monkeypatch):
+    """generate, stream and score check a prompt's ids once (LLM.prompt_ids,
+    naming the argument), not again in the scheduler's check or submit."""
+    import intdet.api
+    import intdet.request
+
+    scans = []
+    for mod in (intdet.api, intdet.request):
+        real = mod.check_token_ids
+        monkeypatch.setattr(mod, "check_token_ids", lambda ids, *a, real=real: (scans.append(list(ids)), real(ids, *a)))
+    llm.generate([[5, 6], [7, 8, 9]], intdet.SamplingParams(max_tokens=2))
+    assert scans == [[5, 6], [7, 8, 9]]
+    scans.clear()
+    list(llm.stream([5, 6], intdet.SamplingParams(max_tokens=2)))
+    llm.score([5, 6], [7])
+    assert scans == [[5, 6], [5, 6], [7]]
+
+
+def test_llm_over_an_engine_runs_requests_it_is_given(llm):
+    """LLM(engine) drives that engine as it is set (hash-check's and
+    decompression's way into the one loop); ``run`` takes Requests that
+    ``request`` cannot build (step hashes, no EOS) and stops at ``until``."""
+    from intdet.scheduler import Request, Scheduler
+
+    other = intdet.LLM(llm.engine, max_batch=2, step_tokens=3, prefix_cache=False)
+    assert other.engine is llm.engine and other.scheduler.cache is None and other.scheduler.step_tokens == 3
+    want = Request([5, 6, 7, 8], 6, step_hashes=True)
+    sch = Scheduler(llm.engine, max_batch=2, step_tokens=3)
+    sch.submit(want)
+    sch.run_until_idle()
+    got, co = Request([5, 6, 7, 8], 6, step_hashes=True), Request([9, 10], 6)
+    other.run([got, co], until=lambda: len(got.tokens) >= 2)
+    assert not got.done.is_set() and len(got.tokens) == 2
+    other.run([], until=lambda: got.done.is_set() and co.done.is_set())
+    assert (got.tokens, got.step_hashes, got.hash) == (want.tokens, want.step_hashes, want.hash)
+    assert co.done.is_set() and other.scheduler.idle
+
+
 def test_derive_seed():
     assert intdet.derive_seed(7, 0) == 7
     seeds = {intdet.derive_seed(7, i) for i in range(100)}

@@ -209,6 +209,30 @@ def test_requests_that_can_never_run_are_refused(engine):
     assert sch.idle
 
 
+def test_a_request_is_checked_once(engine, monkeypatch):
+    """Scheduler.check passes a request once: its submit does not check it
+    again; a request nobody checked is checked by submit; the ids are not
+    scanned when the caller has checked them (ids_checked)."""
+    import intdet.request
+    import intdet.scheduler
+
+    checked, scanned = [], []
+    real_check, real_scan = intdet.scheduler.check_request, intdet.request.check_token_ids
+    monkeypatch.setattr(intdet.scheduler, "check_request", lambda req, *a: (checked.append(req), real_check(req, *a)))
+    monkeypatch.setattr(intdet.request, "check_token_ids", lambda ids, *a: (scanned.append(ids), real_scan(ids, *a)))
+    sch = Scheduler(engine)
+    a, b, c = Request([5, 6], 2), Request([7], 1), Request([8], 1)
+    sch.check(a)
+    sch.check(c, ids_checked=True)
+    for r in (a, b, c):
+        sch.submit(r)
+    assert checked == [a, c, b] and scanned == [[5, 6], [7]]
+    sch.run_until_idle()
+    assert [r.finish_reason for r in (a, b, c)] == ["length"] * 3
+    with pytest.raises(IntdetError, match="^max_tokens: -1 must be >= 0$"):
+        sch.check(Request([5], -1), ids_checked=True)  # the other checks still run
+
+
 def test_shutdown_cancels_running_and_waiting(engine, monkeypatch):
     real = engine.forward_batch
 

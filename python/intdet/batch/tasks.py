@@ -118,7 +118,8 @@ class TaskRunner:
             sp = SamplingParams(**kw, receipt=self.receipts)
         except TypeError as e:
             raise IntdetError(str(e)) from None
-        self.llm.request(ids, sp)  # every check the run makes (context, KV cache) before anything runs
+        # every check the run makes (context, KV cache) before anything runs; prompt_ids checked the ids
+        self.llm.request(ids, sp, ids_checked="messages" not in f)
         return ids, sp
 
     def _generate_result(self, c) -> dict:
@@ -145,7 +146,8 @@ class TaskRunner:
     def _check_score(self, c_ids, k_ids):
         from ..api import SamplingParams
 
-        self.llm.request(c_ids + k_ids, SamplingParams(max_tokens=0, prompt_logprobs=1), score_from=len(c_ids))
+        self.llm.request(c_ids + k_ids, SamplingParams(max_tokens=0, prompt_logprobs=1), score_from=len(c_ids),
+                         ids_checked=True)
 
     @staticmethod
     def _score_result(s, top: int) -> dict:

@@ -185,10 +185,11 @@ def decompress_stream(engine, f, out, where: str, batch: int = DEFAULT_BATCH, pr
 
     Each coded chunk is a ``scheduler.Request`` (prompt: the start token;
     its ``n_tokens`` tokens chosen by a ``RangeChooser``), up to ``batch``
-    of them in flight on one Scheduler: the generation loop of every other
-    verb, one row per chunk and step."""
+    of them in flight on one ``LLM`` over ``engine``: the generation loop of
+    every other verb, one row per chunk and step."""
     from .. import _core
-    from ..scheduler import CHOOSER_REFUSED, Request, Scheduler
+    from ..api import LLM
+    from ..scheduler import CHOOSER_REFUSED, Request
 
     core = _core.compress
     if batch < 1:
@@ -204,7 +205,7 @@ def decompress_stream(engine, f, out, where: str, batch: int = DEFAULT_BATCH, pr
     inflight: list[tuple[int, Chunk, Request]] = []
     # every chunk's KV cache fits (the engine's context bounds n_tokens); a
     # step holds one row per chunk
-    sched = Scheduler(engine, max_batch=batch, step_tokens=batch, kv_bytes=1 << 62)
+    llm = LLM(engine, max_batch=batch, step_tokens=batch, kv_bytes=1 << 62, prefix_cache=False)
 
     def finish(i: int, c: Chunk, data: bytes | None):
         if data is None or len(data) != c.orig_len or zlib.crc32(data) != c.orig_crc32:
@@ -212,6 +213,7 @@ def decompress_stream(engine, f, out, where: str, batch: int = DEFAULT_BATCH, pr
         done[i] = data
 
     while next_write < h.n_chunks:
+        new = []
         while len(inflight) < batch and next_read < h.n_chunks:
             c = read_chunk(f, h, next_read, where)
             st.in_bytes += 21 + len(c.payload)
@@ -220,10 +222,11 @@ def decompress_stream(engine, f, out, where: str, batch: int = DEFAULT_BATCH, pr
                 st.stored_chunks += 1
             else:
                 req = Request([h.start_id], c.n_tokens, chooser=RangeChooser(core, c.payload, h.precision))
-                inflight.append((next_read, c, sched.submit(req)))
+                inflight.append((next_read, c, req))
+                new.append(req)
             next_read += 1
-        if inflight:
-            sched.step()
+        if inflight:  # step until a chunk is done: only then is there a slot to refill or data to write
+            llm.run(new, until=lambda: any(req.done.is_set() for _, _, req in inflight))
             keep = []
             for i, c, req in inflight:
                 if not req.done.is_set():

@@ -318,8 +318,9 @@ class Server:
             raise BadRequest(f"{name}: this model's maximum context length is {ctx} tokens; the request needs "
                              f"{len(ids) + max_tokens} ({len(ids)} in the prompt, {max_tokens} for max_tokens)", name)
 
-    def launch(self, loop, jobs):
-        """Submit (prompt_ids, SamplingParams) jobs; returns the runs list
+    def launch(self, loop, jobs, ids_checked: bool = False):
+        """Submit (prompt_ids, SamplingParams) jobs (``ids_checked``: their
+        ids are checked already, LLM.request's); returns the runs list
         [(scheduler Request, RunQueue)]. The list is live until the endpoint
         calls ``finished(runs)`` (``wait_all`` and ``sse`` do): the drain
         replaces the pair of a choice it aborts by (Aborted, RunQueue)."""
@@ -337,7 +338,7 @@ class Server:
         out = []
         for ids, sp in jobs:
             q = RunQueue(None)
-            req = self.llm.request(ids, sp, on_event=lambda ev, q=q: on_event(ev, q))
+            req = self.llm.request(ids, sp, on_event=lambda ev, q=q: on_event(ev, q), ids_checked=ids_checked)
             q.req = req
             out.append((req, q))
         try:

@@ -68,7 +68,7 @@ async def create_completion(srv, request: Request):
                                      r)))
             meta.append((p, text))
     loop = asyncio.get_running_loop()
-    runs = srv.launch(loop, jobs)
+    runs = srv.launch(loop, jobs, ids_checked=True)  # prompts_of checked them, naming prompt[i]
     cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
     n_prompt = sum(len(ids) for ids, _ in prompts)
     if r.stream:
