@@ -537,7 +537,7 @@ class LLM:
             prompt_ids = truncate_prompt(prompt_ids, self.context_length, params.max_tokens, params.truncate,
                                          self.meta.get("bos_token_id"))
         so = params.structured_outputs  # check() made a dict a StructuredOutputsParams
-        grammar = self.grammar(so) if isinstance(so, StructuredOutputsParams) else so
+        grammar: Union[Grammar, None] = self.grammar(so) if isinstance(so, StructuredOutputsParams) else so  # type: ignore[assignment]
         if isinstance(so, Grammar) and so.tokenizer is not grammar_tokenizer(self.tokenizer, self.eos_ids):
             raise IntdetError("structured_outputs: this Grammar was compiled for another model's tokenizer",
                               field="structured_outputs")

@@ -156,6 +156,7 @@ class Request:
         self._chosen: int | None = None  # this step's token from the chooser
         self.cached_tokens = 0  # prompt positions taken from the prefix cache (not computed)
         self.model_version = ""  # the model's sha256 when admitted (LLM.update_weights changes it)
+        self.receipt_head: dict | None = None  # LLM.request's start of the receipt (receipts.head), when asked
         self.truncated = 0  # prompt tokens the API cut (SamplingParams.truncate)
         self._checked_by = None  # the Scheduler whose check it passed (its submit does not check again)
 

@@ -327,7 +327,7 @@ class GrammarState:
         return self._m.is_stopped()
 
 
-def structured_from_any(value: Any, field: str = "structured_outputs") -> Optional[StructuredOutputsParams]:
+def structured_from_any(value: Any, field: str = "structured_outputs") -> Optional[Union[StructuredOutputsParams, Grammar]]:
     """None, a ``StructuredOutputsParams``, a compiled ``Grammar`` (kept as
     it is) or a dict of its fields (the server's and the JSON API's shape)."""
     if value is None or isinstance(value, (StructuredOutputsParams, Grammar)):
