@@ -225,10 +225,11 @@ def test_server_weight_updates_under_load(tmp_path):
             try:
                 for j in range(4):
                     prompt = f"client {k} request {j} " * (1 + j % 2)
-                    body = {"prompt": prompt, "max_tokens": 24, "temperature": 0, "seed": 0, "stream": True}
+                    body = {"prompt": prompt, "max_tokens": 24, "temperature": 0.8, "seed": k, "stream": True,
+                            "receipt": True}
                     chunks = sse(port, "/v1/completions", body)
                     end = [c["choices"][0] for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]][0]
-                    results.append((prompt, end["hash"], end["model_version"]))
+                    results.append((prompt, end["hash"], end["model_version"], end["receipt"], k))
             except Exception as e:  # noqa: BLE001
                 errors.append(e)
 
@@ -251,9 +252,14 @@ def test_server_weight_updates_under_load(tmp_path):
             t.join(300)
         assert not errors and len(results) == 32
         assert versions == [o for o in list(oracles)[1:]]
-        for prompt, h, v in results:
-            assert v in oracles
-            assert h == oracles[v].generate(prompt, intdet.SamplingParams(max_tokens=24, temperature=0, seed=0)).hash
+        from intdet.receipts import replay
+
+        for prompt, h, v, receipt, k in results:
+            assert v in oracles and receipt["model_sha256"] == v
+            sp = intdet.SamplingParams(max_tokens=24, temperature=0.8, seed=k)
+            assert h == oracles[v].generate(prompt, sp).hash
+            verdict, = replay(oracles[v], [("response", receipt)])  # intdet verify's replay
+            assert verdict.ok, verdict.line()
         status, body = request(port, "GET", "/v1/models")
         assert body["data"][0]["model_version"] == versions[-1]
         bad = dict(sets[0], **{"model.norm.weight": np.full(5, 1.0, np.float32)})
