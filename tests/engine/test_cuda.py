@@ -1214,3 +1214,29 @@ def test_gpu_copy_prefix(converted):
         b.copy_prefix(a, 40)
         want = cpu.new_state(64).forward(ids, all_logits=True)[40:]
         assert np.array_equal(b.forward(ids[40:], all_logits=True), want), name
+
+
+def test_update_weights_on_cuda_equals_cpu(monkeypatch, tmp_path):
+    """LLM.update_weights on the CUDA backend (a new device model built
+    before the swap) gives the CPU's bits after the update (emulator here)."""
+    import intdet.model as M
+    import models
+    import numpy as np
+    from safetensors.numpy import load_file
+
+    import intdet
+    from intdet.convert import convert
+
+    mod = _emu_or_skip()
+    monkeypatch.setattr(M, "cuda_module", lambda: mod)
+    hf = models.write_hf_model(str(tmp_path / "hf"), "qwen3")
+    m = convert(hf, str(tmp_path / "m"), progress=False)
+    rng = np.random.default_rng(2)
+    new = {k: v + rng.normal(0, 0.02, v.shape).astype(np.float32) for k, v in load_file(f"{hf}/model.safetensors").items()}
+    sp = intdet.SamplingParams(max_tokens=6, temperature=0, seed=0)
+    cpu, gpu = intdet.LLM(m, threads=1), intdet.LLM(m, device="cuda")
+    before = gpu.generate("hello world", sp).hash
+    assert cpu.update_weights(new) == gpu.update_weights(new)
+    after = gpu.generate("hello world", sp)
+    assert after.hash == cpu.generate("hello world", sp).hash != before
+    assert after.model_version == cpu.model_version
