@@ -5,26 +5,15 @@ gives each choice's receipt, which replays to a match; all equal to the
 Python API's result for the same request."""
 
 import json
-import signal
 
 import pytest
 
 import intdet
 from intdet.receipts import replay
-from test_serve import params, post, sse, start_server
+from test_serve import params, post, sse
 
 
-@pytest.fixture(scope="module")
-def server(model_dir):
-    proc, port = start_server(model_dir, "--max-batch", "4", "--step-tokens", "16", "--max-n", "4")
-    yield port
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(60) == 0
-
-
-@pytest.fixture(scope="module")
-def llm(model_dir):
-    return intdet.load(model_dir, threads=1)
+from test_serve import llm, server  # noqa: E402,F401  (test_serve's server and API over the same model)
 
 
 from test_serve import model_dir  # noqa: E402,F401  (the same converted tiny model)
