@@ -86,6 +86,28 @@ def test_intdet_verify_on_another_kernel_set_and_another_steps_model(run):
     assert r.stdout.count("MISMATCH: model differs") == PROMPTS * SAMPLES
 
 
+def test_problems_names_what_went_wrong(run):
+    import dataclasses
+
+    ex = _example()
+    _, steps = run
+    assert ex.problems(steps) == []
+    same = [steps[0], dataclasses.replace(steps[1], model_version=steps[0].model_version,
+                                          versions=[steps[0].model_version] * len(steps[1].versions))]
+    assert any("is step 0's" in p for p in ex.problems(same))
+    bad = [dataclasses.replace(steps[0], verified=1, mismatched=1)]
+    assert ex.problems(bad) == ["step 0: 1 of 2 receipts do not replay"]
+
+
+def test_bad_arguments_are_one_line_errors(capsys):
+    ex = _example()
+    for args, msg in ((["--samples", "1"], "--samples 1: a GRPO group needs at least 2"),
+                      (["--steps", "0"], "--steps 0: must be >= 1"), (["--workers", "-1"], "--workers -1")):
+        with pytest.raises(SystemExit) as e:
+            ex.main(args)
+        assert e.value.code == 2 and msg in capsys.readouterr().err
+
+
 def test_table_has_a_row_per_step(run):
     _, steps = run
     rows = _example().table(steps).splitlines()
