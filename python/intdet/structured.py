@@ -26,6 +26,7 @@ max_tokens.
 from __future__ import annotations
 
 import json
+import re
 import threading
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence, Union
@@ -213,6 +214,25 @@ def grammar_tokenizer(tokenizer, eos_ids: Sequence[int]):
         return lt
 
 
+def _refuse_added_token_text(text: str, tokenizer, f: str) -> None:
+    """IntdetError naming ``f`` when the grammar's source holds the text of
+    one of the tokenizer's added tokens (``<|im_end|>``, ``<tool_call>``):
+    llguidance's mask then offers that token where the text is due, but its
+    parser wants the text's bytes and refuses the token, so the request
+    would fail mid-generation (a 500) instead of at admission."""
+    try:
+        added = [t.content for t in tokenizer.get_added_tokens_decoder().values()]
+    except AttributeError:  # not a tokenizers.Tokenizer: nothing to check
+        return
+    # the JSON's escapes, then a regex's (``<\|im_end\|>``), undone
+    once = re.sub(r"\\(.)", r"\1", text)
+    forms = (text, once, re.sub(r"\\(.)", r"\1", once))
+    for tok in added:
+        if len(tok) > 1 and any(tok in x for x in forms):
+            raise IntdetError(f"{f}: holds {tok!r}, the text of a special token of this model, which its output "
+                              "cannot spell as text; leave it out", field=f)
+
+
 class Grammar:
     """A constraint compiled for one model's tokenizer, and checked: the
     library takes it, it allows a first token, and the parser can take that
@@ -234,6 +254,7 @@ class Grammar:
         err = llg.LLMatcher.validate_grammar(self.text, self.tokenizer, limits=parser_limits())
         if err:
             raise IntdetError(f"{f}: {_one_line(err)}", field=f)
+        _refuse_added_token_text(self.text, tokenizer, f)
         self._check_runs(f)
 
     def _check_runs(self, f: str) -> None:

@@ -537,3 +537,17 @@ def test_real_model_fills_a_schema(tmp_path_factory, monkeypatch):
     assert json.loads(c.text) == {"name": "Ada", "age": 36}
     free = m.chat(msgs, SamplingParams(max_tokens=40))
     assert free.text != c.text  # unconstrained, the model answers in prose
+
+
+@pytest.mark.parametrize("so", [{"regex": r"ab<\|im_end\|>c"}, {"regex": "<\\|im_start\\|>x"},
+                                {"choice": ["ok<|im_end|>", "no"]},
+                                {"json": {"type": "object", "properties": {"a": {"const": "x<|im_end|>"}}}},
+                                {"grammar": 'root ::= "Hi<|im_end|>"'}])
+def test_a_special_token_text_is_refused_when_compiled(llm, so):
+    """llguidance offers the special token where its text is due and then
+    refuses it: refused at admission, naming the field, not a failure after
+    the first tokens (a 500 in the server)."""
+    kind = next(iter(so))
+    with pytest.raises(IntdetError, match=r"holds '<\|im_(end|start)\|>', the text of a special token") as e:
+        llm.generate("hi", sp(StructuredOutputsParams(**so), max_tokens=8))
+    assert e.value.field == f"structured_outputs.{kind}"

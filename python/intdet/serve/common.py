@@ -429,8 +429,13 @@ class Server:
 
     def raise_failed(self, req):
         if req.finish_reason == "error":
-            self.counts["errors"] += 1
+            self.engine_error(req.error)
             raise BadRequest(f"engine error: {req.error}", status=500)
+
+    def engine_error(self, error: str) -> None:
+        """Count a choice the engine failed, and say so in the log (one line)."""
+        self.counts["errors"] += 1
+        _log.error("engine error: %s", error.splitlines()[0][:300] if error else "")
 
 
 def _parse(raw: bytes, model):

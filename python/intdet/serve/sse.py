@@ -50,7 +50,7 @@ def sse(srv, request, runs, chunk, n_prompt, include_usage, usage_chunk, first=N
             while left:
                 i, ev = await next_event()
                 if ev.kind == "error":
-                    srv.counts["errors"] += 1
+                    srv.engine_error(ev.error)
                     yield _sse(P.error_body(f"engine error: {ev.error}", "server_error", None, 500))
                     left -= 1
                     continue
