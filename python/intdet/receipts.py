@@ -245,11 +245,20 @@ def replay(llm, receipts: list, model_name: str = "the model") -> list:
                                   f"model differs: the receipt's is sha256 {d['model_sha256'][:16]}... format "
                                   f"{d['format_version']}, {model_name} is sha256 {mine[:16]}... format {fmt}")
             continue
+        bad = next((k for k, t in enumerate(d["output_ids"]) if t >= llm.vocab_size), None)
+        if bad is not None:  # this receipt alone fails (the batch must not)
+            verdicts[i] = Verdict(where, False, bad + 1, f"output id {d['output_ids'][bad]} at step {bad + 1} is "
+                                                         f"outside the vocabulary [0, {llm.vocab_size})")
+            continue
         grammar = None
         if d["structured_outputs"] is not None:
             from .structured import structured_from_any
 
-            grammar = llm.grammar(structured_from_any(d["structured_outputs"]))
+            try:
+                grammar = llm.grammar(structured_from_any(d["structured_outputs"]))
+            except IntdetError as e:
+                verdicts[i] = Verdict(where, False, None, f"cannot run here: {e}")
+                continue
         ch = ForcedChooser(sampler_of(d, where), d["prompt_ids"], d["output_ids"], grammar)
         req = Request(d["prompt_ids"], len(d["output_ids"]), ch.sampler, chooser=ch,
                       step_hashes=d.get("step_hashes") is not None)

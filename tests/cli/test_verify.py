@@ -77,6 +77,25 @@ def test_changed_token_and_model_are_named(model_dir, batch_out, tmp_path):
     assert "Traceback" not in r.stderr and "24 receipt(s): 22 match, 2 mismatch" in r.stderr
 
 
+def test_records_without_receipts_are_skipped_and_a_bad_id_fails_alone(model_dir, batch_out, tmp_path):
+    """The whole batch output (a score record and an error record beside the
+    generate ones) verifies; an output id outside the vocabulary fails its
+    own receipt only, at its step."""
+    lines = batch_out.read_text().splitlines() + [json.dumps({"id": "bad", "task": "generate", "error": "x"})]
+    f = tmp_path / "all.jsonl"
+    f.write_text("\n".join(lines) + "\n")
+    r = _run("verify", str(f), "-m", model_dir, "-q", "--threads", "2")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "2 record(s) hold no receipt (skipped)" in r.stderr and "24 receipt(s): 24 match" in r.stderr
+    gen = [json.loads(x) for x in lines if '"task":"generate"' in x]
+    gen[1]["result"]["receipt"]["output_ids"][1] = 10 ** 6
+    f.write_text("".join(json.dumps(x) + "\n" for x in gen))
+    r = _run("verify", str(f), "-m", model_dir, "-q", "--threads", "2")
+    assert r.returncode == 1 and "24 receipt(s): 23 match, 1 mismatch" in r.stderr, r.stdout + r.stderr
+    assert r.stdout.splitlines() == [f"{f}:2 (id 'g1'): MISMATCH at step 2: output id 1000000 at step 2 is outside "
+                                     "the vocabulary [0, 320)"]
+
+
 def test_generate_json_and_server_shapes(model_dir, tmp_path):
     r = _run("generate", "-m", model_dir, "--ids", "5,6,7", "-n", "6", "--temperature", "0.9", "--seed", "4",
              "--json", "--step-hashes")

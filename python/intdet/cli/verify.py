@@ -49,12 +49,21 @@ def read_receipts(path: str) -> list:
                 values.append((f"{path}:{n}", json.loads(line)))
             except ValueError as e:
                 raise IntdetError(f"{path}:{n}: not JSON ({str(e)[:100]})") from None
-    out = []
+    out, skipped = [], 0
     for where, v in values:
-        for w, r in receipts_in(v, where):
+        try:
+            found = receipts_in(v, where)
+        except IntdetError:
+            if len(values) == 1:
+                raise
+            skipped += 1  # a JSONL record without one (a score item, an error record): not a receipt to check
+            continue
+        for w, r in found:
             out.append((w, check_receipt(r, w)))
     if not out:
         raise IntdetError(f"{path}: no receipts")
+    if skipped:
+        _err(f"{path}: {skipped} record(s) hold no receipt (skipped)")
     return out
 
 
