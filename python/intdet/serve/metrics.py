@@ -38,7 +38,9 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-from prometheus_client.exposition import choose_encoder
+from prometheus_client.exposition import generate_latest
+
+TEXT_0_0_4 = "text/plain; version=0.0.4; charset=utf-8"  # vllm:-style names are legal there
 
 # vLLM's buckets (vllm/v1/metrics/loggers.py), so histograms compare across servers
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
@@ -134,9 +136,13 @@ class Metrics:
                 self._tpot.observe(max(t_done - t_first, 0.0) / (n_out - 1))
 
     def render(self, accept: str | None) -> tuple:
-        """(body bytes, content type) for a scrape sending ``Accept: accept``."""
-        encode, content_type = choose_encoder(accept or "")
-        return encode(self.registry), content_type
+        """(body bytes, content type): the classic text format (0.0.4)
+        whatever the scrape's ``Accept`` asks. prometheus_client's
+        OpenMetrics encoder writes vLLM's ``vllm:`` names in the TYPE lines
+        and escaped ones in the samples under Prometheus 2.x's Accept header,
+        which its own parser refuses ("Clashing name"); every Prometheus
+        reads the text format."""
+        return generate_latest(self.registry), TEXT_0_0_4
 
 
 class _SchedulerCollector:
