@@ -236,6 +236,16 @@ class State:
         return int(tok), logits
 
 
+def _refused(e: ValueError) -> IntdetError:
+    """The loader's refusal of an updated model (a value outside what the
+    integer format holds: weights far from any trained model's), said as
+    the weights' fault."""
+    msg = str(e)
+    if msg.startswith("update_weights: "):
+        msg = msg[len("update_weights: "):]
+    return IntdetError(f"weights: the quantized weights are out of the format's range ({msg})", field="weights")
+
+
 def cuda_module():
     """intdet._cuda when it was built and a CUDA GPU is visible; else
     IntdetError saying why."""
@@ -317,13 +327,13 @@ class Engine:
                 model = self._core.Model(cfg, tensors, mapped=False, config_path="update_weights",
                                          tensors_path="update_weights")
             except ValueError as e:
-                raise IntdetError(str(e)) from None
+                raise _refused(e) from None
         elif self.device == "cuda":
             try:
                 model = self._core.Model(cfg, tensors, bool(self._model.cuda_graphs), "update_weights",
                                          "update_weights")
             except ValueError as e:
-                raise IntdetError(str(e)) from None
+                raise _refused(e) from None
             except RuntimeError as e:
                 raise IntdetError(f"--device cuda: {e}") from None
         else:  # ref: the numpy spec reads lm.tensors when a state is made
@@ -332,7 +342,7 @@ class Engine:
             try:
                 _core.check_model(json.dumps(cfg), tensors, "update_weights", "update_weights", mapped=False)
             except ValueError as e:
-                raise IntdetError(str(e)) from None
+                raise _refused(e) from None
             model = None
         sha = sha256 if isinstance(sha256, str) else sha256.result()  # a background.Background, hashing meanwhile
         cfg["model_sha256"] = sha

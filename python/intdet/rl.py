@@ -90,13 +90,20 @@ class RolloutPool:
         return len(self._actors)
 
     def _get(self, refs):
-        try:
-            return self._ray.get(refs)
-        except self._ray.exceptions.RayTaskError as e:
-            cause = getattr(e, "cause", None)
+        """Every ref's result, each one read (an error left unread is logged
+        by Ray with a traceback); the first error raised after all."""
+        out, first = [], None
+        for ref in refs:
+            try:
+                out.append(self._ray.get(ref))
+            except self._ray.exceptions.RayTaskError as e:
+                first = first or e
+        if first is not None:
+            cause = getattr(first, "cause", None)
             if isinstance(cause, IntdetError):
                 raise IntdetError(str(cause), field=cause.field) from None
-            raise
+            raise first
+        return out
 
     def generate(self, prompts: Sequence, params: Union[SamplingParams, None] = None, n: int = 1) -> list:
         """[[Completion] * n per prompt]: n samples of each prompt (a str or

@@ -76,7 +76,11 @@ def _lazy(name: str, t):
         if t.dtype not in (torch.float32, torch.float16, torch.bfloat16):
             raise IntdetError(f"weights: tensor '{name}' is {str(t.dtype).replace('torch.', '')}; "
                               f"give {', '.join(FLOAT_DTYPES)}", field="weights")
-        t = t.detach().to("cpu")
+        try:
+            t = t.detach().to("cpu")
+        except (RuntimeError, NotImplementedError) as e:  # a meta tensor has no data
+            raise IntdetError(f"weights: tensor '{name}' cannot be read on the CPU ({str(e).splitlines()[0][:120]})",
+                              field="weights") from None
         shape = tuple(t.shape)
         rows = t.reshape(-1, shape[-1]) if shape else t.reshape(1, 1)
 

@@ -118,6 +118,9 @@ def test_bad_updates_are_refused_whole(tmp_path):
         # x 8: the gamma's exponent changes, and the q/k/v projections reading it are not sent
         ({"model.layers.2.input_layernorm.weight": norm * 8}, "model.layers.2.self_attn.q_proj.weight"),
         ([("model.norm.weight", norm), ("model.norm.weight", norm)], "given twice"),
+        ({"model.embed_tokens.weight": np.full(base["model.embed_tokens.weight"].shape, 3e38, np.float32)},
+         "weights: the quantized weights are out of the format's range"),
+        ({"model.norm.weight": torch.empty(72, device="meta")}, "'model.norm.weight' cannot be read on the CPU"),
         ({}, "no tensors given"),
         (42, "give a mapping"),
         (str(tmp_path / "nope.safetensors"), "no such file"),

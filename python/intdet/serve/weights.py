@@ -41,7 +41,7 @@ class WeightsRequest(BaseModel):
 async def update_weights(srv, request: Request):
     if not srv.limits.allow_weight_updates:
         raise BadRequest("weight updates are off on this server (start it with --allow-weight-updates)",
-                         status=403)
+                         "path", status=403)
     ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
     spooled = None
     try:
@@ -52,9 +52,10 @@ async def update_weights(srv, request: Request):
             path = (await srv.body(request, WeightsRequest)).path
             if not os.path.exists(path):
                 raise BadRequest(f"path: {path!r} does not exist on the server", "path")
-        before = srv.llm.model_version
         try:
-            version = await asyncio.to_thread(srv.llm.update_weights, path)
+            async with _lock_of(srv):  # one update at a time: previous_version is the one it replaced
+                before = srv.llm.model_version
+                version = await asyncio.to_thread(srv.llm.update_weights, path)
         except IntdetError as e:
             msg = str(e).replace(spooled, "body") if spooled else str(e)
             _log.warning("POST /v1/weights refused: %s", msg)
@@ -66,13 +67,20 @@ async def update_weights(srv, request: Request):
     return JSONResponse({"model_version": version, "previous_version": before})
 
 
+def _lock_of(srv) -> asyncio.Lock:
+    lock = getattr(srv, "_weights_lock", None)
+    if lock is None:
+        lock = srv._weights_lock = asyncio.Lock()
+    return lock
+
+
 async def _spool(srv, request: Request) -> str:
     """The body into a temporary .safetensors file (size checked first and
     as it streams); its path."""
     limit = srv.limits.max_weights_bytes
     n = request.headers.get("content-length")
     if n is not None and (not n.isdigit() or int(n) > limit):
-        raise BadRequest(f"body: larger than this server's --max-weights-mib ({limit >> 20} MiB)", status=413)
+        raise BadRequest(f"body: larger than this server's --max-weights-mib ({limit >> 20} MiB)", "body", status=413)
     fd, path = tempfile.mkstemp(prefix="intdet-weights-", suffix=".safetensors")
     ok = False
     try:
@@ -82,10 +90,10 @@ async def _spool(srv, request: Request) -> str:
                 size += len(chunk)
                 if size > limit:
                     raise BadRequest(f"body: larger than this server's --max-weights-mib ({limit >> 20} MiB)",
-                                     status=413)
+                                     "body", status=413)
                 f.write(chunk)
         if size == 0:
-            raise BadRequest("body: empty (send the bytes of a .safetensors file)")
+            raise BadRequest("body: empty (send the bytes of a .safetensors file)", "body")
         ok = True
         return path
     finally:
