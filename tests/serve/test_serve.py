@@ -185,12 +185,14 @@ def test_null_is_the_default(server, llm):
     body = {"prompt": "The sky", "max_tokens": 4, "temperature": 0}
     status, want = post(server, "/v1/completions", body)
     assert status == 200, want
-    status, r = post(server, "/v1/completions", {**body, "n": None, "stream": None, "echo": None, "logprobs": None})
+    status, r = post(server, "/v1/completions", {**body, "n": None, "stream": None, "echo": None, "logprobs": None,
+                                                 "receipt": None, "return_token_ids": None})
     assert status == 200, r
     assert [c["text"] for c in r["choices"]] == [c["text"] for c in want["choices"]] and len(r["choices"]) == 1
     chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "temperature": 0}
     status, want = post(server, "/v1/chat/completions", chat)
-    status2, r = post(server, "/v1/chat/completions", {**chat, "n": None, "stream": None, "logprobs": None})
+    status2, r = post(server, "/v1/chat/completions", {**chat, "n": None, "stream": None, "logprobs": None,
+                                                       "receipt": None, "return_token_ids": None})
     assert (status, status2) == (200, 200) and r["choices"][0]["message"] == want["choices"][0]["message"], r
     assert post(server, "/v1/completions", {**body, "n": "2"})[0] == 400  # still strict about types
 

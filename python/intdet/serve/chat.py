@@ -64,7 +64,7 @@ async def create_chat_completion(srv, request: Request):
         return sse(srv, request, runs, chunk, len(ids), include_usage, lambda usage: dict(head([]), usage=usage),
                    first=[head([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                                  "finish_reason": None}]) for i in range(len(runs))],
-                   every_token=(ts is not None and ts.parses) or r.return_token_ids)
+                   every_token=(ts is not None and ts.parses) or bool(r.return_token_ids))
     await srv.wait_all(request, runs)
     choices = []
     for i, (req, _) in enumerate(runs):

@@ -85,7 +85,7 @@ async def create_completion(srv, request: Request):
             lambda usage: {"id": cid, "object": "text_completion", "created": created, "model": srv.model_name,
                            "system_fingerprint": srv.llm.system_fingerprint, "choices": [], "usage": usage},
             echo_texts=[echo_text(srv, runs[i][0], meta[i][1]) if r.echo else "" for i in range(len(runs))],
-            every_token=r.return_token_ids)
+            every_token=bool(r.return_token_ids))
     await srv.wait_all(request, runs)
     choices = []
     for i, (req, _) in enumerate(runs):

@@ -97,8 +97,8 @@ class SamplingFields(Strict):
     user: Optional[StrictStr] = None
     response_format: Optional[ResponseFormat] = None
     structured_outputs: Optional[StructuredOutputs] = None
-    return_token_ids: StrictBool = False  # vLLM's: prompt and output token ids in the response
-    receipt: StrictBool = False  # each choice's receipt (docs/receipts.md)
+    return_token_ids: Optional[StrictBool] = None  # vLLM's: prompt and output token ids in the response (null: false)
+    receipt: Optional[StrictBool] = None  # each choice's receipt (docs/receipts.md; null: false)
 
     @model_validator(mode="before")
     @classmethod
