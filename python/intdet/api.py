@@ -465,17 +465,19 @@ class LLM:
             return ""
         return self.tokenizer.decode([int(token)], skip_special_tokens=False)
 
-    def chat_ids(self, messages: list, tools: Union[list, None] = None) -> list:
+    def chat_ids(self, messages: list, tools: Union[list, None] = None, add_generation_prompt: bool = True) -> list:
         """Token ids of ``messages`` (OpenAI's chat messages: roles system,
         developer, user, assistant (with ``tool_calls``) and tool) under the
         model's chat template with the generation prompt (``intdet generate
         --chat``'s); ``tools``: OpenAI's tool definitions, given to the
-        template. IntdetError naming ``messages[i]...`` for a bad message."""
+        template; ``add_generation_prompt``: False leaves the assistant's
+        header out (/tokenize's option). IntdetError naming ``messages[i]...``
+        for a bad message."""
         from .chat import conversation_ids
 
         if not isinstance(messages, list) or not messages:
             raise IntdetError("messages: must be a non-empty list of {\"role\": str, \"content\": str}", field="messages")
-        return conversation_ids(self.lm, messages, tools)
+        return conversation_ids(self.lm, messages, tools, add_generation_prompt)
 
     def tool_setup(self, tools, tool_choice=None, parallel_tool_calls=None):
         """The checked ``tool_calls.ToolSetup`` of a chat request (None

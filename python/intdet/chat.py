@@ -28,11 +28,11 @@ HELP = """commands:
   /exit    leave (or Ctrl-D); Ctrl-C stops the current reply only"""
 
 
-def conversation_ids(lm, messages: list[dict], tools: list | None = None) -> list[int]:
+def conversation_ids(lm, messages: list[dict], tools: list | None = None, add_generation_prompt: bool = True) -> list[int]:
     """Token ids of ``messages`` (OpenAI's chat messages: system, developer,
     user, assistant with or without ``tool_calls``, tool) under the model's
     chat template, with ``tools`` (OpenAI's definitions) when given, ending
-    with the generation prompt; IntdetError for a bad message, a missing or
+    with the generation prompt unless ``add_generation_prompt`` is False; IntdetError for a bad message, a missing or
     failing template (tool_calls.template_messages)."""
     import jinja2
 
@@ -47,7 +47,8 @@ def conversation_ids(lm, messages: list[dict], tools: list | None = None) -> lis
                or renders_tool_calls(template, meta.get("bos_token") or "", meta.get("eos_token") or ""))
     msgs, literals = template_messages(messages, fmt, renders, tools)
     try:
-        return encode_messages(lm.tokenizer, meta, msgs, tools=tools, literals=literals)
+        return encode_messages(lm.tokenizer, meta, msgs, add_generation_prompt=add_generation_prompt, tools=tools,
+                               literals=literals)
     except ValueError as e:
         raise IntdetError(str(e)) from None
     except jinja2.TemplateError as e:  # a broken template or its raise_exception()

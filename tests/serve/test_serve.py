@@ -319,6 +319,10 @@ def test_tokenize_detokenize_models_health(server, llm):
     assert status == 200 and r2["prompt"] == llm.decode(r["tokens"])
     status, r = post(server, "/tokenize", {"messages": [{"role": "user", "content": "hi"}]})
     assert r["tokens"] == llm.chat_ids([{"role": "user", "content": "hi"}])
+    status, r3 = post(server, "/tokenize", {"messages": [{"role": "user", "content": "hi"}],
+                                           "add_generation_prompt": False})  # was ignored
+    assert r3["tokens"] == llm.chat_ids([{"role": "user", "content": "hi"}], add_generation_prompt=False)
+    assert len(r3["tokens"]) < len(r["tokens"]) and r["tokens"][:len(r3["tokens"])] == r3["tokens"]
     assert request(server, "GET", "/health", key=None)[0] == 200
     status, r = request(server, "GET", "/v1/models")
     assert r["data"][0]["max_model_len"] == llm.context_length

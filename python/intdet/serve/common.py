@@ -411,9 +411,9 @@ class Server:
     def new_seed(self, given):
         return given if given is not None else int.from_bytes(os.urandom(8), "little")
 
-    def chat_ids(self, messages, tools=None) -> list:
+    def chat_ids(self, messages, tools=None, add_generation_prompt: bool = True) -> list:
         try:
-            return self.llm.chat_ids([m.openai() for m in messages], tools)
+            return self.llm.chat_ids([m.openai() for m in messages], tools, add_generation_prompt)
         except IntdetError as e:
             msg = str(e)
             raise BadRequest(msg if msg.startswith("messages") else f"messages: {msg}", "messages") from None

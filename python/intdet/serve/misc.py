@@ -60,7 +60,7 @@ async def tokenize(srv, request: Request):
 
     def run() -> bytes:  # the encode and the JSON of its ids (~0.3 s for a MB of text) off the loop
         if r.messages is not None:
-            ids = srv.chat_ids(r.messages)
+            ids = srv.chat_ids(r.messages, add_generation_prompt=r.add_generation_prompt)
         else:
             try:
                 ids = srv.llm.encode(r.prompt, add_bos=None if r.add_special_tokens else False)
