@@ -589,14 +589,17 @@ def test_drain_outlasted_by_a_step_ends_every_response_whole(model_dir, llm):
     --drain-timeout every running or waiting choice still ends as a whole
     response, finish_reason "abort", holding the tokens its client received
     and their chain hash (the hash of generating just those tokens), and the
-    server exits 0 without waiting for the step; no traceback."""
+    server exits 0 without waiting for the step; no traceback. Each
+    receipt (the tokens received) replays."""
+    from intdet.receipts import replay
+
     proc, port = start_server(model_dir, "--drain-timeout", "1", "--max-batch", "16", "--step-tokens", "8",
                               key=None, env={"INTDET_TEST_STALL_AT": "engine-step-6"})
     out = {}
     prompts = [f"prompt number {k} " * (1 + k % 3) for k in range(12)]
 
     def one(k):
-        body = {"max_tokens": 150, "temperature": 0, "seed": 0}
+        body = {"max_tokens": 150, "temperature": 0, "seed": 0, "receipt": True}
         chat = k % 4 >= 2
         path = "/v1/chat/completions" if chat else "/v1/completions"
         body.update({"messages": [{"role": "user", "content": prompts[k]}]} if chat else {"prompt": prompts[k]})
@@ -629,17 +632,22 @@ def test_drain_outlasted_by_a_step_ends_every_response_whole(model_dir, llm):
             assert len(ends) == 1 and ends[0]["finish_reason"] == "abort", r[-3:]
             text = "".join((c["choices"][0]["delta"].get("content") or "") if chat else c["choices"][0]["text"]
                            for c in r if c["choices"])
-            n_out, got_hash = r[-1]["usage"]["completion_tokens"], ends[0]["hash"]
+            n_out, got_hash, receipt = r[-1]["usage"]["completion_tokens"], ends[0]["hash"], ends[0]["receipt"]
         else:
             status, b = r
             assert status == 200, b
             c = b["choices"][0]
             assert c["finish_reason"] == "abort", c
             text = c["message"]["content"] if chat else c["text"]
-            n_out, got_hash = b["usage"]["completion_tokens"], c["hash"]
+            n_out, got_hash, receipt = b["usage"]["completion_tokens"], c["hash"], c["receipt"]
         sp = intdet.SamplingParams(max_tokens=n_out, temperature=0, seed=0)
         want = (llm.chat([{"role": "user", "content": prompts[k]}], sp) if chat else llm.generate(prompts[k], sp))
         assert got_hash == want.hash and want.text.startswith(text), (k, n_out, text, want.text)
+        # its receipt (the tokens received, finish_reason "cancelled") replays as intdet verify does
+        assert receipt["finish_reason"] == "cancelled" and len(receipt["output_ids"]) == n_out
+        assert receipt["chain_hash"].startswith(got_hash)
+        verdict, = replay(llm, [(f"response {k}", receipt)])
+        assert verdict.ok, verdict.line()
     log = "".join(proc.log)
     assert "Traceback" not in log and "never retrieved" not in log, log
     assert "ended with finish_reason \"abort\"" in log, log

@@ -156,7 +156,9 @@ class Aborted:
         if q.chain_state is None:  # no token yet: the hash of the prompt alone
             h = ChainHash(llm.lm.cfg["format_version"], llm.lm.model_sha256, req.prompt_ids[:req.score_from])
             q.chain_state = h.state
-        self.hash = q.chain_state.hex()[:12]
+        self.chain_hash = q.chain_state.hex()  # the whole hash (a receipt's)
+        self.hash = self.chain_hash[:12]
+        self.receipt_head, self.step_hashes = req.receipt_head, None  # its receipt: the tokens received
         self.done = threading.Event()
         self.done.set()
 

@@ -19,7 +19,8 @@ def add_to_choice(choice: dict, req, r, prompt_ids: bool = True) -> dict:
     """``choice`` (a whole response's) with ``token_ids`` (and
     ``prompt_token_ids`` when ``prompt_ids``: completions carry them per
     choice, chat once per response, as vLLM) and ``receipt`` as ``r`` asks.
-    A choice the drain aborted has no receipt (null)."""
+    A choice the drain aborted has the receipt of the tokens its client
+    received (finish_reason "cancelled"), which replays like any other."""
     if r.return_token_ids:
         if prompt_ids:
             choice["prompt_token_ids"] = list(req.prompt_ids)
