@@ -260,6 +260,21 @@ def test_load_errors_name_the_argument(kw, field, msg):
     assert e.value.field == field
 
 
+def test_loader_errors_carry_the_field(llm):
+    """The loaders themselves name the API's argument and set the field (no
+    CLI option spelling for the API to rewrite)."""
+    from intdet.model import Engine
+    from intdet.resolve import resolve_model
+
+    for call, field, msg in ((lambda: resolve_model("/nonexistent/m.gguf"), "model", "model: /nonexistent/m.gguf: "),
+                             (lambda: resolve_model(None, weights="int2"), "weights", "weights 'int2': "),
+                             (lambda: Engine(llm.lm, "tpu"), "device", "device 'tpu' is not available"),
+                             (lambda: Engine(llm.lm, "cpu", threads=-1), "threads", "threads: -1 must be")):
+        with pytest.raises(IntdetError) as e:
+            call()
+        assert e.value.field == field and str(e.value).startswith(msg), (str(e.value), e.value.field)
+
+
 def test_intdet_error_is_exported():
     """``except intdet.IntdetError`` (usage.md) catches what the API raises."""
     assert intdet.IntdetError is IntdetError and "IntdetError" in intdet.__all__

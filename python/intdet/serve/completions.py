@@ -35,12 +35,9 @@ def prompts_of(srv, prompt) -> list:
     for i, p in enumerate(plist):
         where = "prompt" if len(plist) == 1 else f"prompt[{i}]"
         try:
-            ids = srv.llm.encode(p) if isinstance(p, str) else list(p)
-        except IntdetError as e:  # not valid Unicode text
-            raise BadRequest(str(e).replace("prompt", where, 1), "prompt") from None
-        if not ids:
-            raise BadRequest(f"{where}: empty", "prompt")
-        try:
+            ids = srv.llm.encode(p, what=where) if isinstance(p, str) else list(p)  # not valid Unicode text
+            if not ids:
+                raise IntdetError(f"{where}: empty")
             check_token_ids(ids, srv.llm.vocab_size, where)
         except IntdetError as e:
             raise BadRequest(str(e), "prompt") from None
