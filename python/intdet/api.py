@@ -449,7 +449,7 @@ class LLM:
         model's chat template with the generation prompt (``intdet generate
         --chat``'s); ``tools``: OpenAI's tool definitions, given to the
         template. IntdetError naming ``messages[i]...`` for a bad message."""
-        from .chat import conversation_ids
+        from .conversation import conversation_ids
 
         if not isinstance(messages, list) or not messages:
             raise IntdetError("messages: must be a non-empty list of {\"role\": str, \"content\": str}", field="messages")

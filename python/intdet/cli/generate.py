@@ -103,7 +103,7 @@ def generate(ctx, prompt, prompt_opt, file, ids, chat, system, truncate, model, 
     tok, meta = lm.tokenizer, lm.tok_meta
     if prompt_ids is None:
         if chat:
-            from ..chat import conversation_ids
+            from ..conversation import conversation_ids
 
             msgs = ([{"role": "system", "content": system}] if system is not None else []) + [
                 {"role": "user", "content": text}]
