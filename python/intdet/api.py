@@ -159,7 +159,9 @@ class Completion:
     (an EOS id, or the token completing a stop string, included); text: their
     text (special tokens skipped, a stop string and what follows cut);
     finish_reason: "eos", "stop" (a stop string), "length" (max_tokens),
-    "context" (the context is full), "cancelled" or "error"; hash: the
+    "context" (the context is full), "cancelled" or "error"; stop_reason:
+    the stop string that ended it (finish_reason "stop"), else None
+    (vLLM's); error: what went wrong (finish_reason "error"); hash: the
     12-hex-digit chain hash (docs/chain-hash.md) after the last token,
     ``intdet generate``'s; hashes: {step: hash} at steps 1, 64, 128, 256,
     512; seed: the sampler's seed; logprobs: [TokenLogprob] per generated
@@ -196,6 +198,7 @@ class Completion:
     tool_calls: Union[list, None] = None
     receipt: Union[dict, None] = None
     step_hashes: Union[list, None] = None
+    stop_reason: Union[str, None] = None
 
     @property
     def cumulative_logprob(self) -> Union[float, None]:
@@ -579,7 +582,8 @@ class LLM:
                           truncated=req.truncated, error=req.error,
                           spec_drafted=req.spec_drafted, spec_accepted=req.spec_accepted,
                           cached_tokens=req.cached_tokens, model_version=req.model_version, receipt=receipt_of(req),
-                          step_hashes=list(req.step_hashes) if req.step_hashes is not None else None)
+                          step_hashes=list(req.step_hashes) if req.step_hashes is not None else None,
+                          stop_reason=req.stop_string)
 
     def run(self, reqs: list, until=None) -> None:
         """Submit ``reqs`` (scheduler Requests: ``request``'s, or ones it
