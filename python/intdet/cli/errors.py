@@ -90,7 +90,9 @@ OPTIONS = {
     "draft_model": "--spec-draft", "max_tokens": "-n", "temperature": "--temperature", "top_p": "--top-p",
     "top_k": "--top-k", "min_p": "--min-p", "repeat_penalty": "--repeat-penalty", "repeat_last_n": "--repeat-last-n",
     "seed": "--seed", "truncate": "--truncate", "ids": "--ids", "ctx": "--ctx", "max_windows": "--max-windows",
-    "batch": "--batch",
+    "batch": "--batch", "prompt_tokens": "--prompt-tokens", "gen_tokens": "--gen-tokens", "shape": "--shape",
+    "task": "--task", "engine": "--engine", "workers": "--workers", "batch_size": "--batch-size",
+    "address": "--address", "output_path": "-o",
 }
 
 
