@@ -46,18 +46,6 @@ DEFAULT_DRAFT_TOKENS = 4  # drafts per step from a draft model (llama.cpp's --dr
 FINISH_REASONS = ("eos", "stop", "length", "context", "cancelled", "error")
 
 
-
-
-def _api_error(e: IntdetError, pairs) -> IntdetError:
-    """e as the API says it: a leading CLI option name ("--top-p: ...") as
-    the API's argument name, which also becomes the error's field."""
-    msg = str(e)
-    for opt, name in pairs:
-        if msg.startswith((opt + ":", opt + " ")):  # "--top-p: ..." and "--device 'tpu' is not available"
-            return IntdetError(name + msg[len(opt):], field=name)
-    return IntdetError(msg, field=e.field)
-
-
 def _check_params(params, n: int) -> list:
     """One SamplingParams per prompt (None: the defaults), or IntdetError."""
     params = SamplingParams() if params is None else params
@@ -135,15 +123,9 @@ class SamplingParams:
 
     def sampler(self) -> Sampler:
         """The integer ``Sampler`` of these parameters (IntdetError naming the field)."""
-        try:
-            return Sampler(temperature=str(self.temperature), top_k=self.top_k, top_p=str(self.top_p),
-                           seed=self.seed, min_p=str(self.min_p), repeat_penalty=str(self.repeat_penalty),
-                           repeat_last_n=self.repeat_last_n)
-        except IntdetError as e:  # the sampler names CLI options: name the field instead
-            raise _api_error(e, (
-                ("--temperature", "temperature"), ("--top-p", "top_p"), ("--top-k", "top_k"), ("--min-p", "min_p"),
-                ("--repeat-penalty", "repeat_penalty"), ("--repeat-last-n", "repeat_last_n"),
-                ("--seed", "seed"))) from None
+        return Sampler(temperature=str(self.temperature), top_k=self.top_k, top_p=str(self.top_p),
+                       seed=self.seed, min_p=str(self.min_p), repeat_penalty=str(self.repeat_penalty),
+                       repeat_last_n=self.repeat_last_n)
 
     def __post_init__(self):
         self.check()  # a bad value fails where it is written, not at generate()
@@ -177,7 +159,9 @@ class Completion:
     (an EOS id, or the token completing a stop string, included); text: their
     text (special tokens skipped, a stop string and what follows cut);
     finish_reason: "eos", "stop" (a stop string), "length" (max_tokens),
-    "context" (the context is full), "cancelled" or "error"; hash: the
+    "context" (the context is full), "cancelled" or "error"; stop_reason:
+    the stop string that ended it (finish_reason "stop"), else None
+    (vLLM's); error: what went wrong (finish_reason "error"); hash: the
     12-hex-digit chain hash (docs/chain-hash.md) after the last token,
     ``intdet generate``'s; hashes: {step: hash} at steps 1, 64, 128, 256,
     512; seed: the sampler's seed; logprobs: [TokenLogprob] per generated
@@ -214,6 +198,7 @@ class Completion:
     tool_calls: Union[list, None] = None
     receipt: Union[dict, None] = None
     step_hashes: Union[list, None] = None
+    stop_reason: Union[str, None] = None
 
     @property
     def cumulative_logprob(self) -> Union[float, None]:
@@ -316,19 +301,12 @@ class LLM:
         from .model import Engine, LoadedModel, load_model
         from .resolve import resolve_model
 
-        try:
-            if isinstance(model, Engine):
-                self.lm, self.engine = model.lm, model
-            else:
-                if isinstance(model, LoadedModel):
-                    self.lm = model
-                else:
-                    self.lm = load_model(resolve_model(model, revision, progress=progress, weights=weights,
-                                                       notice=notice))
-                self.engine = Engine(self.lm, device, threads)
-        except IntdetError as e:  # the loaders name CLI options: name the arguments instead
-            raise _api_error(e, (("-m", "model"), ("--threads", "threads"), ("--device", "device"),
-                                 ("--weights", "weights"), ("--revision", "revision"))) from None
+        if isinstance(model, Engine):
+            self.lm, self.engine = model.lm, model
+        else:
+            self.lm = model if isinstance(model, LoadedModel) else load_model(
+                resolve_model(model, revision, progress=progress, weights=weights, notice=notice))
+            self.engine = Engine(self.lm, device, threads)
         draft = None
         if draft_model is not None:
             draft = self._draft_model(draft_model, device, revision, weights, progress, notice)
@@ -355,7 +333,9 @@ class LLM:
             return DraftModel(Engine(lm, device), self.engine.vocab_size)
         except IntdetError as e:
             msg = str(e)
-            if not msg.startswith("draft_model"):
+            if e.field == "model" and msg.startswith("model"):  # the draft's own spec: "model: x: no such file"
+                msg = "draft_model" + msg[len("model"):]
+            elif not msg.startswith("draft_model"):
                 msg = f"draft_model: {msg}"
             raise IntdetError(msg, field="draft_model") from None
 
@@ -441,14 +421,15 @@ class LLM:
 
     # ---------------------------------------------------------------- text
 
-    def encode(self, text: str, add_bos: Union[bool, None] = None) -> list:
+    def encode(self, text: str, add_bos: Union[bool, None] = None, what: str = "prompt") -> list:
         """Token ids of ``text`` (BOS as the model asks unless ``add_bos``);
-        special-token strings in it stay plain text."""
+        special-token strings in it stay plain text. IntdetError naming
+        ``what`` for text that is not a string or not valid Unicode."""
         from .tokenizer import encode
 
         if not isinstance(text, str):
-            raise IntdetError(f"prompt: expected a string, got {type(text).__name__}", field="prompt")
-        return encode(self.tokenizer, self.meta, text, add_bos=add_bos, what="prompt")
+            raise IntdetError(f"{what}: expected a string, got {type(text).__name__}", field=what)
+        return encode(self.tokenizer, self.meta, text, add_bos=add_bos, what=what)
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         from .tokenizer.text import RELEASE_GIL_IDS
@@ -473,7 +454,7 @@ class LLM:
         template; ``add_generation_prompt``: False leaves the assistant's
         header out (/tokenize's option). IntdetError naming ``messages[i]...``
         for a bad message."""
-        from .chat import conversation_ids
+        from .conversation import conversation_ids
 
         if not isinstance(messages, list) or not messages:
             raise IntdetError("messages: must be a non-empty list of {\"role\": str, \"content\": str}", field="messages")
@@ -515,7 +496,7 @@ class LLM:
 
     def prompt_ids(self, prompt: Prompt, what: str = "prompt") -> list:
         """A prompt (text or ids) as checked ids; errors name ``what``."""
-        ids = self.encode(prompt) if isinstance(prompt, str) else prompt
+        ids = self.encode(prompt, what=what) if isinstance(prompt, str) else prompt
         self._check_ids(ids, what)
         if not ids:
             raise IntdetError(f"{what}: empty", field=what)
@@ -603,7 +584,8 @@ class LLM:
                           truncated=req.truncated, error=req.error,
                           spec_drafted=req.spec_drafted, spec_accepted=req.spec_accepted,
                           cached_tokens=req.cached_tokens, model_version=req.model_version, receipt=receipt_of(req),
-                          step_hashes=list(req.step_hashes) if req.step_hashes is not None else None)
+                          step_hashes=list(req.step_hashes) if req.step_hashes is not None else None,
+                          stop_reason=req.stop_string)
 
     def run(self, reqs: list, until=None) -> None:
         """Submit ``reqs`` (scheduler Requests: ``request``'s, or ones it

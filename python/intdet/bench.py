@@ -47,7 +47,7 @@ def bench_prompt_ids(lm: LoadedModel, n: int) -> list:
     from .tokenizer import encode
 
     if n < 1:
-        raise IntdetError(f"--prompt-tokens: {n} must be >= 1")
+        raise IntdetError(f"prompt_tokens: {n} must be >= 1", field="prompt_tokens")
     base = [int(t) for t in encode(lm.tokenizer, lm.tok_meta, BENCH_TEXT, add_bos=False)]
     base = [t for t in base if 0 <= t < lm.cfg["vocab_size"]]
     if not base:
@@ -88,17 +88,18 @@ def run_bench(lm: LoadedModel, prompt_tokens: int = 512, gen_tokens: int = 128, 
     threads = list(threads) or [0]
     ctx = lm.cfg["context_length"]
     if prompt_tokens < 1:
-        raise IntdetError("--prompt-tokens: the prompt is empty")
+        raise IntdetError("prompt_tokens: the prompt is empty", field="prompt_tokens")
     if gen_tokens < 1:
-        raise IntdetError(f"--gen-tokens: {gen_tokens} must be >= 1")
+        raise IntdetError(f"gen_tokens: {gen_tokens} must be >= 1", field="gen_tokens")
     if batch < 1:
-        raise IntdetError(f"--batch: {batch} must be >= 1")
+        raise IntdetError(f"batch: {batch} must be >= 1", field="batch")
     if prompt_tokens + gen_tokens > ctx:
-        raise IntdetError(f"--prompt-tokens {prompt_tokens} + --gen-tokens {gen_tokens} exceed the context length {ctx}")
+        raise IntdetError(f"prompt_tokens: {prompt_tokens} + {gen_tokens} generated tokens exceed the context length "
+                          f"{ctx}", field="prompt_tokens")
     check_token_ids(prompt_ids, lm.cfg["vocab_size"])
     for t in threads:
         if not 0 <= t <= 1024:
-            raise IntdetError(f"--threads: {t} must be in [0, 1024] (0 = auto)")
+            raise IntdetError(f"threads: {t} must be in [0, 1024] (0 = auto)", field="threads")
     say = progress or (lambda msg: None)
     engine = Engine(lm, "cpu")
     sampler = Sampler()

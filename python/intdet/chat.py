@@ -2,8 +2,8 @@
 
 Each turn the whole conversation is rendered by the model's chat template
 (``tokenizer.encode_messages``: control-token strings typed in a message
-stay text) and generated from an empty KV cache by the scheduler (the one
-generation loop, scheduler.py), so a reply is the one ``generate --chat``
+stay text) and generated from an empty KV cache through ``LLM.run`` (the
+one generation loop, scheduler.py), so a reply is the one ``generate --chat``
 would give for that conversation, with the same chain hash. Lines are read from stdin: with readline editing and a
 prompt on a terminal, one message per line otherwise. ``/reset`` forgets the
 conversation (the system prompt stays), ``/help`` lists the commands, Ctrl-D
@@ -16,9 +16,9 @@ from __future__ import annotations
 import json
 import sys
 
-from .errors import IntdetError
+from .conversation import conversation_ids
 from .generate import PREFILL_CHUNK, Generation
-from .scheduler import Request, Scheduler
+from .scheduler import Request
 from .tool_calls import CallParser
 
 HELP = """commands:
@@ -26,34 +26,6 @@ HELP = """commands:
   /tool TEXT  the result of the reply's next unanswered tool call (with --tools)
   /help    this list
   /exit    leave (or Ctrl-D); Ctrl-C stops the current reply only"""
-
-
-def conversation_ids(lm, messages: list[dict], tools: list | None = None, add_generation_prompt: bool = True) -> list[int]:
-    """Token ids of ``messages`` (OpenAI's chat messages: system, developer,
-    user, assistant with or without ``tool_calls``, tool) under the model's
-    chat template, with ``tools`` (OpenAI's definitions) when given, ending
-    with the generation prompt unless ``add_generation_prompt`` is False; IntdetError for a bad message, a missing or
-    failing template (tool_calls.template_messages)."""
-    import jinja2
-
-    from .tokenizer import encode_messages
-    from .tool_calls import detect_format, renders_tool_calls, template_messages
-
-    meta = lm.tok_meta
-    template = meta.get("chat_template")
-    fmt = detect_format(template)
-    has_calls = any(isinstance(m, dict) and m.get("tool_calls") for m in messages)
-    renders = (not has_calls or fmt is None
-               or renders_tool_calls(template, meta.get("bos_token") or "", meta.get("eos_token") or ""))
-    msgs, literals = template_messages(messages, fmt, renders, tools)
-    try:
-        return encode_messages(lm.tokenizer, meta, msgs, add_generation_prompt=add_generation_prompt, tools=tools,
-                               literals=literals)
-    except ValueError as e:
-        raise IntdetError(str(e)) from None
-    except jinja2.TemplateError as e:  # a broken template or its raise_exception()
-        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise IntdetError(f"{lm.path}: chat template failed ({msg})") from None
 
 
 def _tool_setup(lm, eos, vocab_size: int, tools, tool_choice) -> tuple:
@@ -105,6 +77,8 @@ def run_chat(engine, lm, sampler, max_new_tokens: int, system: str | None = None
     server takes them (tool_calls.py): each call of a reply is printed on
     its own line as OpenAI's tool_calls item (JSON), and ``/tool TEXT``
     answers the next unanswered one (the reply follows the last answer)."""
+    from .api import LLM
+
     inp = inp or sys.stdin
     out = out or sys.stdout
     err = err or sys.stderr
@@ -117,7 +91,7 @@ def run_chat(engine, lm, sampler, max_new_tokens: int, system: str | None = None
     conversation_ids(lm, messages + [{"role": "user", "content": "x"}], tool_defs)  # a broken template fails now
     pending: list = []  # the last reply's calls not yet answered by /tool
     # one sequence, its whole KV cache its own (no budget); the prompt in PREFILL_CHUNK calls
-    sched = Scheduler(engine, max_batch=1, step_tokens=PREFILL_CHUNK, kv_bytes=1 << 62)
+    llm = LLM(engine, max_batch=1, step_tokens=PREFILL_CHUNK, kv_bytes=1 << 62, prefix_cache=False)
     replies = 0
 
     parser = None  # the reply's tool_calls.CallParser (with tools)
@@ -173,12 +147,10 @@ def run_chat(engine, lm, sampler, max_new_tokens: int, system: str | None = None
         parser = CallParser(ts, lm.tokenizer, eos, stop) if ts is not None and ts.parses else None
         req = Request(ids, max_new_tokens, sampler, eos_ids=eos, stop=stop, tokenizer=lm.tokenizer, on_event=show,
                       grammar=grammar)
-        sched.submit(req)
         try:
-            sched.run_until_idle()
-        except KeyboardInterrupt:  # Ctrl-C stops this reply; what was shown stays
-            req.cancel()
-            sched.run_until_idle()
+            llm.run([req])
+        except KeyboardInterrupt:  # Ctrl-C stops this reply (run cancelled and retired it); what was shown stays
+            pass
         reply: dict = {"role": "assistant", "content": req.text}
         if parser is not None:
             rest, pending = parser.finish(req.hash)

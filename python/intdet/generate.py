@@ -50,7 +50,7 @@ def truncate_prompt(prompt_ids: list, ctx: int, max_new_tokens: int, side: str, 
     if side == "right":
         return prompt_ids[:keep]
     if side != "left":
-        raise IntdetError(f"--truncate: {side!r}: choose left or right")
+        raise IntdetError(f"truncate: {side!r}: choose left or right", field="truncate")
     if bos_id is not None and prompt_ids and prompt_ids[0] == bos_id:
         return prompt_ids[:1] + prompt_ids[len(prompt_ids) - keep + 1:]
     return prompt_ids[len(prompt_ids) - keep:]
@@ -59,20 +59,20 @@ def truncate_prompt(prompt_ids: list, ctx: int, max_new_tokens: int, side: str, 
 def check_prompt(prompt_ids, ctx: int, vocab_size: int, max_new_tokens: int, truncate: str | None = None,
                  bos_id=None) -> list:
     """The prompt ids ``intdet generate`` runs: checked (IntdetError naming
-    the CLI's option for an empty prompt, a negative -n, an id outside the
+    the field for an empty prompt, a negative -n, an id outside the
     vocabulary, a prompt that leaves no room in the context) and cut by
     ``truncate`` "left"/"right" when too long (see :func:`truncate_prompt`)."""
     prompt_ids = [int(t) for t in prompt_ids]
     if not prompt_ids:
         raise IntdetError("prompt: empty (give some text or --ids)")
     if max_new_tokens < 0:
-        raise IntdetError(f"-n: {max_new_tokens} must be >= 0")
+        raise IntdetError(f"max_tokens: {max_new_tokens} must be >= 0", field="max_tokens")
     if truncate is not None and len(prompt_ids) >= ctx:
         prompt_ids = truncate_prompt(prompt_ids, ctx, max_new_tokens, truncate, bos_id)
     if len(prompt_ids) >= ctx:
         raise IntdetError(f"prompt: {len(prompt_ids)} tokens do not fit the context length {ctx} "
                           "(leave room for one generated token, or cut it with --truncate left|right)")
-    check_token_ids(prompt_ids, vocab_size, "--ids")
+    check_token_ids(prompt_ids, vocab_size, "ids")
     return prompt_ids
 
 

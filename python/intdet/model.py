@@ -252,9 +252,11 @@ def cuda_module():
     try:
         from . import _cuda
     except ImportError as e:
-        raise IntdetError(f"--device cuda: no CUDA GPU available (intdet was built without its CUDA module: {e})") from None
+        raise IntdetError(f"device cuda: no CUDA GPU available (intdet was built without its CUDA module: {e})",
+                          field="device") from None
     if _cuda.device_count() < 1:
-        raise IntdetError(f"--device cuda: no CUDA GPU available ({_cuda.no_device_reason() or 'no device'})")
+        raise IntdetError(f"device cuda: no CUDA GPU available ({_cuda.no_device_reason() or 'no device'})",
+                          field="device")
     return _cuda
 
 
@@ -275,10 +277,10 @@ class Engine:
     def __init__(self, lm: LoadedModel, device: str = "cpu", threads: int | None = None,
                  cuda_graphs: bool | None = None):
         if device not in DEVICES:
-            raise IntdetError(f"--device {device!r} is not available (choose from {', '.join(DEVICES)})")
+            raise IntdetError(f"device {device!r} is not available (choose from {', '.join(DEVICES)})", field="device")
         if threads is not None and (isinstance(threads, bool) or not isinstance(threads, (int, np.integer))
                                     or not 0 <= threads <= 1024):
-            raise IntdetError(f"--threads: {threads!r} must be in [0, 1024] (0 = auto)")
+            raise IntdetError(f"threads: {threads!r} must be in [0, 1024] (0 = auto)", field="threads")
         self.lm = lm
         self.device = device
         if device == "cpu":
@@ -310,7 +312,7 @@ class Engine:
             except ValueError as e:
                 raise IntdetError(str(e)) from None
             except RuntimeError as e:  # out of device memory, a driver error
-                raise IntdetError(f"--device cuda: {e}") from None
+                raise IntdetError(f"device cuda: {e}", field="device") from None
         # model.safetensors' sha256, read beside the packing, against config.json's record
         lm.check_sha256()
 
@@ -335,7 +337,7 @@ class Engine:
             except ValueError as e:
                 raise _refused(e) from None
             except RuntimeError as e:
-                raise IntdetError(f"--device cuda: {e}") from None
+                raise IntdetError(f"device cuda: {e}", field="device") from None
         else:  # ref: the numpy spec reads lm.tensors when a state is made
             from . import _core
 

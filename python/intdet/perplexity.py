@@ -57,15 +57,15 @@ def windows_of(ids, ctx: int, max_windows: int | None = None, bos: int | None = 
     """Non-overlapping windows of exactly ``ctx`` tokens (list of lists);
     with ``bos``, each is [bos] + ctx - 1 consecutive text tokens."""
     if ctx < 2:
-        raise IntdetError(f"--ctx: {ctx} must be at least 2")
+        raise IntdetError(f"ctx: {ctx} must be at least 2", field="ctx")
     step = ctx - (bos is not None)
     n = len(ids) // step
     if max_windows is not None:
         if max_windows < 1:
-            raise IntdetError(f"--max-windows: {max_windows} must be >= 1")
+            raise IntdetError(f"max_windows: {max_windows} must be >= 1", field="max_windows")
         n = min(n, max_windows)
     if n == 0:
-        raise IntdetError(f"the text has {len(ids)} tokens, fewer than one window of --ctx {ctx}")
+        raise IntdetError(f"ctx {ctx}: the text has {len(ids)} tokens, fewer than one window", field="ctx")
     head = [] if bos is None else [int(bos)]
     return [head + list(ids[i * step:(i + 1) * step]) for i in range(n)]
 
@@ -132,8 +132,8 @@ def perplexity(logits_fn, windows, n_bytes_fn, progress: bool = True, second_hal
     from tqdm import tqdm
 
     if second_half and windows and len(windows[0]) < 3:  # a window of 2 predicts one token, in its first half
-        raise IntdetError(f"--second-half: --ctx {len(windows[0])} leaves no prediction in the second half of a "
-                          "window (use --ctx 3 or more)")
+        raise IntdetError(f"second_half: windows of {len(windows[0])} tokens leave no prediction in their second "
+                          "half (use windows of 3 or more)", field="second_half")
     total_nll, total_tok, total_bytes = 0.0, 0, 0
     half_nll, half_tok = 0.0, 0
     t0 = time.perf_counter()

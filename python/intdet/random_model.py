@@ -382,7 +382,7 @@ def write_random_model(out_dir: str, shape: str = "qwen3-0.6b", seed: int = 0, l
     Raises IntdetError for an unknown shape or an out_dir that exists and is
     not an empty directory, or OUT cannot be written (naming OUT)."""
     if shape not in SHAPES:
-        raise IntdetError(f"--shape {shape!r}: choose one of {', '.join(SHAPES)}")
+        raise IntdetError(f"shape {shape!r}: choose one of {', '.join(SHAPES)}", field="shape")
     out_dir = os.path.abspath(out_dir)
     if os.path.lexists(out_dir) and not (os.path.isdir(out_dir) and not os.path.islink(out_dir)
                                          and not os.listdir(out_dir)):

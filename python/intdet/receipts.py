@@ -139,8 +139,7 @@ def sampler_of(d: dict, where: str) -> Sampler:
     try:
         return Sampler(**s)
     except IntdetError as e:
-        opt, _, rest = str(e).partition(":")  # the sampler names its CLI option ("--top-p: ...")
-        _fail(where, f"sampling.{opt.lstrip('-').replace('-', '_')}:{rest}")
+        _fail(where, f"sampling.{e}")  # the sampler names its field ("top_p: ...")
 
 
 def receipts_in(obj, where: str) -> list:

@@ -84,9 +84,9 @@ def resolve_source(spec: str | None, revision: str | None = None) -> str | None:
     elif REPO_ID.match(spec) and not spec.endswith(".gguf") and not spec.startswith((".", "/", "~")):
         src = download_repo(spec, revision)
     elif os.sep in spec or spec.endswith(".gguf"):
-        raise IntdetError(f"-m: {spec}: no such file or directory")
+        raise IntdetError(f"model: {spec}: no such file or directory", field="model")
     else:
-        raise IntdetError(f"-m: {spec!r} is not a file, a directory or a Hugging Face repo id")
+        raise IntdetError(f"model: {spec!r} is not a file, a directory or a Hugging Face repo id", field="model")
     if os.path.isdir(src) and not os.path.isfile(os.path.join(src, "config.json")):
         raise IntdetError(f"{src}: directory has neither an intdet nor a Hugging Face config.json")
     return src
@@ -109,20 +109,20 @@ def resolve_model(spec: str | None, revision: str | None = None, progress: bool 
 
 
 def check_weights(converted: str, weights: str | None):
-    """IntdetError when --weights asks for another format than the converted
+    """IntdetError (field weights) when ``weights`` asks for another format than the converted
     directory holds (it was fixed at convert time)."""
     if weights is None:
         return
     _valid_weights(weights)
     have = _weight_format(converted)
     if have != weights:
-        raise IntdetError(f"--weights {weights}: {converted} is a converted {have} model "
-                          f"(convert the source with --weights {weights})")
+        raise IntdetError(f"weights {weights}: {converted} is a converted {have} model "
+                          f"(convert the source to {weights})", field="weights")
 
 
 def _valid_weights(weights):
     if weights not in WEIGHT_FORMATS:
-        raise IntdetError(f"--weights {weights!r}: choose int8 or int4")
+        raise IntdetError(f"weights {weights!r}: choose int8 or int4", field="weights")
 
 
 def _weight_format(converted: str):

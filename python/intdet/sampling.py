@@ -54,16 +54,16 @@ def draw_u64(seed: int, position: int) -> int:
 
 def parse_fraction(text, name: str, lo: Decimal, hi: Decimal, lo_open=False) -> tuple[int, int]:
     """Exact decimal string -> (numerator, denominator); raises IntdetError
-    naming the option when it is not a number in range."""
+    naming the field ``name`` when it is not a number in range."""
     try:
         d = Decimal(str(text))
     except InvalidOperation:
-        raise IntdetError(f"{name}: {text!r} is not a number") from None
+        raise IntdetError(f"{name}: {text!r} is not a number", field=name) from None
     if not d.is_finite() or d < lo or d > hi or (lo_open and d == lo):
-        raise IntdetError(f"{name}: {text} is outside {'(' if lo_open else '['}{lo}, {hi}]")
+        raise IntdetError(f"{name}: {text} is outside {'(' if lo_open else '['}{lo}, {hi}]", field=name)
     n, den = d.as_integer_ratio()
     if den > 10**6:
-        raise IntdetError(f"{name}: {text} has more than 6 decimal places")
+        raise IntdetError(f"{name}: {text} has more than 6 decimal places", field=name)
     return n, den
 
 
@@ -96,22 +96,23 @@ class Sampler:
 
     def __post_init__(self):
         t = "0" if self.temperature is None else self.temperature
-        self.t_num, self.t_den = parse_fraction(t, "--temperature", Decimal(0), Decimal(100))
-        self.p_num, self.p_den = parse_fraction(self.top_p, "--top-p", Decimal(0), Decimal(1), lo_open=True)
-        self.m_num, self.m_den = parse_fraction(self.min_p, "--min-p", Decimal(0), Decimal(1))
-        self.r_num, self.r_den = parse_fraction(self.repeat_penalty, "--repeat-penalty", Decimal(0), Decimal(100),
+        self.t_num, self.t_den = parse_fraction(t, "temperature", Decimal(0), Decimal(100))
+        self.p_num, self.p_den = parse_fraction(self.top_p, "top_p", Decimal(0), Decimal(1), lo_open=True)
+        self.m_num, self.m_den = parse_fraction(self.min_p, "min_p", Decimal(0), Decimal(1))
+        self.r_num, self.r_den = parse_fraction(self.repeat_penalty, "repeat_penalty", Decimal(0), Decimal(100),
                                                 lo_open=True)
-        for opt, attr in (("--top-k", "top_k"), ("--repeat-last-n", "repeat_last_n"), ("--seed", "seed")):
-            v = getattr(self, attr)  # an int (numpy's too), not a bool, a float or None: "& MASK64" needs one
+        for name in ("top_k", "repeat_last_n", "seed"):
+            v = getattr(self, name)  # an int (numpy's too), not a bool, a float or None: "& MASK64" needs one
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
-                raise IntdetError(f"{opt}: {v!r} is not an integer")
-            setattr(self, attr, int(v))
+                raise IntdetError(f"{name}: {v!r} is not an integer", field=name)
+            setattr(self, name, int(v))
         if self.top_k < 0:
-            raise IntdetError(f"--top-k: {self.top_k} must be >= 0")
+            raise IntdetError(f"top_k: {self.top_k} must be >= 0", field="top_k")
         if not -1 <= self.repeat_last_n < 2**31:
-            raise IntdetError(f"--repeat-last-n: {self.repeat_last_n} must be >= -1 (-1 = the whole context, 0 = off)")
+            raise IntdetError(f"repeat_last_n: {self.repeat_last_n} must be >= -1 (-1 = the whole context, 0 = off)",
+                              field="repeat_last_n")
         if not 0 <= self.seed < 2**64:
-            raise IntdetError(f"--seed: {self.seed} must be in [0, 2^64)")
+            raise IntdetError(f"seed: {self.seed} must be in [0, 2^64)", field="seed")
 
     @property
     def greedy(self) -> bool:

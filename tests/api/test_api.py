@@ -69,6 +69,16 @@ def test_generate_many_batched_equals_each_alone(llm):
     assert len({(c.hash, tuple(c.tokens)) for c in same}) == 1
 
 
+def test_stop_reason_names_the_stop_string(llm):
+    """Completion.stop_reason: the stop string that ended it (vLLM's; the
+    server's "stop_reason" reads it), None for any other ending."""
+    free = llm.generate("hello", intdet.SamplingParams(max_tokens=24))
+    assert free.stop_reason is None and len(free.text) > 4, free
+    stop = free.text[2:4]
+    c = llm.generate("hello", intdet.SamplingParams(max_tokens=24, stop=["never there \u2603", stop]))
+    assert (c.finish_reason, c.stop_reason) == ("stop", stop) and free.text.startswith(c.text)
+
+
 def test_logprobs_are_the_fixed_point_log_softmax(llm):
     c = llm.generate("hello", intdet.SamplingParams(max_tokens=6, logprobs=3, prompt_logprobs=2))
     ids = c.prompt_ids + c.tokens
@@ -258,6 +268,21 @@ def test_load_errors_name_the_argument(kw, field, msg):
     with pytest.raises(IntdetError, match=msg) as e:
         intdet.load(**kw)
     assert e.value.field == field
+
+
+def test_loader_errors_carry_the_field(llm):
+    """The loaders themselves name the API's argument and set the field (no
+    CLI option spelling for the API to rewrite)."""
+    from intdet.model import Engine
+    from intdet.resolve import resolve_model
+
+    for call, field, msg in ((lambda: resolve_model("/nonexistent/m.gguf"), "model", "model: /nonexistent/m.gguf: "),
+                             (lambda: resolve_model(None, weights="int2"), "weights", "weights 'int2': "),
+                             (lambda: Engine(llm.lm, "tpu"), "device", "device 'tpu' is not available"),
+                             (lambda: Engine(llm.lm, "cpu", threads=-1), "threads", "threads: -1 must be")):
+        with pytest.raises(IntdetError) as e:
+            call()
+        assert e.value.field == field and str(e.value).startswith(msg), (str(e.value), e.value.field)
 
 
 def test_intdet_error_is_exported():

@@ -97,8 +97,11 @@ def test_top_p_and_top_k_restrict():
 @pytest.mark.parametrize("kw", [{"temperature": "abc"}, {"temperature": "-1"}, {"top_p": "1.5"}, {"top_p": "0"},
                                 {"top_k": -1}, {"seed": -1}, {"temperature": "0.1234567"}])
 def test_bad_options(kw):
-    with pytest.raises(IntdetError):
+    """The error names the field (the API's parameter name), not a CLI option."""
+    with pytest.raises(IntdetError) as e:
         Sampler(**kw)
+    (name,) = kw
+    assert e.value.field == name and str(e.value).startswith(name + ": "), (str(e.value), e.value.field)
 
 
 @settings(max_examples=200, deadline=None)
@@ -148,5 +151,7 @@ def test_min_p_hand_computed():
 @pytest.mark.parametrize("kw", [{"min_p": "1.5"}, {"min_p": "-0.1"}, {"repeat_penalty": "0"},
                                 {"repeat_penalty": "101"}, {"repeat_penalty": "x"}, {"repeat_last_n": -2}])
 def test_bad_new_options(kw):
-    with pytest.raises(IntdetError):
+    with pytest.raises(IntdetError) as e:
         Sampler(**kw)
+    (name,) = kw
+    assert e.value.field == name and str(e.value).startswith(name + ": "), (str(e.value), e.value.field)

@@ -370,6 +370,23 @@ def test_cli_errors_are_one_line(model_dir, items_file, tmp_path):
     assert not os.path.exists(out)
 
 
+def test_run_job_errors_name_the_argument(items_file, tmp_path):
+    """run_job (the Python side) names its arguments, not the CLI's options."""
+    from intdet.batch import run_job
+    from intdet.errors import IntdetError
+
+    out = str(tmp_path / "o.jsonl")
+    for kw, field, msg in ((dict(workers=-1), "workers", "workers: -1 must be >= 0"),
+                           (dict(engine="bogus"), "engine", "engine: 'bogus': choose "),
+                           (dict(batch_size=0), "batch_size", "batch_size: 0 must be >= 1"),
+                           (dict(address="x"), "address", "address: only with the ray or dask engine"),
+                           (dict(output_path=items_file), "output_path", f"output_path {items_file}: is the input")):
+        with pytest.raises(IntdetError) as e:
+            run_job(items_file, **{"output_path": out, **kw})
+        assert e.value.field == field and str(e.value).startswith(msg), (str(e.value), e.value.field)
+    assert not os.path.exists(out)
+
+
 def test_cli_task_option_and_summary(model_dir, tmp_path):
     inp = tmp_path / "i.jsonl"
     inp.write_text('{"id": "a", "text": "the cat sat on the mat"}\n{"id": "b", "text": "a mat"}\n')

@@ -350,6 +350,30 @@ def test_bad_generate_arguments(converted_llama, cache, case):
     assert_error(cli(["generate", "-m", converted_llama, *args], cache), *needles)
 
 
+def test_field_errors_name_the_option(converted_llama, cache):
+    """The library names fields ("top_p: ..."); the CLI prints the option
+    that gives each (one table, cli/errors.OPTIONS), the whole line as before."""
+    r = cli(["generate", "-m", converted_llama, "--ids", "1", "--temperature", "1", "--top-p", "2"], cache)
+    assert r.rc == 1 and r.stderr == "intdet: error: --top-p: 2 is outside (0, 1]\n", r
+    r = cli(["generate", "-m", converted_llama + "-missing", "--ids", "1"], cache)
+    assert r.rc == 1 and r.stderr == f"intdet: error: -m: {converted_llama}-missing: no such file or directory\n", r
+
+
+def test_option_message_table():
+    from intdet.cli.errors import OPTIONS, option_message
+    from intdet.errors import IntdetError
+
+    assert option_message(IntdetError("top_p: 2 is outside (0, 1]", field="top_p")) == "--top-p: 2 is outside (0, 1]"
+    assert option_message(IntdetError("device 'tpu' is not available", field="device")) == \
+        "--device 'tpu' is not available"
+    assert option_message(IntdetError("model: x: no such file or directory", field="model")) == \
+        "-m: x: no such file or directory"
+    for msg, field in (("top_p: 2", None), ("the top_p is 2", "top_p"), ("top_pp: 2", "top_p"),
+                       ("messages: bad", "messages")):  # no field, not at the start, another word, no option
+        assert option_message(IntdetError(msg, field=field)) == msg
+    assert all(opt.startswith("-") and " " not in opt for opt in OPTIONS.values())
+
+
 def test_bad_arguments_checked_before_conversion(tiny_llama_hf, cache):
     """Option errors come before the source is converted into the cache."""
     for args, needle in ((["--ids", "1", "--device", "foo"], "--device"), (["--ids", "1", "-n", "-1"], "-n"),

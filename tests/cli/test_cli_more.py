@@ -540,3 +540,29 @@ def test_chat_interrupted_in_decode_keeps_its_decode_rate(conv):
     st = g.stats()
     assert g.stop == "interrupted" and len(g.tokens) >= 5 and stats[1].stop in ("length", "eos")
     assert st["prefill_tok_s"] and st["decode_tok_s"] and st["decode_tok_s"] > 0
+
+
+def test_chat_runs_through_llm(conv, monkeypatch):
+    """chat.run_chat drives each reply through ``LLM.run`` (the one loop
+    that cancels and retires on Ctrl-C), on an LLM without a prefix cache."""
+    import io
+
+    import intdet.api
+    from intdet.chat import run_chat
+    from intdet.model import Engine, load_model
+    from intdet.sampling import Sampler
+
+    runs = []
+    real = intdet.api.LLM.run
+
+    def run(self, reqs, until=None):
+        runs.append((len(reqs), self.scheduler.cache))
+        return real(self, reqs, until)
+
+    monkeypatch.setattr(intdet.api.LLM, "run", run)
+    lm = load_model(conv)
+    lm.tok_meta["chat_template"] = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    out = io.StringIO()
+    assert run_chat(Engine(lm), lm, Sampler(), 4, inp=io.StringIO("hello\nagain\n"), out=out, err=io.StringIO(),
+                    tty=False) == 2
+    assert runs == [(1, None), (1, None)] and out.getvalue().count("\n") == 2

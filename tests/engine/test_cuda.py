@@ -131,7 +131,7 @@ def test_engine_cuda_without_gpu_is_one_clear_error(tmp_path_factory, tiny_llama
     from intdet.errors import IntdetError
 
     lm = load_model(convert(tiny_llama_hf, str(tmp_path_factory.mktemp("nogpu") / "m"), progress=False))
-    with pytest.raises(IntdetError, match=r"^--device cuda: no CUDA GPU available \(.+\)$"):
+    with pytest.raises(IntdetError, match=r"^device cuda: no CUDA GPU available \(.+\)$"):
         Engine(lm, "cuda")
 
 
@@ -1170,7 +1170,7 @@ def test_first_divergence_script_cuda_backend(monkeypatch, capsys, converted):
     ids = ",".join(map(str, TRACE_IDS))
     if not HAVE_GPU:
         assert script.main(["-m", path, "--ids", ids, "--backends", "scalar,cuda"]) == 2
-        assert "first_divergence: error: --device cuda:" in capsys.readouterr().err
+        assert "first_divergence: error: device cuda:" in capsys.readouterr().err
     monkeypatch.setattr(M, "cuda_module", lambda: mod)
     assert script.main(["-m", path, "--ids", ids, "--backends", "cuda,ref,scalar"]) == 0
     out = capsys.readouterr().out

@@ -48,7 +48,7 @@ def require_dask():
     try:
         import distributed  # noqa: F401
     except ImportError:
-        raise IntdetError("--engine dask needs the dask extra: pip install 'intdet[dask]'") from None
+        raise IntdetError("engine dask needs the dask extra: pip install 'intdet[dask]'", field="engine") from None
 
 
 def run_dask(cfg: WorkerConfig, batches, workers: int, address=None):
@@ -59,7 +59,7 @@ def run_dask(cfg: WorkerConfig, batches, workers: int, address=None):
         try:
             client = Client(address)
         except (OSError, TimeoutError, ValueError) as e:  # refused, timed out, a malformed address
-            raise IntdetError(f"--address {address}: cannot reach a Dask scheduler there ({e})") from None
+            raise IntdetError(f"address {address}: cannot reach a Dask scheduler there ({e})", field="address") from None
     else:
         cluster = LocalCluster(n_workers=max(1, workers), threads_per_worker=1, processes=True,
                                dashboard_address=None, host="127.0.0.1")

@@ -95,7 +95,7 @@ def require_ray():
         import ray
         import ray.data  # noqa: F401  (ray without [data] lacks it)
     except ImportError:
-        raise IntdetError("--engine ray needs the ray extra: pip install 'intdet[ray]'") from None
+        raise IntdetError("engine ray needs the ray extra: pip install 'intdet[ray]'", field="engine") from None
     return ray
 
 

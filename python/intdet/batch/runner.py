@@ -56,17 +56,17 @@ def run_job(input_path: str, output_path: str, model=None, task: str = "generate
     from ..testhook import signal_at
 
     if task not in TASKS:
-        raise IntdetError(f"--task: {task!r}: choose {', '.join(TASKS)}")
+        raise IntdetError(f"task: {task!r}: choose {', '.join(TASKS)}", field="task")
     if engine not in ENGINES:
-        raise IntdetError(f"--engine: {engine!r}: choose {', '.join(ENGINES)}")
+        raise IntdetError(f"engine: {engine!r}: choose {', '.join(ENGINES)}", field="engine")
     if workers < 0 or engine != "local" and workers < 1:
-        raise IntdetError(f"--workers: {workers} must be >= {0 if engine == 'local' else 1}")
+        raise IntdetError(f"workers: {workers} must be >= {0 if engine == 'local' else 1}", field="workers")
     if batch_size < 1:
-        raise IntdetError(f"--batch-size: {batch_size} must be >= 1")
+        raise IntdetError(f"batch_size: {batch_size} must be >= 1", field="batch_size")
     if address and engine == "local":
-        raise IntdetError("--address: only for --engine ray or dask")
+        raise IntdetError("address: only with the ray or dask engine", field="address")
     if os.path.exists(output_path) and os.path.exists(input_path) and os.path.samefile(input_path, output_path):
-        raise IntdetError(f"-o {output_path}: is the input file")
+        raise IntdetError(f"output_path {output_path}: is the input file", field="output_path")
     items = read_items(input_path, task)
     if engine == "ray":
         from .ray_engine import require_ray as require

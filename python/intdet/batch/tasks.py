@@ -106,11 +106,7 @@ class TaskRunner:
             ids = self.llm.chat_ids(f["messages"])
         else:
             field = "prompt" if "prompt" in f else "ids"
-            try:
-                ids = self.llm.prompt_ids(f[field])
-            except IntdetError as e:  # prompt_ids names "prompt"; the item's field may be "ids"
-                msg = str(e)
-                raise IntdetError(field + msg[len("prompt"):] if msg.startswith("prompt") else msg) from None
+            ids = self.llm.prompt_ids(f[field], field)
         kw = {k: f[k] for k in f if k not in ("prompt", "messages", "ids")}
         if isinstance(kw.get("stop"), list):
             kw["stop"] = tuple(kw["stop"])
@@ -177,10 +173,7 @@ class TaskRunner:
         else:
             if ctx > n:
                 raise IntdetError(f"ctx: {ctx} is more than the context length {n}")
-            try:
-                wins = windows_of(ids, ctx, bos=bos)
-            except IntdetError as e:
-                raise IntdetError(str(e).replace("--ctx", "ctx")) from None
+            wins = windows_of(ids, ctx, bos=bos)
         for w in wins:
             self._check_score(w[:1], w[1:])
         return wins

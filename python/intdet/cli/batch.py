@@ -51,6 +51,8 @@ def batch(input_path, output_path, model, revision, weights, device, threads, ta
         raise IntdetError("IN.jsonl: '-' (stdin) is not supported: give a file (a job re-reads it to resume)")
     if output_path == "-":
         raise IntdetError("-o -: stdout is not supported: give a file (a job appends to it and resumes from it)")
+    if address and engine == "local":  # the library's message names no option
+        raise IntdetError("--address: only for --engine ray or dask")
 
     summary = run_job(input_path, output_path, model=model, task=task, engine=engine, workers=workers,
                       address=address, batch_size=batch_size, threads=threads or None, device=device,

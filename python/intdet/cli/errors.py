@@ -83,6 +83,30 @@ def _broken_pipe():
     sys.exit(1)
 
 
+# The option that gives each library field (IntdetError.field): the one place
+# where the library's names meet the CLI's spellings.
+OPTIONS = {
+    "model": "-m", "revision": "--revision", "weights": "--weights", "device": "--device", "threads": "--threads",
+    "draft_model": "--spec-draft", "max_tokens": "-n", "temperature": "--temperature", "top_p": "--top-p",
+    "top_k": "--top-k", "min_p": "--min-p", "repeat_penalty": "--repeat-penalty", "repeat_last_n": "--repeat-last-n",
+    "seed": "--seed", "truncate": "--truncate", "ids": "--ids", "ctx": "--ctx", "max_windows": "--max-windows",
+    "batch": "--batch", "prompt_tokens": "--prompt-tokens", "gen_tokens": "--gen-tokens", "shape": "--shape",
+    "task": "--task", "engine": "--engine", "workers": "--workers", "batch_size": "--batch-size",
+    "address": "--address", "output_path": "-o",
+}
+
+
+def option_message(e: IntdetError) -> str:
+    """``e``'s message with its leading field name spelled as the CLI option
+    that gives it ("top_p: 2 is outside (0, 1]" -> "--top-p: 2 is outside
+    (0, 1]"); other messages as they are."""
+    msg, field = str(e), e.field
+    opt = OPTIONS.get(field) if field else None
+    if opt and (msg == field or msg.startswith((field + ":", field + " "))):
+        return opt + msg[len(field):]
+    return msg
+
+
 def user_errors(fn):
     """Turn IntdetError (and errors from bad model files) into one-line exits."""
 
@@ -91,7 +115,7 @@ def user_errors(fn):
         try:
             return fn(*a, **kw)
         except IntdetError as e:
-            _fail(str(e))
+            _fail(option_message(e))
         except BrokenPipeError:
             _broken_pipe()
         except KeyboardInterrupt:  # Ctrl-C outside generation (convert, model load): one line, exit 130

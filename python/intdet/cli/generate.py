@@ -11,7 +11,7 @@ import click
 
 from ..errors import IntdetError
 from .errors import _STREAMS, _err, _need_stdout, user_errors
-from .options import (_load, _make_sampler, compile_structured, draft_error, model_options, parse_ids, read_text_file,
+from .options import (_load, _make_sampler, compile_structured, model_options, parse_ids, read_text_file,
                       sampling_options, spec_draft_options, spec_settings, stats_line, structured_options,
                       structured_params, verbosity_options)
 
@@ -103,7 +103,7 @@ def generate(ctx, prompt, prompt_opt, file, ids, chat, system, truncate, model, 
     tok, meta = lm.tokenizer, lm.tok_meta
     if prompt_ids is None:
         if chat:
-            from ..chat import conversation_ids
+            from ..conversation import conversation_ids
 
             msgs = ([{"role": "system", "content": system}] if system is not None else []) + [
                 {"role": "user", "content": text}]
@@ -117,11 +117,8 @@ def generate(ctx, prompt, prompt_opt, file, ids, chat, system, truncate, model, 
     # PREFILL_CHUNK calls, Ctrl-C honoured between them); the whole KV cache
     # is the request's, so no KV budget applies (and one request leaves a
     # prefix cache nothing to reuse).
-    try:
-        llm = LLM(lm, device, threads, max_batch=1, step_tokens=PREFILL_CHUNK, kv_bytes=1 << 62, prefix_cache=False,
-                  spec_tokens=spec_tokens, draft_model=draft_model, revision=revision, weights=weights)
-    except IntdetError as e:
-        raise draft_error(e) from None
+    llm = LLM(lm, device, threads, max_batch=1, step_tokens=PREFILL_CHUNK, kv_bytes=1 << 62, prefix_cache=False,
+              spec_tokens=spec_tokens, draft_model=draft_model, revision=revision, weights=weights)
     if structured is not None:
         compile_structured(llm, structured, structured_opt)  # a bad schema fails before the prompt runs
     p = ctx.params

@@ -176,12 +176,6 @@ def spec_settings(spec_ngram: int, spec_draft, spec_draft_max: int) -> tuple:
     return (spec_draft_max, spec_draft) if spec_draft is not None else (spec_ngram, None)
 
 
-def draft_error(e: IntdetError) -> IntdetError:
-    """The API's draft_model error, naming the CLI option."""
-    msg = str(e)
-    return IntdetError("--spec-draft" + msg[len("draft_model"):] if msg.startswith("draft_model") else msg)
-
-
 def structured_options(fn):
     """--json-schema(-file), --grammar(-file), --regex: structured output."""
     return _apply(fn, [

@@ -39,6 +39,9 @@ def perplexity(model, file, ctx, max_windows, use_float, second_half, device, th
     from ..tokenizer import encode
 
     _need_stdout()
+    if second_half and ctx < 3:  # a window of 2 predicts one token, in its first half
+        raise IntdetError(f"--second-half: --ctx {ctx} leaves no prediction in the second half of a window "
+                          "(use --ctx 3 or more)")
     text = read_text_file(file, "-f", TEXT_FILE_LIMIT)
     _warn_revision(revision, model)
     src = resolve_source(model, revision)

@@ -21,7 +21,7 @@ import click
 
 from ..errors import IntdetError
 from .errors import user_errors
-from .options import _log, draft_error, model_options, spec_draft_options, spec_settings
+from .options import _log, model_options, spec_draft_options, spec_settings
 
 # Seconds after --drain-timeout before uvicorn cancels what is left: a
 # backstop only, since the drain ends every choice at --drain-timeout.
@@ -100,12 +100,9 @@ def serve(model, revision, weights, device, threads, host, port, max_batch, step
         raise IntdetError(f"--host {host} --port {port}: cannot bind ({getattr(e, 'strerror', None) or e})") from None
     src = resolve_source(model, revision) if model is None or os.path.exists(model) else model
     name = served_model_name or os.path.basename(os.path.normpath(src or model or "intdet"))
-    try:
-        llm = LLM(model, device=device, threads=threads, weights=weights, revision=revision, max_batch=max_batch,
-                  step_tokens=step_tokens, kv_bytes=kv_cache_mib << 20, progress=sys.stderr.isatty(),
-                  notice=_log(True), spec_tokens=spec_tokens, prefix_cache=prefix_cache, draft_model=draft_model)
-    except IntdetError as e:
-        raise draft_error(e) from None
+    llm = LLM(model, device=device, threads=threads, weights=weights, revision=revision, max_batch=max_batch,
+              step_tokens=step_tokens, kv_bytes=kv_cache_mib << 20, progress=sys.stderr.isatty(),
+              notice=_log(True), spec_tokens=spec_tokens, prefix_cache=prefix_cache, draft_model=draft_model)
     app = create_app(llm, name, api_key, Limits(max_body_bytes=max_body_mib << 20, max_n=max_n,
                                              allow_weight_updates=allow_weight_updates,
                                              max_weights_bytes=max_weights_mib << 20))

@@ -106,7 +106,8 @@ def compress_stream(engine, read, out, ctx: int = DEFAULT_CTX, model_name: str =
 
     core = _core.compress
     if not 1 <= ctx <= engine.context_length:
-        raise IntdetError(f"--ctx: {ctx} must be in [1, {engine.context_length}] (the model's context length)")
+        raise IntdetError(f"ctx: {ctx} must be in [1, {engine.context_length}] (the model's context length)",
+                          field="ctx")
     tb = _token_bytes(engine)
     lm = engine.lm
     h = Header(precision=PRECISION, model_sha256=lm.model_sha256, engine_format=int(lm.cfg["format_version"]),
@@ -193,7 +194,7 @@ def decompress_stream(engine, f, out, where: str, batch: int = DEFAULT_BATCH, pr
 
     core = _core.compress
     if batch < 1:
-        raise IntdetError(f"--batch: {batch} must be >= 1")
+        raise IntdetError(f"batch: {batch} must be >= 1", field="batch")
     h = header or read_header(f, where)
     tb = _token_bytes(engine)
     check_model(h, engine, tb, where)

@@ -52,7 +52,7 @@ def _convert(src: str, out_dir: str, force: bool, progress: bool, weights: str, 
     out_dir = os.path.abspath(out_dir)
     check_output(out_dir, src, force)
     if weights not in WEIGHT_FORMATS:
-        raise IntdetError(f"--weights {weights!r}: choose int8 or int4")
+        raise IntdetError(f"weights {weights!r}: choose int8 or int4", field="weights")
     if os.path.isdir(src) and is_converted(src):
         raise IntdetError(f"{src}: already a converted intdet model (convert its source instead)")
     fm = read_source(src)

@@ -360,7 +360,7 @@ def plan_model(fm, weights: str = "int8", progress: bool = False, with_rope: boo
     D = hp["head_dim"]
     R = hp.get("residual_frac", RESIDUAL_FRAC)
     if weights not in WEIGHT_FORMATS:
-        raise IntdetError(f"--weights {weights!r}: choose int8 or int4")
+        raise IntdetError(f"weights {weights!r}: choose int8 or int4", field="weights")
     _check_bounds(hp, weights)
     plan = Plan(model_config(fm.arch, hp, weights))
     norm_exp = {}  # G of every RMSNorm gamma (analysis: int -> real of norm outputs)
@@ -487,15 +487,17 @@ def _check_bounds(hp, weights="int8"):
     if weights == "int4":
         for n, k in (("hidden_size", H), ("intermediate_size", F), ("num_heads * head_dim", nh * D)):
             if k % W4_GROUP:
-                raise IntdetError(f"--weights int4: {n} = {k} is not a multiple of {W4_GROUP} (int4 groups)")
+                raise IntdetError(f"weights int4: {n} = {k} is not a multiple of {W4_GROUP} (int4 groups)", field="weights")
         if max(H, F, nh * D) >= 1 << 21:
-            raise IntdetError("--weights int4: a linear layer's input reaches 2^21 features: int64 accumulator bound")
+            raise IntdetError("weights int4: a linear layer's input reaches 2^21 features: int64 accumulator bound",
+                              field="weights")
     if H > 8192 or D > 8192:
         raise IntdetError(f"hidden_size {H} exceeds 8192: RMSNorm's int64 sum of squares could overflow")
     for b in hp.get("layers", ()):
         fm = b.get("moe", {}).get("expert_ffn_size", 0)
         if weights == "int4" and fm % W4_GROUP:
-            raise IntdetError(f"--weights int4: expert intermediate size {fm} is not a multiple of {W4_GROUP}")
+            raise IntdetError(f"weights int4: expert intermediate size {fm} is not a multiple of {W4_GROUP}",
+                              field="weights")
         if fm > 1 << 24:
             raise IntdetError("an expert's input exceeds 2^24 features: int64 accumulator bound")
     if nh * D > 8192 and any(b.get("qk_norm_span") == "projection" for b in hp.get("layers", ())):

@@ -43,6 +43,7 @@ async def create_chat_completion(srv, request: Request):
     jobs = [(ids, params(with_grammar(srv.sampling(r, mt, derive_seed(seed, c), k, None, grammar), tool_so), r))
             for c in range(r.n)]
     runs = srv.launch(asyncio.get_running_loop(), jobs)
+    stop = tuple(jobs[0][1].stop)  # the stop strings of every choice (the tool-call parser holds them back)
     cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
     if r.stream:
         include_usage = bool(r.stream_options and r.stream_options.include_usage)
@@ -50,52 +51,51 @@ async def create_chat_completion(srv, request: Request):
                                 "model": srv.model_name, "system_fingerprint": srv.llm.system_fingerprint,
                                 "choices": choices}
         if ts is not None and ts.parses:
-            parsers = [CallParser(ts, srv.llm.tokenizer, srv.llm.eos_ids, req.stop) for req, _ in runs]
+            parsers = [CallParser(ts, srv.llm.tokenizer, srv.llm.eos_ids, stop) for _ in runs]
 
-            def chunk(i, ev):
-                ds = tool_deltas(srv, i, ev, k, parsers[i])
+            def chunk(i, ev, c):
+                ds = tool_deltas(srv, i, ev, c, k, parsers[i])
                 if r.return_token_ids and not ds and ev.kind == "token":
                     ds = [{"index": i, "delta": {}, "logprobs": None, "finish_reason": None}]  # the id, held text
                 if ds:  # the event's token id, or at the end the receipt, on its last delta
-                    ds[-1] = add_to_delta(ds[-1], ev, r)
+                    ds[-1] = add_to_delta(ds[-1], ev, r, c)
                 return [head([d]) for d in ds]
         else:
-            chunk = lambda i, ev: head([add_to_delta(chat_delta(srv, i, ev, k), ev, r)])  # noqa: E731
+            chunk = lambda i, ev, c: head([add_to_delta(chat_delta(srv, i, ev, c, k), ev, r, c)])  # noqa: E731
         return sse(srv, request, runs, chunk, len(ids), include_usage, lambda usage: dict(head([]), usage=usage),
                    first=[head([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                                  "finish_reason": None}]) for i in range(len(runs))],
                    every_token=(ts is not None and ts.parses) or bool(r.return_token_ids))
     await srv.wait_all(request, runs)
+    done = [srv.result(run) for run in runs]
     choices = []
-    for i, (req, _) in enumerate(runs):
-        srv.raise_failed(req)
-        message, finish = {"role": "assistant", "content": req.text}, FINISH[req.finish_reason]
+    for i, c in enumerate(done):
+        srv.raise_failed(c)
+        message, finish = {"role": "assistant", "content": c.text}, FINISH[c.finish_reason]
         if ts is not None and ts.parses:
-            content, calls = parse_reply(ts, srv.llm.tokenizer, req.tokens, srv.llm.eos_ids, req.stop, req.hash)
+            content, calls = parse_reply(ts, srv.llm.tokenizer, c.tokens, srv.llm.eos_ids, stop, c.hash)
             message["content"] = content if content or not calls else None
             if calls:
                 message["tool_calls"], finish = calls, "tool_calls"
         choices.append(add_to_choice({"index": i, "message": message,
                                       "logprobs": None if k is None else
-                                      {"content": [chat_logprob(srv.llm, lp, k) for lp in req.token_logprobs]},
-                                      "finish_reason": finish, "stop_reason": req.stop_string,
-                                      "hash": req.hash, "seed": req.sampler.seed, "model_version": req.model_version},
-                                     req, r, prompt_ids=False))
-    n_out = sum(len(req.tokens) for req, _ in runs)
+                                      {"content": [chat_logprob(srv.llm, lp, k) for lp in c.logprobs or ()]},
+                                      "finish_reason": finish, "stop_reason": c.stop_reason,
+                                      "hash": c.hash, "seed": c.seed, "model_version": c.model_version},
+                                     c, r, prompt_ids=False))
     body = {"id": cid, "object": "chat.completion", "created": created, "model": srv.model_name,
             "system_fingerprint": srv.llm.system_fingerprint, "choices": choices,
-            "usage": srv.usage(runs, len(ids), n_out)}
+            "usage": srv.usage(done, len(ids))}
     if r.return_token_ids:  # vLLM's chat response holds the prompt's ids once
         body["prompt_token_ids"] = list(ids)
     return JSONResponse(body)
 
 
-def chat_delta(srv, i, ev, k):
-    req = ev.request
+def chat_delta(srv, i, ev, c, k):
+    """Choice i's stream delta of event ``ev`` (``c``: its Completion on the "done" event)."""
     if ev.kind == "done":
-        return {"index": i, "delta": {}, "logprobs": None, "finish_reason": FINISH[req.finish_reason],
-                "stop_reason": req.stop_string, "hash": req.hash, "seed": req.sampler.seed,
-                "model_version": req.model_version}
+        return {"index": i, "delta": {}, "logprobs": None, "finish_reason": FINISH[c.finish_reason],
+                "stop_reason": c.stop_reason, "hash": c.hash, "seed": c.seed, "model_version": c.model_version}
     lp = None
     if k is not None and ev.logprob is not None:
         lp = {"content": [chat_logprob(srv.llm, ev.logprob, k)]}
@@ -139,7 +139,7 @@ def with_grammar(sp, so):
     return sp if so is None else dataclasses.replace(sp, structured_outputs=so)
 
 
-def tool_deltas(srv, i, ev, k, parser) -> list:
+def tool_deltas(srv, i, ev, c, k, parser) -> list:
     """The stream's choice deltas of choice i's event when its reply is
     parsed for calls: content as the parser lets it through, then at the
     end the rest of the content, each call (a delta with index, id, type and
@@ -148,16 +148,16 @@ def tool_deltas(srv, i, ev, k, parser) -> list:
         text = parser.push(ev.token)
         lp = {"content": [chat_logprob(srv.llm, ev.logprob, k)]} if k is not None and ev.logprob is not None else None
         return [{"index": i, "delta": {"content": text}, "logprobs": lp, "finish_reason": None}] if text or lp else []
-    rest, calls = parser.finish(ev.request.hash)
+    rest, calls = parser.finish(c.hash)
     out = [{"index": i, "delta": {"content": rest}, "logprobs": None, "finish_reason": None}] if rest else []
-    for j, c in enumerate(calls):
-        fn = c["function"]
-        out.append({"index": i, "delta": {"tool_calls": [{"index": j, "id": c["id"], "type": "function",
+    for j, call in enumerate(calls):
+        fn = call["function"]
+        out.append({"index": i, "delta": {"tool_calls": [{"index": j, "id": call["id"], "type": "function",
                                                           "function": {"name": fn["name"], "arguments": ""}}]},
                     "logprobs": None, "finish_reason": None})
         out.append({"index": i, "delta": {"tool_calls": [{"index": j, "function": {"arguments": fn["arguments"]}}]},
                     "logprobs": None, "finish_reason": None})
-    done = chat_delta(srv, i, ev, k)
+    done = chat_delta(srv, i, ev, c, k)
     if calls:
         done["finish_reason"] = "tool_calls"
     return out + [done]

@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse
 
-from ..api import LLM, SamplingParams
+from ..api import LLM, Completion, SamplingParams
 from ..errors import IntdetError
 from . import protocol as P
 from .metrics import Metrics
@@ -92,9 +92,10 @@ class RunQueue(asyncio.Queue):
     so far (tokens, text, log-probabilities, the chain hash's state).
 
     ``abort()`` ends the choice on the loop at once, without waiting for the
-    engine (whose step may run for seconds): it queues a "done" event whose
-    ``request`` is an ``Aborted`` built from what was delivered, and drops
-    the engine's later events. The server's drain relies on it."""
+    engine (whose step may run for seconds): it queues a "done" event
+    carrying the choice's ``Completion`` built from what was delivered
+    (``aborted``), and drops the engine's later events. The server's drain
+    relies on it."""
 
     def __init__(self, req):
         super().__init__()
@@ -104,7 +105,7 @@ class RunQueue(asyncio.Queue):
         self.token_logprobs: list = []
         self.chain_state: bytes | None = None
         self.ended = False  # a done/error event was queued (the engine's or abort's)
-        self.aborted: "Aborted | None" = None
+        self.aborted: Completion | None = None  # the drain's result, once it ended this choice
 
     def put_nowait(self, ev) -> None:
         if self.aborted is not None:
@@ -120,61 +121,62 @@ class RunQueue(asyncio.Queue):
             self.ended = True
         super().put_nowait(ev)
 
-    def abort(self, llm) -> "Aborted | None":
+    def abort(self, llm) -> Completion | None:
         """End this choice now as finish_reason "abort" (cancelling its
-        request); returns the Aborted result, or None when it had ended."""
+        request); returns its Completion, or None when it had ended."""
         if self.ended or self.aborted is not None:
             return None
         self.req.cancel()
-        self.aborted = Aborted(self, llm)
+        self.aborted = _aborted(self, llm)
         self.ended = True
         super().put_nowait(_AbortEvent(self.aborted))
         return self.aborted
 
 
-class Aborted:
-    """The result of a choice the drain ended: the fields the endpoints read
-    from a scheduler Request, filled from the events the client received
-    (the text held back for a stop string is not in it). ``hash`` is the
-    chain hash after the received tokens (docs/chain-hash.md), the hash of
-    a request cancelled at that point."""
+def _aborted(q: RunQueue, llm) -> Completion:
+    """The Completion of a choice the drain ended (finish_reason
+    "cancelled"), from the events its client received (the text held back
+    for a stop string is not in it). Its hash is the chain hash after the
+    received tokens (docs/chain-hash.md), a request cancelled at that
+    point; its receipt (when asked) holds those tokens."""
+    from ..hashing import ChainHash
 
-    finish_reason = "cancelled"
-    error = ""
-    stop_string = None
+    req = q.req
+    state = q.chain_state
+    if state is None:  # no token yet: the hash of the prompt alone
+        state = ChainHash(llm.lm.cfg["format_version"], llm.lm.model_sha256, req.prompt_ids[:req.score_from]).state
+    pl = None
+    if req.prompt_logprobs is not None:  # filled by prefill; pad what it has not reached
+        pl = list(req.prompt_token_logprobs)
+        pl += [None] * (len(req.prompt_ids) - len(pl))
+    receipt = None
+    if req.receipt_head is not None:  # the receipt of the tokens received: it replays like any other
+        from types import SimpleNamespace
 
-    def __init__(self, q: RunQueue, llm):
-        from ..hashing import ChainHash
+        from ..receipts import finish
 
-        req = q.req
-        self.prompt_ids, self.sampler, self.cached_tokens = req.prompt_ids, req.sampler, req.cached_tokens
-        self.stop, self.model_version = req.stop, req.model_version
-        self.prompt_logprobs, self.logprobs = req.prompt_logprobs, req.logprobs
-        pl = list(req.prompt_token_logprobs)  # filled by prefill; pad what it has not reached
-        self.prompt_token_logprobs = pl + [None] * (len(req.prompt_ids) - len(pl))
-        self.tokens, self.text, self.token_logprobs = list(q.tokens), q.text, list(q.token_logprobs)
-        if q.chain_state is None:  # no token yet: the hash of the prompt alone
-            h = ChainHash(llm.lm.cfg["format_version"], llm.lm.model_sha256, req.prompt_ids[:req.score_from])
-            q.chain_state = h.state
-        self.chain_hash = q.chain_state.hex()  # the whole hash (a receipt's)
-        self.hash = self.chain_hash[:12]
-        self.receipt_head, self.step_hashes = req.receipt_head, None  # its receipt: the tokens received
-        self.done = threading.Event()
-        self.done.set()
-
-    def cancel(self) -> None:
-        pass
+        receipt = finish(req.receipt_head, SimpleNamespace(
+            prompt_ids=req.prompt_ids, tokens=list(q.tokens), finish_reason="cancelled", chain_hash=state.hex(),
+            step_hashes=None, model_version=req.model_version))
+    return Completion(prompt_ids=req.prompt_ids, tokens=list(q.tokens), text=q.text, finish_reason="cancelled",
+                      hash=state.hex()[:12], hashes={}, seed=req.sampler.seed,
+                      logprobs=list(q.token_logprobs) if req.logprobs is not None else None, prompt_logprobs=pl,
+                      truncated=req.truncated, cached_tokens=req.cached_tokens, model_version=req.model_version,
+                      receipt=receipt)
 
 
 class _AbortEvent:
+    """The "done" event of a choice the drain ended, with its Completion."""
+
     kind = "done"
     token = None
     text = ""
     logprob = None
     error = ""
+    request = None
 
-    def __init__(self, result: Aborted):
-        self.request = result
+    def __init__(self, completion: Completion):
+        self.completion = completion
 
 
 class Server:
@@ -324,8 +326,9 @@ class Server:
         """Submit (prompt_ids, SamplingParams) jobs (``ids_checked``: their
         ids are checked already, LLM.request's); returns the runs list
         [(scheduler Request, RunQueue)]. The list is live until the endpoint
-        calls ``finished(runs)`` (``wait_all`` and ``sse`` do): the drain
-        replaces the pair of a choice it aborts by (Aborted, RunQueue)."""
+        calls ``finished(runs)`` (``wait_all`` and ``sse`` do): until then the
+        drain may end a choice (RunQueue.abort). The endpoints read each
+        choice's outcome as a Completion (``result``, ``final``)."""
         if self.draining:
             raise BadRequest("the server is shutting down", status=503)
         if self._mailbox is None or self._mailbox.loop is not loop:
@@ -364,13 +367,22 @@ class Server:
         engine's step in flight; returns how many were ended."""
         n = 0
         for runs in list(self._live.values()):
-            for i, (_, q) in enumerate(runs):
-                res = q.abort(self.llm)
-                if res is not None:
-                    runs[i] = (res, q)
+            for _, q in runs:
+                if q.abort(self.llm) is not None:
                     n += 1
         self.counts["aborted"] += n
         return n
+
+    def result(self, run) -> Completion:
+        """The Completion of a finished run (Request, RunQueue): the drain's
+        when it ended the choice."""
+        req, q = run
+        return q.aborted if q.aborted is not None else self.llm.completion(req)
+
+    def final(self, ev) -> Completion:
+        """The Completion of a choice's "done" event (the drain's own for a
+        choice it ended)."""
+        return ev.completion if isinstance(ev, _AbortEvent) else self.llm.completion(ev.request)
 
     async def wait_all(self, request: Request, runs):
         """Wait until every run is done; a client that disconnects cancels them."""
@@ -420,19 +432,22 @@ class Server:
             msg = str(e)
             raise BadRequest(msg if msg.startswith("messages") else f"messages: {msg}", "messages") from None
 
-    def usage(self, runs, n_prompt: int, n_out: int) -> dict:
-        """OpenAI's usage block; with the prefix cache, prompt_tokens_details
-        .cached_tokens: the prompt positions reused, summed over the runs
-        (at most prompt_tokens, which counts a prompt once for its n choices)."""
+    def usage(self, completions, n_prompt: int) -> dict:
+        """OpenAI's usage block of the choices' Completions; with the prefix
+        cache, prompt_tokens_details.cached_tokens: the prompt positions
+        reused, summed over the choices (at most prompt_tokens, which counts
+        a prompt once for its n choices)."""
+        n_out = sum(len(c.tokens) for c in completions)
         u = {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out}
         if self.llm.scheduler.cache is not None:
-            u["prompt_tokens_details"] = {"cached_tokens": min(n_prompt, sum(req.cached_tokens for req, _ in runs))}
+            u["prompt_tokens_details"] = {"cached_tokens": min(n_prompt, sum(c.cached_tokens for c in completions))}
         return u
 
-    def raise_failed(self, req):
-        if req.finish_reason == "error":
-            self.engine_error(req.error)
-            raise BadRequest(f"engine error: {req.error}", status=500)
+    def raise_failed(self, c: Completion):
+        """BadRequest 500 for a choice the engine failed (logged)."""
+        if c.finish_reason == "error":
+            self.engine_error(c.error)
+            raise BadRequest(f"engine error: {c.error}", status=500)
 
     def engine_error(self, error: str) -> None:
         """Count a choice the engine failed, and say so in the log (one line)."""

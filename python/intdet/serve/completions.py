@@ -35,12 +35,9 @@ def prompts_of(srv, prompt) -> list:
     for i, p in enumerate(plist):
         where = "prompt" if len(plist) == 1 else f"prompt[{i}]"
         try:
-            ids = srv.llm.encode(p) if isinstance(p, str) else list(p)
-        except IntdetError as e:  # not valid Unicode text
-            raise BadRequest(str(e).replace("prompt", where, 1), "prompt") from None
-        if not ids:
-            raise BadRequest(f"{where}: empty", "prompt")
-        try:
+            ids = srv.llm.encode(p, what=where) if isinstance(p, str) else list(p)  # not valid Unicode text
+            if not ids:
+                raise IntdetError(f"{where}: empty")
             check_token_ids(ids, srv.llm.vocab_size, where)
         except IntdetError as e:
             raise BadRequest(str(e), "prompt") from None
@@ -75,8 +72,8 @@ async def create_completion(srv, request: Request):
         include_usage = bool(r.stream_options and r.stream_options.include_usage)
         offsets = [0] * len(runs)  # text_offset of each choice's next chunk
 
-        def chunk(i, ev):
-            d = add_to_delta(completion_delta(srv, i, ev, r.logprobs, offsets[i]), ev, r)
+        def chunk(i, ev, c):
+            d = add_to_delta(completion_delta(srv, i, ev, c, r.logprobs, offsets[i]), ev, r, c)
             offsets[i] += len(ev.text)
             return {"id": cid, "object": "text_completion", "created": created, "model": srv.model_name,
                     "system_fingerprint": srv.llm.system_fingerprint, "choices": [d]}
@@ -84,31 +81,32 @@ async def create_completion(srv, request: Request):
         return sse(srv, request, runs, chunk, n_prompt, include_usage,
             lambda usage: {"id": cid, "object": "text_completion", "created": created, "model": srv.model_name,
                            "system_fingerprint": srv.llm.system_fingerprint, "choices": [], "usage": usage},
-            echo_texts=[echo_text(srv, runs[i][0], meta[i][1]) if r.echo else "" for i in range(len(runs))],
+            echo_texts=[echo_text(srv, prompts[p][0], text) if r.echo else "" for p, text in meta],
             every_token=bool(r.return_token_ids))
     await srv.wait_all(request, runs)
+    done = [srv.result(run) for run in runs]
     choices = []
-    for i, (req, _) in enumerate(runs):
-        srv.raise_failed(req)
-        prefix = echo_text(srv, req, meta[i][1]) if r.echo else ""
-        choices.append(add_to_choice({"index": i, "text": prefix + req.text,
+    for i, c in enumerate(done):
+        srv.raise_failed(c)
+        prefix = echo_text(srv, c.prompt_ids, meta[i][1]) if r.echo else ""
+        choices.append(add_to_choice({"index": i, "text": prefix + c.text,
                                       "logprobs": None if r.logprobs is None else
-                                      completion_logprobs(srv.llm, req, r.echo, r.logprobs),
-                                      "finish_reason": FINISH[req.finish_reason], "stop_reason": req.stop_string,
-                                      "hash": req.hash, "seed": req.sampler.seed, "model_version": req.model_version},
-                                     req, r))
-    n_out = sum(len(req.tokens) for req, _ in runs)
+                                      completion_logprobs(srv.llm, c, r.echo, r.logprobs),
+                                      "finish_reason": FINISH[c.finish_reason], "stop_reason": c.stop_reason,
+                                      "hash": c.hash, "seed": c.seed, "model_version": c.model_version},
+                                     c, r))
     return JSONResponse({"id": cid, "object": "text_completion", "created": created, "model": srv.model_name,
                          "system_fingerprint": srv.llm.system_fingerprint, "choices": choices,
-                         "usage": srv.usage(runs, n_prompt, n_out)})
+                         "usage": srv.usage(done, n_prompt)})
 
 
-def echo_text(srv, req, text):
-    return text if text is not None else srv.llm.decode(req.prompt_ids)
+def echo_text(srv, prompt_ids, text):
+    """The echoed prompt: its text as sent, or its ids decoded."""
+    return text if text is not None else srv.llm.decode(prompt_ids)
 
 
-def completion_delta(srv, i, ev, k, offset: int):
-    req = ev.request
+def completion_delta(srv, i, ev, c, k, offset: int):
+    """Choice i's stream chunk of event ``ev`` (``c``: its Completion on the "done" event)."""
     d = {"index": i, "text": ev.text, "logprobs": None, "finish_reason": None}
     if ev.kind == "token" and k is not None and ev.logprob is not None:
         s = srv.llm.token_text(ev.token)
@@ -116,6 +114,6 @@ def completion_delta(srv, i, ev, k, offset: int):
                          "behaviour_logprobs": [ev.logprob.behaviour_logprob],
                          "top_logprobs": [top_dict(srv.llm, ev.logprob, k)], "text_offset": [offset]}
     if ev.kind == "done":
-        d.update(finish_reason=FINISH[req.finish_reason], stop_reason=req.stop_string, hash=req.hash,
-                 seed=req.sampler.seed, model_version=req.model_version)
+        d.update(finish_reason=FINISH[c.finish_reason], stop_reason=c.stop_reason, hash=c.hash, seed=c.seed,
+                 model_version=c.model_version)
     return d

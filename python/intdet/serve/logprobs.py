@@ -9,16 +9,17 @@ from __future__ import annotations
 from ..logprobs import to_float
 
 
-def completion_logprobs(llm, req, echo: bool, k: int, text_start: int = 0) -> dict:
+def completion_logprobs(llm, c, echo: bool, k: int, text_start: int = 0) -> dict:
+    """Completions' ``logprobs`` of Completion ``c`` (its prompt's first when ``echo``)."""
     toks, lps, tops, blps = [], [], [], []
     if echo:
-        pl = req.prompt_token_logprobs if req.prompt_logprobs is not None else [None] * len(req.prompt_ids)
-        for tok, lp in zip(req.prompt_ids, pl):
+        pl = c.prompt_logprobs if c.prompt_logprobs is not None else [None] * len(c.prompt_ids)
+        for tok, lp in zip(c.prompt_ids, pl):
             toks.append(tok)
             lps.append(None if lp is None else to_float(lp.logprob_q))
             tops.append(None if lp is None else top_dict(llm, lp, k))
             blps.append(None)  # a prompt token was not sampled
-    for lp in req.token_logprobs:
+    for lp in c.logprobs or ():
         toks.append(lp.token)
         lps.append(to_float(lp.logprob_q))
         tops.append(top_dict(llm, lp, k))

@@ -17,8 +17,10 @@ def sse(srv, request, runs, chunk, n_prompt, include_usage, usage_chunk, first=N
     choice (in the order the engine made them), a last chunk per choice
     with its finish_reason, hash and seed, the usage chunk when asked,
     then [DONE]. A client that goes away cancels every choice.
-    ``chunk(i, ev)``: the chunk of choice i's event, or a list of chunks;
-    ``every_token``: call it for token events with no text too (a tool
+    ``chunk(i, ev, c)``: the chunk of choice i's event, or a list of
+    chunks; ``c``: on its "done" event the choice's Completion
+    (``Server.final``: the response's last fields are read from it), else
+    None. ``every_token``: call it for token events with no text too (a tool
     call's parser reads every id; token ids asked for)."""
 
     async def events():
@@ -41,11 +43,12 @@ def sse(srv, request, runs, chunk, n_prompt, include_usage, usage_chunk, first=N
             next_event = merged.get
             pumps = [asyncio.ensure_future(pump(i, q)) for i, (_, q) in enumerate(runs)]
         try:
-            for c in first or []:
-                yield _sse(c)
+            for part in first or []:
+                yield _sse(part)
             for i, text in enumerate(echo_texts or []):
                 if text:
-                    yield _sse(chunk(i, _TextEvent(runs[i][0], text)))
+                    yield _sse(chunk(i, _TextEvent(text), None))
+            finals: dict = {}  # choice -> its Completion, from its "done" event
             left = len(runs)
             while left:
                 i, ev = await next_event()
@@ -56,21 +59,24 @@ def sse(srv, request, runs, chunk, n_prompt, include_usage, usage_chunk, first=N
                     continue
                 if ev.kind == "token" and not ev.text and ev.logprob is None and not (every_token and ev.token is not None):
                     continue  # a token with no visible text yet (held back, or a partial character)
-                out = chunk(i, ev)
-                for c in out if isinstance(out, list) else [out]:
-                    yield _sse(c)
+                c = None
+                if ev.kind == "done":
+                    c = finals[i] = srv.final(ev)
+                out = chunk(i, ev, c)
+                for part in out if isinstance(out, list) else [out]:
+                    yield _sse(part)
                 if ev.kind == "done":
                     left -= 1
-            if include_usage:
-                n_out = sum(len(req.tokens) for req, _ in runs)
-                yield _sse(usage_chunk(srv.usage(runs, n_prompt, n_out)))
+            if include_usage:  # a choice that failed (an "error" event) counts what its request made
+                done = [finals[i] if i in finals else srv.result(run) for i, run in enumerate(runs)]
+                yield _sse(usage_chunk(srv.usage(done, n_prompt)))
             yield "data: [DONE]\n\n"
         finally:
             srv.finished(runs)
             for p in pumps:
                 p.cancel()
-            for req, _ in runs:
-                if not req.done.is_set():
+            for req, q in runs:
+                if q.aborted is None and not req.done.is_set():
                     req.cancel()
                     srv.counts["cancelled"] += 1
 
@@ -85,8 +91,8 @@ class _TextEvent:
     token = None
     logprob = None
 
-    def __init__(self, request, text):
-        self.request, self.text = request, text
+    def __init__(self, text):
+        self.text = text
 
 
 def _sse(obj) -> str:
