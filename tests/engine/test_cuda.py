@@ -251,6 +251,19 @@ def test_round_div(backend):
     assert np.array_equal(backend.ops.round_div(a, b), C.ops.round_div(a, b))
 
 
+def test_round_div_edges(backend):
+    """The device's reciprocal division (intmath.h DivBy) on test_fastdiv's
+    edge divisors and numerators (powers of two and neighbours, 2^32 - 1,
+    multiples d k and d k +- 1 up to int64's top, negatives) against the CPU."""
+    from test_fastdiv import round_edge_pairs
+
+    a_s, b_s = round_edge_pairs()
+    a, b = np.array(a_s, np.int64), np.array(b_s, np.int64)
+    got = backend.ops.round_div(a, b)
+    assert np.array_equal(got, C.ops.round_div(a, b))
+    assert got.tolist() == [(x + y // 2) // y for x, y in zip(a_s, b_s)]
+
+
 LINEAR_SHAPES = [(1, 72, 40), (2, 64, 33), (3, 48, 5), (8, 136, 70), (13, 256, 65), (32, 96, 64), (40, 72, 130),
                  (70, 96, 64), (65, 160, 129)]
 
