@@ -111,6 +111,18 @@ def test_sass_check_catches_float(tmp_path):
     assert "FMUL" in r.stdout and "MUFU" in r.stdout  # int64 '/' by a variable: a float reciprocal estimate
 
 
+def test_sass_constant_move_idiom():
+    """ptxas's "HFMA2.MMA Rn, -RZ, RZ, c, c'" (a constant into a register:
+    -0 * 0 + c) counts as a move; every other HFMA2 form stays float."""
+    line = "        /*19b0*/                   HFMA2.MMA R16, -RZ, RZ, 0, 0 ;    /* 0x00000000ff107435 */"
+    assert check_sass.opcode_of(line) == check_sass.CONST_MOVE_OP
+    assert check_sass.opcode_of(line.replace("0, 0 ;", "1.875, -0 ;")) == check_sass.CONST_MOVE_OP
+    for other in ("HFMA2.MMA R16, -RZ, RZ, NAN, 0 ;", "HFMA2.MMA R16, R3, RZ, 0, 0 ;", "HFMA2 R4, R4, R5, R6 ;",
+                  "HFMA2.MMA R16, -RZ, RZ, c[0x0][0x160], 0 ;", "@P0 HFMA2 R2, -RZ, RZ, R3, 0 ;"):
+        assert check_sass.opcode_of(line.replace("HFMA2.MMA R16, -RZ, RZ, 0, 0 ;", other)) == "HFMA2", other
+    assert check_sass.CONST_MOVE_OP not in check_sass.FLOAT_OPS
+
+
 def test_floor_div_intonly_host():
     """The device's integer-only division (intmath.h udiv_u64), run on the
     host, against the spec's floor_div (ref/intmath.py)."""
