@@ -276,6 +276,25 @@ def test_round_div_edges(backend):
     assert got.tolist() == [(x + y // 2) // y for x, y in zip(a_s, b_s)]
 
 
+def test_div_bench(backend):
+    """scripts/bench_div.py's kernel: all four modes (udiv_u64 and DivBy, per
+    element and per row) give the exact sums; bad arguments are refused."""
+    rng = np.random.default_rng(3)
+    a = np.concatenate([rng.integers(0, 2**62, 40), [0, 5, 2**62]]).astype(np.int64)
+    b = np.concatenate([rng.integers(1, 2**31, 40), [1, 7, 2**62]]).astype(np.int64)
+    reps = 3
+    per_elem = [sum((x + r) // (d + r) for r in range(reps)) for x, d in zip(a.tolist(), b.tolist())]
+    per_row = [sum((x + r) // d for r in range(reps)) for x, d in zip(a.tolist(), b.tolist())]
+    for mode, want in ((0, per_elem), (1, per_elem), (2, per_row), (3, per_row)):
+        sums, ns = backend.ops.div_bench(a, b, reps, mode)
+        assert sums.tolist() == want, mode
+        assert ns >= 0
+    with pytest.raises(ValueError, match="div_bench"):
+        backend.ops.div_bench(a, b, reps, 4)
+    with pytest.raises(ValueError, match="div_bench"):
+        backend.ops.div_bench(a, np.zeros_like(b), reps, 0)
+
+
 LINEAR_SHAPES = [(1, 72, 40), (2, 64, 33), (3, 48, 5), (8, 136, 70), (13, 256, 65), (32, 96, 64), (40, 72, 130),
                  (70, 96, 64), (65, 160, 129)]
 
