@@ -110,11 +110,12 @@ INTDET_HD uint64_t recip_u64(uint64_t d) {
 // Exact floor division by one divisor d >= 1 through its reciprocal
 // (Granlund-Montgomery / libdivide style): m = recip_u64(d) once per divisor
 // (a row's norm, absmax or softmax total), then per dividend n < 2^64
-// q = hi(n m) is floor(n / d) or at most 2 below it (n m / 2^64 >
-// n ((2^64 - 1) / d - 1) / 2^64 > n / d - 2) and never above it, and two
-// branch-free remainder steps make it exact. The device's '/' replacement:
-// a multiply-high, a multiply and two compares per element instead of
-// udiv_u64's step per quotient bit.
+// q = hi(n m) is floor(n / d) or 1 below it, never more: m d = 2^64 - 1 - r0
+// with r0 = (2^64 - 1) mod d < d, so n m / 2^64 = n / d - n (r0 + 1) /
+// (d 2^64) and the term taken off is at most n / 2^64 < 1. One branch-free
+// remainder step makes it exact. The device's '/' replacement: a
+// multiply-high, a multiply and a compare per element instead of udiv_u64's
+// step per quotient bit.
 struct DivBy {
   uint64_t d = 1, m = ~(uint64_t)0;
 };
@@ -128,12 +129,8 @@ INTDET_HD DivBy div_by(int64_t b) {
 }
 
 INTDET_HD uint64_t udiv(uint64_t n, const DivBy& v) {
-  uint64_t q = umulhi64(n, v.m);
-  uint64_t r = n - q * v.d;  // exact: q d <= n
-  const uint64_t c = r >= v.d;
-  q += c;
-  r -= v.d & ((uint64_t)0 - c);
-  return q + (r >= v.d);
+  const uint64_t q = umulhi64(n, v.m);
+  return q + (n - q * v.d >= v.d);  // n - q d is exact (q d <= n) and < 2 d
 }
 
 // floor(a / d) for any int64 a: for a < 0, floor(a / d) = -floor((-a - 1) / d) - 1
