@@ -19,7 +19,8 @@ in the pip packages nvidia-cuda-cuobjdump / nvidia-cuda-nvdisasm
 
 Why it matters: integer division by a variable is lowered by nvcc through
 I2F + MUFU.RCP + F2I (exact, but float hardware); the sources avoid it
-(intmath.h udiv_u64), and this check proves no such code came back.
+(intmath.h DivBy, a reciprocal and IMAD.HI), and this check proves no such
+code came back.
 """
 
 from __future__ import annotations
@@ -67,6 +68,16 @@ FLOAT_OPS = {
 INSN = re.compile(r"^\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_]*)((?:\.[A-Za-z0-9_]+)*)")
 ARCH = re.compile(r"^\s*arch\s*=\s*(sm_\d+\w*)")
 FUNC = re.compile(r"^\s*Function\s*:\s*(\S+)")
+# ptxas materializes constants (0 most often) into a register through the
+# half-precision FMA pipe when the integer pipes are busy:
+# "HFMA2.MMA R16, -RZ, RZ, 0, 0" is -0 * 0 + (c, c') per half, the
+# immediate's bits for any non-NaN c (-0 + -0 = -0, -0 + x = x). No value
+# of the program goes through float arithmetic, so it is counted as a move
+# (CONST_MOVE_OP) and not as HFMA2. Register or constant-bank operands, or a
+# NaN immediate, stay HFMA2.
+CONST_MOVE = re.compile(r"\bHFMA2(?:\.MMA)?\s+R\d+\s*,\s*-RZ\s*,\s*RZ\s*,\s*(-?[0-9][0-9.e+-]*|-?INF)\s*,"
+                        r"\s*(-?[0-9][0-9.e+-]*|-?INF)\s*;")
+CONST_MOVE_OP = "HFMA2-const-move"
 PTX_FLOAT = re.compile(r"\.(?:f16x2|bf16x2|f16|bf16|f32|f64|tf32|e4m3|e5m2|e4m3x2|e5m2x2)\b")
 
 
@@ -114,6 +125,17 @@ def _env_with_nvdisasm():
     return env
 
 
+def opcode_of(line: str) -> str | None:
+    """The opcode a SASS line counts as (None: not an instruction line);
+    ptxas's constant-move idiom (CONST_MOVE) is CONST_MOVE_OP."""
+    m = INSN.match(line)
+    if not m:
+        return None
+    if m.group(1) == "HFMA2" and CONST_MOVE.search(line):
+        return CONST_MOVE_OP
+    return m.group(1)
+
+
 def sass_counts(path: str):
     """{arch: Counter(opcode -> n)}, {arch: {opcode: set(functions)}} for the
     float opcodes, and the number of functions seen."""
@@ -134,9 +156,8 @@ def sass_counts(path: str):
         if m:
             func, nfunc = m.group(1), nfunc + 1
             continue
-        m = INSN.match(line)
-        if m:
-            op = m.group(1)
+        op = opcode_of(line)
+        if op:
             counts[arch][op] += 1
             if op in FLOAT_OPS:
                 where[arch][op].add(func)

@@ -6,6 +6,7 @@
 #   1. build intdet in place with the CUDA module (pip install -e .)
 #   2. scripts/check_sass.py on the built module (no float instruction)
 #   3. python -m pytest tests/engine/test_cuda.py (GPU tests; the emulator ones too)
+#   3b. scripts/bench_div.py: ns per division, udiv_u64 against DivBy (issue 50)
 #   4. a deterministic random Qwen3-0.6B-shaped model (intdet random-model +
 #      intdet convert), `intdet hash-check --device cuda --steps 16 --expect PIN`:
 #      the CPU run must give the pinned hash (computed on x86 CPUs, docs/cuda.md)
@@ -126,6 +127,17 @@ md
 md "## tests/engine/test_cuda.py (GPU tests; the emulator ones are left to CPU machines)"
 md '```'
 md "$(tail -n 15 "$TEST_OUT" 2>/dev/null || echo 'pytest did not run')"
+md '```'
+
+step "division microbenchmark (scripts/bench_div.py)"
+DIV_OUT=$WORK/bench-div.txt
+DIV_EMU=""
+gpu || DIV_EMU="--emu"  # stand-in: the host emulator (the checks, not the times)
+soft div-bench 120 bash -c "set -o pipefail; $PY scripts/bench_div.py $DIV_EMU 2>&1 | tee $DIV_OUT"
+md
+md "## Division microbenchmark (udiv_u64 against DivBy; ns per int64 division${DIV_EMU:+, on the host emulator: the checks only, not GPU times})"
+md '```'
+md "$(cat "$DIV_OUT" 2>/dev/null || echo 'bench_div did not run')"
 md '```'
 
 step "random Qwen3-0.6B-shaped model"

@@ -177,6 +177,32 @@ PYBIND11_MODULE(INTDET_CORE_MODULE_NAME, mod) {
     for (py::ssize_t i = 0; i < a.size(); ++i) out.mutable_data()[i] = round_div(a.data()[i], b.data()[i]);
     return out;
   });
+  // The reciprocal division (intmath.h DivBy, the CUDA device's '/'): a DivBy
+  // per element here, so every (a, b) pair goes through recip_u64 and udiv.
+  ops.def("floor_div_recip", [](const I64Arr& a, const I64Arr& b) {
+    oa::same_shape("floor_div_recip", a, "a", b, "b");
+    for (py::ssize_t i = 0; i < b.size(); ++i)
+      if (b.data()[i] <= 0) oa::fail("floor_div_recip", "divisors must be positive");
+    I64Arr out = new_like(a);
+    for (py::ssize_t i = 0; i < a.size(); ++i) out.mutable_data()[i] = floor_div(a.data()[i], div_by(b.data()[i]));
+    return out;
+  });
+  ops.def("round_div_recip", [](const I64Arr& a, const I64Arr& b) {
+    oa::same_shape("round_div_recip", a, "a", b, "b");
+    for (py::ssize_t i = 0; i < b.size(); ++i)
+      if (b.data()[i] <= 0) oa::fail("round_div_recip", "divisors must be positive");
+    I64Arr out = new_like(a);
+    for (py::ssize_t i = 0; i < a.size(); ++i) out.mutable_data()[i] = round_div(a.data()[i], div_by(b.data()[i]));
+    return out;
+  });
+  // recip_u64 of d >= 1: floor((2^64 - 1) / d), uint64.
+  ops.def("recip_u64", [](const py::array_t<uint64_t, py::array::c_style>& d) {
+    for (py::ssize_t i = 0; i < d.size(); ++i)
+      if (d.data()[i] == 0) oa::fail("recip_u64", "divisors must be positive");
+    py::array_t<uint64_t> out(std::vector<py::ssize_t>(d.shape(), d.shape() + d.ndim()));
+    for (py::ssize_t i = 0; i < d.size(); ++i) out.mutable_data()[i] = recip_u64(d.data()[i]);
+    return out;
+  });
   ops.def("isqrt", [](const I64Arr& x) {
     I64Arr out = new_like(x);
     for (py::ssize_t i = 0; i < x.size(); ++i) {

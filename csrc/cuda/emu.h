@@ -10,7 +10,7 @@
 // all exercised; what is not emulated is timing, memory coherence subtleties
 // and resource limits. __shared__ variables become function statics (fine:
 // blocks never overlap). __CUDA_ARCH__ is defined for the kernel files so
-// intmath.h takes its device paths (udiv_u64 division, __clzll).
+// intmath.h takes its device paths (division by a reciprocal, __clzll).
 //
 // The runtime API part covers engine.cpp: plain host memory for device
 // memory, synchronous "streams", and graph capture as a recorded list of

@@ -1136,6 +1136,26 @@ void round_div(const int64_t* a, const int64_t* b, int64_t count, int64_t* out) 
   from_dev(out, d, count);
 }
 
+int64_t div_bench(const int64_t* a, const int64_t* b, int64_t count, int reps, int mode, int64_t* out) {
+  Keep k;
+  int64_t* d = to_dev<int64_t>(k.p, nullptr, count);
+  const int64_t* da = to_dev(k.p, a, count);
+  const int64_t* db = to_dev(k.p, b, count);
+  cudaEvent_t e0, e1;
+  ck(cudaEventCreate(&e0), "cudaEventCreate");
+  ck(cudaEventCreate(&e1), "cudaEventCreate");
+  ck(cudaEventRecord(e0, 0), "cudaEventRecord");
+  launch_div_bench(da, db, count, reps, mode, d, 0);
+  ck(cudaEventRecord(e1, 0), "cudaEventRecord");
+  ck(cudaEventSynchronize(e1), "cudaEventSynchronize");
+  float ms = 0;  // timing (analysis), not the numerical path
+  ck(cudaEventElapsedTime(&ms, e0, e1), "cudaEventElapsedTime");
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  from_dev(out, d, count);
+  return (int64_t)(ms * 1e6f);
+}
+
 void set_gemv_split(int wlg) { set_gemv_split_override(wlg); }
 void set_attn_path(int path) { set_attn_path_override(path); }
 

@@ -132,6 +132,9 @@ void norm_quant16(const int32_t* x, const int16_t* g, int64_t R, int64_t n, int6
 void swiglu(const int32_t* g, const int32_t* u, int64_t count, int64_t* a);
 void geglu(const int32_t* g, const int32_t* u, int64_t count, int64_t* a);
 void round_div(const int64_t* a, const int64_t* b, int64_t count, int64_t* out);
+// The division microbenchmark (launch_div_bench, modes there): out [count],
+// returns the kernel's cudaEvent time in nanoseconds.
+int64_t div_bench(const int64_t* a, const int64_t* b, int64_t count, int reps, int mode, int64_t* out);
 // out [R] = the device argmax of each logits row (logits [R, V]).
 void argmax(const int32_t* logits, int64_t R, int64_t V, int32_t* out);
 // The device sampler's token for one logits row [V] (launch_sample).

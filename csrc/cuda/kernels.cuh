@@ -275,6 +275,9 @@ void launch_sample(const int32_t* logits, int V, int64_t t_num, int64_t t_den, u
 
 // out[i] = round_div(a[i], b[i]) on the device (tests of the integer division).
 void launch_round_div(const int64_t* a, const int64_t* b, int64_t count, int64_t* out, cudaStream_t st);
+// The division microbenchmark's kernel (kernels_elementwise.cu div_bench_kernel).
+void launch_div_bench(const int64_t* a, const int64_t* b, int64_t count, int reps, int mode, int64_t* out,
+                      cudaStream_t st);
 
 }  // namespace cuda
 }  // namespace intdet

@@ -12,7 +12,8 @@
 // everything else accumulates in int64. Maxima are order-free too.
 //
 // No floating point: no float types, no '/' or '%' by a variable (nvcc lowers
-// those through MUFU.RCP; floor_div uses udiv_u64 on the device), no float
+// those through MUFU.RCP; floor_div divides by a reciprocal on the device,
+// intmath.h DivBy), no float
 // intrinsics. scripts/check_sass.py disassembles the result to prove it.
 #include "kernels_shared.cuh"  // first: kernels.cuh, then the shared device helpers
 
@@ -69,6 +70,31 @@ __global__ void round_div_kernel(const int64_t* a, const int64_t* b, int64_t cou
     out[i] = round_div(a[i], b[i]);
 }
 
+// The division microbenchmark (scripts/bench_div.py): out[i] = the sum over
+// r < reps of floor(a[i] + r, divisor) by mode 0: udiv_u64 (floor_div_intonly)
+// and 1: a DivBy per division, both by b[i] + r (a per-element divisor, the
+// GLU's case: nothing to hoist); 2: udiv_u64 and 3: one DivBy hoisted out of
+// the loop, both by b[i] (a per-row divisor: RMSNorm, quant8). Modes 0 and 1
+// (2 and 3) give the same sums.
+__global__ void div_bench_kernel(const int64_t* a, const int64_t* b, int64_t count, int reps, int mode,
+                                 int64_t* out) {
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < count; i += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t x = a[i], d = b[i];
+    int64_t acc = 0;
+    if (mode == 0) {
+      for (int r = 0; r < reps; ++r) acc += floor_div_intonly(x + r, d + r);
+    } else if (mode == 1) {
+      for (int r = 0; r < reps; ++r) acc += floor_div(x + r, div_by(d + r));
+    } else if (mode == 2) {
+      for (int r = 0; r < reps; ++r) acc += floor_div_intonly(x + r, d);
+    } else {
+      const DivBy v = div_by(d);
+      for (int r = 0; r < reps; ++r) acc += floor_div(x + r, v);
+    }
+    out[i] = acc;
+  }
+}
+
 }  // namespace
 
 void check_launch(const char* what) {
@@ -107,6 +133,13 @@ void launch_round_div(const int64_t* a, const int64_t* b, int64_t count, int64_t
   if (count <= 0) return;
   INTDET_LAUNCH(round_div_kernel, grid_1d(count, 256), 256, 0, st, a, b, count, out);
   check_launch("round_div");
+}
+
+void launch_div_bench(const int64_t* a, const int64_t* b, int64_t count, int reps, int mode, int64_t* out,
+                      cudaStream_t st) {
+  if (count <= 0) return;
+  INTDET_LAUNCH(div_bench_kernel, grid_1d(count, 256), 256, 0, st, a, b, count, reps, mode, out);
+  check_launch("div_bench");
 }
 
 }  // namespace cuda

@@ -122,7 +122,7 @@ __device__ void norm_row(const int32_t* x, const int16_t* g, int n, int64_t eps_
     eps = (-e_shift >= 62 || eps_q60 > (kSCap >> t)) ? kSCap : shl(eps_q60, t);
   }
   s = imin(s + imin(eps, kSCap), kSCap);
-  const int64_t r = imax(isqrt(s), 1);
+  const DivBy r = div_by(imax(isqrt(s), 1));  // the row's divisor: its reciprocal once
   for (int i = threadIdx.x; i < n; i += blockDim.x) {
     const int64_t v = a >= 0 ? shl(x[i], a) : round_shift(x[i], -a);
     y[i] = (int32_t)round_div(v * g[i] * ((int64_t)1 << kNormOutFrac), r);
@@ -181,7 +181,7 @@ __device__ int32_t quant8_block(const int32_t* x, int D, int8_t* q, int64_t* red
   int64_t a = 0;
   for (int i = threadIdx.x; i < D; i += blockDim.x) a = imax(a, iabs(x[i]));
   a = block_max(a, 0, red);
-  const int64_t d = imax(a, 1);
+  const DivBy d = div_by(imax(a, 1));  // the row's divisor: its reciprocal once
   for (int i = threadIdx.x; i < D; i += blockDim.x)
     q[i] = (int8_t)clamp(round_div(127 * (int64_t)x[i], d), -kInt8QMax, kInt8QMax);
   return (int32_t)a;
@@ -194,7 +194,8 @@ __device__ __forceinline__ int64_t glu_one(int64_t g, int64_t u, bool gelu) {
   const int64_t w = gelu ? gelu_exp2_arg(g) : round_shift(iabs(g) * kLog2eQ30, 30);  // |y| log2(e), Q16
   const int64_t d = exp2_neg_q30(w);  // exp(-|y|), Q30
   const int64_t den = ((int64_t)1 << 30) + d;
-  const int64_t sig = g >= 0 ? round_div((int64_t)1 << 60, den) : round_div(d << 30, den);  // sign(y) = sign(g)
+  const DivBy dv = div_by(den);  // a divisor per element: one Newton reciprocal, one product
+  const int64_t sig = g >= 0 ? round_div((int64_t)1 << 60, dv) : round_div(d << 30, dv);  // sign(y) = sign(g)
   return round_shift(g * sig, 30) * u;
 }
 

@@ -382,7 +382,23 @@ PYBIND11_MODULE(INTDET_CUDA_MODULE_NAME, mod) {
     cuda::test::round_div(a.data(), b.data(), a.size(), out.mutable_data());
     return out;
   });
-  // The device's division algorithm run on the host (testable without a GPU).
+  ops.def(
+      "div_bench",
+      [](Arr<int64_t> a, Arr<int64_t> b, int reps, int mode) {
+        if (a.size() != b.size()) throw std::invalid_argument("div_bench: shape mismatch");
+        if (mode < 0 || mode > 3 || reps < 1) throw std::invalid_argument("div_bench: mode 0..3, reps >= 1");
+        for (py::ssize_t i = 0; i < b.size(); ++i)
+          if (b.data()[i] <= 0 || a.data()[i] < 0 || a.data()[i] > ((int64_t)1 << 62) || b.data()[i] > ((int64_t)1 << 62))
+            throw std::invalid_argument("div_bench: needs 0 <= a <= 2^62, 1 <= b <= 2^62");
+        py::array_t<int64_t> out(a.size());
+        const int64_t ns = cuda::test::div_bench(a.data(), b.data(), a.size(), reps, mode, out.mutable_data());
+        return py::make_tuple(out, ns);
+      },
+      py::arg("a"), py::arg("b"), py::arg("reps"), py::arg("mode"),
+      "(sums, kernel ns): sum over r < reps of floor((a + r) / divisor), divisor b + r (mode 0 udiv_u64, "
+      "1 DivBy per division) or b (mode 2 udiv_u64, 3 one DivBy); scripts/bench_div.py.");
+  // udiv_u64, the bit-serial division (the device's before DivBy), run on the
+  // host: the reference test_cuda.py holds it to.
   ops.def("floor_div_intonly", [](Arr<int64_t> a, Arr<int64_t> b) {
     if (a.size() != b.size()) throw std::invalid_argument("floor_div_intonly: shape mismatch");
     py::array_t<int64_t> out(a.size());

@@ -111,6 +111,18 @@ def test_sass_check_catches_float(tmp_path):
     assert "FMUL" in r.stdout and "MUFU" in r.stdout  # int64 '/' by a variable: a float reciprocal estimate
 
 
+def test_sass_constant_move_idiom():
+    """ptxas's "HFMA2.MMA Rn, -RZ, RZ, c, c'" (a constant into a register:
+    -0 * 0 + c) counts as a move; every other HFMA2 form stays float."""
+    line = "        /*19b0*/                   HFMA2.MMA R16, -RZ, RZ, 0, 0 ;    /* 0x00000000ff107435 */"
+    assert check_sass.opcode_of(line) == check_sass.CONST_MOVE_OP
+    assert check_sass.opcode_of(line.replace("0, 0 ;", "1.875, -0 ;")) == check_sass.CONST_MOVE_OP
+    for other in ("HFMA2.MMA R16, -RZ, RZ, NAN, 0 ;", "HFMA2.MMA R16, R3, RZ, 0, 0 ;", "HFMA2 R4, R4, R5, R6 ;",
+                  "HFMA2.MMA R16, -RZ, RZ, c[0x0][0x160], 0 ;", "@P0 HFMA2 R2, -RZ, RZ, R3, 0 ;"):
+        assert check_sass.opcode_of(line.replace("HFMA2.MMA R16, -RZ, RZ, 0, 0 ;", other)) == "HFMA2", other
+    assert check_sass.CONST_MOVE_OP not in check_sass.FLOAT_OPS
+
+
 def test_floor_div_intonly_host():
     """The device's integer-only division (intmath.h udiv_u64), run on the
     host, against the spec's floor_div (ref/intmath.py)."""
@@ -249,6 +261,38 @@ def test_round_div(backend):
     b = np.concatenate([rng.integers(1, 2**40, 1000), rng.integers(1, 300, 1000), rng.integers(2**30, 2**31, 2000)])
     b = b.astype(np.int64)
     assert np.array_equal(backend.ops.round_div(a, b), C.ops.round_div(a, b))
+
+
+def test_round_div_edges(backend):
+    """The device's reciprocal division (intmath.h DivBy) on test_fastdiv's
+    edge divisors and numerators (powers of two and neighbours, 2^32 - 1,
+    multiples d k and d k +- 1 up to int64's top, negatives) against the CPU."""
+    from test_fastdiv import round_edge_pairs
+
+    a_s, b_s = round_edge_pairs()
+    a, b = np.array(a_s, np.int64), np.array(b_s, np.int64)
+    got = backend.ops.round_div(a, b)
+    assert np.array_equal(got, C.ops.round_div(a, b))
+    assert got.tolist() == [(x + y // 2) // y for x, y in zip(a_s, b_s)]
+
+
+def test_div_bench(backend):
+    """scripts/bench_div.py's kernel: all four modes (udiv_u64 and DivBy, per
+    element and per row) give the exact sums; bad arguments are refused."""
+    rng = np.random.default_rng(3)
+    a = np.concatenate([rng.integers(0, 2**62, 40), [0, 5, 2**62]]).astype(np.int64)
+    b = np.concatenate([rng.integers(1, 2**31, 40), [1, 7, 2**62]]).astype(np.int64)
+    reps = 3
+    per_elem = [sum((x + r) // (d + r) for r in range(reps)) for x, d in zip(a.tolist(), b.tolist())]
+    per_row = [sum((x + r) // d for r in range(reps)) for x, d in zip(a.tolist(), b.tolist())]
+    for mode, want in ((0, per_elem), (1, per_elem), (2, per_row), (3, per_row)):
+        sums, ns = backend.ops.div_bench(a, b, reps, mode)
+        assert sums.tolist() == want, mode
+        assert ns >= 0
+    with pytest.raises(ValueError, match="div_bench"):
+        backend.ops.div_bench(a, b, reps, 4)
+    with pytest.raises(ValueError, match="div_bench"):
+        backend.ops.div_bench(a, np.zeros_like(b), reps, 0)
 
 
 LINEAR_SHAPES = [(1, 72, 40), (2, 64, 33), (3, 48, 5), (8, 136, 70), (13, 256, 65), (32, 96, 64), (40, 72, 130),

@@ -381,7 +381,7 @@ void rope_row_avx512(int64_t* x, int64_t nh, int64_t D, const int16_t* cos, cons
 // inv) < 2^54 / 2^62 < 1) and never above; the 64-bit product's high part
 // comes from four 32 x 32 -> 64 products (the low one's low half dropped
 // cannot lift the floor of / 2^30 by more than one either); then two
-// remainder corrections as the scalar InvariantDiv (q < 2^32, r < 2^32:
+// remainder corrections (q < 2^32, r < 2^32:
 // q * r is one vpmuludq). v < 0: floor_div(v) = ~udiv(~v), as the scalar.
 void rms_norm_row_avx512(const int64_t* x, const int16_t* g, int64_t n, int64_t eps_q60, int in_frac, int32_t* y) {
   int64_t i = 0;

@@ -61,6 +61,89 @@ INTDET_HD int64_t shift_round_sat32(int64_t x, int64_t s) {
 
 INTDET_HD int64_t sat32(int64_t x) { return clamp(x, -kInt32Max, kInt32Max); }
 
+// Bits needed for x >= 0: bitlen(0) = 0, bitlen(255) = 8.
+INTDET_HD int bitlen(int64_t x) {
+#if defined(__CUDA_ARCH__)
+  return x ? 64 - __clzll((long long)x) : 0;
+#elif defined(__GNUC__) || defined(__clang__)
+  return x ? 64 - __builtin_clzll((unsigned long long)x) : 0;
+#else
+  int n = 0;
+  for (uint64_t u = (uint64_t)x; u; u >>= 1) ++n;
+  return n;
+#endif
+}
+
+// The high 64 bits of a * b (IMUL.WIDE.U32 / IMAD.HI on the device).
+INTDET_HD uint64_t umulhi64(uint64_t a, uint64_t b) {
+#if defined(__CUDACC__) && defined(__CUDA_ARCH__)
+  return __umul64hi(a, b);
+#elif defined(__SIZEOF_INT128__)
+  return (uint64_t)(((unsigned __int128)a * b) >> 64);
+#else
+  const uint64_t al = (uint32_t)a, ah = a >> 32, bl = (uint32_t)b, bh = b >> 32;
+  const uint64_t lh = al * bh, hl = ah * bl;
+  const uint64_t mid = ((al * bl) >> 32) + (uint32_t)lh + (uint32_t)hl;
+  return ah * bh + (lh >> 32) + (hl >> 32) + (mid >> 32);
+#endif
+}
+
+// floor((2^64 - 1) / d) for d >= 1, by integer Newton steps (no division,
+// no float): y <- y + hi(y e), e = 2^64 - d y (exact mod 2^64 while
+// 0 < d y <= 2^64), from y = 2^(64 - bitlen(d)). A step is y (2 - d y / 2^64)
+// rounded down, never above 2^64 / d (z (2 - z) <= 1), so y only grows and e
+// stays in [0, 2^64); it squares the relative error 1 - d y / 2^64, at most
+// 1/2 at the start: after six steps y is within about 2 of 2^64 / d (each
+// step's floor loses under 1). The remainder r = 2^64 - 1 - d y then steps y
+// up to the floor exactly whatever the gap (a brute-force run over 41M
+// divisors, every bit length, needed at most one step); d y = 2^64 (d a power
+// of two, y = 2^64 / d) is the one overshoot, by 1.
+INTDET_HD uint64_t recip_u64(uint64_t d) {
+  uint64_t y = (uint64_t)1 << (64 - bitlen((int64_t)d));  // bitlen as unsigned: d >= 2^63 has 64 bits
+  for (int k = 0; k < 6; ++k) y += umulhi64(y, (uint64_t)0 - d * y);
+  const uint64_t lo = d * y;
+  if (lo == 0) return y - 1;  // d y = 2^64
+  for (uint64_t r = ~lo; r >= d; r -= d) ++y;
+  return y;
+}
+
+// Exact floor division by one divisor d >= 1 through its reciprocal
+// (Granlund-Montgomery / libdivide style): m = recip_u64(d) once per divisor
+// (a row's norm, absmax or softmax total), then per dividend n < 2^64
+// q = hi(n m) is floor(n / d) or 1 below it, never more: m d = 2^64 - 1 - r0
+// with r0 = (2^64 - 1) mod d < d, so n m / 2^64 = n / d - n (r0 + 1) /
+// (d 2^64) and the term taken off is at most n / 2^64 < 1. One branch-free
+// remainder step makes it exact. The device's '/' replacement: a
+// multiply-high, a multiply and a compare per element instead of udiv_u64's
+// step per quotient bit.
+struct DivBy {
+  uint64_t d = 1, m = ~(uint64_t)0;
+};
+
+// The DivBy of b >= 1 (b < 2^63: an int64 divisor).
+INTDET_HD DivBy div_by(int64_t b) {
+  DivBy v;
+  v.d = (uint64_t)b;
+  v.m = recip_u64(v.d);
+  return v;
+}
+
+INTDET_HD uint64_t udiv(uint64_t n, const DivBy& v) {
+  const uint64_t q = umulhi64(n, v.m);
+  return q + (n - q * v.d >= v.d);  // n - q d is exact (q d <= n) and < 2 d
+}
+
+// floor(a / d) for any int64 a: for a < 0, floor(a / d) = -floor((-a - 1) / d) - 1
+// (floor_div_intonly's identity) with -a - 1 = ~a and -q - 1 = ~q, so an xor
+// with the sign mask on the way in and out.
+INTDET_HD int64_t floor_div(int64_t a, const DivBy& v) {
+  const uint64_t neg = (uint64_t)(a >> 63);
+  return (int64_t)(udiv((uint64_t)a ^ neg, v) ^ neg);
+}
+
+// floor(a / d + 1/2) as floor_div(a + floor(d / 2)); a + d / 2 must fit int64.
+INTDET_HD int64_t round_div(int64_t a, const DivBy& v) { return floor_div(a + (int64_t)(v.d >> 1), v); }
+
 // n / d for d > 0 by shift and subtract, one step per quotient bit: exact,
 // integer instructions only. The CUDA device uses it because nvcc lowers '/'
 // by a variable divisor through a float reciprocal estimate (MUFU.RCP), which
@@ -87,7 +170,8 @@ INTDET_HD uint64_t udiv_u64(uint64_t n, uint64_t d) {
   return q;
 }
 
-// floor(a / b) for b > 0 with udiv_u64 only (the device path of floor_div).
+// floor(a / b) for b > 0 with udiv_u64 only (the reference the tests hold
+// the device path of floor_div, DivBy, to).
 INTDET_HD int64_t floor_div_intonly(int64_t a, int64_t b) {
   if (a >= 0) return (int64_t)udiv_u64((uint64_t)a, (uint64_t)b);
   return -(int64_t)udiv_u64((uint64_t)(-(a + 1)), (uint64_t)b) - 1;
@@ -96,7 +180,7 @@ INTDET_HD int64_t floor_div_intonly(int64_t a, int64_t b) {
 // Floor division for b > 0 (C++ '/' truncates toward zero).
 INTDET_HD int64_t floor_div(int64_t a, int64_t b) {
 #if defined(__CUDA_ARCH__)
-  return floor_div_intonly(a, b);
+  return floor_div(a, div_by(b));  // a divisor per call: its reciprocal, then the product
 #else
   int64_t q = a / b;
   return (a % b != 0 && a < 0) ? q - 1 : q;
@@ -105,19 +189,6 @@ INTDET_HD int64_t floor_div(int64_t a, int64_t b) {
 
 // floor(a / b + 1/2) as floor((a + floor(b/2)) / b), b > 0.
 INTDET_HD int64_t round_div(int64_t a, int64_t b) { return floor_div(a + (b >> 1), b); }
-
-// Bits needed for x >= 0: bitlen(0) = 0, bitlen(255) = 8.
-INTDET_HD int bitlen(int64_t x) {
-#if defined(__CUDA_ARCH__)
-  return x ? 64 - __clzll((long long)x) : 0;
-#elif defined(__GNUC__) || defined(__clang__)
-  return x ? 64 - __builtin_clzll((unsigned long long)x) : 0;
-#else
-  int n = 0;
-  for (uint64_t u = (uint64_t)x; u; u >>= 1) ++n;
-  return n;
-#endif
-}
 
 // floor(sqrt(n)) for 0 <= n < 2^63: restoring digit recurrence, 32 steps.
 INTDET_HD int64_t isqrt(int64_t n) {
