@@ -12,6 +12,10 @@ class IntdetError(Exception):
         super().__init__(message)
         self.field = field
 
+    def __reduce__(self):
+        # the field survives pickling (an error from a batch worker process, a Ray actor)
+        return type(self), (str(self), self.field)
+
 
 def check_token_ids(ids, vocab_size: int, what: str | None = None) -> None:
     """IntdetError "WHAT: token id X is outside the vocabulary [0, V)" (field

@@ -368,3 +368,14 @@ def test_check_token_ids_names_the_field():
     with pytest.raises(IntdetError, match=r"^token id -1 is outside") as e:
         check_token_ids([-1], 10)
     assert e.value.field is None
+
+
+def test_intdet_error_keeps_its_field_when_pickled():
+    """Errors cross processes (batch workers, Ray actors) with their field,
+    so the CLI can still spell the option and the server the param."""
+    import pickle
+
+    from intdet.errors import IntdetError
+
+    e = pickle.loads(pickle.dumps(IntdetError("top_p: 2 is outside (0, 1]", field="top_p")))
+    assert isinstance(e, IntdetError) and str(e) == "top_p: 2 is outside (0, 1]" and e.field == "top_p"
