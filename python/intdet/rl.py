@@ -65,7 +65,10 @@ class RolloutPool:
         self._started = False
         if not ray.is_initialized():
             import logging
+            import signal
 
+            # ray.init installs SIGINT/SIGTERM handlers in the driver: close() puts the caller's back
+            self._handlers = [(s, signal.getsignal(s)) for s in (signal.SIGINT, signal.SIGTERM)]
             if address:
                 ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
             else:
@@ -148,8 +151,16 @@ class RolloutPool:
                 pass
         self._actors = []
         if self._started:
+            import signal
+
             self._ray.shutdown()
             self._started = False
+            for sig, h in self._handlers:
+                if h is not None:
+                    try:
+                        signal.signal(sig, h)
+                    except ValueError:  # not the main thread: nothing to restore from here
+                        break
 
     def __enter__(self):
         return self

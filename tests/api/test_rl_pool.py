@@ -37,10 +37,15 @@ def test_groups_equal_one_process_for_1_2_4_actors(model):
     want = [[key(local.generate(p, dataclasses.replace(SP, seed=derive_seed(7, i)))) for i in range(4)]
             for p in PROMPTS]
     assert len({k[1] for g in want for k in g}) > 4  # the samples of a group differ
+    import signal
+
+    before = [signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)]
     for workers in (1, 2, 4):
         with RolloutPool(m, workers=workers) as pool:
             got = pool.generate(PROMPTS, SP, n=4)
             assert [[key(c) for c in g] for g in got] == want, workers
+        # ray.init's signal handlers do not outlive the pool (later code, tests included, sees its own)
+        assert [signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)] == before
 
 
 def test_update_weights_reaches_every_actor(model):
