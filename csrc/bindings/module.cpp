@@ -169,32 +169,23 @@ PYBIND11_MODULE(INTDET_CORE_MODULE_NAME, mod) {
     for (py::ssize_t i = 0; i < x.size(); ++i) out.mutable_data()[i] = shift_round_sat32(x.data()[i], s.data()[i]);
     return out;
   });
-  ops.def("round_div", [](const I64Arr& a, const I64Arr& b) {
-    oa::same_shape("round_div", a, "a", b, "b");
-    for (py::ssize_t i = 0; i < b.size(); ++i)  // floor_div's contract; 0 would trap
-      if (b.data()[i] <= 0) oa::fail("round_div", "divisors must be positive");
-    I64Arr out = new_like(a);
-    for (py::ssize_t i = 0; i < a.size(); ++i) out.mutable_data()[i] = round_div(a.data()[i], b.data()[i]);
-    return out;
-  });
-  // The reciprocal division (intmath.h DivBy, the CUDA device's '/'): a DivBy
-  // per element here, so every (a, b) pair goes through recip_u64 and udiv.
-  ops.def("floor_div_recip", [](const I64Arr& a, const I64Arr& b) {
-    oa::same_shape("floor_div_recip", a, "a", b, "b");
-    for (py::ssize_t i = 0; i < b.size(); ++i)
-      if (b.data()[i] <= 0) oa::fail("floor_div_recip", "divisors must be positive");
-    I64Arr out = new_like(a);
-    for (py::ssize_t i = 0; i < a.size(); ++i) out.mutable_data()[i] = floor_div(a.data()[i], div_by(b.data()[i]));
-    return out;
-  });
-  ops.def("round_div_recip", [](const I64Arr& a, const I64Arr& b) {
-    oa::same_shape("round_div_recip", a, "a", b, "b");
-    for (py::ssize_t i = 0; i < b.size(); ++i)
-      if (b.data()[i] <= 0) oa::fail("round_div_recip", "divisors must be positive");
-    I64Arr out = new_like(a);
-    for (py::ssize_t i = 0; i < a.size(); ++i) out.mutable_data()[i] = round_div(a.data()[i], div_by(b.data()[i]));
-    return out;
-  });
+  // round_div and the reciprocal divisions (intmath.h DivBy, the CUDA
+  // device's '/': a DivBy per element here, so every (a, b) pair goes
+  // through recip_u64 and udiv) share one shape: positive divisors
+  // (floor_div's contract; 0 would trap), elementwise.
+  auto def_div = [&ops](const char* name, int64_t (*f)(int64_t, int64_t)) {
+    ops.def(name, [name, f](const I64Arr& a, const I64Arr& b) {
+      oa::same_shape(name, a, "a", b, "b");
+      for (py::ssize_t i = 0; i < b.size(); ++i)
+        if (b.data()[i] <= 0) oa::fail(name, "divisors must be positive");
+      I64Arr out = new_like(a);
+      for (py::ssize_t i = 0; i < a.size(); ++i) out.mutable_data()[i] = f(a.data()[i], b.data()[i]);
+      return out;
+    });
+  };
+  def_div("round_div", [](int64_t a, int64_t b) { return round_div(a, b); });
+  def_div("floor_div_recip", [](int64_t a, int64_t b) { return floor_div(a, div_by(b)); });
+  def_div("round_div_recip", [](int64_t a, int64_t b) { return round_div(a, div_by(b)); });
   // recip_u64 of d >= 1: floor((2^64 - 1) / d), uint64.
   ops.def("recip_u64", [](const py::array_t<uint64_t, py::array::c_style>& d) {
     for (py::ssize_t i = 0; i < d.size(); ++i)
