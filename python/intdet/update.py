@@ -253,9 +253,9 @@ def plan_update(lm, weights, workers: int = 1):
             flat = new[name].reshape(-1)
             flat[start:start + a.size] = np.asarray(a).reshape(-1)
 
-    jobs = [plan.jobs[i] for i in take_jobs]
+    plan.jobs, plan.static = [plan.jobs[i] for i in take_jobs], {}  # its statics are taken below
     try:
-        _run(jobs, put, workers)
+        plan.run(put, workers)  # convert's runner: the same threads, a bounded number of blocks in flight
     except _NotGiven as e:
         raise IntdetError(f"internal: update needed tensor '{e.args[0]}' it was not given") from None
     new.update(static_take)
@@ -295,18 +295,6 @@ def _candidates(n: str):
         for hf, c in HF_LAYER.items():
             if c == rest:
                 yield f"model.layers.{layer}.{hf}"
-
-
-def _run(jobs, put, workers: int) -> None:
-    if workers <= 1 or len(jobs) <= 1:
-        for job in jobs:
-            job(put)
-        return
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(workers, thread_name_prefix="intdet-update") as ex:
-        for f in [ex.submit(job, put) for job in jobs]:
-            f.result()
 
 
 def file_sha256(tensors: dict) -> str:
