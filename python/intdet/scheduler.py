@@ -61,6 +61,7 @@ tokens, the stop rules, retiring, emitting events) as ``Outputs``, which
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections import deque
@@ -71,11 +72,13 @@ from .outputs import CHOOSER_REFUSED, Outputs
 from .prefix_cache import PrefixCache
 from .request import Event, Request, TokenLogprob, check_request
 from .speculate import DraftState, ngram_drafts
-from .testhook import stall_at
+from .testhook import STALL_ENV, stall_at
 
 __all__ = ["CHOOSER_REFUSED", "DEFAULT_KV_BYTES", "DEFAULT_MAX_BATCH", "DEFAULT_STEP_TOKENS", "Event",
            "PREFILL_PATIENCE", "Request", "Scheduler", "TokenLogprob", "kv_bytes_per_position"]
 
+# the stall test hook is armed by the environment the process started with
+_STALL_ARMED = bool(os.environ.get(STALL_ENV))
 DEFAULT_MAX_BATCH = 16
 DEFAULT_STEP_TOKENS = 512  # rows per forward call: decode rows + prefill chunks
 DEFAULT_KV_BYTES = 2 << 30
@@ -287,7 +290,8 @@ class Scheduler(Outputs):
         if not plan:
             return False
         masks = self._prefetch_masks(plan)
-        stall_at(f"engine-step-{self.steps + 1}")  # test hook (testhook.py), inert unless its variable is set
+        if _STALL_ARMED:  # test hook (testhook.py): no work per step unless its variable was set at start
+            stall_at(f"engine-step-{self.steps + 1}")
         try:
             outs = self.engine.forward_batch([r._seq for r, _ in plan], [t for _, t in plan], all_logits=flags)
         except Exception as e:  # noqa: BLE001  (inputs were checked; keep serving the others)
