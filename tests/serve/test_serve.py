@@ -329,8 +329,8 @@ def test_tokenize_detokenize_models_health(server, llm):
 
 
 def test_tokenize_and_detokenize_off_the_event_loop_and_bounded(model_dir, llm):
-    """A MB of text is tokenized in a worker thread (/health answers in
-    < 100 ms meanwhile); past the limits a 413 names the field (issue 52:
+    """A MB of text is tokenized in a worker thread, by /tokenize and by the
+    generation routes (/health answers in < 100 ms meanwhile); past the limits a 413 names the field (issue 52:
     7.8 MB blocked every request for 5 s)."""
     proc, port = start_server(model_dir)  # the default body limit, 8 MiB
     try:
@@ -346,6 +346,13 @@ def test_tokenize_and_detokenize_off_the_event_loop_and_bounded(model_dir, llm):
             status, r = post(port, "/detokenize", {"tokens": ids})
         assert status == 200 and r["prompt"] == llm.decode(ids)
         assert health.longest < 0.1, health.longest
+        # the generation routes tokenize off the loop too (a MB is past the context: a 400 after encoding)
+        for path, body in (("/v1/completions", {"prompt": text}),
+                           ("/v1/chat/completions", {"messages": [{"role": "user", "content": text}]})):
+            with HealthPoll(port) as health:
+                status, r = post(port, path, body)
+            assert status == 400 and "context" in r["error"]["message"], (path, status, r)
+            assert health.count >= 3 and health.longest < 0.1, (path, health.count, health.longest)
 
         status, r = post(port, "/tokenize", {"prompt": text + "é"})
         assert status == 413 and r["error"]["param"] == "prompt", r

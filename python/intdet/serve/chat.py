@@ -28,7 +28,7 @@ async def create_chat_completion(srv, request: Request):
     srv.check_model(r.model)
     srv.check_shape(r, 1)
     ts, tool_so = await tools_off_the_loop(srv, r)
-    ids = srv.chat_ids(r.messages, ts.tools if ts is not None else None)
+    ids = await asyncio.to_thread(srv.chat_ids, r.messages, ts.tools if ts is not None else None)  # template + encode
     mt = r.max_completion_tokens if r.max_completion_tokens is not None else r.max_tokens
     if mt is None:
         if len(ids) >= srv.llm.context_length:
