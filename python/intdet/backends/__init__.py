@@ -1,0 +1,135 @@
+"""The backends table: device name -> the module that runs the model there.
+
+Every backend module offers one API, the one ``intdet._core`` (C++) exposes
+and ``intdet._cuda`` mirrors, so that ``model.Engine`` and ``model.State``
+hold a backend object and never test the device name:
+
+- ``Model(cfg, tensors, *, mapped=False, config_path="config.json",
+  tensors_path="model.safetensors", **options)``: the model built on the
+  backend (checked by the one loader: ValueError naming the file and tensor
+  or key; RuntimeError for a device failure such as out of memory).
+  ``options``: the backend's own settings (``cuda_graphs`` for cuda).
+- ``State(model, max_len)``: one sequence's KV cache, with
+  ``truncate(n)`` and ``copy_prefix(src_state, n)``.
+- ``forward(model, state, tokens, start, all_logits=False, out=None)``:
+  tokens int32 [T] at positions start..start+T-1 -> int32 logits [T or 1,
+  V] (Q16), written into ``out`` when given (a writable C-contiguous int32
+  array of that shape, else ValueError "out: ...").
+- ``forward_batch(model, states, tokens_list, all_logits=False, out=None)``:
+  several sequences in one call; all_logits one bool or one per sequence;
+  one int32 array per sequence (views of ``out`` [rows, V] when given).
+- ``forward_trace(model, state, tokens, start, isa=None)``: (logits int32
+  [T, V], {name: int array} of the traced intermediates, kernel set used).
+- ``kernels_ready()``, ``isa()``, ``available_isas()``, ``set_isa(name)``
+  (ValueError for an unknown set), ``set_num_threads(n)``,
+  ``num_threads()``, ``thread_setting()``, ``last_forward_threads()``,
+  ``device_name()``.
+- optional: ``submit_pick(model, state, tokens, start, **cuts)`` and
+  ``wait_pick(model)`` (choosing tokens on the device; capability
+  ``device_pick``).
+
+A backend module is either that API itself (module-level functions, as
+``intdet._core``) or has ``load()`` returning an object with it; it may
+have ``available() -> str | None`` (None: usable here, else the one-line
+reason it is not). Adding a backend: one module, one ``Backend`` row in
+``BACKENDS``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+
+from ..errors import IntdetError
+
+
+@dataclass(frozen=True)
+class Backend:
+    """One row of the table. ``module``: the dotted module implementing the
+    API (imported on first use, so a missing optional one costs nothing
+    until chosen). ``help``: the phrase ``--device`` help gives it.
+    ``missing``: what the device error says when it cannot be used.
+    Capabilities: ``device_pick`` (submit_pick / wait_pick), ``cuda_graphs``
+    (the Model's ``cuda_graphs`` attribute and option), ``set_isa`` (more
+    than one kernel set to switch between), ``trace`` (forward_trace),
+    ``device_matrix`` (``intdet hash-check --device NAME`` runs its prefill
+    splits and batches against a CPU run; cpu's own matrix is its kernel
+    sets x threads, ref's is ``--ref``)."""
+
+    name: str
+    module: str
+    help: str
+    missing: str = "not available"
+    device_pick: bool = False
+    cuda_graphs: bool = False
+    set_isa: bool = False
+    trace: bool = True
+    device_matrix: bool = False
+
+
+BACKENDS: dict[str, Backend] = {b.name: b for b in (
+    Backend("cpu", "intdet.backends.cpu", "cpu (C++ core)", set_isa=True),
+    Backend("cuda", "intdet.backends.cuda", "cuda (GPU, same bits)", missing="no CUDA GPU available",
+            device_pick=True, cuda_graphs=True, device_matrix=True),
+    Backend("ref", "intdet.ref.backend", "ref (numpy integer spec, slow)"),
+    Backend("webgpu", "intdet.webgpu.backend", "webgpu (WebGPU adapter, same bits)",
+            missing="no WebGPU adapter available", device_matrix=True),
+)}
+
+
+def names() -> tuple[str, ...]:
+    """Every device name of the table, in its order (the CLI's --device choices)."""
+    return tuple(BACKENDS)
+
+
+def help_text(names_=None) -> str:
+    """``--device`` help: each backend's phrase, "a, b or c" (all of the table by default)."""
+    parts = [BACKENDS[n].help for n in (names_ or BACKENDS)]
+    return ", ".join(parts[:-1]) + " or " + parts[-1] if len(parts) > 1 else parts[0]
+
+
+def spec(name: str) -> Backend:
+    """The table row of ``name``; IntdetError (field "device") for a name not in it."""
+    if name not in BACKENDS:
+        raise IntdetError(f"device {name!r} is not available (choose from {', '.join(BACKENDS)})", field="device")
+    return BACKENDS[name]
+
+
+def _import(b: Backend):
+    """The backend's module; IntdetError (field "device") when it cannot be imported."""
+    try:
+        return importlib.import_module(b.module)
+    except ImportError as e:
+        raise IntdetError(f"device {b.name}: {b.missing} ({b.module} cannot be imported: {e})",
+                          field="device") from None
+
+
+def load(name: str):
+    """The API object of backend ``name`` (see the module docstring), ready
+    to build models. IntdetError (field "device"), one line naming the
+    device and why, for an unknown name, a module that cannot be imported
+    or a backend whose ``available()`` gives a reason."""
+    b = spec(name)
+    mod = _import(b)
+    why = mod.available() if hasattr(mod, "available") else None
+    if why:
+        raise IntdetError(f"device {b.name}: {b.missing} ({why})", field="device")
+    return mod.load() if hasattr(mod, "load") else mod
+
+
+def availability(name: str) -> str | None:
+    """None when backend ``name`` can run here, else the one-line error
+    ``load`` would raise ("device NAME: ... (why)"), without raising or
+    building anything (a listing: hash-check's other devices)."""
+    try:
+        b = spec(name)
+        mod = _import(b)
+    except IntdetError as e:
+        return str(e)
+    why = mod.available() if hasattr(mod, "available") else None
+    return f"device {b.name}: {b.missing} ({why})" if why else None
+
+
+def matrix_devices() -> tuple[str, ...]:
+    """The backends with the ``device_matrix`` capability (hash-check --device choices besides cpu)."""
+    return tuple(n for n, b in BACKENDS.items() if b.device_matrix)
