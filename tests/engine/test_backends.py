@@ -158,3 +158,28 @@ def test_hash_check_lists_webgpu_runs_or_why_not(lm, fake, monkeypatch):
     fake.REASON = None
     code, out = _hash_check(lm)
     assert code == 0 and "(no webgpu runs: available here; --device webgpu runs them)" in out
+
+
+def test_the_ref_backend_is_the_core_api(lm):
+    """ref/backend.py answers as intdet._core does: forward and
+    forward_batch write into ``out`` (views of it) with the core's checks
+    and messages, and its trace is the CPU's on every name it records."""
+    from intdet.trace import first_divergence
+
+    cpu, ref = Engine(lm, "cpu"), Engine(lm, "ref")
+    V, ids = lm.cfg["vocab_size"], [3, 1, 4, 1, 5]
+    for bad, msg in ((np.zeros((2, V), np.int32), rf"^out: shape \[1, {V}\] expected$"),
+                     (np.zeros((1, V), np.int64), "^out: an int32 numpy array expected$"),
+                     (np.zeros((1, 2 * V), np.int32)[:, ::2], "^out: a writable C-contiguous array expected$")):
+        for eng in (cpu, ref):
+            with pytest.raises(ValueError, match=msg):
+                eng.new_state(8).forward(ids, out=bad)
+    outs = {}
+    for eng in (cpu, ref):
+        out = np.zeros((len(ids) + 1, V), np.int32)
+        got = eng.forward_batch([eng.new_state(8), eng.new_state(8)], [ids, ids[:2]], [True, False], out=out)
+        assert all(np.shares_memory(g, out) for g in got) and [g.shape for g in got] == [(5, V), (1, V)]
+        outs[eng.device] = out
+    assert np.array_equal(outs["cpu"], outs["ref"])
+    got, want = ref.trace(ids), cpu.trace(ids)
+    assert first_divergence(want, got, list(got)) is None and set(got) <= set(want)
