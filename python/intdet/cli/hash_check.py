@@ -129,6 +129,8 @@ def hash_check(model, prompt, steps, seed, temperature, expect, with_ref, with_f
             div = "-" if r.diverges_at is None else str(r.diverges_at)
             click.echo(f"{r.config:<{w}}  {r.hash}  {r.tokens_hash}  {div:>20}  {r.seconds:6.1f} s")
         click.echo(f"integer runs: {'all identical' if ok else 'MISMATCH'} ({len(runs)} runs, {steps} steps each)")
+        for d, why in others.items():
+            click.echo(f"(no {d} runs: {why or f'available here; --device {d} runs them'})")
         if fruns:
             nf = sum(r.diverges_at is not None for r in fruns)
             click.echo(f"float runs: {nf} of {len(fruns) - 1} differ from the first float run")
@@ -138,8 +140,6 @@ def hash_check(model, prompt, steps, seed, temperature, expect, with_ref, with_f
                 why = ("torch is not installed" if importlib.util.find_spec("torch") is None
                        else "torch's float reference does not run this architecture")
                 click.echo(f"(no torch float32 rows: {why})")
-        for d, why in others.items():
-            click.echo(f"(no {d} runs: {why or f'available here; --device {d} runs them'})")
         if expect:
             click.echo(f"--expect {expect}: {'matches' if expect_ok else 'DIFFERS from ' + greedy[0].hash}")
     if not ok or not expect_ok:
