@@ -28,11 +28,16 @@ hold a backend object and never test the device name:
   ``wait_pick(model)`` (choosing tokens on the device; capability
   ``device_pick``).
 
+Engine checks the context (n_past + T <= max_len) and the arguments'
+types before calling, always passes ``all_logits`` to forward_batch as a
+list of bools, and turns a ValueError from ``Model`` into an IntdetError
+with its message and a RuntimeError into "device NAME: <message>".
+
 A backend module is either that API itself (module-level functions, as
 ``intdet._core``) or has ``load()`` returning an object with it; it may
 have ``available() -> str | None`` (None: usable here, else the one-line
-reason it is not). Adding a backend: one module, one ``Backend`` row in
-``BACKENDS``.
+reason it is not; called on each load and listing, so it caches anything
+slow). Adding a backend: one module, one ``Backend`` row in ``BACKENDS``.
 """
 
 from __future__ import annotations
@@ -99,7 +104,7 @@ def _import(b: Backend):
     """The backend's module; IntdetError (field "device") when it cannot be imported."""
     try:
         return importlib.import_module(b.module)
-    except ImportError as e:
+    except (ImportError, OSError) as e:  # OSError: a native library it loads at import is missing
         raise IntdetError(f"device {b.name}: {b.missing} ({b.module} cannot be imported: {e})",
                           field="device") from None
 
