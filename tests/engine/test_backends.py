@@ -97,10 +97,11 @@ def test_model_py_never_tests_the_device_name():
             assert "device" not in names | attrs, ast.unparse(node)
 
 
-def test_a_device_that_cannot_run_says_why(lm, fake, monkeypatch):
-    """available()'s reason, a module that cannot be imported and a name
-    not in the table: one line naming the device (field "device"), and
-    availability() gives the same line without raising."""
+def test_a_device_that_cannot_run_says_why(lm, fake, monkeypatch, tmp_path):
+    """available()'s reason, a module that cannot be imported (missing, or
+    its native library missing) and a name not in the table: one line
+    naming the device (field "device"), and availability() gives the same
+    line without raising."""
     fake.REASON = "no adapter on this machine"
     with pytest.raises(IntdetError, match=r"^device fake: not available \(no adapter on this machine\)$") as e:
         Engine(lm, "fake")
@@ -110,6 +111,11 @@ def test_a_device_that_cannot_run_says_why(lm, fake, monkeypatch):
     with pytest.raises(IntdetError, match=msg):
         Engine(lm, "webgpu")
     assert backends.availability("webgpu").startswith("device webgpu: no WebGPU adapter available (")
+    (tmp_path / "nolib_backend.py").write_text("raise OSError('libwgpu_native.so: cannot open shared object file')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setitem(backends.BACKENDS, "nolib", backends.Backend("nolib", "nolib_backend", "nolib (tests)"))
+    with pytest.raises(IntdetError, match=r"^device nolib: not available \(nolib_backend cannot be imported: libwgpu"):
+        Engine(lm, "nolib")
     with pytest.raises(IntdetError, match=r"^device 'tpu' is not available \(choose from cpu, cuda, ref, webgpu"):
         Engine(lm, "tpu")
 
