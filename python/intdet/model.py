@@ -381,7 +381,7 @@ class Engine:
         """name -> int array of every traced intermediate of one forward of
         ``ids`` from position 0 (cpu: on kernel set ``isa``, default the
         active one, for this call only). trace.py compares them."""
-        if not self.spec.trace:
+        if not (self.spec.trace and hasattr(self.backend, "forward_trace")):
             raise IntdetError(f"trace: the {self.device} backend has no trace")
         state = self.backend.State(self._model, len(ids))
         _logits, named, _used = self.backend.forward_trace(self._model, state, np.ascontiguousarray(ids, np.int32), 0,

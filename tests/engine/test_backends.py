@@ -189,3 +189,31 @@ def test_the_ref_backend_is_the_core_api(lm):
     assert np.array_equal(outs["cpu"], outs["ref"])
     got, want = ref.trace(ids), cpu.trace(ids)
     assert first_divergence(want, got, list(got)) is None and set(got) <= set(want)
+
+
+def test_a_minimal_module_gets_the_optional_controls(lm, monkeypatch):
+    """A module with only Model, State, forward, forward_batch, device_name
+    and available() -> (ok, detail) (no kernel-set, thread or trace calls)
+    runs: the controls answer as a one-kernel-set device, trace says there
+    is none, and (False, why) is the device error."""
+    import types
+
+    mod = types.ModuleType("minimal_backend")
+    for name in ("Model", "State", "forward", "forward_batch", "device_name"):
+        setattr(mod, name, getattr(fake_backend, name))
+    mod.available = lambda: (True, "fake adapter")
+    monkeypatch.setitem(sys.modules, "minimal_backend", mod)
+    monkeypatch.setitem(backends.BACKENDS, "mini", backends.Backend("mini", "minimal_backend", "mini (tests)"))
+    eng = Engine(lm, "mini", threads=0)
+    assert (eng.isa, eng.available_isas(), eng.threads, eng.thread_setting, eng.last_forward_threads()) == (
+        "mini", ["mini"], 1, 0, 1)
+    eng.set_threads(4)
+    ids = [2, 7, 1, 8]
+    assert np.array_equal(eng.new_state(8).forward(ids), Engine(lm, "cpu").new_state(8).forward(ids))
+    with pytest.raises(IntdetError, match="^trace: the mini backend has no trace$"):
+        eng.trace(ids)
+    with pytest.raises(IntdetError, match="^set_isa: the mini backend has one kernel set$"):
+        eng.set_isa("scalar")
+    mod.available = lambda: (False, "no adapter")
+    with pytest.raises(IntdetError, match=r"^device mini: not available \(no adapter\)$"):
+        Engine(lm, "mini")

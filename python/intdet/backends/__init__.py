@@ -18,13 +18,16 @@ hold a backend object and never test the device name:
 - ``forward_batch(model, states, tokens_list, all_logits=False, out=None)``:
   several sequences in one call; all_logits one bool or one per sequence;
   one int32 array per sequence (views of ``out`` [rows, V] when given).
-- ``forward_trace(model, state, tokens, start, isa=None)``: (logits int32
-  [T, V], {name: int array} of the traced intermediates, kernel set used).
-- ``kernels_ready()``, ``isa()``, ``available_isas()``, ``set_isa(name)``
-  (ValueError for an unknown set), ``set_num_threads(n)``,
-  ``num_threads()``, ``thread_setting()``, ``last_forward_threads()``,
-  ``device_name()``.
-- optional: ``submit_pick(model, state, tokens, start, **cuts)`` and
+- ``device_name()``: the adapter's or GPU's name.
+- optional, filled in when left out (one kernel set named after the
+  backend, one host thread): ``kernels_ready()``, ``isa()``,
+  ``available_isas()``, ``set_isa(name)`` (ValueError for an unknown set),
+  ``set_num_threads(n)``, ``num_threads()``, ``thread_setting()``,
+  ``last_forward_threads()``.
+- optional: ``forward_trace(model, state, tokens, start, isa=None)`` ->
+  (logits int32 [T, V], {name: int array} of the traced intermediates,
+  kernel set used; Engine.trace says the backend has none without it), and
+  ``submit_pick(model, state, tokens, start, **cuts)`` with
   ``wait_pick(model)`` (choosing tokens on the device; capability
   ``device_pick``).
 
@@ -35,9 +38,10 @@ with its message and a RuntimeError into "device NAME: <message>".
 
 A backend module is either that API itself (module-level functions, as
 ``intdet._core``) or has ``load()`` returning an object with it; it may
-have ``available() -> str | None`` (None: usable here, else the one-line
-reason it is not; called on each load and listing, so it caches anything
-slow). Adding a backend: one module, one ``Backend`` row in ``BACKENDS``.
+have ``available()`` answering ``None`` (usable here) or the one-line
+reason it is not, or ``(ok, detail)`` (detail: the reason when not ok); it
+is called on each load and listing, so it caches anything slow. Adding a
+backend: one module, one ``Backend`` row in ``BACKENDS``.
 """
 
 from __future__ import annotations
@@ -109,17 +113,68 @@ def _import(b: Backend):
                           field="device") from None
 
 
+def _why_not(mod) -> str | None:
+    """The module's ``available()`` as a reason or None; it may answer
+    ``str | None`` or ``(ok, detail)`` (detail: why not when not ok)."""
+    if not hasattr(mod, "available"):
+        return None
+    r = mod.available()
+    if isinstance(r, tuple):
+        ok, detail = r
+        return None if ok else str(detail or "no reason given")
+    return r or None
+
+
+class _Defaults:
+    """A backend API with the controls it left out answered as a device
+    with one kernel set and no host threads does (the optional part of the
+    API: kernels_ready, isa, available_isas, set_isa, the thread controls)."""
+
+    def __init__(self, api, name: str):
+        self._api, self._name = api, name
+
+    def __getattr__(self, attr):  # only for names this class lacks: the backend's own first
+        return getattr(self._api, attr)
+
+    def __dir__(self):
+        return sorted(set(dir(self._api)) | set(_OPTIONAL))
+
+
+def _fill(attr: str):
+    """A method of _Defaults for optional control ``attr``: the backend's
+    own when it has one, else the default of a one-kernel-set device."""
+    def call(self, *args):
+        own = getattr(self._api, attr, None)
+        if own is not None:
+            return own(*args)
+        if attr == "set_isa":
+            raise ValueError(f"set_isa: the {self._name} backend has one kernel set")
+        return {"isa": self._name, "available_isas": [self._name], "num_threads": 1, "thread_setting": 0,
+                "last_forward_threads": 1}.get(attr)  # kernels_ready, set_num_threads: nothing to do
+
+    call.__name__ = attr
+    return call
+
+
+_OPTIONAL = ("kernels_ready", "isa", "available_isas", "set_isa", "set_num_threads", "num_threads",
+             "thread_setting", "last_forward_threads")
+for _attr in _OPTIONAL:
+    setattr(_Defaults, _attr, _fill(_attr))
+
+
 def load(name: str):
     """The API object of backend ``name`` (see the module docstring), ready
-    to build models. IntdetError (field "device"), one line naming the
+    to build models; the optional controls a backend leaves out are filled
+    in (_Defaults). IntdetError (field "device"), one line naming the
     device and why, for an unknown name, a module that cannot be imported
     or a backend whose ``available()`` gives a reason."""
     b = spec(name)
     mod = _import(b)
-    why = mod.available() if hasattr(mod, "available") else None
+    why = _why_not(mod)
     if why:
         raise IntdetError(f"device {b.name}: {b.missing} ({why})", field="device")
-    return mod.load() if hasattr(mod, "load") else mod
+    api = mod.load() if hasattr(mod, "load") else mod
+    return api if all(hasattr(api, a) for a in _OPTIONAL) else _Defaults(api, b.name)
 
 
 def availability(name: str) -> str | None:
@@ -131,7 +186,7 @@ def availability(name: str) -> str | None:
         mod = _import(b)
     except IntdetError as e:
         return str(e)
-    why = mod.available() if hasattr(mod, "available") else None
+    why = _why_not(mod)
     return f"device {b.name}: {b.missing} ({why})" if why else None
 
 
