@@ -162,7 +162,7 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     engine = Engine(lm, "cpu")
-    core = engine._core
+    core = _core  # the cpu backend is intdet._core; its op profile is read here
     core.set_num_threads(threads[0])
     seq = engine.new_state(16)  # warm-up: page in the weights, start the threads
     seq.forward(ids[:8])

@@ -269,8 +269,10 @@ class LLM:
             and threads; ``device``, ``threads``, ``weights`` and ``revision``
             are then not read): hash-check and decompression, which drive
             their own engines through the same loop.
-        device: "cpu" (C++ core), "cuda" (GPU kernels, same bits) or "ref"
-            (numpy integer spec).
+        device: a name of the backends table (backends/__init__.py): "cpu"
+            (C++ core), "cuda" (GPU kernels, same bits), "ref" (numpy
+            integer spec) or "webgpu" (WebGPU adapter, same bits);
+            IntdetError (field "device") naming why one cannot run here.
         threads: CPU threads (None: leave the setting as it is; 0 = auto:
             the cores other processes leave free; N = exactly N).
         weights: "int8" or "int4" when the source needs converting.

@@ -3,9 +3,11 @@
 ``load_model(dir)`` hands config.json and the mmapped tensors to the one
 loader (csrc/model/loader.cpp, through intdet._core.check_model), which
 checks the config, every tensor's dtype, shape and value range, and refuses
-any tensor the config does not describe. ``Engine`` wraps a backend: ``cpu`` (the C++ core, the default),
-``cuda`` (the CUDA kernels of ``intdet._cuda``, the same bits; docs/cuda.md)
-or ``ref`` (the numpy integer spec, slow, for cross-checking).
+any tensor the config does not describe. ``Engine`` wraps a backend of the
+table in backends/__init__.py: ``cpu`` (the C++ core, the default),
+``cuda`` (the CUDA kernels of ``intdet._cuda``, the same bits;
+docs/cuda.md), ``ref`` (the numpy integer spec, slow, for cross-checking)
+or ``webgpu``; every one has the API of ``intdet._core``.
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from . import backends
 from .background import Background, sha256_file
+from .backends.cuda import cuda_module  # noqa: F401  (the name callers and tests used)
 from .errors import IntdetError
 from .format import MODEL_SHA256_KEY, SKIP_SHA256_ENV
 from .safetensors_io import SafetensorsFile
@@ -27,8 +31,7 @@ from .sampling import draw_u64
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
 
-DEVICES = ("cpu", "ref", "cuda")
-NATIVE = ("cpu", "cuda")  # backends with the intdet._core API (Model, State, forward, forward_batch)
+DEVICES = backends.names()  # every --device name (backends/__init__.py's table)
 
 
 @dataclass
@@ -117,45 +120,23 @@ def load_model(path: str) -> LoadedModel:
 
 class State:
     """One sequence's state on a backend: its KV cache and the positions it
-    holds (the C++ ``intdet._core.State`` / CUDA ``intdet._cuda.State`` it
-    wraps, or the numpy spec's cache). ``forward(tokens, all_logits)``
-    appends tokens (int [T]) and returns int32 logits [T or 1, vocab] (Q16);
-    ``out`` (a writable C-contiguous int32 array of that shape) receives them
-    instead of a new array, so a caller that runs many pieces reuses one
-    buffer."""
+    holds (the backend's ``State``, e.g. ``intdet._core.State``).
+    ``forward(tokens, all_logits)`` appends tokens (int [T]) and returns
+    int32 logits [T or 1, vocab] (Q16); ``out`` (a writable C-contiguous
+    int32 array of that shape) receives them instead of a new array, so a
+    caller that runs many pieces reuses one buffer."""
 
     def __init__(self, engine: "Engine", max_len: int):
         self.engine = engine
         self.max_len = max_len
         self.n_past = 0
-        if engine.device in NATIVE:
-            self._state = engine._core.State(engine._model, max_len)
-        else:
-            from .ref.model import RefModel
-
-            cfg = dict(engine.lm.cfg, context_length=max_len)
-            t = dict(engine.lm.tensors)
-            t["rope.cos"], t["rope.sin"] = t["rope.cos"][:max_len], t["rope.sin"][:max_len]
-            self._ref = RefModel(cfg, t)
+        self._state = engine.backend.State(engine._model, max_len)
 
     def forward(self, tokens, all_logits: bool = False, out: np.ndarray | None = None) -> np.ndarray:
         tokens = np.ascontiguousarray(tokens, dtype=np.int32)
         if self.n_past + len(tokens) > self.max_len:
             raise IntdetError(f"sequence of {self.n_past + len(tokens)} tokens exceeds the context ({self.max_len})")
-        if self.engine.device in NATIVE:
-            out = self.engine._core.forward(self.engine._model, self._state, tokens, self.n_past, all_logits, out)
-        else:
-            z = self._ref.forward(tokens, self.n_past)
-            z = (z if all_logits else z[-1:]).astype(np.int32)
-            if out is not None:
-                if not isinstance(out, np.ndarray) or out.dtype != np.int32:
-                    raise ValueError("out: an int32 numpy array expected")  # the core's messages
-                if out.shape != z.shape:
-                    raise ValueError(f"out: shape [{z.shape[0]}, {z.shape[1]}] expected")
-                if not (out.flags.c_contiguous and out.flags.writeable):
-                    raise ValueError("out: a writable C-contiguous array expected")
-                out[...] = z
-            out = z if out is None else out
+        out = self.engine.backend.forward(self.engine._model, self._state, tokens, self.n_past, all_logits, out)
         self.n_past += len(tokens)
         return out
 
@@ -169,15 +150,14 @@ class State:
         that range."""
         if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= self.n_past:
             raise IntdetError(f"truncate: {n!r} is outside [0, {self.n_past}] (the cached positions)")
-        if self.engine.device in NATIVE:
-            self._state.truncate(n)
-        self.n_past = n  # the numpy spec indexes its cache by absolute position
+        self._state.truncate(n)
+        self.n_past = n
 
     @property
     def can_copy_prefix(self) -> bool:
-        """Whether ``copy_prefix`` is available (every backend of this
-        build: CPU, CUDA and the numpy spec)."""
-        return self.engine.device == "ref" or hasattr(self._state, "copy_prefix")
+        """Whether ``copy_prefix`` is available (the backend's State has it:
+        CPU, CUDA and the numpy spec do)."""
+        return hasattr(self._state, "copy_prefix")
 
     def copy_prefix(self, src: "State", n: int) -> None:
         """Start this empty sequence from the first ``n`` cached positions of
@@ -192,28 +172,26 @@ class State:
             raise IntdetError(f"copy_prefix: {n!r} is outside [0, {min(src.n_past, self.max_len)}]")
         if not self.can_copy_prefix:
             raise IntdetError(f"copy_prefix: not available on --device {self.engine.device}")
-        if self.engine.device in NATIVE:
-            self._state.copy_prefix(src._state, n)
-        else:
-            self._ref.copy_prefix(src._ref, n)
+        self._state.copy_prefix(src._state, n)
         self.n_past = n
 
     @property
     def device_pick(self) -> bool:
         """Whether this backend chooses tokens on the device (submit_pick /
-        wait_pick; the CUDA engine)."""
-        return self.engine.device == "cuda" and hasattr(self.engine._core, "submit_pick")
+        wait_pick; the table's ``device_pick`` capability, e.g. CUDA)."""
+        return self.engine.spec.device_pick and hasattr(self.engine.backend, "submit_pick")
 
     def submit_pick(self, tokens=None, sampler=None) -> None:
-        """CUDA only: enqueue a forward of ``tokens`` (int [T]; None: one row
-        whose token is the one the previous submit chose, never copied to the
-        host first), the choice of the next token on the device from the last
-        row's logits (``sampler`` None or greedy: the largest logit, the lowest
-        id on ties; else temperature sampling with top-k, top-p and min-p,
-        which needs the repetition penalty off: ``Sampler.pick``'s token for
-        the same seed and position) and the copy of those logits into pinned
-        memory; returns at once. Raises IntdetError when the tokens do not fit
-        the context or the sampler needs the host."""
+        """device_pick backends only: enqueue a forward of ``tokens`` (int
+        [T]; None: one row whose token is the one the previous submit chose,
+        never copied to the host first), the choice of the next token on the
+        device from the last row's logits (``sampler`` None or greedy: the
+        largest logit, the lowest id on ties; else temperature sampling with
+        top-k, top-p and min-p, which needs the repetition penalty off:
+        ``Sampler.pick``'s token for the same seed and position) and the copy
+        of those logits into pinned memory; returns at once. Raises
+        IntdetError when the tokens do not fit the context or the sampler
+        needs the host."""
         n = 1 if tokens is None else len(tokens)
         if self.n_past + n > self.max_len:
             raise IntdetError(f"sequence of {self.n_past + n} tokens exceeds the context ({self.max_len})")
@@ -225,14 +203,14 @@ class State:
                         top_k=sampler.top_k, p_num=sampler.p_num, p_den=sampler.p_den, m_num=sampler.m_num,
                         m_den=sampler.m_den)
         toks = None if tokens is None else np.ascontiguousarray(tokens, dtype=np.int32)
-        self.engine._core.submit_pick(self.engine._model, self._state, toks, self.n_past, **cuts)
+        self.engine.backend.submit_pick(self.engine._model, self._state, toks, self.n_past, **cuts)
         self.n_past += n
 
     def wait_pick(self) -> tuple[int, np.ndarray]:
         """Wait for the last submit_pick: (token, int32 logits [V] of the
         row it was chosen from). The logits are a read-only view of pinned
         memory, valid until the second submit_pick after this one."""
-        tok, logits = self.engine._core.wait_pick(self.engine._model)
+        tok, logits = self.engine.backend.wait_pick(self.engine._model)
         return int(tok), logits
 
 
@@ -246,20 +224,6 @@ def _refused(e: ValueError) -> IntdetError:
     return IntdetError(f"weights: the quantized weights are out of the format's range ({msg})", field="weights")
 
 
-def cuda_module():
-    """intdet._cuda when it was built and a CUDA GPU is visible; else
-    IntdetError saying why."""
-    try:
-        from . import _cuda
-    except ImportError as e:
-        raise IntdetError(f"device cuda: no CUDA GPU available (intdet was built without its CUDA module: {e})",
-                          field="device") from None
-    if _cuda.device_count() < 1:
-        raise IntdetError(f"device cuda: no CUDA GPU available ({_cuda.no_device_reason() or 'no device'})",
-                          field="device")
-    return _cuda
-
-
 def default_threads() -> int:
     """Cores this process may run on (the machines here have no SMT; on SMT
     machines OpenMP's default of one thread per logical CPU applies)."""
@@ -270,51 +234,51 @@ def default_threads() -> int:
 
 
 class Engine:
-    """A loaded model on one backend (``cpu``: C++ core; ``cuda``: GPU kernels;
-    ``ref``: numpy spec). ``cuda_graphs`` (cuda only): replay decode steps from
-    CUDA graphs (None: the INTDET_CUDA_GRAPHS environment variable)."""
+    """A loaded model on one backend of the table (backends/__init__.py:
+    ``cpu``: C++ core; ``cuda``: GPU kernels; ``ref``: numpy spec;
+    ``webgpu``: WebGPU). ``cuda_graphs`` (backends with that capability):
+    replay decode steps from CUDA graphs (None: the INTDET_CUDA_GRAPHS
+    environment variable). ``self.backend`` is the backend's API object,
+    ``self.spec`` its table row; nothing here depends on the device name."""
 
     def __init__(self, lm: LoadedModel, device: str = "cpu", threads: int | None = None,
                  cuda_graphs: bool | None = None):
-        if device not in DEVICES:
-            raise IntdetError(f"device {device!r} is not available (choose from {', '.join(DEVICES)})", field="device")
+        self.spec = backends.spec(device)
         if threads is not None and (isinstance(threads, bool) or not isinstance(threads, (int, np.integer))
                                     or not 0 <= threads <= 1024):
             raise IntdetError(f"threads: {threads!r} must be in [0, 1024] (0 = auto)", field="threads")
         self.lm = lm
         self.device = device
-        if device == "cpu":
-            from . import _core
-
-            self._core = _core
-            try:
-                _core.kernels_ready()
-            except ValueError as e:  # INTDET_ISA names a kernel set this CPU or build lacks
-                raise IntdetError(str(e)) from None
-            if threads is not None:  # 0: auto (all cores, fewer while others keep some busy)
-                _core.set_num_threads(threads)
-            from .preflight import check_load
-
-            check_load(lm.cfg, lm.tensors, lm.st_path or "model.safetensors")  # before packing: a refusal, not an OOM kill
-            try:
-                # mapped: the tensors are views of the read-only file mapping,
-                # so the core may drop each weight's pages once it has packed it.
-                self._model = _core.Model(lm.cfg, lm.tensors, mapped=lm.st is not None,
-                                          config_path=lm.cfg_path or "config.json",
-                                          tensors_path=lm.st_path or "model.safetensors")
-            except ValueError as e:  # the loader's message names the file
-                raise IntdetError(str(e)) from None
-        elif device == "cuda":
-            self._core = cuda_module()
-            try:
-                self._model = self._core.Model(lm.cfg, lm.tensors, cuda_graphs, lm.cfg_path or "config.json",
-                                               lm.st_path or "model.safetensors")
-            except ValueError as e:
-                raise IntdetError(str(e)) from None
-            except RuntimeError as e:  # out of device memory, a driver error
-                raise IntdetError(f"device cuda: {e}", field="device") from None
+        self.backend = api = backends.load(device)
+        try:
+            api.kernels_ready()
+        except ValueError as e:  # INTDET_ISA names a kernel set this CPU or build lacks
+            raise IntdetError(str(e)) from None
+        if threads is not None:  # 0: auto (all cores, fewer while others keep some busy)
+            api.set_num_threads(threads)
+        if hasattr(api, "preflight"):  # before packing: a refusal, not an OOM kill
+            api.preflight(lm.cfg, lm.tensors, lm.st_path or "model.safetensors")
+        # mapped: the tensors are views of the read-only file mapping, so the
+        # backend may drop each weight's pages once it has packed it.
+        self._model = self._build(lm.cfg, lm.tensors, mapped=lm.st is not None, config_path=lm.cfg_path or "config.json",
+                                  tensors_path=lm.st_path or "model.safetensors", cuda_graphs=cuda_graphs,
+                                  refused=lambda e: IntdetError(str(e)))  # the loader's message names the file
         # model.safetensors' sha256, read beside the packing, against config.json's record
         lm.check_sha256()
+
+    def _build(self, cfg: dict, tensors: dict, mapped: bool, config_path: str, tensors_path: str,
+               cuda_graphs: bool | None, refused):
+        """The backend's Model; ``refused(ValueError)`` gives the error for
+        a model the loader refuses; a RuntimeError (out of device memory, a
+        driver error) is "device NAME: ..."."""
+        options = {"cuda_graphs": cuda_graphs} if self.spec.cuda_graphs else {}
+        try:
+            return self.backend.Model(cfg, tensors, mapped=mapped, config_path=config_path,
+                                      tensors_path=tensors_path, **options)
+        except ValueError as e:
+            raise refused(e) from None
+        except RuntimeError as e:
+            raise IntdetError(f"device {self.device}: {e}", field="device") from None
 
     def replace_weights(self, cfg: dict, tensors: dict, sha256: str) -> None:
         """Run from now on the model of ``tensors`` (name -> int array, the
@@ -324,32 +288,11 @@ class Engine:
         built (checked, packed, uploaded) before anything is replaced, so
         an error leaves the old one whole. States made before belong to
         the old model: drop them first (the scheduler does)."""
-        if self.device == "cpu":
-            try:
-                model = self._core.Model(cfg, tensors, mapped=False, config_path="update_weights",
-                                         tensors_path="update_weights")
-            except ValueError as e:
-                raise _refused(e) from None
-        elif self.device == "cuda":
-            try:
-                model = self._core.Model(cfg, tensors, bool(self._model.cuda_graphs), "update_weights",
-                                         "update_weights")
-            except ValueError as e:
-                raise _refused(e) from None
-            except RuntimeError as e:
-                raise IntdetError(f"device cuda: {e}", field="device") from None
-        else:  # ref: the numpy spec reads lm.tensors when a state is made
-            from . import _core
-
-            try:
-                _core.check_model(json.dumps(cfg), tensors, "update_weights", "update_weights", mapped=False)
-            except ValueError as e:
-                raise _refused(e) from None
-            model = None
+        model = self._build(cfg, tensors, mapped=False, config_path="update_weights", tensors_path="update_weights",
+                            cuda_graphs=self.cuda_graphs, refused=_refused)
         sha = sha256 if isinstance(sha256, str) else sha256.result()  # a background.Background, hashing meanwhile
         cfg["model_sha256"] = sha
-        if model is not None:
-            self._model = model
+        self._model = model
         self.lm.cfg, self.lm.tensors, self.lm.sha256_job = cfg, tensors, sha
 
     def forward_batch(self, seqs, tokens, all_logits=False, out: np.ndarray | None = None):
@@ -359,44 +302,41 @@ class Engine:
         bool for all sequences or a list of one per sequence. ``out``: a
         writable C-contiguous int32 array of [rows, vocab] (rows: the logits
         rows of the call, in sequence order) that the results are views of,
-        reused instead of a new one (cpu and cuda). cpu and cuda backends
-        (ref runs the sequences one by one)."""
+        reused instead of a new one."""
         flags = [bool(all_logits)] * len(seqs) if isinstance(all_logits, bool) else [bool(f) for f in all_logits]
         if len(flags) != len(seqs):
             raise IntdetError(f"forward_batch: {len(flags)} all_logits flags for {len(seqs)} sequences")
-        if self.device not in NATIVE:
-            return [s.forward(t, f) for s, t, f in zip(seqs, tokens, flags)]
         for s, t in zip(seqs, tokens):
             if s.n_past + len(t) > s.max_len:
                 raise IntdetError(f"sequence of {s.n_past + len(t)} tokens exceeds the context ({s.max_len})")
-        outs = self._core.forward_batch(self._model, [s._state for s in seqs],
-                                        [np.ascontiguousarray(t, dtype=np.int32) for t in tokens], flags, out)
+        outs = self.backend.forward_batch(self._model, [s._state for s in seqs],
+                                          [np.ascontiguousarray(t, dtype=np.int32) for t in tokens], flags, out)
         for s, t in zip(seqs, tokens):
             s.n_past += len(t)
         return outs
 
     # ------------------------------------------------ the backend's controls
-    # (callers use these; none reaches into _core or _model)
+    # (callers use these; none reaches into the backend or _model)
 
     @property
     def isa(self) -> str:
         """The kernel set in use: a CPU set name ("scalar", "avx2", ...),
-        "cuda" or "ref"."""
-        return self._core.isa() if self.device == "cpu" else self.device
+        or the backend's one set ("cuda", "ref", ...)."""
+        return str(self.backend.isa())
 
     def available_isas(self) -> list:
         """The kernel sets this backend can run on this machine (cpu: this
         build's sets the CPU runs, slowest first; else [isa])."""
-        return list(self._core.available_isas()) if self.device == "cpu" else [self.isa]
+        return list(self.backend.available_isas())
 
     def set_isa(self, name: str) -> None:
-        """Switch the CPU kernel set (process-wide: the core has one; any set
-        gives the same bits). IntdetError for an unknown set or another
-        backend."""
-        if self.device != "cpu":
+        """Switch the kernel set (cpu: process-wide, the core has one; any
+        set gives the same bits). IntdetError for an unknown set or a
+        backend with one set."""
+        if not self.spec.set_isa:
             raise IntdetError(f"set_isa: the {self.device} backend has one kernel set")
         try:
-            self._core.set_isa(name)
+            self.backend.set_isa(name)
         except ValueError as e:
             raise IntdetError(str(e)) from None
 
@@ -404,49 +344,48 @@ class Engine:
     def threads(self) -> int:
         """Threads a forward call may use now (cpu; 1 elsewhere: the GPU or
         numpy decide)."""
-        return int(self._core.num_threads()) if self.device == "cpu" else 1
+        return int(self.backend.num_threads())
 
     @property
     def thread_setting(self) -> int:
         """The thread count as set (0 = auto: all cores, fewer while others
         keep some busy); cpu only, else 0."""
-        return int(self._core.thread_setting()) if self.device == "cpu" else 0
+        return int(self.backend.thread_setting())
 
     def set_threads(self, n: int) -> None:
         """Set the CPU core's thread count (process-wide; 0 = auto; any count
         gives the same bits). No-op on other backends."""
-        if self.device == "cpu":
-            self._core.set_num_threads(int(n))
+        self.backend.set_num_threads(int(n))
 
     def last_forward_threads(self) -> int:
         """Threads the latest forward call used (cpu; auto may use fewer)."""
-        return int(self._core.last_forward_threads()) if self.device == "cpu" else 1
+        return int(self.backend.last_forward_threads())
 
     @property
     def device_name(self) -> str:
-        """The GPU's name (cuda), else the backend and kernel set."""
-        return str(self._core.device_name()) if self.device == "cuda" else f"{self.device} ({self.isa})"
+        """The GPU's or adapter's name, else the backend and kernel set."""
+        return str(self.backend.device_name())
 
     @property
     def cuda_graphs(self) -> bool:
-        """Whether decode steps replay CUDA graphs (cuda; False elsewhere)."""
-        return bool(self._model.cuda_graphs) if self.device == "cuda" else False
+        """Whether decode steps replay CUDA graphs (backends with CUDA graphs; False elsewhere)."""
+        return bool(self._model.cuda_graphs) if self.spec.cuda_graphs else False
 
     @cuda_graphs.setter
     def cuda_graphs(self, on: bool) -> None:
-        if self.device != "cuda":
+        if not self.spec.cuda_graphs:
             raise IntdetError(f"cuda_graphs: the {self.device} backend has no CUDA graphs")
         self._model.cuda_graphs = bool(on)
 
     def trace(self, ids, isa: str | None = None) -> dict:
-        """name -> int64 array of every traced intermediate of one forward
-        of ``ids`` from position 0 (cpu: on kernel set ``isa``, default the
-        active one, for this call only; cuda). trace.py compares them."""
-        if self.device not in NATIVE:
-            raise IntdetError("trace: the ref backend is traced by trace.trace_ref")
-        state = self._core.State(self._model, len(ids))
-        args = (self._model, state, np.ascontiguousarray(ids, np.int32), 0) + ((isa,) if self.device == "cpu" else ())
-        _logits, named, _used = self._core.forward_trace(*args)
+        """name -> int array of every traced intermediate of one forward of
+        ``ids`` from position 0 (cpu: on kernel set ``isa``, default the
+        active one, for this call only). trace.py compares them."""
+        if not (self.spec.trace and hasattr(self.backend, "forward_trace")):
+            raise IntdetError(f"trace: the {self.device} backend has no trace")
+        state = self.backend.State(self._model, len(ids))
+        _logits, named, _used = self.backend.forward_trace(self._model, state, np.ascontiguousarray(ids, np.int32), 0,
+                                                           isa)
         return dict(named)
 
     @property

@@ -56,7 +56,7 @@ def trace_cpu(engine: Engine, ids, isa: str | None = None) -> dict:
 
 def trace_cuda(engine: Engine, ids) -> dict:
     """name -> int64 array from the CUDA engine (its module's forward_trace:
-    intdet._cuda, or whatever intdet.model.cuda_module returns, such as the
+    intdet._cuda, or whatever intdet.backends.cuda.cuda_module returns, such as the
     host emulator in tests). engine: an Engine on device "cuda"."""
     return engine.trace(ids)
 

@@ -167,11 +167,10 @@ def test_prefix_cache_on_the_cuda_emulator(engine, monkeypatch):  # noqa: F811
     """State.copy_prefix on the CUDA module (host emulator): the copied
     KV continues as a cold prefill would (all logits' bits), the scheduler's
     hits equal CPU cold runs, and a state of another model is refused."""
-    import intdet.model as M
     from intdet.model import Engine
     from test_cuda import _emu_or_skip
 
-    monkeypatch.setattr(M, "cuda_module", lambda: _emu_or_skip())
+    monkeypatch.setattr("intdet.backends.cuda.cuda_module", lambda: _emu_or_skip())
     emu = Engine(engine.lm, "cuda")
     ids = list(range(20, 60))
     a = emu.new_state(64)

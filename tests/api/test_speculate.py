@@ -89,7 +89,6 @@ def test_drafts_are_kept_on_repetitive_text_and_change_nothing(engine):  # noqa:
 def test_speculation_on_the_numpy_spec_and_the_cuda_emulator(engine, monkeypatch):  # noqa: F811
     """State.truncate on the ref backend (positions indexed absolutely)
     and on the CUDA module (host emulator): drafted runs equal plain ones."""
-    import intdet.model as M
     from intdet.model import Engine
     from test_cuda import _emu_or_skip
 
@@ -101,7 +100,7 @@ def test_speculation_on_the_numpy_spec_and_the_cuda_emulator(engine, monkeypatch
     ref = Engine(engine.lm, "ref")
     _, got_ref, _ = _run(ref, ss, stops, 4)
     assert [(r.tokens, r.hash) for r in got_ref] == [(r.tokens, r.hash) for r in want]
-    monkeypatch.setattr(M, "cuda_module", lambda: _emu_or_skip())
+    monkeypatch.setattr("intdet.backends.cuda.cuda_module", lambda: _emu_or_skip())
     emu = Engine(engine.lm, "cuda")
     sch, got_emu, _ = _run(emu, ss, stops, 4)
     assert [(r.tokens, r.hash) for r in got_emu] == [(r.tokens, r.hash) for r in want]

@@ -370,17 +370,21 @@ def test_cli_errors_are_one_line(model_dir, items_file, tmp_path):
     assert not os.path.exists(out)
 
 
-def test_run_job_errors_name_the_argument(items_file, tmp_path):
-    """run_job (the Python side) names its arguments, not the CLI's options."""
+def test_run_job_errors_name_the_argument(items_file, tmp_path, monkeypatch):
+    """run_job (the Python side) names its arguments, not the CLI's options;
+    a device that cannot run here is refused before any worker starts."""
     from intdet.batch import run_job
     from intdet.errors import IntdetError
 
     out = str(tmp_path / "o.jsonl")
+    monkeypatch.setitem(sys.modules, "intdet.webgpu.backend", None)  # as if it were not there
     for kw, field, msg in ((dict(workers=-1), "workers", "workers: -1 must be >= 0"),
                            (dict(engine="bogus"), "engine", "engine: 'bogus': choose "),
                            (dict(batch_size=0), "batch_size", "batch_size: 0 must be >= 1"),
                            (dict(address="x"), "address", "address: only with the ray or dask engine"),
-                           (dict(output_path=items_file), "output_path", f"output_path {items_file}: is the input")):
+                           (dict(output_path=items_file), "output_path", f"output_path {items_file}: is the input"),
+                           (dict(device="webgpu"), "device", "device webgpu: no WebGPU adapter available ("),
+                           (dict(device="tpu", engine="ray"), "device", "device 'tpu' is not available")):
         with pytest.raises(IntdetError) as e:
             run_job(items_file, **{"output_path": out, **kw})
         assert e.value.field == field and str(e.value).startswith(msg), (str(e.value), e.value.field)

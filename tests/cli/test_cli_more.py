@@ -92,7 +92,7 @@ def test_usage_errors_are_one_line_exit_1(cache, args, needles):
 
 def test_help_has_types_choices_and_a_description_for_every_option(cache):
     r = ok(cli(["generate", "--help"], cache))
-    for s in ("--temperature FLOAT", "--device [cpu|cuda|ref]", "--weights [int8|int4]", "--truncate [left|right]",
+    for s in ("--temperature FLOAT", "--device [cpu|cuda|ref|webgpu]", "--weights [int8|int4]", "--truncate [left|right]",
               "--seed [INTEGER|random]", "--stop STR", "--min-p FLOAT", "--repeat-penalty FLOAT", "-q, --quiet"):
         assert s in r.stdout, s
     from intdet.cli import main

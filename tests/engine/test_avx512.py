@@ -199,9 +199,11 @@ def test_linear_int4_largest_accumulation(avx512, T, extreme, sign):
 def simde_engine(lm):
     """An Engine whose forwards run in intdet._core_simde (the model loaded
     there by the one loader, packed for its kernel sets)."""
+    from intdet import backends
+
     mod = simde_module()
-    eng = Engine.__new__(Engine)
-    eng.lm, eng.device, eng._core = lm, "cpu", mod
+    eng = Engine.__new__(Engine)  # the module has the cpu backend's API
+    eng.lm, eng.device, eng.backend, eng.spec = lm, "cpu", mod, backends.spec("cpu")
     eng._model = mod.Model(lm.cfg, lm.tensors, mapped=lm.st is not None, config_path=lm.cfg_path or "config.json",
                            tensors_path=lm.st_path or "model.safetensors")
     return eng

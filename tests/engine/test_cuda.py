@@ -868,11 +868,10 @@ def test_engine_generate_hash_equal(monkeypatch, converted):
     """Engine(device='cuda') end to end through the scheduler (emulator here,
     the GPU below): the chain hash of a greedy generation equals the CPU
     reference loop's."""
-    import intdet.model as M
     from oracle import generate
 
     mod = _emu_or_skip()
-    monkeypatch.setattr(M, "cuda_module", lambda: mod)
+    monkeypatch.setattr("intdet.backends.cuda.cuda_module", lambda: mod)
     lm = converted["qwen3"]
     g_cpu = generate(Engine(lm, "cpu"), [1, 40, 41, 42, 43], 6)
     for graphs in (False, True):
@@ -902,7 +901,7 @@ def test_scheduler_device_lane(monkeypatch, converted):
     from oracle import generate
 
     mod = _emu_or_skip()
-    monkeypatch.setattr(M, "cuda_module", lambda: mod)
+    monkeypatch.setattr("intdet.backends.cuda.cuda_module", lambda: mod)
     calls = []
     real = M.State.submit_pick
     monkeypatch.setattr(M.State, "submit_pick", lambda self, t=None, s=None: calls.append(t) or real(self, t, s))
@@ -1085,10 +1084,9 @@ def _traced_models(converted, converted_int4):
 def test_trace_is_the_cpu_trace(monkeypatch, backend, converted, converted_int4, name, graphs):
     """_cuda.forward_trace has the C++ core's names, order, shapes and every
     bit (graphs on: a traced call bypasses them); its logits are forward's."""
-    import intdet.model as M
     from intdet.trace import first_divergence, trace_cpu, trace_cuda, trace_names
 
-    monkeypatch.setattr(M, "cuda_module", lambda: backend)
+    monkeypatch.setattr("intdet.backends.cuda.cuda_module", lambda: backend)
     lm = _traced_models(converted, converted_int4)[name]
     cpu = trace_cpu(Engine(lm, "cpu"), TRACE_IDS)
     gpu_engine = Engine(lm, "cuda", cuda_graphs=graphs)
@@ -1099,7 +1097,7 @@ def test_trace_is_the_cpu_trace(monkeypatch, backend, converted, converted_int4,
         assert gpu[n].dtype == np.int64 and gpu[n].shape == cpu[n].shape, n
         assert np.array_equal(gpu[n], cpu[n]), n
     assert first_divergence(cpu, gpu, names) is None
-    mod, m = gpu_engine._core, gpu_engine._model
+    mod, m = gpu_engine.backend, gpu_engine._model
     s = mod.State(m, len(TRACE_IDS) + 2)
     logits, named, used = mod.forward_trace(m, s, np.asarray(TRACE_IDS, np.int32), 0)
     assert used == "cuda" and s.n_past == len(TRACE_IDS)
@@ -1155,7 +1153,6 @@ def _spoiled(fn, call, where):
 def test_first_divergence_names_the_cuda_difference(monkeypatch, converted, op, call, first):
     """compare_backends with cuda on one side: a deliberately broken ref op
     (so ref vs cuda differ) is named; cuda vs the CPU still agree."""
-    import intdet.model as M
     from intdet.ref import ops as ref_ops
     from intdet.trace import compare_backends
 
@@ -1168,7 +1165,7 @@ def test_first_divergence_names_the_cuda_difference(monkeypatch, converted, op, 
                 calls.append(name)
             return getattr(mod, name)
 
-    monkeypatch.setattr(M, "cuda_module", lambda: Counted())
+    monkeypatch.setattr("intdet.backends.cuda.cuda_module", lambda: Counted())
     engine = Engine(converted["qwen3"], "cuda")
     res = compare_backends(engine, TRACE_IDS, ["cuda", "scalar", C.available_isas()[-1]])
     assert [d for _, d in res] == [None, None] and len(calls) == 1
@@ -1181,11 +1178,10 @@ def test_first_divergence_names_the_cuda_difference(monkeypatch, converted, op, 
 def test_first_divergence_names_a_perturbed_cuda_tensor(monkeypatch, converted):
     """One value of one CUDA traced tensor changed: that tensor is named, even
     when later ones (here every one) agree."""
-    import intdet.model as M
     from intdet.trace import first_divergence, trace_cuda, trace_names
 
     mod = _emu_or_skip()
-    monkeypatch.setattr(M, "cuda_module", lambda: mod)
+    monkeypatch.setattr("intdet.backends.cuda.cuda_module", lambda: mod)
     lm = converted["qwen2"]
     names = trace_names(lm.cfg)
     gpu = trace_cuda(Engine(lm, "cuda"), TRACE_IDS)
@@ -1202,7 +1198,6 @@ def test_first_divergence_script_cuda_backend(monkeypatch, capsys, converted):
     tensor a broken ref op changes; without a GPU module it says why (exit 2)."""
     import importlib.util
 
-    import intdet.model as M
     from intdet.ref import ops as ref_ops
 
     mod = _emu_or_skip()
@@ -1215,7 +1210,7 @@ def test_first_divergence_script_cuda_backend(monkeypatch, capsys, converted):
     if not HAVE_GPU:
         assert script.main(["-m", path, "--ids", ids, "--backends", "scalar,cuda"]) == 2
         assert "first_divergence: error: device cuda:" in capsys.readouterr().err
-    monkeypatch.setattr(M, "cuda_module", lambda: mod)
+    monkeypatch.setattr("intdet.backends.cuda.cuda_module", lambda: mod)
     assert script.main(["-m", path, "--ids", ids, "--backends", "cuda,ref,scalar"]) == 0
     out = capsys.readouterr().out
     assert "ref vs cuda: all " in out and "scalar vs cuda: all " in out
@@ -1230,11 +1225,10 @@ def test_hash_check_device_cuda_on_the_emulator(monkeypatch, converted, tmp_path
     sampled) equal to the CPU run, through the scheduler's loop."""
     from click.testing import CliRunner
 
-    import intdet.model as M
     from intdet.cli import main
 
     mod = _emu_or_skip()
-    monkeypatch.setattr(M, "cuda_module", lambda: mod)
+    monkeypatch.setattr("intdet.backends.cuda.cuda_module", lambda: mod)
     lm = converted["qwen3"]
     r = CliRunner().invoke(main, ["hash-check", "-m", os.path.dirname(lm.st_path), "--device", "cuda", "--steps", "3",
                                   "--prompt", "hello", "--json"])
@@ -1263,7 +1257,6 @@ def test_gpu_copy_prefix(converted):
 def test_update_weights_on_cuda_equals_cpu(monkeypatch, tmp_path):
     """LLM.update_weights on the CUDA backend (a new device model built
     before the swap) gives the CPU's bits after the update (emulator here)."""
-    import intdet.model as M
     import models
     import numpy as np
     from safetensors.numpy import load_file
@@ -1272,7 +1265,7 @@ def test_update_weights_on_cuda_equals_cpu(monkeypatch, tmp_path):
     from intdet.convert import convert
 
     mod = _emu_or_skip()
-    monkeypatch.setattr(M, "cuda_module", lambda: mod)
+    monkeypatch.setattr("intdet.backends.cuda.cuda_module", lambda: mod)
     hf = models.write_hf_model(str(tmp_path / "hf"), "qwen3")
     m = convert(hf, str(tmp_path / "m"), progress=False)
     rng = np.random.default_rng(2)

@@ -157,12 +157,11 @@ def test_cuda_emulator_same_bits_vector_paths(wide_moe, weights, graphs):
 def test_cuda_trace_is_the_cpu_trace(monkeypatch, moe_model):
     """Every named intermediate of a MoE model (router outputs, the weighted
     sum, the residual) from the CUDA engine equals the CPU's, bit for bit."""
-    import intdet.model as M
     from intdet.trace import first_divergence, trace_cpu, trace_cuda, trace_names
     from test_cuda import _emu_or_skip
 
     mod = _emu_or_skip()
-    monkeypatch.setattr(M, "cuda_module", lambda: mod)
+    monkeypatch.setattr("intdet.backends.cuda.cuda_module", lambda: mod)
     _, lm = moe_model
     cpu = trace_cpu(Engine(lm, "cpu"), PROMPT[:10])
     gpu = trace_cuda(Engine(lm, "cuda"), PROMPT[:10])

@@ -8,6 +8,7 @@ import contextlib
 import os
 import sys
 
+from .. import backends
 from ..errors import IntdetError
 from .items import TASKS, parse_line
 from .local import WorkerConfig, run_pool
@@ -65,6 +66,12 @@ def run_job(input_path: str, output_path: str, model=None, task: str = "generate
         raise IntdetError(f"batch_size: {batch_size} must be >= 1", field="batch_size")
     if address and engine == "local":
         raise IntdetError("address: only with the ray or dask engine", field="address")
+    if engine == "local":  # the workers run here: a device that cannot is one line now, not a dead worker
+        why = backends.availability(device)
+        if why:
+            raise IntdetError(why, field="device")
+    else:  # the cluster's nodes decide what runs there; the name must still be a backend's
+        backends.spec(device)
     if os.path.exists(output_path) and os.path.exists(input_path) and os.path.samefile(input_path, output_path):
         raise IntdetError(f"output_path {output_path}: is the input file", field="output_path")
     items = read_items(input_path, task)

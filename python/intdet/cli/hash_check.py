@@ -7,22 +7,25 @@ import sys
 
 import click
 
+from .. import backends
 from ..errors import IntdetError
 from .errors import _need_stdout, user_errors
 from .options import (MODEL_HELP_SHORT, NUMBER, device_option, json_option, model_option, revision_option,
                       weights_option)
 
 
-def _cuda_hash_runs(lm, cpu, ids, steps, seed, temperature, with_ref, progress):
-    """hash-check --device cuda: one CPU run first (the group's reference),
-    then the GPU with the prefill whole, token by token and in chunks of 7,
-    inside batches of 4 and 8, and replayed from CUDA graphs; sampled runs
-    on both."""
+def _device_hash_runs(lm, cpu, device, ids, steps, seed, temperature, with_ref, progress):
+    """hash-check --device NAME (a backend with the table's device_matrix
+    capability: cuda, webgpu): one CPU run first (the group's reference),
+    then the device with the prefill whole, token by token and in chunks of
+    7, inside batches of 4 and 8, and replayed from CUDA graphs where the
+    backend has them; sampled runs on both. IntdetError naming the device
+    and why when it cannot run here."""
     from ..hashcheck import mark_divergence, run_one
     from ..model import Engine
     from ..sampling import Sampler
 
-    gpu = Engine(lm, "cuda", cuda_graphs=False)
+    dev = Engine(lm, device, cuda_graphs=False)
     runs = []
 
     def go(label, engine, sampler, group="greedy", **kw):
@@ -33,23 +36,24 @@ def _cuda_hash_runs(lm, cpu, ids, steps, seed, temperature, with_ref, progress):
             progress(r)
 
     go(f"cpu ({cpu.isa}, {cpu.threads} threads)", cpu, Sampler())
-    go(f"cuda ({gpu.device_name}), prefill whole", gpu, Sampler())
-    go("cuda, prefill token by token", gpu, Sampler(), prefill_chunk=1)
-    go("cuda, prefill in chunks of 7", gpu, Sampler(), prefill_chunk=7)
-    go("cuda, inside a batch of 4", gpu, Sampler(), batch=4, co_seed=seed + 4)
-    go("cuda, inside a batch of 8", gpu, Sampler(), batch=8, co_seed=seed + 8)
-    gpu.cuda_graphs = True
-    go("cuda, CUDA graphs", gpu, Sampler())
-    go("cuda, CUDA graphs, inside a batch of 8", gpu, Sampler(), batch=8, co_seed=seed + 8)
-    gpu.cuda_graphs = False
+    go(f"{device} ({dev.device_name}), prefill whole", dev, Sampler())
+    go(f"{device}, prefill token by token", dev, Sampler(), prefill_chunk=1)
+    go(f"{device}, prefill in chunks of 7", dev, Sampler(), prefill_chunk=7)
+    go(f"{device}, inside a batch of 4", dev, Sampler(), batch=4, co_seed=seed + 4)
+    go(f"{device}, inside a batch of 8", dev, Sampler(), batch=8, co_seed=seed + 8)
+    if dev.spec.cuda_graphs:
+        dev.cuda_graphs = True
+        go(f"{device}, CUDA graphs", dev, Sampler())
+        go(f"{device}, CUDA graphs, inside a batch of 8", dev, Sampler(), batch=8, co_seed=seed + 8)
+        dev.cuda_graphs = False
     samp = Sampler(temperature=temperature, top_p="0.95", seed=seed)
     go(f"sampled T={temperature} seed={seed}: cpu", cpu, samp, group="sampled")
-    go(f"sampled T={temperature} seed={seed}: cuda, batch of 4", gpu, samp, group="sampled", batch=4, co_seed=seed + 99)
+    go(f"sampled T={temperature} seed={seed}: {device}, batch of 4", dev, samp, group="sampled", batch=4,
+       co_seed=seed + 99)
     if with_ref:
         go("ref (numpy integer spec)", Engine(lm, "ref"), Sampler())
     mark_divergence(runs)
     return runs
-
 
 
 @click.command("hash-check")
@@ -62,9 +66,10 @@ def _cuda_hash_runs(lm, cpu, ids, steps, seed, temperature, with_ref, progress):
 @click.option("--expect", default=None, metavar="HASH", help="Greedy hash from another machine to compare with.")
 @click.option("--ref", "with_ref", is_flag=True, help="Also run the numpy integer spec (slow).")
 @click.option("--float", "with_float", is_flag=True, help="Run the same matrix in float too, to show it diverge.")
-# its own choices and help: no ref (that is --ref), and cuda runs against a CPU run
-@device_option(choices=("cpu", "cuda"),
-               help="cpu: every ISA x threads; cuda: GPU prefill splits, batches and CUDA graphs against a CPU run.")
+# its own choices and help: no ref (that is --ref); a device (cuda, webgpu) runs against a CPU run
+@device_option(choices=("cpu",) + backends.matrix_devices(),
+               help=f"cpu: every ISA x threads; {', '.join(backends.matrix_devices())}: the device's prefill splits, "
+                    "batches (and CUDA graphs) against a CPU run.")
 @revision_option()
 @json_option()
 @weights_option()
@@ -101,10 +106,12 @@ def hash_check(model, prompt, steps, seed, temperature, expect, with_ref, with_f
                           f"{lm.cfg['context_length']}")
     engine = Engine(lm, "cpu")
     show = None if as_json else (lambda r: click.echo(f"  done: {r.config} ({r.seconds:.1f} s)", err=True))
-    if device == "cuda":
-        runs = _cuda_hash_runs(lm, engine, ids, steps, seed, temperature, with_ref, show)
+    if device != "cpu":
+        runs = _device_hash_runs(lm, engine, device, ids, steps, seed, temperature, with_ref, show)
     else:
         runs = run(engine, ids, steps, seed=seed, temperature=temperature, with_ref=with_ref, progress=show)
+    # the devices not run, each with why not: available here, or the error --device NAME would give
+    others = {d: backends.availability(d) for d in backends.matrix_devices() if d != device}
     fruns = float_check(src, ids, steps, progress=show) if with_float else []
     greedy = [r for r in runs if r.group == "greedy"]
     ok = all(r.diverges_at is None for r in runs)
@@ -112,7 +119,7 @@ def hash_check(model, prompt, steps, seed, temperature, expect, with_ref, with_f
     if as_json:
         click.echo(json.dumps({
             "model": lm.path, "prompt_tokens": len(ids), "steps": steps, "all_equal": ok,
-            "expect": expect, "expect_matches": expect_ok if expect else None,
+            "expect": expect, "expect_matches": expect_ok if expect else None, "other_devices": others,
             "runs": [{k: getattr(r, k) for k in ("config", "group", "hash", "tokens_hash", "diverges_at", "seconds")}
                      for r in runs + fruns]}))
     else:
@@ -122,6 +129,8 @@ def hash_check(model, prompt, steps, seed, temperature, expect, with_ref, with_f
             div = "-" if r.diverges_at is None else str(r.diverges_at)
             click.echo(f"{r.config:<{w}}  {r.hash}  {r.tokens_hash}  {div:>20}  {r.seconds:6.1f} s")
         click.echo(f"integer runs: {'all identical' if ok else 'MISMATCH'} ({len(runs)} runs, {steps} steps each)")
+        for d, why in others.items():
+            click.echo(f"(no {d} runs: {why or f'available here; --device {d} runs them'})")
         if fruns:
             nf = sum(r.diverges_at is not None for r in fruns)
             click.echo(f"float runs: {nf} of {len(fruns) - 1} differ from the first float run")

@@ -16,6 +16,7 @@ import sys
 
 import click
 
+from .. import backends
 from ..errors import IntdetError
 from .errors import _err, _warn
 
@@ -51,7 +52,7 @@ class Seed(click.ParamType):
 
 NUMBER = Number()
 WEIGHTS = click.Choice(["int8", "int4"])
-DEVICES = ("cpu", "cuda", "ref")
+DEVICES = backends.names()  # the backends table's names: cpu, cuda, ref, webgpu
 
 
 def _cap_threads(ctx, param, value):
@@ -76,7 +77,7 @@ def _cap_threads(ctx, param, value):
 MODEL_HELP = "Converted model dir, GGUF file, Hugging Face dir or repo id (default: SmolLM2-135M-Instruct)."
 MODEL_HELP_SHORT = "Model (default: SmolLM2-135M-Instruct)."
 WEIGHTS_HELP = "Linear weights when -m needs converting: int8 (default) or int4 (W4A16, groups of 32)."
-DEVICE_HELP = "cpu (C++ core), cuda (GPU, same bits) or ref (numpy integer spec, slow)."
+DEVICE_HELP = backends.help_text() + "."
 THREADS_HELP = ("CPU threads (default 0: auto, every core this process may use, fewer while other processes keep "
                 "some busy; at most the cores).")
 

@@ -8,6 +8,7 @@ import sys
 
 import click
 
+from .. import backends
 from ..errors import IntdetError
 from .errors import _need_stdout, user_errors
 from .options import (MODEL_HELP_SHORT, device_option, json_option, model_option, read_text_file, revision_option,
@@ -25,7 +26,7 @@ TEXT_FILE_LIMIT = 256 << 20  # bytes: -f of perplexity
 @click.option("--float", "use_float", is_flag=True, help="Score with the float32 reference of the same source instead.")
 @click.option("--second-half", is_flag=True, help="Score only the second half of each window (llama.cpp's protocol).")
 # its own help: --device picks the integer backend, --float the float one
-@device_option(help="Integer backend: cpu (C++ core), cuda (GPU) or ref (numpy spec).")
+@device_option(help=f"Integer backend: {backends.help_text()}.")
 @threads_option()
 @revision_option()
 @json_option()
