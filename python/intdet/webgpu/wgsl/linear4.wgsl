@@ -1,0 +1,47 @@
+// ops.linear on int4 weights w = gd * u + gm (ops.dequant_int4): W4 [N, K/8]
+// words, each 8 inputs (low nibbles: inputs 0..3, high nibbles: 4..7; the
+// backend reorders the file's nibbles at load). A group's 32 products fit
+// int32 (docs/format.md), so gd * S1 + gm * S2 is exact in wrapping int32.
+@group(0) @binding(1) var<storage, read_write> act: array<u32>;
+@group(0) @binding(2) var<storage, read_write> ex: array<i32>;
+@group(0) @binding(3) var<storage, read_write> W4: array<u32>;
+@group(0) @binding(4) var<storage, read_write> grp: array<i32>;   // [N, G, 2]: gd, gm
+@group(0) @binding(5) var<storage, read_write> chan: array<i32>;  // [3, N]: mant, shift, bias
+@group(0) @binding(6) var<storage, read_write> out: array<i32>;
+
+@compute @workgroup_size(64)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let N = u32(P(0)); let G = u32(P(1)); let rows = u32(P(2)); let mode = P(3); let has_bias = P(4);
+    let in0 = u32(P(5)); let out0 = u32(P(6));
+    let n = wid.x + wid.y * GRID_X;
+    if (n >= N) { return; }
+    let Kw = 8u * G;
+    let mant = chan[n]; let shift = chan[N + n]; let bias = chan[2u * N + n];
+    for (var t = 0u; t < rows; t++) {
+        let ab = (in0 + t) * 2u * Kw;
+        var acc = I64P(0u, 0u);
+        for (var g = lid; g < G; g += WG) {
+            var s1 = 0;  // sum q u
+            var s2 = 0;  // sum q
+            for (var k = 0u; k < 4u; k++) {
+                let w4 = W4[(n * G + g) * 4u + k];
+                let a = g * 8u + 2u * k;
+                let ulo = w4 & 0x0f0f0f0fu;
+                let uhi = (w4 >> 4u) & 0x0f0f0f0fu;
+                s1 += 256 * dot4_i8(act[ab + a], ulo) + dot4_i8(act[ab + Kw + a], ulo) + 128 * dot4_i8(ulo, ONES);
+                s1 += 256 * dot4_i8(act[ab + a + 1u], uhi) + dot4_i8(act[ab + Kw + a + 1u], uhi) + 128 * dot4_i8(uhi, ONES);
+                s2 += 256 * dot4_i8(act[ab + a], ONES) + dot4_i8(act[ab + Kw + a], ONES)
+                    + 256 * dot4_i8(act[ab + a + 1u], ONES) + dot4_i8(act[ab + Kw + a + 1u], ONES) + 1024;
+            }
+            acc = i64_add(acc, i64_from_i32(grp[2u * (n * G + g)] * s1 + grp[2u * (n * G + g) + 1u] * s2));
+        }
+        acc = wg_sum_i64(lid, acc);
+        if (lid == 0u) {
+            var y = i64_shift_round_sat32(i64_mul_i32(acc, mant), shift - ex[in0 + t]);
+            if (has_bias != 0) { y = sat_add(y, bias); }
+            let o = (out0 + t) * N + n;
+            if (mode == 1) { y = sat_add(out[o], y); }
+            out[o] = y;
+        }
+    }
+}
