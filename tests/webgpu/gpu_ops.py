@@ -106,7 +106,7 @@ def glu(k, g, u, kind):
 
 def softcap(k, x, cap, mant, shift):
     x = np.asarray(x, np.int32).ravel()
-    return run_one(k, "softcap", [x], [x.size, cap, mant, shift], groups_flat(x.size))[0].astype(np.int64)
+    return run_one(k, "softcap", [x], [x.size, cap, mant, shift, 0], groups_flat(x.size))[0].astype(np.int64)
 
 
 def argmax(k, z):

@@ -1,0 +1,365 @@
+"""The WebGPU engine, with intdet._core's API: ``Model``, ``State``,
+``forward``, ``forward_batch``, ``device_name``, plus ``available``.
+
+Weights and every sequence's int8 KV cache live on the GPU; a forward step
+(one sequence, or a batch of them) is recorded into one command encoder
+(kernels.Recorder) and only the int32 logits come back. The kernels are
+the spec ops of python/intdet/ref/ops.py in WGSL, in the order of
+ref/model.py's forward, so the logits are the CPU's bit for bit.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from . import device as _device
+from . import pack
+from .kernels import BufferPool, Kernels, Recorder, groups_flat, groups_rows
+
+CHUNK = 128  # prefill rows per pass: bounds the attention scratch (rows x heads x positions)
+
+
+def available() -> tuple[bool, str]:
+    """(True, adapter) when a WebGPU adapter opens here, else (False, why)."""
+    return _device.available()
+
+
+def device_name() -> str:
+    """The adapter's name, its graphics API and kind (e.g. 'llvmpipe (...) (Vulkan, CPU)')."""
+    adapter, _ = _device.gpu()
+    return _device.adapter_name(adapter)
+
+
+def _i32(a) -> np.ndarray:
+    return np.ascontiguousarray(np.asarray(a).astype(np.int32))
+
+
+def _lo_hi(v: int) -> list:
+    """An int64 as the two int32 parameter words (lo, hi) of an I64P."""
+    u = int(v) & ((1 << 64) - 1)
+    return [int(np.uint32(u & 0xFFFFFFFF).view(np.int32)), int(np.uint32(u >> 32).view(np.int32))]
+
+
+class Model:
+    """A converted model's tensors on the GPU.
+
+    cfg: config.json (dict or text); tensors: name -> numpy array (the
+    loader's dtypes and shapes). Checked by intdet._core.check_model first:
+    ValueError naming ``config_path`` / ``tensors_path`` and the field, as
+    the CPU engine does; ValueError also for what this backend does not run
+    (mixture-of-experts layers). ``mapped`` is accepted for the API's sake."""
+
+    def __init__(self, cfg, tensors: dict, mapped: bool = False, config_path: str = "config.json",
+                 tensors_path: str = "model.safetensors", dot4: bool | None = None):
+        from .. import _core
+
+        text = cfg if isinstance(cfg, str) else json.dumps(cfg)
+        cfg = json.loads(text) if isinstance(cfg, str) else cfg
+        _core.check_model(text, tensors, config_path, tensors_path, mapped=False)
+        for i, blk in enumerate(cfg["layers"]):
+            if "moe" in blk:
+                raise ValueError(f"{config_path}: layers[{i}].moe: mixture-of-experts layers are not implemented "
+                                 "on --device webgpu")
+        self.cfg = cfg
+        self.kernels = Kernels(dot4)
+        self.pool = BufferPool(self.kernels)
+        c = cfg
+        self.L, self.H, self.V = c["num_layers"], c["hidden_size"], c["vocab_size"]
+        self.nh, self.nkv, self.D = c["num_heads"], c["num_kv_heads"], c["head_dim"]
+        self.ctx = c["context_length"]
+        self.R = c.get("residual_frac_bits", 16)
+        eps = c["rms_eps_q60"]
+        self.eps_h, self.eps_d = eps["hidden"], eps["head"]
+        self.eps_q, self.eps_k = eps.get("q_proj"), eps.get("k_proj")
+        self.dw = pack.words(self.D)
+        t = tensors
+        up = self.pool.storage
+        self.emb = up(pack.pack_i8_rows(t["tok_embd.q"]), "tok_embd")
+        self.emb_sc = up(_i32(np.stack([t["tok_embd.mant"], t["tok_embd.shift"]])), "tok_embd.scale")
+        self.rope = {}
+        for blk in cfg["layers"]:
+            r = blk["rope"]
+            if r != "none" and r not in self.rope:
+                self.rope[r] = (up(_i32(t[r + ".cos"]), r + ".cos"), up(_i32(t[r + ".sin"]), r + ".sin"))
+        self.g = {}
+        for name, a in t.items():
+            if name.endswith(".g"):
+                self.g[name[:-2]] = up(_i32(a), name)
+        self.lin = {}
+        F = 0
+        for i in range(self.L):
+            for ln in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"):
+                self.lin[f"blk.{i}.{ln}"] = self._linear(t, f"blk.{i}.{ln}")
+            F = max(F, self.lin[f"blk.{i}.ffn_gate"][1])
+        self.F = F
+        out_q = t["output.q"] if "output.q" in t else t["tok_embd.q"]
+        chan = np.stack([np.asarray(out_q, np.int64).sum(1), t["output.mant"], t["output.shift"],
+                         np.zeros(self.V, np.int64)])
+        w = self.emb if "output.q" not in t else up(pack.pack_i8_rows(out_q), "output")
+        self.lin["output"] = ("8", self.V, self.H, w, up(_i32(chan), "output.chan"), 0)
+        self.scalar = {name: int(np.asarray(a).ravel()[0]) for name, a in t.items()
+                       if name.endswith(("attn_score.mant", "attn_score.shift", ".cap", ".inv_mant", ".inv_shift"))
+                       or (name.endswith("norm.shift"))}
+        self.kw_max = max(pack.words(self.H), pack.words(self.nh * self.D), pack.words(F))
+
+    def _linear(self, t, name):
+        """(kind, N, K, weights, channel constants, groups) of linear ``name`` on the device."""
+        up = self.pool.storage
+        bias = t.get(name + ".bias")
+        N = len(t[name + ".mant"])
+        b = np.zeros(N, np.int64) if bias is None else np.asarray(bias, np.int64)
+        if name + ".q4" in t:
+            codes = t[name + ".q4"]
+            K = 2 * codes.shape[1]
+            grp = np.stack([np.asarray(t[name + ".gd"], np.int32), np.asarray(t[name + ".gm"], np.int32)], axis=-1)
+            chan = np.stack([t[name + ".mant"], t[name + ".shift"], b])
+            return ("4", N, K, up(pack.pack_int4(codes), name), up(_i32(chan), name + ".chan"),
+                    up(np.ascontiguousarray(grp), name + ".groups"), bias is not None)
+        w = t[name + ".q"]
+        K = w.shape[1]
+        chan = np.stack([np.asarray(w, np.int64).sum(1), t[name + ".mant"], t[name + ".shift"], b])
+        return ("8", N, K, up(pack.pack_i8_rows(w), name), up(_i32(chan), name + ".chan"), bias is not None)
+
+
+class State:
+    """One sequence's int8 KV cache on the GPU: per layer K and V rows of
+    ``max_len`` positions ([2, max_len, nkv, D/4] words) and their absmax
+    scales. ``n_past``: the positions it holds."""
+
+    def __init__(self, model: Model, max_len: int):
+        if isinstance(max_len, bool) or not isinstance(max_len, (int, np.integer)) or not 1 <= max_len <= model.ctx:
+            raise ValueError(f"max_len: {max_len!r} must be in [1, {model.ctx}] (the model's context_length)")
+        self.model = model
+        self.max_len = int(max_len)
+        self.n_past = 0
+        m = model
+        self.kv = [m.pool.zeros(2 * self.max_len * m.nkv * m.dw * 4, f"kv{i}") for i in range(m.L)]
+        self.sc = [m.pool.zeros(2 * self.max_len * m.nkv * 4, f"kv_scale{i}") for i in range(m.L)]
+
+    def __del__(self):
+        try:
+            self.model.pool.forget(self.kv + self.sc)
+        except Exception:  # interpreter shutdown
+            pass
+
+    def reset(self) -> None:
+        self.n_past = 0
+
+    def truncate(self, n: int) -> None:
+        """Keep positions [0, n) (rows are indexed by position: later ones are rewritten)."""
+        if not 0 <= n <= self.n_past:
+            raise ValueError(f"truncate: {n} is outside [0, {self.n_past}]")
+        self.n_past = int(n)
+
+    def copy_prefix(self, src: "State", n: int) -> None:
+        """The K/V rows and scales of positions [0, n) from ``src`` (a state of the same model)."""
+        if src.model is not self.model:
+            raise ValueError("copy_prefix: the source belongs to another model")
+        if not 0 <= n <= min(src.n_past, self.max_len):
+            raise ValueError(f"copy_prefix: {n} is outside [0, {min(src.n_past, self.max_len)}]")
+        m = self.model
+        rec = Recorder(m.kernels, m.pool)
+        row = m.nkv * m.dw * 4
+        srow = m.nkv * 4
+        if n:
+            for i in range(m.L):
+                for half in (0, 1):
+                    rec.copy(src.kv[i], half * src.max_len * row, self.kv[i], half * self.max_len * row, n * row)
+                    rec.copy(src.sc[i], half * src.max_len * srow, self.sc[i], half * self.max_len * srow, n * srow)
+            rec.run()
+        self.n_past = int(n)
+
+
+class _Step:
+    """The per-step scratch buffers, sized for ``rows`` tokens of one pass
+    and ``span`` cached positions."""
+
+    def __init__(self, m: Model, rows: int, span: int):
+        s = m.pool.scratch
+        H, nhD, nkvD, F = m.H, m.nh * m.D, m.nkv * m.D, m.F
+        self.x = s("x", rows * H * 4)
+        self.h = s("h", rows * H * 4)
+        self.y = s("y", rows * H * 4)
+        self.act = s("act", rows * max(m.nh, 1) * 2 * max(m.kw_max, m.dw) * 4)
+        self.ex = s("ex", rows * m.nh * 4)
+        self.q = s("q", rows * nhD * 4)
+        self.k = s("k", rows * nkvD * 4)
+        self.v = s("v", rows * nkvD * 4)
+        self.qn = s("qn", rows * nhD * 4)
+        self.kn = s("kn", rows * nkvD * 4)
+        self.o = s("o", rows * max(nhD, F) * 8)
+        self.gate = s("gate", rows * F * 4)
+        self.up = s("up", rows * F * 4)
+        self.scr = s("scores", rows * m.nh * span * 4)
+
+
+def _check_out(out, rows: int, V: int):
+    if out is None:
+        return np.empty((rows, V), np.int32)
+    if not isinstance(out, np.ndarray) or out.dtype != np.int32:
+        raise ValueError("out: an int32 numpy array expected")
+    if out.shape != (rows, V):
+        raise ValueError(f"out: shape [{rows}, {V}] expected")
+    if not (out.flags.c_contiguous and out.flags.writeable):
+        raise ValueError("out: a writable C-contiguous array expected")
+    return out
+
+
+def _tokens(m: Model, state: State, tokens, start: int) -> np.ndarray:
+    tok = np.ascontiguousarray(tokens, dtype=np.int32).ravel()
+    if tok.size == 0:
+        raise ValueError("tokens: at least one token expected")
+    if tok.min() < 0 or tok.max() >= m.V:
+        raise ValueError(f"tokens: ids must be in [0, {m.V}) (the vocabulary)")
+    if not 0 <= start <= state.n_past or start + tok.size > state.max_len:
+        raise ValueError(f"start {start} with {tok.size} tokens does not fit the state (n_past {state.n_past}, "
+                         f"max_len {state.max_len})")
+    return tok
+
+
+def forward(model: Model, state: State, tokens, start: int, all_logits: bool = False, out=None) -> np.ndarray:
+    """Prefill or decode ``tokens`` (int [T]) at positions start..start+T-1;
+    returns int32 logits [T or 1, vocab] (Q16), into ``out`` when given."""
+    return forward_batch(model, [state], [tokens], [bool(all_logits)], out, _starts=[start])[0]
+
+
+def forward_batch(model: Model, states, tokens_list, all_logits=False, out=None, _starts=None) -> list:
+    """Advance several sequences (each at its n_past) in one submission:
+    one int32 logits array per sequence ([T_i or 1, vocab], views of one
+    [sum of rows, vocab] array, ``out`` when given), each the one that
+    sequence alone gives."""
+    m = model
+    if len(states) != len(tokens_list):
+        raise ValueError(f"forward_batch: {len(tokens_list)} token arrays for {len(states)} states")
+    flags = [bool(all_logits)] * len(states) if isinstance(all_logits, (bool, np.bool_)) else [bool(f) for f in all_logits]
+    if len(flags) != len(states):
+        raise ValueError(f"forward_batch: {len(flags)} all_logits flags for {len(states)} states")
+    if len({id(s) for s in states}) != len(states):
+        raise ValueError("forward_batch: a state appears twice")
+    starts = _starts if _starts is not None else [s.n_past for s in states]
+    toks = [_tokens(m, s, t, st) for s, t, st in zip(states, tokens_list, starts)]
+    nrows = [t.size if f else 1 for t, f in zip(toks, flags)]
+    total = sum(nrows)
+    out = _check_out(out, total, m.V)
+    rec = Recorder(m.kernels, m.pool)
+    tok_all = np.concatenate(toks)
+    tok_buf = m.pool.scratch("tokens", tok_all.nbytes)
+    m.kernels.device.queue.write_buffer(tok_buf, 0, tok_all)
+    logits = m.pool.scratch("logits", total * m.V * 4)
+    span = max(st + t.size for st, t in zip(starts, toks))
+    step = _Step(m, min(CHUNK, max(t.size for t in toks)), span)
+    tok0 = row0 = 0
+    for s, t, st, f in zip(states, toks, starts, flags):
+        for c in range(0, t.size, CHUNK):
+            n = min(CHUNK, t.size - c)
+            last = c + n == t.size
+            keep = n if f else (1 if last else 0)
+            _record(m, rec, step, s, tok_buf, tok0 + c, n, st + c, logits, row0, keep)
+            row0 += keep
+        tok0 += t.size
+        s.n_past = st + t.size
+    raw = rec.run(read=(logits, total * m.V * 4))
+    out[...] = np.frombuffer(raw, np.int32).reshape(total, m.V)
+    res, r = [], 0
+    for k in nrows:
+        res.append(out[r:r + k])
+        r += k
+    return res
+
+
+def _record(m: Model, rec: Recorder, b: _Step, state: State, tok_buf, tok0: int, T: int, pos0: int, logits,
+            out_row: int, keep: int) -> None:
+    """Record the forward of T tokens (tok_buf[tok0:]) at positions pos0..;
+    the last ``keep`` rows' logits go to rows out_row.. of ``logits``."""
+    H, nh, nkv, D, dw = m.H, m.nh, m.nkv, m.D, m.dw
+    G = groups_flat(H)
+    rec.dispatch("embed", [tok_buf, m.emb, m.emb_sc, b.x], [H, pack.words(H), T, tok0, m.V], (G[0], T, 1))
+    for i in range(m.L):
+        p = f"blk.{i}."
+        blk = m.cfg["layers"][i]
+        post = "post_attention_norm" in blk["norms"]
+        pre = "attn_norm" in blk["norms"]
+        if pre:
+            _norm(m, rec, b.x, p + "attn_norm", b.h, T, H, m.eps_h, m.R)
+            _quant16(rec, "quant16_i32", b.h, b.act, b.ex, T, H)
+        else:
+            _quant16(rec, "quant16_i32", b.x, b.act, b.ex, T, H)
+        _linear(m, rec, p + "attn_q", b.act, b.ex, b.q, T)
+        _linear(m, rec, p + "attn_k", b.act, b.ex, b.k, T)
+        _linear(m, rec, p + "attn_v", b.act, b.ex, b.v, T)
+        q, k = b.q, b.k
+        if blk["qk_norm"] and blk.get("qk_norm_span") == "projection":
+            _norm(m, rec, b.q, p + "attn_q_norm", b.qn, T, nh * D, m.eps_q, 16)
+            _norm(m, rec, b.k, p + "attn_k_norm", b.kn, T, nkv * D, m.eps_k, 16)
+            q, k = b.qn, b.kn
+        elif blk["qk_norm"]:
+            _norm(m, rec, b.q, p + "attn_q_norm", b.qn, T * nh, D, m.eps_d, 16)
+            _norm(m, rec, b.k, p + "attn_k_norm", b.kn, T * nkv, D, m.eps_d, 16)
+            q, k = b.qn, b.kn
+        if blk["rope"] != "none":
+            cos, sin = m.rope[blk["rope"]]
+            rec.dispatch("rope", [q, cos, sin], [T, nh, D, pos0], (groups_flat(nh * D // 2)[0], T, 1))
+            rec.dispatch("rope", [k, cos, sin], [T, nkv, D, pos0], (groups_flat(nkv * D // 2)[0], T, 1))
+        for which, src in ((0, k), (1, b.v)):
+            rec.dispatch("kv_store", [src, state.kv[i], state.sc[i]],
+                         [D, dw, nkv, state.max_len, pos0, which, T * nkv], groups_rows(T * nkv))
+        _quant16(rec, "quant16_i32", q, b.act, b.ex, T * nh, D)
+        capped = bool(blk.get("attn_softcap"))
+        cap = [m.scalar[p + f"attn_softcap.{c}"] for c in ("cap", "inv_mant", "inv_shift")] if capped else [0, 0, 0]
+        span = pos0 + T
+        rec.dispatch("attention", [b.act, b.ex, state.kv[i], state.sc[i], b.scr, b.o],
+                     [nh, nkv, D, dw, state.max_len, pos0, blk["attention_window"], m.scalar[p + "attn_score.mant"],
+                      m.scalar[p + "attn_score.shift"], int(capped), *cap, T * nh, span], groups_rows(T * nh))
+        _quant16(rec, "quant16_i64", b.o, b.act, b.ex, T, nh * D)
+        _residual(m, rec, b, p + "attn_output", p + "post_attention_norm" if post else None, T)
+        if pre:
+            _norm(m, rec, b.x, p + "ffn_norm", b.h, T, H, m.eps_h, m.R)
+            _quant16(rec, "quant16_i32", b.h, b.act, b.ex, T, H)
+        else:
+            _quant16(rec, "quant16_i32", b.x, b.act, b.ex, T, H)
+        _linear(m, rec, p + "ffn_gate", b.act, b.ex, b.gate, T)
+        _linear(m, rec, p + "ffn_up", b.act, b.ex, b.up, T)
+        F = m.lin[p + "ffn_gate"][1]
+        rec.dispatch("glu", [b.gate, b.up, b.o], [T * F, int(blk["activation"] == "gelu_tanh")], groups_flat(T * F))
+        _quant16(rec, "quant16_i64", b.o, b.act, b.ex, T, F)
+        _residual(m, rec, b, p + "ffn_down", p + "post_ffw_norm" if post else None, T)
+    if keep:
+        _norm(m, rec, b.x, "output_norm", b.h, keep, H, m.eps_h, m.R, in0=T - keep)
+        _quant16(rec, "quant16_i32", b.h, b.act, b.ex, keep, H)
+        _linear(m, rec, "output", b.act, b.ex, logits, keep, out0=out_row)
+        if m.cfg.get("final_logit_softcap"):
+            cap = [m.scalar[f"output_softcap.{c}"] for c in ("cap", "inv_mant", "inv_shift")]
+            rec.dispatch("softcap", [logits], [keep * m.V, *cap, out_row * m.V], groups_flat(keep * m.V))
+
+
+def _norm(m, rec, src, name, dst, rows, n, eps, in_frac, mode=0, shift=0, in0=0):
+    rec.dispatch("rms_norm", [src, m.g[name], dst], [n, rows, in_frac, *_lo_hi(eps), mode, shift, in0, 0],
+                 groups_rows(rows))
+
+
+def _quant16(rec, kind, src, act, ex, rows, n):
+    rec.dispatch(kind, [src, act, ex], [n, rows, pack.words(n), 0, 0], groups_rows(rows))
+
+
+def _linear(m, rec, name, act, ex, dst, rows, mode=0, out0=0):
+    L = m.lin[name]
+    kind, N, K = L[0], L[1], L[2]
+    if kind == "8":
+        _, _, _, w, chan, has_bias = L
+        rec.dispatch("linear8", [act, ex, w, chan, dst], [N, pack.words(K), rows, mode, int(has_bias), 0, out0],
+                     groups_rows(N))
+    else:
+        _, _, _, w, chan, grp, has_bias = L
+        rec.dispatch("linear4", [act, ex, w, grp, chan, dst], [N, K // 32, rows, mode, int(has_bias), 0, out0],
+                     groups_rows(N))
+
+
+def _residual(m, rec, b, name, post_norm, T):
+    """x = sat32(x + linear) or, with a post-norm, x = sat32(x + shift_round_sat32(rms_norm(linear), shift))."""
+    if post_norm is None:
+        _linear(m, rec, name, b.act, b.ex, b.x, T, mode=1)
+        return
+    _linear(m, rec, name, b.act, b.ex, b.y, T)
+    _norm(m, rec, b.y, post_norm, b.x, T, m.H, m.eps_h, 16, mode=1, shift=m.scalar[post_norm + ".shift"])
