@@ -1,5 +1,8 @@
 """WebGPU tests run where a WebGPU adapter opens (lavapipe in CI: Debian's
-mesa-vulkan-drivers); elsewhere they are skipped with the reason."""
+mesa-vulkan-drivers); elsewhere they are skipped with the reason, unless
+INTDET_REQUIRE_WEBGPU is set (.ci/run), where they fail instead."""
+
+import os
 
 import pytest
 
@@ -7,13 +10,17 @@ from intdet.webgpu.device import available
 
 
 def pytest_collection_modifyitems(config, items):
+    mine = [i for i in items if "tests/webgpu/" in str(i.fspath).replace("\\", "/")]
+    if not mine:
+        return
     ok, why = available()
     if ok:
         return
+    if os.environ.get("INTDET_REQUIRE_WEBGPU"):
+        raise pytest.UsageError(f"INTDET_REQUIRE_WEBGPU is set but there is no WebGPU adapter: {why}")
     skip = pytest.mark.skip(reason=f"no WebGPU adapter: {why}")
-    for item in items:
-        if "tests/webgpu/" in str(item.fspath).replace("\\", "/"):
-            item.add_marker(skip)
+    for item in mine:
+        item.add_marker(skip)
 
 
 @pytest.fixture(params=[False, True], ids=["dot4-shifts", "dot4-builtin"])
