@@ -146,3 +146,18 @@ def test_refusals(model_of, tmp_path):
 def test_available_and_name():
     ok, why = W.available()
     assert ok and why == W.device_name()
+
+
+@pytest.mark.parametrize("name", ["gemma2", "olmo2"])
+def test_batch_split_over_passes(model_of, monkeypatch, name):
+    """Sequences longer than a pass and sequences sharing one, the kept rows' logits
+    (soft-capped on gemma2) gathered across passes: each as on the CPU alone."""
+    lm, cm, gm = model_of(name)
+    monkeypatch.setattr(W, "CHUNK", 4)
+    seqs = [PROMPT[:7], PROMPT[3:4], PROMPT[2:5], PROMPT[:10]]
+    flags = [True, False, False, True]
+    states = [W.State(gm, 16) for _ in seqs]
+    got = W.forward_batch(gm, states, seqs, flags)
+    for s, f, g in zip(seqs, flags, got):
+        want = cpu_run(cm, [len(s)], s)
+        assert np.array_equal(g, want if f else want[-1:])

@@ -225,11 +225,23 @@ def forward(model: Model, state: State, tokens, start: int, all_logits: bool = F
     return forward_batch(model, [state], [tokens], [bool(all_logits)], out, _starts=[start])[0]
 
 
+class _Piece:
+    """Tokens [tok0, tok0 + T) of the step's token array: one sequence's
+    positions pos0.., rows row0.. of its pass; its last ``keep`` rows give
+    logits rows out_row.."""
+
+    def __init__(self, state, tok0, T, pos0, keep, out_row):
+        self.state, self.tok0, self.T, self.pos0, self.keep, self.out_row = state, tok0, T, pos0, keep, out_row
+        self.row0 = 0
+
+
 def forward_batch(model: Model, states, tokens_list, all_logits=False, out=None, _starts=None) -> list:
     """Advance several sequences (each at its n_past) in one submission:
     one int32 logits array per sequence ([T_i or 1, vocab], views of one
     [sum of rows, vocab] array, ``out`` when given), each the one that
-    sequence alone gives."""
+    sequence alone gives. The sequences' rows go through every row-wise
+    kernel (norms, linears, GLU, lm_head) together, in passes of at most
+    CHUNK rows; RoPE, the KV store and attention run per sequence."""
     m = model
     if len(states) != len(tokens_list):
         raise ValueError(f"forward_batch: {len(tokens_list)} token arrays for {len(states)} states")
@@ -243,24 +255,34 @@ def forward_batch(model: Model, states, tokens_list, all_logits=False, out=None,
     nrows = [t.size if f else 1 for t, f in zip(toks, flags)]
     total = sum(nrows)
     out = _check_out(out, total, m.V)
-    rec = Recorder(m.kernels, m.pool)
+    # pieces of at most CHUNK tokens, packed in order into passes of at most CHUNK rows
+    passes, cur, used, tok0, out_row = [], [], 0, 0, 0
+    for s, t, st, f in zip(states, toks, starts, flags):
+        for c in range(0, t.size, CHUNK):
+            n = min(CHUNK, t.size - c)
+            keep = n if f else (1 if c + n == t.size else 0)
+            if used + n > CHUNK:
+                passes.append(cur)
+                cur, used = [], 0
+            piece = _Piece(s, tok0 + c, n, st + c, keep, out_row)
+            piece.row0 = used
+            cur.append(piece)
+            used += n
+            out_row += keep
+        tok0 += t.size
+    passes.append(cur)
     tok_all = np.concatenate(toks)
     tok_buf = m.pool.scratch("tokens", tok_all.nbytes)
     m.kernels.device.queue.write_buffer(tok_buf, 0, tok_all)
     logits = m.pool.scratch("logits", total * m.V * 4)
     span = max(st + t.size for st, t in zip(starts, toks))
-    step = _Step(m, min(CHUNK, max(t.size for t in toks)), span)
-    tok0 = row0 = 0
-    for s, t, st, f in zip(states, toks, starts, flags):
-        for c in range(0, t.size, CHUNK):
-            n = min(CHUNK, t.size - c)
-            last = c + n == t.size
-            keep = n if f else (1 if last else 0)
-            _record(m, rec, step, s, tok_buf, tok0 + c, n, st + c, logits, row0, keep)
-            row0 += keep
-        tok0 += t.size
-        s.n_past = st + t.size
+    step = _Step(m, max(sum(p.T for p in ps) for ps in passes), span)
+    rec = Recorder(m.kernels, m.pool)
+    for ps in passes:
+        _record(m, rec, step, ps, tok_buf, logits)
     raw = rec.run(read=(logits, total * m.V * 4))
+    for s, t, st in zip(states, toks, starts):
+        s.n_past = st + t.size
     out[...] = np.frombuffer(raw, np.int32).reshape(total, m.V)
     res, r = [], 0
     for k in nrows:
@@ -269,13 +291,13 @@ def forward_batch(model: Model, states, tokens_list, all_logits=False, out=None,
     return res
 
 
-def _record(m: Model, rec: Recorder, b: _Step, state: State, tok_buf, tok0: int, T: int, pos0: int, logits,
-            out_row: int, keep: int) -> None:
-    """Record the forward of T tokens (tok_buf[tok0:]) at positions pos0..;
-    the last ``keep`` rows' logits go to rows out_row.. of ``logits``."""
+def _record(m: Model, rec: Recorder, b: _Step, pieces: list, tok_buf, logits) -> None:
+    """Record one pass: the forward of the pieces' rows (consecutive in
+    tok_buf), their kept rows' logits into ``logits``."""
     H, nh, nkv, D, dw = m.H, m.nh, m.nkv, m.D, m.dw
+    T = sum(p.T for p in pieces)
     G = groups_flat(H)
-    rec.dispatch("embed", [tok_buf, m.emb, m.emb_sc, b.x], [H, pack.words(H), T, tok0, m.V], (G[0], T, 1))
+    rec.dispatch("embed", [tok_buf, m.emb, m.emb_sc, b.x], [H, pack.words(H), T, pieces[0].tok0, m.V], (G[0], T, 1))
     for i in range(m.L):
         p = f"blk.{i}."
         blk = m.cfg["layers"][i]
@@ -298,20 +320,25 @@ def _record(m: Model, rec: Recorder, b: _Step, state: State, tok_buf, tok0: int,
             _norm(m, rec, b.q, p + "attn_q_norm", b.qn, T * nh, D, m.eps_d, 16)
             _norm(m, rec, b.k, p + "attn_k_norm", b.kn, T * nkv, D, m.eps_d, 16)
             q, k = b.qn, b.kn
-        if blk["rope"] != "none":
-            cos, sin = m.rope[blk["rope"]]
-            rec.dispatch("rope", [q, cos, sin], [T, nh, D, pos0], (groups_flat(nh * D // 2)[0], T, 1))
-            rec.dispatch("rope", [k, cos, sin], [T, nkv, D, pos0], (groups_flat(nkv * D // 2)[0], T, 1))
-        for which, src in ((0, k), (1, b.v)):
-            rec.dispatch("kv_store", [src, state.kv[i], state.sc[i]],
-                         [D, dw, nkv, state.max_len, pos0, which, T * nkv], groups_rows(T * nkv))
+        for pc in pieces:
+            st = pc.state
+            if blk["rope"] != "none":
+                cos, sin = m.rope[blk["rope"]]
+                rec.dispatch("rope", [q, cos, sin], [pc.T, nh, D, pc.pos0, pc.row0], (groups_flat(nh * D // 2)[0], pc.T, 1))
+                rec.dispatch("rope", [k, cos, sin], [pc.T, nkv, D, pc.pos0, pc.row0],
+                             (groups_flat(nkv * D // 2)[0], pc.T, 1))
+            for which, src in ((0, k), (1, b.v)):
+                rec.dispatch("kv_store", [src, st.kv[i], st.sc[i]],
+                             [D, dw, nkv, st.max_len, pc.pos0, which, pc.T * nkv, pc.row0 * nkv], groups_rows(pc.T * nkv))
         _quant16(rec, "quant16_i32", q, b.act, b.ex, T * nh, D)
         capped = bool(blk.get("attn_softcap"))
         cap = [m.scalar[p + f"attn_softcap.{c}"] for c in ("cap", "inv_mant", "inv_shift")] if capped else [0, 0, 0]
-        span = pos0 + T
-        rec.dispatch("attention", [b.act, b.ex, state.kv[i], state.sc[i], b.scr, b.o],
-                     [nh, nkv, D, dw, state.max_len, pos0, blk["attention_window"], m.scalar[p + "attn_score.mant"],
-                      m.scalar[p + "attn_score.shift"], int(capped), *cap, T * nh, span], groups_rows(T * nh))
+        for pc in pieces:
+            st = pc.state
+            rec.dispatch("attention", [b.act, b.ex, st.kv[i], st.sc[i], b.scr, b.o],
+                         [nh, nkv, D, dw, st.max_len, pc.pos0, blk["attention_window"],
+                          m.scalar[p + "attn_score.mant"], m.scalar[p + "attn_score.shift"], int(capped), *cap,
+                          pc.T * nh, pc.pos0 + pc.T, pc.row0 * nh], groups_rows(pc.T * nh))
         _quant16(rec, "quant16_i64", b.o, b.act, b.ex, T, nh * D)
         _residual(m, rec, b, p + "attn_output", p + "post_attention_norm" if post else None, T)
         if pre:
@@ -325,17 +352,22 @@ def _record(m: Model, rec: Recorder, b: _Step, state: State, tok_buf, tok0: int,
         rec.dispatch("glu", [b.gate, b.up, b.o], [T * F, int(blk["activation"] == "gelu_tanh")], groups_flat(T * F))
         _quant16(rec, "quant16_i64", b.o, b.act, b.ex, T, F)
         _residual(m, rec, b, p + "ffn_down", p + "post_ffw_norm" if post else None, T)
-    if keep:
-        _norm(m, rec, b.x, "output_norm", b.h, keep, H, m.eps_h, m.R, in0=T - keep)
-        _quant16(rec, "quant16_i32", b.h, b.act, b.ex, keep, H)
-        _linear(m, rec, "output", b.act, b.ex, logits, keep, out0=out_row)
-        if m.cfg.get("final_logit_softcap"):
-            cap = [m.scalar[f"output_softcap.{c}"] for c in ("cap", "inv_mant", "inv_shift")]
-            rec.dispatch("softcap", [logits], [keep * m.V, *cap, out_row * m.V], groups_flat(keep * m.V))
+    kept = [pc for pc in pieces if pc.keep]
+    if not kept:
+        return
+    nk = 0
+    for pc in kept:  # the kept rows, gathered into rows 0.. of h
+        _norm(m, rec, b.x, "output_norm", b.h, pc.keep, H, m.eps_h, m.R, in0=pc.row0 + pc.T - pc.keep, out0=nk)
+        nk += pc.keep
+    _quant16(rec, "quant16_i32", b.h, b.act, b.ex, nk, H)
+    _linear(m, rec, "output", b.act, b.ex, logits, nk, out0=kept[0].out_row)
+    if m.cfg.get("final_logit_softcap"):
+        cap = [m.scalar[f"output_softcap.{c}"] for c in ("cap", "inv_mant", "inv_shift")]
+        rec.dispatch("softcap", [logits], [nk * m.V, *cap, kept[0].out_row * m.V], groups_flat(nk * m.V))
 
 
-def _norm(m, rec, src, name, dst, rows, n, eps, in_frac, mode=0, shift=0, in0=0):
-    rec.dispatch("rms_norm", [src, m.g[name], dst], [n, rows, in_frac, *_lo_hi(eps), mode, shift, in0, 0],
+def _norm(m, rec, src, name, dst, rows, n, eps, in_frac, mode=0, shift=0, in0=0, out0=0):
+    rec.dispatch("rms_norm", [src, m.g[name], dst], [n, rows, in_frac, *_lo_hi(eps), mode, shift, in0, out0],
                  groups_rows(rows))
 
 

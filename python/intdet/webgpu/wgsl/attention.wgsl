@@ -16,7 +16,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let nh = u32(P(0)); let nkv = u32(P(1)); let D = u32(P(2)); let Dw = u32(P(3)); let Pn = u32(P(4));
     let pos0 = u32(P(5)); let window = u32(P(6)); let smant = P(7); let sshift = P(8);
     let capped = P(9); let cap = P(10); let cmant = P(11); let cshift = P(12); let rows = u32(P(13));
-    let S = u32(P(14));
+    let S = u32(P(14)); let row0 = u32(P(15));  // this sequence's first (token, head) row
     let r = wid.x + wid.y * GRID_X;
     if (r >= rows) { return; }
     let t = r / nh; let h = r % nh;
@@ -25,8 +25,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     var lo = 0u;
     if (window > 0u && n > window) { lo = n - window; }
     let base = r * S;
-    let qb = r * 2u * Dw;
-    let eq = qe[r];
+    let qb = (row0 + r) * 2u * Dw;
+    let eq = qe[row0 + r];
     // z = sat32(round_shift(raw * mk * mant, shift - e_q - ek)) in Q16 log2 units
     var zmax = -INT32_MAX;
     for (var j = lo + lid; j < n; j += WG) {
@@ -89,7 +89,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         }
         for (var b = 0u; b < 4u; b++) {
             let d = 4u * w + b;
-            if (d < D) { out[r * D + d] = i64_shl(i64_add(acc[b], i64_from_i32(part[b])), u32(s)); }
+            if (d < D) { out[(row0 + r) * D + d] = i64_shl(i64_add(acc[b], i64_from_i32(part[b])), u32(s)); }
         }
     }
 }
