@@ -381,11 +381,11 @@ def _linear(m, rec, name, act, ex, dst, rows, mode=0, out0=0):
     if kind == "8":
         _, _, _, w, chan, has_bias = L
         rec.dispatch("linear8", [act, ex, w, chan, dst], [N, pack.words(K), rows, mode, int(has_bias), 0, out0],
-                     groups_rows(N))
+                     groups_flat(N))
     else:
         _, _, _, w, chan, grp, has_bias = L
         rec.dispatch("linear4", [act, ex, w, grp, chan, dst], [N, K // 32, rows, mode, int(has_bias), 0, out0],
-                     groups_rows(N))
+                     groups_flat(N))
 
 
 def _residual(m, rec, b, name, post_norm, T):

@@ -1,4 +1,4 @@
-// ops.linear on int4 weights w = gd * u + gm (ops.dequant_int4): W4 [N, K/8]
+// ops.linear on int4 weights, one invocation per output channel (as linear8), w = gd * u + gm (ops.dequant_int4): W4 [N, K/8]
 // words, each 8 inputs (low nibbles: inputs 0..3, high nibbles: 4..7; the
 // backend reorders the file's nibbles at load). A group's 32 products fit
 // int32 (docs/format.md), so gd * S1 + gm * S2 is exact in wrapping int32.
@@ -10,17 +10,17 @@
 @group(0) @binding(6) var<storage, read_write> out: array<i32>;
 
 @compute @workgroup_size(64)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let N = u32(P(0)); let G = u32(P(1)); let rows = u32(P(2)); let mode = P(3); let has_bias = P(4);
     let in0 = u32(P(5)); let out0 = u32(P(6));
-    let n = wid.x + wid.y * GRID_X;
+    let n = gid.x + gid.y * GRID_X * WG;
     if (n >= N) { return; }
     let Kw = 8u * G;
     let mant = chan[n]; let shift = chan[N + n]; let bias = chan[2u * N + n];
     for (var t = 0u; t < rows; t++) {
         let ab = (in0 + t) * 2u * Kw;
         var acc = I64P(0u, 0u);
-        for (var g = lid; g < G; g += WG) {
+        for (var g = 0u; g < G; g++) {
             var s1 = 0;  // sum q u
             var s2 = 0;  // sum q
             for (var k = 0u; k < 4u; k++) {
@@ -35,8 +35,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             }
             acc = i64_add(acc, i64_from_i32(grp[2u * (n * G + g)] * s1 + grp[2u * (n * G + g) + 1u] * s2));
         }
-        acc = wg_sum_i64(lid, acc);
-        if (lid == 0u) {
+        {
             var y = i64_shift_round_sat32(i64_mul_i32(acc, mant), shift - ex[in0 + t]);
             if (has_bias != 0) { y = sat_add(y, bias); }
             let o = (out0 + t) * N + n;

@@ -1,5 +1,6 @@
-// ops.linear with int8 weights [N, Kw words]: one workgroup per output
-// channel n, over every row; mode 1 adds into out (the residual, saturating).
+// ops.linear with int8 weights [N, Kw words]: one invocation per output
+// channel n, over every row (no barriers: lavapipe runs a workgroup's
+// barriers as coroutine switches); mode 1 adds into out (the residual, saturating).
 @group(0) @binding(1) var<storage, read_write> act: array<u32>;
 @group(0) @binding(2) var<storage, read_write> ex: array<i32>;
 @group(0) @binding(3) var<storage, read_write> W: array<u32>;
@@ -7,10 +8,10 @@
 @group(0) @binding(5) var<storage, read_write> out: array<i32>;
 
 @compute @workgroup_size(64)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let N = u32(P(0)); let Kw = u32(P(1)); let rows = u32(P(2)); let mode = P(3); let has_bias = P(4);
     let in0 = u32(P(5)); let out0 = u32(P(6));
-    let n = wid.x + wid.y * GRID_X;
+    let n = gid.x + gid.y * GRID_X * WG;
     if (n >= N) { return; }
     let wsum = chan[n]; let mant = chan[N + n]; let shift = chan[2u * N + n]; let bias = chan[3u * N + n];
     for (var t = 0u; t < rows; t++) {
@@ -18,14 +19,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         var acc = I64P(0u, 0u);
         var part = 0;  // < 64 words of |256 hi.w + lo.w| < 2^24 each
         var cnt = 0u;
-        for (var w = lid; w < Kw; w += WG) {
+        for (var w = 0u; w < Kw; w++) {
             let wv = W[n * Kw + w];
             part += 256 * dot4_i8(act[ab + w], wv) + dot4_i8(act[ab + Kw + w], wv);
             cnt++;
             if (cnt == 64u) { acc = i64_add(acc, i64_from_i32(part)); part = 0; cnt = 0u; }
         }
-        acc = wg_sum_i64(lid, i64_add(acc, i64_from_i32(part)));
-        if (lid == 0u) {
+        acc = i64_add(acc, i64_from_i32(part));
+        {
             acc = i64_add(acc, i32_mul_wide(128, wsum));  // the +128 of every low byte
             var y = i64_shift_round_sat32(i64_mul_i32(acc, mant), shift - ex[in0 + t]);
             if (has_bias != 0) { y = sat_add(y, bias); }
