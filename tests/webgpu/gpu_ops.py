@@ -46,12 +46,13 @@ def linear(k, q, e, w, mant, shift, bias=None, w4=None):
         w = np.asarray(w, np.int8)
         chan = np.stack([w.astype(np.int64).sum(1), mant, shift, b]).astype(np.int32)
         p[1] = pack.words(K)
-        return run_one(k, "linear8", [act, ex, pack.pack_i8_rows(w), chan, out], p, groups_flat(N))[4].astype(np.int64)
+        return run_one(k, "linear8", [act, ex, pack.pack_i8_rows(w), chan, out, np.zeros(1, np.int32)], p + [0, 0, -1],
+                       groups_flat(N))[4].astype(np.int64)
     codes, gd, gm = w4
     grp = np.stack([np.asarray(gd, np.int32), np.asarray(gm, np.int32)], axis=-1)
     chan = np.stack([mant, shift, b]).astype(np.int32)
     p[1] = K // 32
-    return run_one(k, "linear4", [act, ex, pack.pack_int4(codes), grp, chan, out], p,
+    return run_one(k, "linear4", [act, ex, pack.pack_int4(codes), grp, chan, out, np.zeros(1, np.int32)], p + [0, 0, -1],
                    groups_flat(N))[5].astype(np.int64)
 
 
@@ -124,3 +125,13 @@ def embed(k, tokens, q, mant, shift):
     res = run_one(k, "embed", [np.asarray(tokens, np.int32), pack.pack_i8_rows(q),
                                np.stack([mant, shift]).astype(np.int32), x], [H, pack.words(H), T, 0, V], (g[0], T, 1))
     return res[3].astype(np.int64)
+
+
+def moe_route(k, z, top, norm_topk):
+    """The router's choice (ref model.py _moe) as [T, E] weights, 0 for the experts not chosen."""
+    z = np.asarray(z, np.int32)
+    T, E = z.shape
+    w = np.zeros_like(z)
+    res = run_one(k, "moe_route", [z, w, np.zeros(4, np.int32), np.zeros(4, np.uint32)], [T, E, top, int(norm_topk)],
+                  groups_flat(T))
+    return res[1].astype(np.int64)

@@ -14,10 +14,10 @@ from intdet.model import load_model
 from intdet.webgpu import backend as W
 
 PROMPT = [5, 17, 99, 230, 41, 7, 300, 12, 64, 128, 3, 77]
-# Dense families of tests/families.py (MoE ones are refused, below); each brings its own block features:
-# sliding windows (mistral, phi3, gemma2), biases (qwen2), q/k norms per head (qwen3) and per projection
-# without pre-norms (olmo2), NoPE layers (smollm3), soft caps (gemma2), folded multipliers (granite).
-FAMS = ["llama3", "mistral", "qwen2", "qwen3", "granite", "phi3", "olmo2", "smollm3", "gemma2"]
+# The families of tests/families.py; each brings its own block features: sliding windows (mistral,
+# phi3, gemma2), biases (qwen2), q/k norms per head (qwen3) and per projection without pre-norms
+# (olmo2), NoPE layers (smollm3), soft caps (gemma2), folded multipliers (granite), experts.
+FAMS = ["llama3", "mistral", "qwen2", "qwen3", "granite", "phi3", "olmo2", "smollm3", "gemma2", "qwen3-moe", "mixtral"]
 
 
 @pytest.fixture(scope="module")
@@ -31,9 +31,15 @@ def model_of(tmp_path_factory):
                 src = models.write_hf_model(str(d / "hf"), "gemma3")
             elif name == "int4":
                 src = models.write_hf_model(str(d / "hf"), "qwen3", **models.INT4_SHAPE)
+            elif name == "moe-int4":  # int4 experts, 3 of 8 per token (inputs multiples of 32)
+                src = families.write_family("qwen3-moe", str(d / "hf"), hidden_size=64, intermediate_size=128,
+                                            moe_intermediate_size=64, head_dim=32, num_experts_per_tok=3)
+            elif name == "moe-full-softmax":  # weights from the softmax over all experts; layer 1 dense
+                src = families.write_family("qwen3-moe", str(d / "hf"), norm_topk_prob=False, mlp_only_layers=[1])
             else:
                 src = families.write_family(name, str(d / "hf"))
-            lm = load_model(convert(src, str(d / "int"), progress=False, **({"weights": "int4"} if name == "int4" else {})))
+            int4 = {"weights": "int4"} if name in ("int4", "moe-int4") else {}
+            lm = load_model(convert(src, str(d / "int"), progress=False, **int4))
             cache[name] = (lm, _core.Model(lm.cfg, lm.tensors), W.Model(lm.cfg, lm.tensors))
         return cache[name]
 
@@ -58,7 +64,7 @@ def gpu_run(gm, chunks, tokens=PROMPT, max_len=64):
     return np.concatenate(outs)
 
 
-@pytest.mark.parametrize("name", FAMS + ["gemma3", "int4"])
+@pytest.mark.parametrize("name", FAMS + ["gemma3", "int4", "moe-int4", "moe-full-softmax"])
 def test_family_logits_bit_for_bit(model_of, name):
     """Every logit of a prefill, and of the same tokens in pieces and one by one, equals the CPU's."""
     lm, cm, gm = model_of(name)
@@ -137,10 +143,18 @@ def test_refusals(model_of, tmp_path):
     del bad["output_norm.g"]
     with pytest.raises(ValueError, match="output_norm"):
         W.Model(lm.cfg, bad)
-    moe = families.write_family("mixtral", str(tmp_path / "hf"))
-    lmm = load_model(convert(moe, str(tmp_path / "int"), progress=False))
-    with pytest.raises(ValueError, match="mixture-of-experts"):
-        W.Model(lmm.cfg, lmm.tensors)
+    lmm = model_of("mixtral")[0]
+    cfg = dict(lmm.cfg, layers=[dict(b, norms=["attn_norm", "post_attention_norm", "ffn_norm", "post_ffw_norm"])
+                                for b in lmm.cfg["layers"]])
+    t = dict(lmm.tensors)
+    H = lmm.cfg["hidden_size"]
+    for i in range(lmm.cfg["num_layers"]):
+        for n in ("post_attention_norm", "post_ffw_norm"):
+            t[f"blk.{i}.{n}.g"] = np.full(H, 8192, np.int16)
+            t[f"blk.{i}.{n}.shift"] = np.array([14], np.int32)
+    _core.Model(cfg, t)  # a model the CPU runs
+    with pytest.raises(ValueError, match="mixture-of-experts with a post-norm"):
+        W.Model(cfg, t)
 
 
 def test_available_and_name():
@@ -148,7 +162,7 @@ def test_available_and_name():
     assert ok and why == W.device_name()
 
 
-@pytest.mark.parametrize("name", ["gemma2", "olmo2"])
+@pytest.mark.parametrize("name", ["gemma2", "olmo2", "qwen3-moe"])
 def test_batch_split_over_passes(model_of, monkeypatch, name):
     """Sequences longer than a pass and sequences sharing one, the kept rows' logits
     (soft-capped on gemma2) gathered across passes: each as on the CPU alone."""

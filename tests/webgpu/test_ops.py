@@ -189,3 +189,21 @@ def test_embed(k):
     got = G.embed(k, tokens, q, mant, shift)
     t = np.asarray(tokens)
     assert np.array_equal(got, intmath.shift_round_sat32(q[t].astype(np.int64) * mant[t, None], shift[t, None]))
+
+
+@pytest.mark.parametrize("top,norm_topk", [(1, True), (2, True), (3, False), (8, True)])
+def test_moe_route(k, top, norm_topk):
+    """The k largest router scores (ties: the lowest expert id) and their softmax weights."""
+    rng = rng_for(top, norm_topk)
+    z = rng.integers(-(2**20), 2**20, size=(7, 8))
+    z[0] = 5  # all tied
+    z[1, [2, 6]] = 2**21  # a tie for the top
+    z[2] = rng.integers(-3, 3, size=8)  # several ties
+    sel = np.argsort(-z, axis=1, kind="stable")[:, :top]
+    if norm_topk:
+        w = ops.softmax_q16(np.take_along_axis(z, sel, axis=1))
+    else:
+        w = np.take_along_axis(ops.softmax_q16(z), sel, axis=1)
+    want = np.zeros_like(z)
+    np.put_along_axis(want, sel, w, axis=1)
+    assert np.array_equal(G.moe_route(k, z, top, norm_topk), want)

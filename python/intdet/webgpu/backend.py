@@ -59,9 +59,9 @@ class Model:
         cfg = json.loads(text) if isinstance(cfg, str) else cfg
         _core.check_model(text, tensors, config_path, tensors_path, mapped=False)
         for i, blk in enumerate(cfg["layers"]):
-            if "moe" in blk:
-                raise ValueError(f"{config_path}: layers[{i}].moe: mixture-of-experts layers are not implemented "
-                                 "on --device webgpu")
+            if "moe" in blk and ("post_ffw_norm" in blk["norms"] or blk["moe"]["experts_per_token"] > 64):
+                raise ValueError(f"{config_path}: layers[{i}].moe: mixture-of-experts with a post-norm or more "
+                                 "than 64 experts per token is not implemented on --device webgpu")
         self.cfg = cfg
         self.kernels = Kernels(dot4)
         self.pool = BufferPool(self.kernels)
@@ -88,12 +88,19 @@ class Model:
             if name.endswith(".g"):
                 self.g[name[:-2]] = up(_i32(a), name)
         self.lin = {}
-        F = 0
-        for i in range(self.L):
-            for ln in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"):
+        F = E = 0
+        for i, blk in enumerate(cfg["layers"]):
+            dense = ("ffn_gate", "ffn_up", "ffn_down") if "moe" not in blk else ("ffn_gate_inp",)
+            for ln in ("attn_q", "attn_k", "attn_v", "attn_output") + dense:
                 self.lin[f"blk.{i}.{ln}"] = self._linear(t, f"blk.{i}.{ln}")
-            F = max(F, self.lin[f"blk.{i}.ffn_gate"][1])
-        self.F = F
+            if "moe" in blk:
+                for ln in ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"):
+                    self.lin[f"blk.{i}.{ln}"] = self._linear(t, f"blk.{i}.{ln}")
+                F = max(F, blk["moe"]["expert_ffn_size"])
+                E = max(E, blk["moe"]["experts"])
+            else:
+                F = max(F, self.lin[f"blk.{i}.ffn_gate"][1])
+        self.F, self.E = F, E
         out_q = t["output.q"] if "output.q" in t else t["tok_embd.q"]
         chan = np.stack([np.asarray(out_q, np.int64).sum(1), t["output.mant"], t["output.shift"],
                          np.zeros(self.V, np.int64)])
@@ -105,21 +112,25 @@ class Model:
         self.kw_max = max(pack.words(self.H), pack.words(self.nh * self.D), pack.words(F))
 
     def _linear(self, t, name):
-        """(kind, N, K, weights, channel constants, groups) of linear ``name`` on the device."""
+        """(kind, N, K, weights, channel constants, groups, has bias) of linear
+        ``name`` on the device; MoE experts ([E, N, K] tensors) stacked,
+        expert by expert, in each buffer."""
         up = self.pool.storage
         bias = t.get(name + ".bias")
-        N = len(t[name + ".mant"])
-        b = np.zeros(N, np.int64) if bias is None else np.asarray(bias, np.int64)
+        mant = np.asarray(t[name + ".mant"], np.int64).reshape(-1, t[name + ".mant"].shape[-1])  # [E or 1, N]
+        shift = np.asarray(t[name + ".shift"], np.int64).reshape(mant.shape)
+        N = mant.shape[1]
+        b = np.zeros(mant.shape, np.int64) if bias is None else np.asarray(bias, np.int64).reshape(mant.shape)
         if name + ".q4" in t:
-            codes = t[name + ".q4"]
-            K = 2 * codes.shape[1]
+            codes = np.asarray(t[name + ".q4"]).reshape((-1, N) + t[name + ".q4"].shape[-1:])
+            K = 2 * codes.shape[2]
             grp = np.stack([np.asarray(t[name + ".gd"], np.int32), np.asarray(t[name + ".gm"], np.int32)], axis=-1)
-            chan = np.stack([t[name + ".mant"], t[name + ".shift"], b])
-            return ("4", N, K, up(pack.pack_int4(codes), name), up(_i32(chan), name + ".chan"),
+            chan = np.stack([mant, shift, b], axis=1)  # [E, 3, N]
+            return ("4", N, K, up(np.stack([pack.pack_int4(c) for c in codes]), name), up(_i32(chan), name + ".chan"),
                     up(np.ascontiguousarray(grp), name + ".groups"), bias is not None)
-        w = t[name + ".q"]
-        K = w.shape[1]
-        chan = np.stack([np.asarray(w, np.int64).sum(1), t[name + ".mant"], t[name + ".shift"], b])
+        w = np.asarray(t[name + ".q"]).reshape((-1, N) + t[name + ".q"].shape[-1:])
+        K = w.shape[2]
+        chan = np.stack([w.astype(np.int64).sum(2), mant, shift, b], axis=1)  # [E, 4, N]
         return ("8", N, K, up(pack.pack_i8_rows(w), name), up(_i32(chan), name + ".chan"), bias is not None)
 
 
@@ -193,6 +204,14 @@ class _Step:
         self.gate = s("gate", rows * F * 4)
         self.up = s("up", rows * F * 4)
         self.scr = s("scores", rows * m.nh * span * 4)
+        self.nomask = s("nomask", 16)
+        if m.E:
+            self.z = s("router", rows * m.E * 4)
+            self.wexp = s("expert_weights", rows * m.E * 4)
+            self.acc = s("moe_acc", rows * H * 8)
+            self.act2 = s("act2", rows * 2 * pack.words(F) * 4)
+            self.ex2 = s("ex2", rows * 4)
+            self.dummy = s("moe_unused", 16)
 
 
 def _check_out(out, rows: int, V: int):
@@ -346,6 +365,9 @@ def _record(m: Model, rec: Recorder, b: _Step, pieces: list, tok_buf, logits) ->
             _quant16(rec, "quant16_i32", b.h, b.act, b.ex, T, H)
         else:
             _quant16(rec, "quant16_i32", b.x, b.act, b.ex, T, H)
+        if "moe" in blk:
+            _moe(m, rec, b, p, blk["moe"], T)
+            continue
         _linear(m, rec, p + "ffn_gate", b.act, b.ex, b.gate, T)
         _linear(m, rec, p + "ffn_up", b.act, b.ex, b.up, T)
         F = m.lin[p + "ffn_gate"][1]
@@ -375,17 +397,44 @@ def _quant16(rec, kind, src, act, ex, rows, n):
     rec.dispatch(kind, [src, act, ex], [n, rows, pack.words(n), 0, 0], groups_rows(rows))
 
 
-def _linear(m, rec, name, act, ex, dst, rows, mode=0, out0=0):
+def _linear(m, rec, name, act, ex, dst, rows, mode=0, out0=0, expert=-1, mask=None):
+    """The linear ``name`` (expert ``expert`` of an MoE tensor, then only on
+    the rows whose ``mask`` [rows, E] entry is nonzero)."""
     L = m.lin[name]
     kind, N, K = L[0], L[1], L[2]
+    e = max(expert, 0)
+    mask_buf = m.pool.scratch("nomask", 16) if mask is None else mask
+    tail = [expert, m.E if mask is not None else 0]
     if kind == "8":
         _, _, _, w, chan, has_bias = L
-        rec.dispatch("linear8", [act, ex, w, chan, dst], [N, pack.words(K), rows, mode, int(has_bias), 0, out0],
+        rec.dispatch("linear8", [act, ex, w, chan, dst, mask_buf],
+                     [N, pack.words(K), rows, mode, int(has_bias), 0, out0, e * N * pack.words(K), e * 4 * N] + tail,
                      groups_flat(N))
     else:
         _, _, _, w, chan, grp, has_bias = L
-        rec.dispatch("linear4", [act, ex, w, grp, chan, dst], [N, K // 32, rows, mode, int(has_bias), 0, out0],
+        G = K // 32
+        rec.dispatch("linear4", [act, ex, w, grp, chan, dst, mask_buf],
+                     [N, G, rows, mode, int(has_bias), 0, out0, e * N * G * 4, e * 3 * N] + tail + [e * N * G * 2],
                      groups_flat(N))
+
+
+def _moe(m, rec, b, p, moe, T):
+    """Mixture of experts on the FFN input (b.act / b.ex) into the residual b.x
+    (ref model.py _moe): the router, the top-k weights, then each expert on
+    the rows routed to it, its down output weighted into an int64 sum."""
+    E, H = moe["experts"], m.H
+    _linear(m, rec, p + "ffn_gate_inp", b.act, b.ex, b.z, T)
+    rec.dispatch("moe_route", [b.z, b.wexp, b.dummy, b.acc], [T, E, moe["experts_per_token"],
+                                                             int(moe["norm_topk_prob"])], groups_flat(T))
+    Fm = moe["expert_ffn_size"]
+    for e in range(E):
+        _linear(m, rec, p + "ffn_gate_exps", b.act, b.ex, b.gate, T, expert=e, mask=b.wexp)
+        _linear(m, rec, p + "ffn_up_exps", b.act, b.ex, b.up, T, expert=e, mask=b.wexp)
+        rec.dispatch("glu", [b.gate, b.up, b.o], [T * Fm, 0], groups_flat(T * Fm))
+        _quant16(rec, "quant16_i64", b.o, b.act2, b.ex2, T, Fm)
+        _linear(m, rec, p + "ffn_down_exps", b.act2, b.ex2, b.y, T, expert=e, mask=b.wexp)
+        rec.dispatch("moe_accumulate", [b.dummy, b.wexp, b.acc, b.y], [T, H, E, e, int(e == 0)], groups_flat(T * H))
+    rec.dispatch("moe_finish", [b.dummy, b.wexp, b.acc, b.x], [T * H], groups_flat(T * H))
 
 
 def _residual(m, rec, b, name, post_norm, T):

@@ -20,25 +20,28 @@ NPARAM = 16
 GRID_X = 16384  # common.wgsl GRID_X
 WG = 64
 
-# kernel -> (wgsl file, storage bindings, source substitutions)
+# kernel -> (wgsl file, storage bindings, source substitutions[, entry point])
 KERNELS = {
     "embed": ("embed", 4, {}),
     "rms_norm": ("rms_norm", 3, {}),
     "quant16_i32": ("quant16", 3, {"XTYPE": "i32", "LOAD(": "i64_from_i32("}),
     "quant16_i64": ("quant16", 3, {"XTYPE": "I64P", "LOAD(": "("}),
-    "linear8": ("linear8", 5, {}),
-    "linear4": ("linear4", 6, {}),
+    "linear8": ("linear8", 6, {}),
+    "linear4": ("linear4", 7, {}),
     "rope": ("rope", 3, {}),
     "kv_store": ("kv_store", 3, {}),
     "attention": ("attention", 6, {}),
     "glu": ("glu", 3, {}),
     "softcap": ("softcap", 1, {}),
     "argmax": ("argmax", 2, {}),
+    "moe_route": ("moe", 4, {}, "route"),
+    "moe_accumulate": ("moe", 4, {}, "accumulate"),
+    "moe_finish": ("moe", 4, {}, "finish"),
 }
 
 
 def source(name: str) -> str:
-    file, _, subs = KERNELS[name]
+    file, _, subs = KERNELS[name][:3]
     text = (WGSL_DIR / f"{file}.wgsl").read_text()
     for k, v in subs.items():
         text = text.replace(k, v)
@@ -80,7 +83,8 @@ class Kernels:
             bgl = self.device.create_bind_group_layout(entries=entries)
             layout = self.device.create_pipeline_layout(bind_group_layouts=[bgl])
             mod = self.device.create_shader_module(code=library(self.dot4) + "\n" + source(name), label=name)
-            pipe = self.device.create_compute_pipeline(layout=layout, compute={"module": mod, "entry_point": "main"})
+            entry = KERNELS[name][3] if len(KERNELS[name]) > 3 else "main"
+            pipe = self.device.create_compute_pipeline(layout=layout, compute={"module": mod, "entry_point": entry})
             self._pipes[name] = (pipe, bgl)
         return self._pipes[name]
 
