@@ -175,3 +175,20 @@ def test_batch_split_over_passes(model_of, monkeypatch, name):
     for s, f, g in zip(seqs, flags, got):
         want = cpu_run(cm, [len(s)], s)
         assert np.array_equal(g, want if f else want[-1:])
+
+
+def test_binding_limit_splits_passes_and_submissions(model_of, monkeypatch):
+    """Under a small storage binding limit the attention scratch takes fewer rows per pass and the
+    logits come back in several submissions: the same bits; past it, a clear refusal."""
+    lm, cm, gm = model_of("gemma2")
+    V, nh = lm.cfg["vocab_size"], lm.cfg["num_heads"]
+    want = cpu_run(cm, [len(PROMPT)])
+    runs = []
+    run = W.Recorder.run
+    monkeypatch.setattr(W.Recorder, "run", lambda self, read=None: runs.append(read) or run(self, read))
+    monkeypatch.setattr(W, "_binding_limit", lambda m: 3 * V * 4)
+    assert np.array_equal(gpu_run(gm, [len(PROMPT)]), want)
+    assert len(runs) == 4  # 3 rows a pass, the logits of one pass a submission
+    monkeypatch.setattr(W, "_binding_limit", lambda m: nh * 4 * 5)
+    with pytest.raises(ValueError, match="storage binding limit"):
+        W.forward(gm, W.State(gm, 64), PROMPT, 0)

@@ -255,12 +255,15 @@ class _Piece:
 
 
 def forward_batch(model: Model, states, tokens_list, all_logits=False, out=None, _starts=None) -> list:
-    """Advance several sequences (each at its n_past) in one submission:
+    """Advance several sequences (each at its n_past) in one submission
+    (several only when the logits outgrow a storage binding):
     one int32 logits array per sequence ([T_i or 1, vocab], views of one
     [sum of rows, vocab] array, ``out`` when given), each the one that
     sequence alone gives. The sequences' rows go through every row-wise
     kernel (norms, linears, GLU, lm_head) together, in passes of at most
-    CHUNK rows; RoPE, the KV store and attention run per sequence."""
+    CHUNK rows (fewer where the attention scratch would outgrow a storage
+    binding); RoPE, the KV store and attention run per sequence.
+    ValueError for bad tokens, positions or ``out``."""
     m = model
     if len(states) != len(tokens_list):
         raise ValueError(f"forward_batch: {len(tokens_list)} token arrays for {len(states)} states")
@@ -274,13 +277,20 @@ def forward_batch(model: Model, states, tokens_list, all_logits=False, out=None,
     nrows = [t.size if f else 1 for t, f in zip(toks, flags)]
     total = sum(nrows)
     out = _check_out(out, total, m.V)
-    # pieces of at most CHUNK tokens, packed in order into passes of at most CHUNK rows
+    span = max(st + t.size for st, t in zip(starts, toks))
+    limit = _binding_limit(m)
+    # rows of a pass: its attention scratch (rows x heads x positions) and its logits fit a binding
+    rows_cap = min(CHUNK, limit // (m.nh * span * 4), limit // (m.V * 4))
+    if rows_cap < 1:
+        raise ValueError(f"{span} positions need {m.nh * span * 4} bytes of attention scratch per token, over "
+                         f"this device's {limit}-byte storage binding limit")
+    # pieces of at most rows_cap tokens, packed in order into passes of at most rows_cap rows
     passes, cur, used, tok0, out_row = [], [], 0, 0, 0
     for s, t, st, f in zip(states, toks, starts, flags):
-        for c in range(0, t.size, CHUNK):
-            n = min(CHUNK, t.size - c)
+        for c in range(0, t.size, rows_cap):
+            n = min(rows_cap, t.size - c)
             keep = n if f else (1 if c + n == t.size else 0)
-            if used + n > CHUNK:
+            if used + n > rows_cap:
                 passes.append(cur)
                 cur, used = [], 0
             piece = _Piece(s, tok0 + c, n, st + c, keep, out_row)
@@ -293,16 +303,22 @@ def forward_batch(model: Model, states, tokens_list, all_logits=False, out=None,
     tok_all = np.concatenate(toks)
     tok_buf = m.pool.scratch("tokens", tok_all.nbytes)
     m.kernels.device.queue.write_buffer(tok_buf, 0, tok_all)
-    logits = m.pool.scratch("logits", total * m.V * 4)
-    span = max(st + t.size for st, t in zip(starts, toks))
+    # one submission, unless the logits outgrow one binding: then one per group of passes that fits
+    logit_cap = limit // (m.V * 4)
     step = _Step(m, max(sum(p.T for p in ps) for ps in passes), span)
+    logits = m.pool.scratch("logits", min(total, logit_cap) * m.V * 4)
     rec = Recorder(m.kernels, m.pool)
+    base = pending = 0
     for ps in passes:
-        _record(m, rec, step, ps, tok_buf, logits)
-    raw = rec.run(read=(logits, total * m.V * 4))
+        k = sum(p.keep for p in ps)
+        if pending + k > logit_cap:
+            _read_logits(m, rec, logits, out, base, pending)
+            base, pending = base + pending, 0
+        _record(m, rec, step, ps, tok_buf, logits, base)
+        pending += k
+    _read_logits(m, rec, logits, out, base, pending)
     for s, t, st in zip(states, toks, starts):
         s.n_past = st + t.size
-    out[...] = np.frombuffer(raw, np.int32).reshape(total, m.V)
     res, r = [], 0
     for k in nrows:
         res.append(out[r:r + k])
@@ -310,9 +326,23 @@ def forward_batch(model: Model, states, tokens_list, all_logits=False, out=None,
     return res
 
 
-def _record(m: Model, rec: Recorder, b: _Step, pieces: list, tok_buf, logits) -> None:
+def _binding_limit(m: Model) -> int:
+    """Bytes one storage buffer binding may span on this device."""
+    return int(m.kernels.device.limits["max-storage-buffer-binding-size"])
+
+
+def _read_logits(m: Model, rec: Recorder, logits, out: np.ndarray, base: int, rows: int) -> None:
+    """Submit what ``rec`` holds; logits rows 0..rows-1 are out's rows base.."""
+    if rows == 0:
+        rec.run()
+        return
+    raw = rec.run(read=(logits, rows * m.V * 4))
+    out[base:base + rows] = np.frombuffer(raw, np.int32).reshape(rows, m.V)
+
+
+def _record(m: Model, rec: Recorder, b: _Step, pieces: list, tok_buf, logits, base: int) -> None:
     """Record one pass: the forward of the pieces' rows (consecutive in
-    tok_buf), their kept rows' logits into ``logits``."""
+    tok_buf), their kept rows' logits into ``logits`` from row out_row - base."""
     H, nh, nkv, D, dw = m.H, m.nh, m.nkv, m.D, m.dw
     T = sum(p.T for p in pieces)
     G = groups_flat(H)
@@ -382,10 +412,11 @@ def _record(m: Model, rec: Recorder, b: _Step, pieces: list, tok_buf, logits) ->
         _norm(m, rec, b.x, "output_norm", b.h, pc.keep, H, m.eps_h, m.R, in0=pc.row0 + pc.T - pc.keep, out0=nk)
         nk += pc.keep
     _quant16(rec, "quant16_i32", b.h, b.act, b.ex, nk, H)
-    _linear(m, rec, "output", b.act, b.ex, logits, nk, out0=kept[0].out_row)
+    row = kept[0].out_row - base
+    _linear(m, rec, "output", b.act, b.ex, logits, nk, out0=row)
     if m.cfg.get("final_logit_softcap"):
         cap = [m.scalar[f"output_softcap.{c}"] for c in ("cap", "inv_mant", "inv_shift")]
-        rec.dispatch("softcap", [logits], [nk * m.V, *cap, kept[0].out_row * m.V], groups_flat(nk * m.V))
+        rec.dispatch("softcap", [logits], [nk * m.V, *cap, row * m.V], groups_flat(nk * m.V))
 
 
 def _norm(m, rec, src, name, dst, rows, n, eps, in_frac, mode=0, shift=0, in0=0, out0=0):
