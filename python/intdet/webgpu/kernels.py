@@ -102,13 +102,10 @@ class Recorder:
         self.copies: list = []  # ("copy", src, src_off, dst, dst_off, size) buffer-to-buffer copies
 
     def dispatch(self, name: str, buffers: list, params, groups) -> None:
-        p = np.zeros(NPARAM, np.int32)
-        vals = np.asarray(params, dtype=np.int64)
-        if vals.size > NPARAM or np.any(vals < -2**31) or np.any(vals >= 2**31):
+        if len(params) > NPARAM or not all(-2**31 <= int(v) < 2**31 for v in params):
             raise ValueError(f"{name}: parameters {params} do not fit the slot")
-        p[:vals.size] = vals
-        self.cmds.append((name, tuple(buffers), len(self.params), tuple(int(g) for g in groups)))
-        self.params.append(p)
+        self.cmds.append((name, tuple(buffers), len(self.params), groups))
+        self.params.append(params)
 
     def copy(self, src, src_off: int, dst, dst_off: int, size: int) -> None:
         self.cmds.append(("copy", src, src_off, dst, dst_off, size))
@@ -120,10 +117,12 @@ class Recorder:
         ub = self.pool.params(max(len(self.params), 1) * SLOT)
         if self.params:
             data = np.zeros((len(self.params), SLOT // 4), np.int32)
-            data[:, :NPARAM] = np.stack(self.params)
+            for i, p in enumerate(self.params):
+                data[i, :len(p)] = p
             dev.queue.write_buffer(ub, 0, data)
         enc = dev.create_command_encoder()
         cp = None
+        pipes = {}
         for c in self.cmds:
             if c[0] == "copy":
                 if cp is not None:
@@ -134,7 +133,9 @@ class Recorder:
             name, bufs, slot, groups = c
             if cp is None:
                 cp = enc.begin_compute_pass()
-            pipe, bgl = self.k.pipeline(name)
+            if name not in pipes:
+                pipes[name] = self.k.pipeline(name)
+            pipe, bgl = pipes[name]
             cp.set_pipeline(pipe)
             cp.set_bind_group(0, self.pool.bind_group(name, bgl, ub, bufs), [slot * SLOT])
             cp.dispatch_workgroups(*groups)
