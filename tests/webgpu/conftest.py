@@ -9,18 +9,14 @@ import pytest
 from intdet.webgpu.device import available
 
 
-def pytest_collection_modifyitems(config, items):
-    mine = [i for i in items if "tests/webgpu/" in str(i.fspath).replace("\\", "/")]
-    if not mine:
-        return
+@pytest.fixture(autouse=True)
+def _webgpu_adapter():
+    """Skip (or, under INTDET_REQUIRE_WEBGPU, fail) each test here without an adapter."""
     ok, why = available()
-    if ok:
-        return
-    if os.environ.get("INTDET_REQUIRE_WEBGPU"):
-        raise pytest.UsageError(f"INTDET_REQUIRE_WEBGPU is set but there is no WebGPU adapter: {why}")
-    skip = pytest.mark.skip(reason=f"no WebGPU adapter: {why}")
-    for item in mine:
-        item.add_marker(skip)
+    if not ok:
+        if os.environ.get("INTDET_REQUIRE_WEBGPU"):
+            pytest.fail(f"INTDET_REQUIRE_WEBGPU is set but there is no WebGPU adapter: {why}")
+        pytest.skip(f"no WebGPU adapter: {why}")
 
 
 @pytest.fixture(params=[False, True], ids=["dot4-shifts", "dot4-builtin"])
