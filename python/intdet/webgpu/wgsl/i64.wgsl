@@ -102,7 +102,7 @@ fn i64_shift_round_sat32(x: I64P, s: i32) -> i32 {
     let t = u32(min(-s, 40));
     let lim = select(INT32_MAX >> t, 0, t >= 31u);
     if (i64_lt(i64_from_i32(lim), i64_abs(x))) { return select(INT32_MAX, -INT32_MAX, i64_is_neg(x)); }
-    return r << t;
+    return bitcast<i32>(bitcast<u32>(r) << t);  // on u32: MSL leaves a negative's << undefined
 }
 // intmath.bitlen for x >= 0.
 fn i64_bitlen(x: I64P) -> i32 {

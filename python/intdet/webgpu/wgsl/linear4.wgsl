@@ -2,8 +2,8 @@
 // invocation per output channel (as linear8, with its expert offsets and
 // row mask; grp_off for the groups): W4 [N, K/8] words, each 8 inputs (low
 // nibbles: inputs 0..3, high nibbles: 4..7; the backend reorders the
-// file's nibbles at load). A group's 32 products fit int32
-// (docs/format.md), so gd * S1 + gm * S2 is exact in wrapping int32.
+// file's nibbles at load). gd * S1 + gm * S2 (S1 = sum q u, S2 = sum q) is
+// formed in 64 bits: no int32 overflow, which MSL would leave undefined.
 @group(0) @binding(1) var<storage, read_write> act: array<u32>;
 @group(0) @binding(2) var<storage, read_write> ex: array<i32>;
 @group(0) @binding(3) var<storage, read_write> W4: array<u32>;
@@ -39,7 +39,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
                     + 256 * dot4_i8(act[ab + a + 1u], ONES) + dot4_i8(act[ab + Kw + a + 1u], ONES) + 1024;
             }
             let gi = g_off + 2u * (n * G + g);
-            acc = i64_add(acc, i64_from_i32(grp[gi] * s1 + grp[gi + 1u] * s2));
+            acc = i64_add(acc, i64_add(i32_mul_wide(grp[gi], s1), i32_mul_wide(grp[gi + 1u], s2)));
         }
         var y = i64_shift_round_sat32(i64_mul_i32(acc, mant), shift - ex[in0 + t]);
         if (has_bias != 0) { y = sat_add(y, bias); }

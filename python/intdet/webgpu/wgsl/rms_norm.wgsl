@@ -5,7 +5,7 @@
 @group(0) @binding(3) var<storage, read_write> out: array<i32>;
 
 fn pre(x: i32, a: i32) -> i32 {
-    if (a >= 0) { return x << u32(a); }
+    if (a >= 0) { return bitcast<i32>(bitcast<u32>(x) << u32(a)); }  // on u32: a negative's << is undefined in MSL
     return i64_lo(i64_round_shift(i64_from_i32(x), -a));
 }
 
