@@ -47,13 +47,13 @@ def linear(k, q, e, w, mant, shift, bias=None, w4=None):
         chan = np.stack([w.astype(np.int64).sum(1), mant, shift, b]).astype(np.int32)
         p[1] = pack.words(K)
         return run_one(k, "linear8", [act, ex, pack.pack_i8_rows(w), chan, out, np.zeros(1, np.int32)], p + [0, 0, -1],
-                       groups_flat(N))[4].astype(np.int64)
+                       (-(-N // 64), T, 1))[4].astype(np.int64)
     codes, gd, gm = w4
     grp = np.stack([np.asarray(gd, np.int32), np.asarray(gm, np.int32)], axis=-1)
     chan = np.stack([mant, shift, b]).astype(np.int32)
     p[1] = K // 32
     return run_one(k, "linear4", [act, ex, pack.pack_int4(codes), grp, chan, out, np.zeros(1, np.int32)], p + [0, 0, -1],
-                   groups_flat(N))[5].astype(np.int64)
+                   (-(-N // 64), T, 1))[5].astype(np.int64)
 
 
 def rope(k, x, cos, sin, pos0=0):

@@ -440,13 +440,18 @@ def _linear(m, rec, name, act, ex, dst, rows, mode=0, out0=0, expert=-1, mask=No
         _, _, _, w, chan, has_bias = L
         rec.dispatch("linear8", [act, ex, w, chan, dst, mask_buf],
                      [N, pack.words(K), rows, mode, int(has_bias), 0, out0, e * N * pack.words(K), e * 4 * N] + tail,
-                     groups_flat(N))
+                     _groups_linear(N, rows))
     else:
         _, _, _, w, chan, grp, has_bias = L
         G = K // 32
         rec.dispatch("linear4", [act, ex, w, grp, chan, dst, mask_buf],
                      [N, G, rows, mode, int(has_bias), 0, out0, e * N * G * 4, e * 3 * N] + tail + [e * N * G * 2],
-                     groups_flat(N))
+                     _groups_linear(N, rows))
+
+
+def _groups_linear(N: int, rows: int) -> tuple:
+    """linear8/linear4 workgroups: 64 channels by one row each."""
+    return (-(-N // 64), rows, 1)
 
 
 def _moe(m, rec, b, p, moe, T):

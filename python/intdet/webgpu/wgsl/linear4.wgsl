@@ -1,5 +1,5 @@
 // ops.linear on int4 weights w = gd * u + gm (ops.dequant_int4), one
-// invocation per output channel (as linear8, with its expert offsets and
+// invocation per output channel and row (as linear8, with its expert offsets and
 // row mask; grp_off for the groups): W4 [N, K/8] words, each 8 inputs (low
 // nibbles: inputs 0..3, high nibbles: 4..7; the backend reorders the
 // file's nibbles at load). gd * S1 + gm * S2 (S1 = sum q u, S2 = sum q) is
@@ -17,12 +17,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let N = u32(P(0)); let G = u32(P(1)); let rows = u32(P(2)); let mode = P(3); let has_bias = P(4);
     let in0 = u32(P(5)); let out0 = u32(P(6)); let w_off = u32(P(7)); let c_off = u32(P(8));
     let mask_col = P(9); let mask_stride = u32(P(10)); let g_off = u32(P(11));
-    let n = gid.x + gid.y * GRID_X * WG;
-    if (n >= N) { return; }
+    let n = gid.x; let t = gid.y;  // one invocation per (output channel, row)
+    if (n >= N || t >= rows) { return; }
+    if (mask_col >= 0 && mask[t * mask_stride + u32(mask_col)] == 0) { return; }
     let Kw = 8u * G;
     let mant = chan[c_off + n]; let shift = chan[c_off + N + n]; let bias = chan[c_off + 2u * N + n];
-    for (var t = 0u; t < rows; t++) {
-        if (mask_col >= 0 && mask[t * mask_stride + u32(mask_col)] == 0) { continue; }
+    {
         let ab = (in0 + t) * 2u * Kw;
         var acc = I64P(0u, 0u);
         for (var g = 0u; g < G; g++) {

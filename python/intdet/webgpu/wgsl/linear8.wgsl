@@ -1,6 +1,6 @@
 // ops.linear with int8 weights [N, Kw words]: one invocation per output
-// channel n, over every row (no barriers: lavapipe runs a workgroup's
-// barriers as coroutine switches); mode 1 adds into out (the residual,
+// channel n and row t, each a whole dot product (no barriers: lavapipe runs
+// a workgroup's barriers as coroutine switches); mode 1 adds into out (the residual,
 // saturating). MoE experts: W and chan from word offsets w_off / chan_off
 // (expert e of [E, N, Kw] / [E, 4, N]), and with mask_col >= 0 only the
 // rows t whose mask[t * mask_stride + mask_col] != 0 (the rows routed to it).
@@ -16,13 +16,13 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let N = u32(P(0)); let Kw = u32(P(1)); let rows = u32(P(2)); let mode = P(3); let has_bias = P(4);
     let in0 = u32(P(5)); let out0 = u32(P(6)); let w_off = u32(P(7)); let c_off = u32(P(8));
     let mask_col = P(9); let mask_stride = u32(P(10));
-    let n = gid.x + gid.y * GRID_X * WG;
-    if (n >= N) { return; }
+    let n = gid.x; let t = gid.y;  // one invocation per (output channel, row)
+    if (n >= N || t >= rows) { return; }
+    if (mask_col >= 0 && mask[t * mask_stride + u32(mask_col)] == 0) { return; }
     let wsum = chan[c_off + n]; let mant = chan[c_off + N + n]; let shift = chan[c_off + 2u * N + n];
     let bias = chan[c_off + 3u * N + n];
     let wb = w_off + n * Kw;
-    for (var t = 0u; t < rows; t++) {
-        if (mask_col >= 0 && mask[t * mask_stride + u32(mask_col)] == 0) { continue; }
+    {
         let ab = (in0 + t) * 2u * Kw;
         var acc = I64P(0u, 0u);
         var part = 0;  // < 64 words of |256 hi.w + lo.w| < 2^24 each
