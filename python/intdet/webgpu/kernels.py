@@ -121,13 +121,13 @@ class Recorder:
                 data[i, :len(p)] = p
             dev.queue.write_buffer(ub, 0, data)
         enc = dev.create_command_encoder()
-        cp = None
+        cp = last = None
         pipes = {}
         for c in self.cmds:
             if c[0] == "copy":
                 if cp is not None:
                     cp.end()
-                    cp = None
+                    cp = last = None
                 enc.copy_buffer_to_buffer(*c[1:])
                 continue
             name, bufs, slot, groups = c
@@ -136,7 +136,9 @@ class Recorder:
             if name not in pipes:
                 pipes[name] = self.k.pipeline(name)
             pipe, bgl = pipes[name]
-            cp.set_pipeline(pipe)
+            if name != last:  # each native call costs tens of microseconds
+                cp.set_pipeline(pipe)
+                last = name
             cp.set_bind_group(0, self.pool.bind_group(name, bgl, ub, bufs), [slot * SLOT])
             cp.dispatch_workgroups(*groups)
         if cp is not None:
