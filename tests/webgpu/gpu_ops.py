@@ -1,0 +1,137 @@
+"""Each WebGPU kernel run alone on numpy inputs, in the spec op's terms
+(python/intdet/ref/ops.py), for the op-level tests."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from intdet.webgpu import pack
+from intdet.webgpu.kernels import groups_flat, groups_rows, run_one
+
+
+def quant16(k, x):
+    """ops.quant16 of rows x (int64 [rows, n]): (q [rows, n], e [rows])."""
+    x = np.asarray(x, np.int64)
+    rows, n = x.shape
+    kw = pack.words(n)
+    fits = np.abs(x).max() < 2**31
+    name = "quant16_i32" if fits else "quant16_i64"
+    xin = x.astype(np.int32) if fits else pack.i64_pairs(x)
+    act = np.zeros((rows, 2 * kw), np.uint32)
+    e = np.zeros(rows, np.int32)
+    _, act, e = run_one(k, name, [xin, act, e], [n, rows, kw, 0, 0], groups_rows(rows))
+    return pack.unpack_i16_act(act, n), e.astype(np.int64)
+
+
+def rms_norm(k, x, g, eps, in_frac):
+    x = np.asarray(x, np.int32)
+    rows, n = x.shape
+    out = np.zeros_like(x)
+    p = [n, rows, in_frac, int(eps) & 0xFFFFFFFF, int(eps) >> 32, 0, 0, 0, 0]
+    p = [v - (1 << 32) if v >= 1 << 31 else v for v in p]
+    return run_one(k, "rms_norm", [x, np.asarray(g, np.int32), out], p, groups_rows(rows))[2].astype(np.int64)
+
+
+def linear(k, q, e, w, mant, shift, bias=None, w4=None):
+    """ops.linear (int8 w [N, K]; or int4 w4 = (codes, gd, gm))."""
+    q = np.asarray(q, np.int64)
+    T, K = q.shape
+    act = pack.pack_i16_act(q)
+    ex = np.asarray(e, np.int32)
+    N = len(mant)
+    out = np.zeros((T, N), np.int32)
+    b = np.zeros(N, np.int32) if bias is None else np.asarray(bias, np.int32)
+    p = [N, 0, T, 0, int(bias is not None), 0, 0]
+    if w4 is None:
+        w = np.asarray(w, np.int8)
+        chan = np.stack([w.astype(np.int64).sum(1), mant, shift, b]).astype(np.int32)
+        p[1] = pack.words(K)
+        return run_one(k, "linear8", [act, ex, pack.pack_i8_rows(w), chan, out, np.zeros(1, np.int32)], p + [0, 0, -1],
+                       (-(-N // 64), T, 1))[4].astype(np.int64)
+    codes, gd, gm = w4
+    grp = np.stack([np.asarray(gd, np.int32), np.asarray(gm, np.int32)], axis=-1)
+    chan = np.stack([mant, shift, b]).astype(np.int32)
+    p[1] = K // 32
+    return run_one(k, "linear4", [act, ex, pack.pack_int4(codes), grp, chan, out, np.zeros(1, np.int32)], p + [0, 0, -1],
+                   (-(-N // 64), T, 1))[5].astype(np.int64)
+
+
+def rope(k, x, cos, sin, pos0=0):
+    """ops.rope of x [T, nh, D] at positions pos0.. (cos, sin: the whole [ctx, D/2] tables)."""
+    x = np.asarray(x, np.int32)
+    T, nh, D = x.shape
+    g = groups_flat(nh * D // 2)
+    out = run_one(k, "rope", [x.copy(), np.asarray(cos, np.int32), np.asarray(sin, np.int32)], [T, nh, D, pos0],
+                  (g[0], T, 1))[0]
+    return out.astype(np.int64)
+
+
+def quant8_rows(k, x):
+    """ops.quant8_row of x [T, nkv, D] stored at positions 0..T-1 of a fresh
+    cache (K side): (q [T, nkv, D], a [T, nkv])."""
+    x = np.asarray(x, np.int32)
+    T, nkv, D = x.shape
+    dw = pack.words(D)
+    kv = np.zeros((2, T, nkv, dw), np.uint32)
+    sc = np.zeros((2, T, nkv), np.int32)
+    _, kv, sc = run_one(k, "kv_store", [x.reshape(T, nkv * D), kv, sc], [D, dw, nkv, T, 0, 0, T * nkv],
+                        groups_rows(T * nkv))
+    return pack.unpack_i8_rows(kv[0], D), sc[0].astype(np.int64)
+
+
+def attention(k, q, e_q, kc, ka, vc, va, pos, score_mant, score_shift, window=0, score_softcap=None):
+    """ops.attention with the cache as its arrays (positions 0..P-1); pos: consecutive query positions."""
+    T, nh, D = q.shape
+    P, nkv, _ = kc.shape
+    dw = pack.words(D)
+    qa = pack.pack_i16_act(np.asarray(q).reshape(T * nh, D))
+    kv = np.stack([pack.pack_i8_rows(kc), pack.pack_i8_rows(vc)])
+    sc = np.stack([ka, va]).astype(np.int32)
+    S = int(pos[-1]) + 1
+    scr = np.zeros(T * nh * S, np.int32)
+    out = np.zeros((T * nh * D, 2), np.uint32)
+    cap = score_softcap or (0, 0, 0)
+    p = [nh, nkv, D, dw, P, int(pos[0]), window, score_mant, score_shift, int(score_softcap is not None), *cap,
+         T * nh, S]
+    res = run_one(k, "attention", [qa, np.asarray(e_q, np.int32).reshape(-1), kv, sc, scr, out], p,
+                  groups_rows(T * nh))
+    return pack.from_pairs(res[5]).reshape(T, nh, D)
+
+
+def glu(k, g, u, kind):
+    g = np.asarray(g, np.int32).ravel()
+    out = np.zeros((g.size, 2), np.uint32)
+    res = run_one(k, "glu", [g, np.asarray(u, np.int32).ravel(), out], [g.size, kind], groups_flat(g.size))
+    return pack.from_pairs(res[2])
+
+
+def softcap(k, x, cap, mant, shift):
+    x = np.asarray(x, np.int32).ravel()
+    return run_one(k, "softcap", [x], [x.size, cap, mant, shift, 0], groups_flat(x.size))[0].astype(np.int64)
+
+
+def argmax(k, z):
+    z = np.asarray(z, np.int32)
+    rows, V = z.shape
+    return run_one(k, "argmax", [z, np.zeros(rows, np.int32)], [V, rows], groups_rows(rows))[1].astype(np.int64)
+
+
+def embed(k, tokens, q, mant, shift):
+    """The forward's embedding rows: shift_round_sat32(q[tok] * mant[tok], shift[tok])."""
+    V, H = q.shape
+    T = len(tokens)
+    x = np.zeros((T, H), np.int32)
+    g = groups_flat(H)
+    res = run_one(k, "embed", [np.asarray(tokens, np.int32), pack.pack_i8_rows(q),
+                               np.stack([mant, shift]).astype(np.int32), x], [H, pack.words(H), T, 0, V], (g[0], T, 1))
+    return res[3].astype(np.int64)
+
+
+def moe_route(k, z, top, norm_topk):
+    """The router's choice (ref model.py _moe) as [T, E] weights, 0 for the experts not chosen."""
+    z = np.asarray(z, np.int32)
+    T, E = z.shape
+    w = np.zeros_like(z)
+    res = run_one(k, "moe_route", [z, w, np.zeros(4, np.int32), np.zeros(4, np.uint32)], [T, E, top, int(norm_topk)],
+                  groups_flat(T))
+    return res[1].astype(np.int64)
