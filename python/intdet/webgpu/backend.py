@@ -49,7 +49,8 @@ class Model:
     loader's dtypes and shapes). Checked by intdet._core.check_model first:
     ValueError naming ``config_path`` / ``tensors_path`` and the field, as
     the CPU engine does; ValueError also for what this backend does not run
-    (mixture-of-experts layers). ``mapped`` is accepted for the API's sake."""
+    (mixture-of-experts layers with a post-norm or more than 64 experts per
+    token). ``mapped`` is accepted for the API's sake."""
 
     def __init__(self, cfg, tensors: dict, mapped: bool = False, config_path: str = "config.json",
                  tensors_path: str = "model.safetensors", dot4: bool | None = None):
