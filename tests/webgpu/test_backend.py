@@ -192,3 +192,37 @@ def test_binding_limit_splits_passes_and_submissions(model_of, monkeypatch):
     monkeypatch.setattr(W, "_binding_limit", lambda m: nh * 4 * 5)
     with pytest.raises(ValueError, match="storage binding limit"):
         W.forward(gm, W.State(gm, 64), PROMPT, 0)
+
+
+def test_a_step_in_several_command_buffers(model_of, monkeypatch):
+    """A step's dispatches go out in command buffers of SUBMIT_EVERY (the GPU starts on the first
+    while the host encodes the rest): the same bits at any cut, one read back."""
+    from intdet.webgpu import kernels as K
+
+    lm, cm, gm = model_of("qwen3")
+    want = cpu_run(cm, [len(PROMPT) - 2, 1, 1])
+    submits = []
+    q = type(gm.kernels.device.queue)
+    sub = q.submit
+    monkeypatch.setattr(q, "submit", lambda self, cbs: submits.append(len(cbs)) or sub(self, cbs))
+    counts = []
+    for every in (1, 7, 10_000):
+        monkeypatch.setattr(K, "SUBMIT_EVERY", every)
+        submits.clear()
+        assert np.array_equal(gpu_run(gm, [len(PROMPT) - 2, 1, 1]), want), every
+        counts.append(len(submits))
+    assert counts[0] > 6 * counts[1] > 6 * counts[2] > 0, counts
+
+
+def test_a_parameter_outside_int32_names_the_kernel(model_of):
+    from intdet.webgpu.kernels import Recorder
+
+    lm, cm, gm = model_of("qwen3")
+    rec = Recorder(gm.kernels, gm.pool)
+    rec.dispatch("softcap", [gm.pool.scratch("nomask", 16)], [1, 0, 0, 0], (1, 1, 1))
+    rec.dispatch("glu", [gm.pool.scratch("nomask", 16)] * 3, [1, 2**31], (1, 1, 1))
+    with pytest.raises(ValueError, match=r"^glu: parameters \[1, 2147483648, 0"):
+        rec.run()
+    assert not rec.cmds and not rec.params
+    with pytest.raises(ValueError, match="17 parameters"):
+        rec.dispatch("glu", [], list(range(17)), (1, 1, 1))

@@ -89,39 +89,64 @@ class Kernels:
         return self._pipes[name]
 
 
+SUBMIT_EVERY = 128  # dispatches per command buffer: the GPU starts on the first ones while the rest are encoded
+
+
 class Recorder:
-    """Collects a step's dispatches, then encodes them into one command
-    encoder with one parameter upload, copies the requested buffers to a
-    mappable buffer and reads them back after one wait."""
+    """Collects a step's dispatches, then encodes them with one parameter
+    upload into command buffers of SUBMIT_EVERY dispatches each (queue
+    order keeps them in sequence; the GPU runs the first while the host
+    encodes the next), copies the requested buffers to a mappable buffer
+    and reads them back after one wait."""
 
     def __init__(self, kernels: Kernels, pool: "BufferPool"):
         self.k = kernels
         self.pool = pool
         self.params: list = []
         self.cmds: list = []
-        self.copies: list = []  # ("copy", src, src_off, dst, dst_off, size) buffer-to-buffer copies
 
     def dispatch(self, name: str, buffers: list, params, groups) -> None:
-        if len(params) > NPARAM or not all(-2**31 <= int(v) < 2**31 for v in params):
-            raise ValueError(f"{name}: parameters {params} do not fit the slot")
+        """Kernel ``name`` on storage ``buffers`` (bindings 1..) with at most
+        NPARAM int32 ``params`` (binding 0); ValueError (at ``run``) for a
+        parameter outside int32."""
+        if len(params) > NPARAM:
+            raise ValueError(f"{name}: {len(params)} parameters, over the slot's {NPARAM}")
         self.cmds.append((name, tuple(buffers), len(self.params), groups))
-        self.params.append(params)
+        self.params.append(list(params) + [0] * (NPARAM - len(params)))
 
     def copy(self, src, src_off: int, dst, dst_off: int, size: int) -> None:
         self.cmds.append(("copy", src, src_off, dst, dst_off, size))
 
-    def run(self, read=None):
-        """Submit everything; ``read`` = (buffer, nbytes) to read back: returns its bytes."""
-        dev = self.k.device
-        wgpu = self.k.wgpu
+    def _upload_params(self):
         ub = self.pool.params(max(len(self.params), 1) * SLOT)
         if self.params:
+            p = np.array(self.params, np.int64)
+            if p.min() < -2**31 or p.max() >= 2**31:
+                i = int(np.argmax((p < -2**31) | (p >= 2**31)) // NPARAM)
+                name = [c for c in self.cmds if c[0] != "copy"][i][0]
+                self.params, self.cmds = [], []
+                raise ValueError(f"{name}: parameters {p[i].tolist()} do not fit int32")
             data = np.zeros((len(self.params), SLOT // 4), np.int32)
-            for i, p in enumerate(self.params):
-                data[i, :len(p)] = p
-            dev.queue.write_buffer(ub, 0, data)
+            data[:, :NPARAM] = p
+            self.k.device.queue.write_buffer(ub, 0, data)
+        return ub
+
+    def run(self, read=None):
+        """Submit everything; ``read`` = (buffer, nbytes) to read back: returns its bytes."""
+        from wgpu.backends.wgpu_native import ffi, lib
+
+        dev = self.k.device
+        wgpu = self.k.wgpu
+        ub = self._upload_params()
+        # The two calls made per dispatch go to wgpu-native directly: the
+        # wrapper's per-call error capture costs more than the call (the
+        # commands are validated again when the encoder finishes).
+        set_pipe, set_bg = lib.wgpuComputePassEncoderSetPipeline, lib.wgpuComputePassEncoderSetBindGroup
+        disp = lib.wgpuComputePassEncoderDispatchWorkgroups
+        off = ffi.new("uint32_t[1]")
         enc = dev.create_command_encoder()
         cp = last = None
+        n = 0
         pipes = {}
         for c in self.cmds:
             if c[0] == "copy":
@@ -131,16 +156,26 @@ class Recorder:
                 enc.copy_buffer_to_buffer(*c[1:])
                 continue
             name, bufs, slot, groups = c
+            if n == SUBMIT_EVERY:
+                if cp is not None:
+                    cp.end()
+                dev.queue.submit([enc.finish()])
+                enc = dev.create_command_encoder()
+                cp = last = None
+                n = 0
             if cp is None:
                 cp = enc.begin_compute_pass()
             if name not in pipes:
                 pipes[name] = self.k.pipeline(name)
             pipe, bgl = pipes[name]
-            if name != last:  # each native call costs tens of microseconds
-                cp.set_pipeline(pipe)
+            h = cp._internal
+            if name != last:
+                set_pipe(h, pipe._internal)
                 last = name
-            cp.set_bind_group(0, self.pool.bind_group(name, bgl, ub, bufs), [slot * SLOT])
-            cp.dispatch_workgroups(*groups)
+            off[0] = slot * SLOT
+            set_bg(h, 0, self.pool.bind_group(name, bgl, ub, bufs)._internal, 1, off)
+            disp(h, *groups)
+            n += 1
         if cp is not None:
             cp.end()
         staging = None
@@ -210,20 +245,22 @@ class BufferPool:
             self._staging = self.dev.create_buffer(size=size, usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
         return self._staging
 
-    def bind_group(self, name, bgl, ub, bufs):
-        key = (name, id(ub)) + tuple(id(b) for b in bufs)
+    def bind_group(self, name, bgl, ub, bufs: tuple):
+        """The bind group of kernel ``name``: the parameter buffer ``ub`` and
+        the storage buffers ``bufs``, made once (GPU objects hash by identity,
+        and the cache holds them, so a key is never reused by another)."""
+        key = (name, ub, bufs)
         hit = self._groups.get(key)
         if hit is None:
             entries = [{"binding": 0, "resource": {"buffer": ub, "offset": 0, "size": NPARAM * 4}}]
             entries += [{"binding": i + 1, "resource": {"buffer": b}} for i, b in enumerate(bufs)]
-            hit = (self.dev.create_bind_group(layout=bgl, entries=entries), ub, bufs)  # refs keep the ids unique
-            self._groups[key] = hit
-        return hit[0]
+            hit = self._groups[key] = self.dev.create_bind_group(layout=bgl, entries=entries)
+        return hit
 
     def forget(self, buffers) -> None:
         """Drop cached bind groups that use any of ``buffers`` (a State going away)."""
         ids = {id(b) for b in buffers}
-        self._groups = {k: v for k, v in self._groups.items() if not ids.intersection(k[2:])}
+        self._groups = {k: v for k, v in self._groups.items() if not ids.intersection(map(id, k[2]))}
 
 
 def run_one(kernels: Kernels, name: str, arrays: list, params, groups) -> list:
