@@ -32,6 +32,22 @@ def rms_norm(k, x, g, eps, in_frac):
     return run_one(k, "rms_norm", [x, np.asarray(g, np.int32), out], p, groups_rows(rows))[2].astype(np.int64)
 
 
+def rms_norm_quant16(k, x, g, eps, in_frac, in0=0, out0=0):
+    """rms_norm of rows x[in0:] then quant16 of each normed row, one dispatch: (y, q, e), rows out0.. of
+    the outputs."""
+    x = np.asarray(x, np.int32)
+    rows, n = x.shape
+    rows -= in0
+    kw = pack.words(n)
+    out = np.zeros((out0 + rows, n), np.int32)
+    act = np.zeros((out0 + rows, 2 * kw), np.uint32)
+    e = np.zeros(out0 + rows, np.int32)
+    p = [n, rows, in_frac, int(eps) & 0xFFFFFFFF, int(eps) >> 32, 0, 0, in0, out0, kw]
+    p = [v - (1 << 32) if v >= 1 << 31 else v for v in p]
+    res = run_one(k, "rms_norm_quant16", [x, np.asarray(g, np.int32), out, act, e], p, groups_rows(rows))
+    return res[2][out0:].astype(np.int64), pack.unpack_i16_act(res[3], n)[out0:], res[4][out0:].astype(np.int64)
+
+
 def linear(k, q, e, w, mant, shift, bias=None, w4=None):
     """ops.linear (int8 w [N, K]; or int4 w4 = (codes, gd, gm))."""
     q = np.asarray(q, np.int64)
@@ -56,27 +72,30 @@ def linear(k, q, e, w, mant, shift, bias=None, w4=None):
                    (-(-N // 64), T, 1))[5].astype(np.int64)
 
 
-def rope(k, x, cos, sin, pos0=0):
-    """ops.rope of x [T, nh, D] at positions pos0.. (cos, sin: the whole [ctx, D/2] tables)."""
-    x = np.asarray(x, np.int32)
+def rope(k, x, xk, cos, sin, pos0=0):
+    """ops.rope of q x [T, nh, D] and k xk [T, nkv, D] at positions pos0.. in one dispatch (cos,
+    sin: the whole [ctx, D/2] tables): (q, k) rotated."""
+    x, xk = np.asarray(x, np.int32), np.asarray(xk, np.int32)
     T, nh, D = x.shape
-    g = groups_flat(nh * D // 2)
-    out = run_one(k, "rope", [x.copy(), np.asarray(cos, np.int32), np.asarray(sin, np.int32)], [T, nh, D, pos0],
-                  (g[0], T, 1))[0]
-    return out.astype(np.int64)
+    nkv = xk.shape[1]
+    g = groups_flat((nh + nkv) * D // 2)
+    res = run_one(k, "rope", [x.copy(), np.asarray(cos, np.int32), np.asarray(sin, np.int32), xk.copy()],
+                  [T, nh, D, pos0, 0, nkv], (g[0], T, 1))
+    return res[0].astype(np.int64).reshape(x.shape), res[3].astype(np.int64).reshape(xk.shape)
 
 
-def quant8_rows(k, x):
-    """ops.quant8_row of x [T, nkv, D] stored at positions 0..T-1 of a fresh
-    cache (K side): (q [T, nkv, D], a [T, nkv])."""
-    x = np.asarray(x, np.int32)
-    T, nkv, D = x.shape
+def quant8_rows(k, xk, xv):
+    """ops.quant8_row of K rows xk and V rows xv [T, nkv, D], stored at
+    positions 0..T-1 of a fresh cache in one dispatch: ((qk, ak), (qv, av)),
+    q [T, nkv, D], a [T, nkv]."""
+    xk, xv = np.asarray(xk, np.int32), np.asarray(xv, np.int32)
+    T, nkv, D = xk.shape
     dw = pack.words(D)
     kv = np.zeros((2, T, nkv, dw), np.uint32)
     sc = np.zeros((2, T, nkv), np.int32)
-    _, kv, sc = run_one(k, "kv_store", [x.reshape(T, nkv * D), kv, sc], [D, dw, nkv, T, 0, 0, T * nkv],
-                        groups_rows(T * nkv))
-    return pack.unpack_i8_rows(kv[0], D), sc[0].astype(np.int64)
+    _, kv, sc, _ = run_one(k, "kv_store", [xk.reshape(T, nkv * D), kv, sc, xv.reshape(T, nkv * D)],
+                           [D, dw, nkv, T, 0, 0, T * nkv], groups_rows(2 * T * nkv))
+    return [(pack.unpack_i8_rows(kv[w], D), sc[w].astype(np.int64)) for w in (0, 1)]
 
 
 def attention(k, q, e_q, kc, ka, vc, va, pos, score_mant, score_shift, window=0, score_softcap=None):

@@ -63,6 +63,20 @@ def test_rms_norm(k, n, in_frac):
         assert np.array_equal(got, C.rms_norm(x, g, eps, in_frac))
 
 
+@pytest.mark.parametrize("n", [48, 200])
+def test_rms_norm_quant16(k, n):
+    """The fused pre-norm: the rows rms_norm gives and their quant16, from rows in0.. into rows out0..."""
+    rng = rng_for(n, 3)
+    x = wide(rng, (7, n), 31).clip(-(2**31 - 1), 2**31 - 1)
+    x[2] = 0
+    g = rng.integers(-(2**14), 2**14, size=n).astype(np.int16)
+    for eps, in0, out0 in ((0, 0, 0), (96, 2, 3), ((1 << 62) - 1, 1, 0)):
+        y, q, e = G.rms_norm_quant16(k, x, g, eps, 16, in0, out0)
+        want = ops.rms_norm(x[in0:], g.astype(np.int64), eps, 16)
+        wq, we = intmath.quant16(want)
+        assert np.array_equal(y, want) and np.array_equal(q, wq) and np.array_equal(e, we), (eps, in0, out0)
+
+
 @pytest.mark.parametrize("K", [72, 136, 300, 2048])
 def test_linear_int8(k, K):
     rng = rng_for(K)
@@ -104,28 +118,34 @@ def test_linear_int4(k, K):
 
 
 def test_rope(k):
+    """q's heads and k's (another head count) rotated in one dispatch, each as the spec's rope."""
     rng = rng_for(7)
-    T, nh, D, ctx = 4, 3, 48, 40
+    T, nh, nkv, D, ctx = 4, 3, 2, 48, 40
     x = wide(rng, (T, nh, D), 31).clip(-(2**31 - 1), 2**31 - 1)
+    xk = wide(rng, (T, nkv, D), 31).clip(-(2**31 - 1), 2**31 - 1)
     cos = rng.integers(-(2**14), 2**14 + 1, size=(ctx, D // 2)).astype(np.int16)
     sin = rng.integers(-(2**14), 2**14 + 1, size=(ctx, D // 2)).astype(np.int16)
     pos0 = 11
-    got = G.rope(k, x, cos, sin, pos0)
-    want = ops.rope(x, cos[pos0:pos0 + T], sin[pos0:pos0 + T])
-    assert np.array_equal(got, want)
-    assert np.array_equal(got, C.rope(x, cos[pos0:pos0 + T], sin[pos0:pos0 + T]))
+    got, got_k = G.rope(k, x, xk, cos, sin, pos0)
+    for inp, out in ((x, got), (xk, got_k)):
+        want = ops.rope(inp, cos[pos0:pos0 + T], sin[pos0:pos0 + T])
+        assert np.array_equal(out, want)
+        assert np.array_equal(out, C.rope(inp, cos[pos0:pos0 + T], sin[pos0:pos0 + T]))
 
 
 def test_quant8_row(k):
+    """K rows and V rows quantized into the cache in one dispatch, each as quant8_row."""
     rng = rng_for(8)
     x = wide(rng, (6, 2, 48), 31).clip(-(2**31 - 1), 2**31 - 1)
     x[0, 0] = 0
     x[1, 1, :] = 2**31 - 1
-    q, a = G.quant8_rows(k, x)
-    wq, wa = intmath.quant8_row(x)
-    assert np.array_equal(q, wq) and np.array_equal(a, wa)
-    cq, ca = C.quant8_row(x.reshape(-1, 48))
-    assert np.array_equal(q.reshape(-1, 48), cq) and np.array_equal(a.ravel(), ca.ravel())
+    xv = wide(rng, (6, 2, 48), 20)
+    xv[2, 0] = 0
+    for inp, (q, a) in zip((x, xv), G.quant8_rows(k, x, xv)):
+        wq, wa = intmath.quant8_row(inp)
+        assert np.array_equal(q, wq) and np.array_equal(a, wa)
+        cq, ca = C.quant8_row(inp.reshape(-1, 48))
+        assert np.array_equal(q.reshape(-1, 48), cq) and np.array_equal(a.ravel(), ca.ravel())
 
 
 @pytest.mark.parametrize("window,T,P,softcapped", [(0, 1, 1, False), (0, 5, 37, False), (7, 4, 30, False),

@@ -354,8 +354,7 @@ def _record(m: Model, rec: Recorder, b: _Step, pieces: list, tok_buf, logits, ba
         post = "post_attention_norm" in blk["norms"]
         pre = "attn_norm" in blk["norms"]
         if pre:
-            _norm(m, rec, b.x, p + "attn_norm", b.h, T, H, m.eps_h, m.R)
-            _quant16(rec, "quant16_i32", b.h, b.act, b.ex, T, H)
+            _norm_quant16(m, rec, b, p + "attn_norm", T)
         else:
             _quant16(rec, "quant16_i32", b.x, b.act, b.ex, T, H)
         _linear(m, rec, p + "attn_q", b.act, b.ex, b.q, T)
@@ -372,14 +371,12 @@ def _record(m: Model, rec: Recorder, b: _Step, pieces: list, tok_buf, logits, ba
             q, k = b.qn, b.kn
         for pc in pieces:
             st = pc.state
-            if blk["rope"] != "none":
+            if blk["rope"] != "none":  # q's heads and k's in one dispatch
                 cos, sin = m.rope[blk["rope"]]
-                rec.dispatch("rope", [q, cos, sin], [pc.T, nh, D, pc.pos0, pc.row0], (groups_flat(nh * D // 2)[0], pc.T, 1))
-                rec.dispatch("rope", [k, cos, sin], [pc.T, nkv, D, pc.pos0, pc.row0],
-                             (groups_flat(nkv * D // 2)[0], pc.T, 1))
-            for which, src in ((0, k), (1, b.v)):
-                rec.dispatch("kv_store", [src, st.kv[i], st.sc[i]],
-                             [D, dw, nkv, st.max_len, pc.pos0, which, pc.T * nkv, pc.row0 * nkv], groups_rows(pc.T * nkv))
+                rec.dispatch("rope", [q, cos, sin, k], [pc.T, nh, D, pc.pos0, pc.row0, nkv],
+                             (groups_flat((nh + nkv) * D // 2)[0], pc.T, 1))
+            rec.dispatch("kv_store", [k, st.kv[i], st.sc[i], b.v],  # K rows then V rows
+                         [D, dw, nkv, st.max_len, pc.pos0, 0, pc.T * nkv, pc.row0 * nkv], groups_rows(2 * pc.T * nkv))
         _quant16(rec, "quant16_i32", q, b.act, b.ex, T * nh, D)
         capped = bool(blk.get("attn_softcap"))
         cap = [m.scalar[p + f"attn_softcap.{c}"] for c in ("cap", "inv_mant", "inv_shift")] if capped else [0, 0, 0]
@@ -392,8 +389,7 @@ def _record(m: Model, rec: Recorder, b: _Step, pieces: list, tok_buf, logits, ba
         _quant16(rec, "quant16_i64", b.o, b.act, b.ex, T, nh * D)
         _residual(m, rec, b, p + "attn_output", p + "post_attention_norm" if post else None, T)
         if pre:
-            _norm(m, rec, b.x, p + "ffn_norm", b.h, T, H, m.eps_h, m.R)
-            _quant16(rec, "quant16_i32", b.h, b.act, b.ex, T, H)
+            _norm_quant16(m, rec, b, p + "ffn_norm", T)
         else:
             _quant16(rec, "quant16_i32", b.x, b.act, b.ex, T, H)
         if "moe" in blk:
@@ -409,10 +405,9 @@ def _record(m: Model, rec: Recorder, b: _Step, pieces: list, tok_buf, logits, ba
     if not kept:
         return
     nk = 0
-    for pc in kept:  # the kept rows, gathered into rows 0.. of h
-        _norm(m, rec, b.x, "output_norm", b.h, pc.keep, H, m.eps_h, m.R, in0=pc.row0 + pc.T - pc.keep, out0=nk)
+    for pc in kept:  # the kept rows, gathered into rows 0.. of h (and of act)
+        _norm_quant16(m, rec, b, "output_norm", pc.keep, in0=pc.row0 + pc.T - pc.keep, out0=nk)
         nk += pc.keep
-    _quant16(rec, "quant16_i32", b.h, b.act, b.ex, nk, H)
     row = kept[0].out_row - base
     _linear(m, rec, "output", b.act, b.ex, logits, nk, out0=row)
     if m.cfg.get("final_logit_softcap"):
@@ -423,6 +418,14 @@ def _record(m: Model, rec: Recorder, b: _Step, pieces: list, tok_buf, logits, ba
 def _norm(m, rec, src, name, dst, rows, n, eps, in_frac, mode=0, shift=0, in0=0, out0=0):
     rec.dispatch("rms_norm", [src, m.g[name], dst], [n, rows, in_frac, *_lo_hi(eps), mode, shift, in0, out0],
                  groups_rows(rows))
+
+
+def _norm_quant16(m, rec, b, name, rows, in0=0, out0=0):
+    """RMSNorm of the residual rows b.x[in0..] (gamma ``name``) into b.h[out0..] and their quant16
+    into b.act / b.ex rows out0.., one dispatch (the pre-norms and output_norm)."""
+    H = m.H
+    rec.dispatch("rms_norm_quant16", [b.x, m.g[name], b.h, b.act, b.ex],
+                 [H, rows, m.R, *_lo_hi(m.eps_h), 0, 0, in0, out0, pack.words(H)], groups_rows(rows))
 
 
 def _quant16(rec, kind, src, act, ex, rows, n):
