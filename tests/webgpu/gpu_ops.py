@@ -72,6 +72,22 @@ def linear(k, q, e, w, mant, shift, bias=None, w4=None):
                    (-(-N // 64), T, 1))[5].astype(np.int64)
 
 
+def linear_segments(k, q, e, parts):
+    """Two or three int8 linears of one input (parts: (w [N_i, K], mant, shift, bias or None)) in
+    one dispatch of linear8 ``segments``: each one's [T, N_i] output."""
+    q = np.asarray(q, np.int64)
+    T, K = q.shape
+    Ns = [len(m) for _, m, _, _ in parts] + [0] * (3 - len(parts))
+    chan = np.concatenate([np.stack([np.asarray(w, np.int64).sum(1), m, s, np.zeros(len(m)) if b is None else b])
+                           for w, m, s, b in parts], axis=1).astype(np.int32)
+    w = pack.pack_i8_rows(np.concatenate([np.asarray(w, np.int8) for w, _, _, _ in parts]))
+    outs = [np.zeros((T, max(n, 1)), np.int32) for n in Ns]
+    p = [sum(Ns), pack.words(K), T, 0, int(any(b is not None for *_, b in parts)), 0, 0, 0, 0, -1, 0, Ns[0], Ns[1]]
+    res = run_one(k, "linear8_segments", [pack.pack_i16_act(q), np.asarray(e, np.int32), w, chan, outs[0],
+                                          np.zeros(1, np.int32), outs[1], outs[2]], p, (-(-sum(Ns) // 64), T, 1))
+    return [res[i].astype(np.int64) for i in (4, 6, 7)][:len(parts)]
+
+
 def rope(k, x, xk, cos, sin, pos0=0):
     """ops.rope of q x [T, nh, D] and k xk [T, nkv, D] at positions pos0.. in one dispatch (cos,
     sin: the whole [ctx, D/2] tables): (q, k) rotated."""

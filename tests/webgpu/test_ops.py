@@ -97,6 +97,25 @@ def test_linear_int8(k, K):
     assert np.array_equal(G.linear(k, q, e, w, mant, shift, bias), ops.linear(q, e, w, mant, shift, bias))
 
 
+@pytest.mark.parametrize("nparts", [2, 3])
+def test_linear_int8_segments(k, nparts):
+    """q, k, v (or gate, up) as one matrix in one dispatch, a bias on one of them: each output
+    is its own linear's."""
+    rng = rng_for(nparts, 8)
+    T, K = 3, 136
+    q = rng.integers(-32767, 32768, size=(T, K))
+    e = rng.integers(0, 20, size=T)
+    parts = []
+    for i, N in enumerate((37, 8, 21)[:nparts]):
+        w = rng.integers(-127, 128, size=(N, K)).astype(np.int8)
+        mant = rng.integers(1, 2**15 + 1, size=N).astype(np.int32)
+        shift = rng.integers(10, 50, size=N).astype(np.int32)
+        bias = rng.integers(-(2**31) + 1, 2**31, size=N).astype(np.int32) if i == 1 else None
+        parts.append((w, mant, shift, bias))
+    for got, (w, mant, shift, bias) in zip(G.linear_segments(k, q, e, parts), parts):
+        assert np.array_equal(got, ops.linear(q, e, w, mant, shift, bias))
+
+
 @pytest.mark.parametrize("K", [32, 96, 2080])
 def test_linear_int4(k, K):
     rng = rng_for(K, 4)

@@ -90,10 +90,20 @@ class Model:
                 self.g[name[:-2]] = up(_i32(a), name)
         self.lin = {}
         F = E = 0
+        self.seg = {}  # "blk.i.attn_qkv" / "blk.i.ffn_gate_up": the int8 linears of one input as one matrix
         for i, blk in enumerate(cfg["layers"]):
             dense = ("ffn_gate", "ffn_up", "ffn_down") if "moe" not in blk else ("ffn_gate_inp",)
             for ln in ("attn_q", "attn_k", "attn_v", "attn_output") + dense:
-                self.lin[f"blk.{i}.{ln}"] = self._linear(t, f"blk.{i}.{ln}")
+                self.lin[f"blk.{i}.{ln}"] = None
+            for key, parts in (("attn_qkv", ("attn_q", "attn_k", "attn_v")),
+                               ("ffn_gate_up", ("ffn_gate", "ffn_up") if "moe" not in blk else ())):
+                names = [f"blk.{i}.{ln}" for ln in parts]
+                if names and all(n + ".q" in t for n in names):
+                    self.seg[f"blk.{i}.{key}"] = self._segments(t, names)
+                    for n, N in zip(names, self.seg[f"blk.{i}.{key}"][1]):
+                        self.lin[n] = ("seg", N)
+            for name in [n for n, v in self.lin.items() if v is None]:
+                self.lin[name] = self._linear(t, name)
             if "moe" in blk:
                 for ln in ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"):
                     self.lin[f"blk.{i}.{ln}"] = self._linear(t, f"blk.{i}.{ln}")
@@ -111,6 +121,22 @@ class Model:
                        if name.endswith(("attn_score.mant", "attn_score.shift", ".cap", ".inv_mant", ".inv_shift"))
                        or (name.endswith("norm.shift"))}
         self.kw_max = max(pack.words(self.H), pack.words(self.nh * self.D), pack.words(F))
+
+    def _segments(self, t, names):
+        """("seg", (N of each), K, weights, channel constants [4, sum N], has bias) of the int8
+        linears ``names`` of one input as one matrix (linear8.wgsl ``segments``): their rows
+        and channel constants one after another; a bias of zeros where one has none."""
+        ws = [np.asarray(t[n + ".q"]) for n in names]
+        chans = []
+        for n, w in zip(names, ws):
+            b = t.get(n + ".bias")
+            chans.append(np.stack([w.astype(np.int64).sum(1), np.asarray(t[n + ".mant"], np.int64),
+                                   np.asarray(t[n + ".shift"], np.int64),
+                                   np.zeros(w.shape[0], np.int64) if b is None else np.asarray(b, np.int64)]))
+        key = names[0].rsplit(".", 1)[0] + ".segments"
+        up = self.pool.storage
+        return ("seg", tuple(w.shape[0] for w in ws), ws[0].shape[1], up(pack.pack_i8_rows(np.concatenate(ws)), key),
+                up(_i32(np.concatenate(chans, axis=1)), key + ".chan"), any(n + ".bias" in t for n in names))
 
     def _linear(self, t, name):
         """(kind, N, K, weights, channel constants, groups, has bias) of linear
@@ -206,6 +232,7 @@ class _Step:
         self.up = s("up", rows * F * 4)
         self.scr = s("scores", rows * m.nh * span * 4)
         self.nomask = s("nomask", 16)
+        self.noout = s("noout", 16)  # the third output of a two-part segments dispatch
         if m.E:
             self.z = s("router", rows * m.E * 4)
             self.wexp = s("expert_weights", rows * m.E * 4)
@@ -357,9 +384,12 @@ def _record(m: Model, rec: Recorder, b: _Step, pieces: list, tok_buf, logits, ba
             _norm_quant16(m, rec, b, p + "attn_norm", T)
         else:
             _quant16(rec, "quant16_i32", b.x, b.act, b.ex, T, H)
-        _linear(m, rec, p + "attn_q", b.act, b.ex, b.q, T)
-        _linear(m, rec, p + "attn_k", b.act, b.ex, b.k, T)
-        _linear(m, rec, p + "attn_v", b.act, b.ex, b.v, T)
+        if p + "attn_qkv" in m.seg:
+            _segments(m, rec, b, p + "attn_qkv", [b.q, b.k, b.v], T)
+        else:
+            _linear(m, rec, p + "attn_q", b.act, b.ex, b.q, T)
+            _linear(m, rec, p + "attn_k", b.act, b.ex, b.k, T)
+            _linear(m, rec, p + "attn_v", b.act, b.ex, b.v, T)
         q, k = b.q, b.k
         if blk["qk_norm"] and blk.get("qk_norm_span") == "projection":
             _norm(m, rec, b.q, p + "attn_q_norm", b.qn, T, nh * D, m.eps_q, 16)
@@ -395,8 +425,11 @@ def _record(m: Model, rec: Recorder, b: _Step, pieces: list, tok_buf, logits, ba
         if "moe" in blk:
             _moe(m, rec, b, p, blk["moe"], T)
             continue
-        _linear(m, rec, p + "ffn_gate", b.act, b.ex, b.gate, T)
-        _linear(m, rec, p + "ffn_up", b.act, b.ex, b.up, T)
+        if p + "ffn_gate_up" in m.seg:
+            _segments(m, rec, b, p + "ffn_gate_up", [b.gate, b.up, b.noout], T)
+        else:
+            _linear(m, rec, p + "ffn_gate", b.act, b.ex, b.gate, T)
+            _linear(m, rec, p + "ffn_up", b.act, b.ex, b.up, T)
         F = m.lin[p + "ffn_gate"][1]
         rec.dispatch("glu", [b.gate, b.up, b.o], [T * F, int(blk["activation"] == "gelu_tanh")], groups_flat(T * F))
         _quant16(rec, "quant16_i64", b.o, b.act, b.ex, T, F)
@@ -451,6 +484,15 @@ def _linear(m, rec, name, act, ex, dst, rows, mode=0, out0=0, expert=-1, mask=No
         rec.dispatch("linear4", [act, ex, w, grp, chan, dst, mask_buf],
                      [N, G, rows, mode, int(has_bias), 0, out0, e * N * G * 4, e * 3 * N] + tail + [e * N * G * 2],
                      _groups_linear(N, rows))
+
+
+def _segments(m, rec, b, key, outs, rows):
+    """The linears of m.seg[key] on rows of b.act / b.ex, each into its own buffer of ``outs``."""
+    _, Ns, K, w, chan, has_bias = m.seg[key]
+    Ns = tuple(Ns) + (0,) * (3 - len(Ns))
+    rec.dispatch("linear8_segments", [b.act, b.ex, w, chan, outs[0], b.nomask, outs[1], outs[2]],
+                 [sum(Ns), pack.words(K), rows, 0, int(has_bias), 0, 0, 0, 0, -1, 0, Ns[0], Ns[1]],
+                 _groups_linear(sum(Ns), rows))
 
 
 def _groups_linear(N: int, rows: int) -> tuple:

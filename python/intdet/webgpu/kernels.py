@@ -28,6 +28,7 @@ KERNELS = {
     "quant16_i32": ("quant16", 3, {"XTYPE": "i32", "LOAD(": "i64_from_i32("}),
     "quant16_i64": ("quant16", 3, {"XTYPE": "I64P", "LOAD(": "("}),
     "linear8": ("linear8", 6, {}),
+    "linear8_segments": ("linear8", 8, {}, "segments"),
     "linear4": ("linear4", 7, {}),
     "rope": ("rope", 4, {}),
     "kv_store": ("kv_store", 4, {}),
