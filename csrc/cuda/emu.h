@@ -12,7 +12,7 @@
 // blocks never overlap). __CUDA_ARCH__ is defined for the kernel files so
 // intmath.h takes its device paths (division by a reciprocal, __clzll).
 //
-// The runtime API part covers engine.cpp: plain host memory for device
+// The runtime API part covers the engine (engine_*.cpp): plain host memory for device
 // memory, synchronous "streams", and graph capture as a recorded list of
 // launches replayed by cudaGraphLaunch.
 #pragma once
@@ -405,7 +405,7 @@ inline cudaError_t cudaFree(void* p) {
 }
 inline cudaError_t cudaFreeHost(void* p) { return cudaFree(p); }
 inline cudaError_t cudaMemcpy(void* d, const void* s, size_t n, cudaMemcpyKind) {
-  if (emu::g_capturing) return cudaErrorInvalidValue;  // engine.cpp copies outside captures
+  if (emu::g_capturing) return cudaErrorInvalidValue;  // the engine copies outside captures
   if (n) std::memmove(d, s, n);
   return cudaSuccess;
 }
@@ -439,7 +439,7 @@ inline cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t a, cudaEvent_t b)
   return cudaSuccess;
 }
 inline cudaError_t cudaMemsetAsync(void* d, int v, size_t n, cudaStream_t) {
-  if (emu::g_capturing) return cudaErrorInvalidValue;  // engine.cpp zeroes buffers outside captures
+  if (emu::g_capturing) return cudaErrorInvalidValue;  // the engine zeroes buffers outside captures
   return cudaMemset(d, v, n);
 }
 inline cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned) {

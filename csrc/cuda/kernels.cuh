@@ -1,5 +1,5 @@
 // Launchers of the CUDA kernels (csrc/cuda/kernels_*.cu). Host-side header:
-// plain C++ plus cuda_runtime.h, included by engine.cpp and the tests' op
+// plain C++ plus cuda_runtime.h, included by the engine (engine_*.cpp) and the tests' op
 // bindings. Every kernel computes exactly what the scalar C++ reference
 // (csrc/cpu/ops_generic.cpp, csrc/model/forward.cpp) computes, bit for bit;
 // docs/cuda.md explains why each parallel decomposition keeps that.

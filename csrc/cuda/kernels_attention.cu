@@ -46,7 +46,6 @@ namespace {
 // chunk <= kPvBlock = 512 products (512 * 32767 * 127 < 2^31), so the chunk's
 // int32 sums are exact before they go into int64.
 
-constexpr int kAttnThreads = 128;
 constexpr int kMaxGroupDim = 4096;  // grp * D: the group's int16 queries in shared memory
 constexpr int kMaxGroup = 16;
 
@@ -578,7 +577,7 @@ void launch_attention(const int32_t* q, int row0, int nrows, int nh, int nkv, in
     const int P = kAmRows / grp;  // rows per tile (grp <= kMaxGroup = kAmRows; host-side division)
     const unsigned tiles = (unsigned)((nrows + P - 1) / P);
     if (nrows > sc.rows) throw std::invalid_argument("attention: scratch too small");
-    INTDET_LAUNCH(attn_mma_kernel, dim3(tiles, (unsigned)nkv), kAttnThreads, 0, st, q, row0, nrows, nh, nkv, grp, P, D,
+    INTDET_LAUNCH_AT(attn_mma_kernel, shape_attn_mma(tiles, nkv), st, q, row0, nrows, nh, nkv, grp, P, D,
                   layer, seq, pos, kvs, score_mant, score_shift, sc.scores, sc.sstride, out, window, cap);
     check_launch("attention (tensor cores)");
     const int64_t HD = (int64_t)nh * D;
@@ -590,12 +589,12 @@ void launch_attention(const int32_t* q, int row0, int nrows, int nh, int nkv, in
   if (chunk > kPvBlock) throw std::invalid_argument("attention: chunk over 512 positions");
   const int64_t nsplit = (sc.sstride + chunk - 1) / chunk;
   if (nrows > sc.rows || nsplit > sc.max_splits) throw std::invalid_argument("attention: scratch too small");
-  const dim3 grid((unsigned)nsplit, (unsigned)nkv, (unsigned)nrows);
-  INTDET_LAUNCH(attn_scores_kernel, grid, kAttnThreads, 0, st, q, row0, nh, nkv, grp, D, layer, seq, pos, kvs,
+  const LaunchShape grid = shape_attn_split(nsplit, nkv, nrows);
+  INTDET_LAUNCH_AT(attn_scores_kernel, grid, st, q, row0, nh, nkv, grp, D, layer, seq, pos, kvs,
                 score_mant, score_shift, sc.scores, sc.sstride, sc.zpart, chunk, sc.counters, sc.shifts, window,
                 rope, cap);
   check_launch("attention (scores)");
-  INTDET_LAUNCH(attn_pv_kernel, grid, kAttnThreads, 0, st, row0, nh, nkv, grp, D, layer, seq, pos, kvs, sc.scores,
+  INTDET_LAUNCH_AT(attn_pv_kernel, grid, st, row0, nh, nkv, grp, D, layer, seq, pos, kvs, sc.scores,
                 sc.sstride, sc.shifts, chunk, sc.oacc, sc.counters + (int64_t)nrows * nkv, out, act, act_e, window);
   check_launch("attention (P.V)");
 }

@@ -188,9 +188,9 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
 // Prefill GEMM: 64 rows x 64 channels per block of 256 threads, K in tiles of
 // 32; each thread owns a 4 x 4 micro-tile (rows ty + 16 r, channels tx + 16 c).
 // int32 partials over 8 tiles (256 products), then int64.
-constexpr int kTileM = 64, kTileN = 64, kTileK = 32, kTilesPerPart = 8;
+constexpr int kTileK = 32, kTilesPerPart = 8;  // kTileM x kTileN: launch_shapes.cuh
 
-__global__ void __launch_bounds__(256)
+__global__ void __launch_bounds__(kTileThreads)
     gemm_kernel(const int16_t* __restrict__ q, const int32_t* __restrict__ e, int T, int K,
                 const int8_t* __restrict__ w, const int32_t* __restrict__ mant, const int32_t* __restrict__ shift,
                 const int32_t* __restrict__ bias, int N, int32_t* __restrict__ out, int64_t ldo, int residual,
@@ -289,7 +289,7 @@ __global__ void __launch_bounds__(256)
 // K tiles of 64 in shared memory (hi, lo and w bytes, rows of 80 bytes so the
 // fragment reads of a warp hit 32 different banks). The fragment layout is
 // the PTX ISA's for m16n8k32 .s8/.u8 (emu.h emulates it lane by lane).
-constexpr int kMmaM = 64, kMmaN = 64, kMmaK = 64, kMmaThreads = 128, kMmaRow = kMmaK + 16;
+constexpr int kMmaK = 64, kMmaRow = kMmaK + 16;  // kMmaM, kMmaN, kMmaThreads: launch_shapes.cuh
 constexpr int64_t kMmaFlushK = 32768;
 
 __global__ void __launch_bounds__(kMmaThreads)
@@ -446,7 +446,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
 // shared memory, so the inner loop is gemm_kernel's __dp2a loop; per group
 // each thread also sums its rows' activations (Q) and folds gd * S + gm * Q
 // into int64.
-__global__ void __launch_bounds__(256)
+__global__ void __launch_bounds__(kTileThreads)
     gemm_w4_kernel(const int16_t* __restrict__ q, const int32_t* __restrict__ e, int T, int K,
                    const uint8_t* __restrict__ w4, const int16_t* __restrict__ gd, const int16_t* __restrict__ gm,
                    const int32_t* __restrict__ mant, const int32_t* __restrict__ shift,
@@ -570,17 +570,16 @@ void launch_gemv(const int16_t* q, const int32_t* e, int T, int K, GemvSegs segs
   }
   if (segs.glu) gx = segs.s[0].blocks;
   if (gx > 0x7fffffff) throw std::invalid_argument("linear (GEMV): too many channels");
-  const int threads = kGemvWarps * 32;
   if (T == 1) {
-    INTDET_LAUNCH(gemv_kernel<1>, dim3((unsigned)gx, 1), threads, smem, st, q, e, T, K, segs, residual, vec, wlg, cpw, na);
+    INTDET_LAUNCH_AT(gemv_kernel<1>, shape_gemv(gx, 1, smem), st, q, e, T, K, segs, residual, vec, wlg, cpw, na);
   } else if (T <= 2) {
-    INTDET_LAUNCH(gemv_kernel<2>, dim3((unsigned)gx, 1), threads, smem, st, q, e, T, K, segs, residual, vec, wlg, cpw, na);
+    INTDET_LAUNCH_AT(gemv_kernel<2>, shape_gemv(gx, 1, smem), st, q, e, T, K, segs, residual, vec, wlg, cpw, na);
   } else if (T <= 4) {
-    INTDET_LAUNCH(gemv_kernel<4>, dim3((unsigned)gx, 1), threads, smem, st, q, e, T, K, segs, residual, vec, wlg, cpw, na);
+    INTDET_LAUNCH_AT(gemv_kernel<4>, shape_gemv(gx, 1, smem), st, q, e, T, K, segs, residual, vec, wlg, cpw, na);
   } else {
     const unsigned gy = (unsigned)((T + 7) / 8);
     if (gy > 65535) throw std::invalid_argument("linear (GEMV): too many rows");
-    INTDET_LAUNCH(gemv_kernel<8>, dim3((unsigned)gx, gy), threads, smem, st, q, e, T, K, segs, residual, vec, wlg, cpw, na);
+    INTDET_LAUNCH_AT(gemv_kernel<8>, shape_gemv(gx, gy, smem), st, q, e, T, K, segs, residual, vec, wlg, cpw, na);
   }
   check_launch("linear (GEMV)");
 }
@@ -598,14 +597,12 @@ void launch_linear(const int16_t* q, const int32_t* e, int T, int K, const int8_
     launch_gemv(q, e, T, K, segs, residual, st, NormAfter{});
     return;
   } else if (path == kLinearGemm) {
-    const unsigned gy = (unsigned)((T + kMmaM - 1) / kMmaM);
-    if (gy > 65535) throw std::invalid_argument("linear (GEMM): too many rows");
-    INTDET_LAUNCH(mma_gemm_kernel, dim3((unsigned)((N + kMmaN - 1) / kMmaN), gy), kMmaThreads, 0, st, q, e, T, K, w,
+    if (gemm_mma_rows(T) > 65535) throw std::invalid_argument("linear (GEMM): too many rows");
+    INTDET_LAUNCH_AT(mma_gemm_kernel, shape_gemm_mma(N, T), st, q, e, T, K, w,
                   mant, shift, bias, N, out, ldo, residual, vec);
   } else {
-    const unsigned gy = (unsigned)((T + kTileM - 1) / kTileM);
-    if (gy > 65535) throw std::invalid_argument("linear (GEMM): too many rows");
-    INTDET_LAUNCH(gemm_kernel, dim3((unsigned)((N + kTileN - 1) / kTileN), gy), 256, 0, st, q, e, T, K, w, mant, shift, bias,
+    if (gemm_tile_rows(T) > 65535) throw std::invalid_argument("linear (GEMM): too many rows");
+    INTDET_LAUNCH_AT(gemm_kernel, shape_gemm_tile(N, T), st, q, e, T, K, w, mant, shift, bias,
                                                                                  N, out, ldo, residual, vec);
   }
   check_launch("linear");
@@ -618,23 +615,20 @@ void launch_linear_w4(const int16_t* q, const int32_t* e, int T, int K, const ui
   if (K <= 0 || K % 32) throw std::invalid_argument("linear (int4): input size must be a positive multiple of 32");
   if (path == kLinearAuto) path = T <= kGemvMaxRows ? kLinearGemv : kLinearGemm;
   if (path == kLinearGemv) {
-    const unsigned gx = (unsigned)((N + kGemvWarps - 1) / kGemvWarps);
-    const int threads = kGemvWarps * 32;
     if (T == 1) {
-      INTDET_LAUNCH(gemv_w4_kernel<1>, dim3(gx, 1), threads, 0, st, q, e, T, K, w4, gd, gm, mant, shift, bias, N, out, ldo, residual);
+      INTDET_LAUNCH_AT(gemv_w4_kernel<1>, shape_gemv_w4(N, 1), st, q, e, T, K, w4, gd, gm, mant, shift, bias, N, out, ldo, residual);
     } else if (T <= 2) {
-      INTDET_LAUNCH(gemv_w4_kernel<2>, dim3(gx, 1), threads, 0, st, q, e, T, K, w4, gd, gm, mant, shift, bias, N, out, ldo, residual);
+      INTDET_LAUNCH_AT(gemv_w4_kernel<2>, shape_gemv_w4(N, 1), st, q, e, T, K, w4, gd, gm, mant, shift, bias, N, out, ldo, residual);
     } else if (T <= 4) {
-      INTDET_LAUNCH(gemv_w4_kernel<4>, dim3(gx, 1), threads, 0, st, q, e, T, K, w4, gd, gm, mant, shift, bias, N, out, ldo, residual);
+      INTDET_LAUNCH_AT(gemv_w4_kernel<4>, shape_gemv_w4(N, 1), st, q, e, T, K, w4, gd, gm, mant, shift, bias, N, out, ldo, residual);
     } else {
       const unsigned gy = (unsigned)((T + 7) / 8);
       if (gy > 65535) throw std::invalid_argument("linear (int4 GEMV): too many rows");
-      INTDET_LAUNCH(gemv_w4_kernel<8>, dim3(gx, gy), threads, 0, st, q, e, T, K, w4, gd, gm, mant, shift, bias, N, out, ldo, residual);
+      INTDET_LAUNCH_AT(gemv_w4_kernel<8>, shape_gemv_w4(N, gy), st, q, e, T, K, w4, gd, gm, mant, shift, bias, N, out, ldo, residual);
     }
   } else {
-    const unsigned gy = (unsigned)((T + kTileM - 1) / kTileM);
-    if (gy > 65535) throw std::invalid_argument("linear (int4 GEMM): too many rows");
-    INTDET_LAUNCH(gemm_w4_kernel, dim3((unsigned)((N + kTileN - 1) / kTileN), gy), 256, 0, st, q, e, T, K, w4, gd, gm,
+    if (gemm_tile_rows(T) > 65535) throw std::invalid_argument("linear (int4 GEMM): too many rows");
+    INTDET_LAUNCH_AT(gemm_w4_kernel, shape_gemm_tile(N, T), st, q, e, T, K, w4, gd, gm,
                   mant, shift, bias, N, out, ldo, residual);
   }
   check_launch("linear (int4)");

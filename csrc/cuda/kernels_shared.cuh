@@ -10,6 +10,7 @@
 #pragma once
 
 #include "kernels.cuh"  // first: cuda_runtime.h, or the host emulator (emu.h)
+#include "launch_shapes.cuh"  // block sizes and grids of every kernel
 
 #include <cstdint>
 
@@ -144,7 +145,6 @@ __device__ int quant16_block(const T* y, int n, int16_t* q, int64_t* red) {
 
 // ---------------------------------------------------------------- q/k norm + RoPE (norm_rope, attention)
 
-constexpr int kHeadThreads = 128;
 constexpr int kMaxHeadDim = 256;
 
 // Per-head RMSNorm (g not null: Qwen3's q/k norm) then split-half RoPE at
@@ -238,8 +238,6 @@ __device__ __forceinline__ int32_t dot16(const int4 a0, const int4 a1, const int
   return p;
 }
 
-constexpr int kGemvWarps = 4;
-
 // ---------------------------------------------------------------- mma.sync (linear, attention)
 
 // D += A B for one m16n8k32 tile: A s8 (kUnsigned false: the high bytes of
@@ -294,14 +292,6 @@ __device__ __forceinline__ int64_t group_dot_w4(const int16_t* a, const int4 u0,
   const int32_t s = dot16(a0, a1, u0) + dot16(a2, a3, u1);
   const int32_t sq = dot16(a0, a1, ones) + dot16(a2, a3, ones);
   return (int64_t)gd * s + (int64_t)gm * sq;
-}
-
-// ---------------------------------------------------------------- launch grids (elementwise, moe)
-
-unsigned grid_1d(int64_t count, int threads) {
-  int64_t b = (count + threads - 1) / threads;
-  if (b > 65535) b = 65535;  // grid-stride loops cover the rest
-  return (unsigned)(b < 1 ? 1 : b);
 }
 
 }  // namespace

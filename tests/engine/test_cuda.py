@@ -15,6 +15,7 @@ Three layers, so that most of it runs on machines without a GPU:
 from __future__ import annotations
 
 import concurrent.futures
+import glob
 import hashlib
 import json
 import os
@@ -153,8 +154,8 @@ _EMU = {}
 
 
 def _emu_sources():
-    names = ["sources.txt", "kernels.cuh", "kernels_shared.cuh", "engine.cpp", "engine.h", "module.cpp", "emu.h"]
-    paths = [os.path.join(CUDA_SRC, n) for n in names] + check_sass.cuda_sources()
+    # every file of csrc/cuda (sources.txt's files, their headers, module.cpp, emu.h)
+    paths = sorted(p for p in glob.glob(os.path.join(CUDA_SRC, "*")) if os.path.isfile(p))
     paths += [os.path.join(ROOT, "csrc", "include", "intdet", n)
               for n in ("intmath.h", "ops.h", "model.h", "layout.h", "loader.h", "trace.h", "kernels.h")]
     paths += [os.path.join(ROOT, "csrc", "model", n) for n in LOADER_SRC]  # the one model loader
@@ -199,11 +200,13 @@ def build_emu_module():
         base = [cxx, "-std=c++20", "-O2", "-fPIC", "-DINTDET_CUDA_EMU", *inc]
         kernels = check_sass.cuda_sources()  # csrc/cuda/sources.txt: the list CMake reads too
         kobjs = [os.path.basename(src) + ".o" for src in kernels]
+        hosts = check_sass.host_sources()  # the engine's .cpp files
         jobs = [
             base + ["-D__CUDA_ARCH__=900", "-x", "c++", "-c", src, "-o", os.path.join(out, o)]
             for src, o in zip(kernels, kobjs)
         ] + [
-            base + ["-c", os.path.join(CUDA_SRC, "engine.cpp"), "-o", os.path.join(out, "e.o")],
+            base + ["-c", src, "-o", os.path.join(out, os.path.basename(src) + ".o")] for src in hosts
+        ] + [
             base + ["-fvisibility=hidden", "-DINTDET_CUDA_MODULE_NAME=_cuda_emu", "-I", sysconfig.get_paths()["include"],
                     "-I", pybind11.get_include(), "-c", os.path.join(CUDA_SRC, "module.cpp"), "-o", os.path.join(out, "m.o")],
         ] + [base + ["-c", os.path.join(ROOT, "csrc", "model", n), "-o", os.path.join(out, n + ".o")] for n in LOADER_SRC]
@@ -216,7 +219,7 @@ def build_emu_module():
             if r.returncode:
                 raise RuntimeError(f"emulator build failed: {' '.join(j)}\n{r.stdout[-3000:]}")
         tmp_so = so + ".tmp"
-        objs = kobjs + ["e.o", "m.o"] + [n + ".o" for n in LOADER_SRC]
+        objs = kobjs + [os.path.basename(src) + ".o" for src in hosts] + ["m.o"] + [n + ".o" for n in LOADER_SRC]
         subprocess.run([cxx, "-shared", "-o", tmp_so] + [os.path.join(out, n) for n in objs], check=True,
                        timeout=300)
         os.replace(tmp_so, so)
