@@ -183,11 +183,14 @@ inline GraphRec* g_capture = nullptr;
 inline void run_launch(const Launch& l) {
   grid_dim = l.grid;
   block_dim = l.block;
-  g_dyn_smem.assign(l.smem ? l.smem : 1, 0xA5);  // poison: kernels must write before reading
   for (unsigned z = 0; z < l.grid.z; ++z)
     for (unsigned y = 0; y < l.grid.y; ++y)
       for (unsigned x = 0; x < l.grid.x; ++x) {
         block_idx.x = x, block_idx.y = y, block_idx.z = z;
+        // poisoned for every block (each has its own on a GPU): a block must
+        // write its dynamic shared memory before reading it, even where every
+        // block computes the same values (the GEMV prologues)
+        g_dyn_smem.assign(l.smem ? l.smem : 1, 0xA5);
         run_block(l.body);
       }
 }

@@ -29,18 +29,25 @@ GemvSeg seg(const DevLinear& L, int32_t* out) {
   return GemvSeg{L.w, L.mant, L.shift, L.bias, out, L.N, (int)L.N, 0};
 }
 
-// x = sat32(x + linear) for T <= kNormFoldRows rows, then RMSNorm (gamma g)
-// + quant16 of x into act by the GEMV's last block: one launch for the
-// residual projection and the norm after it (normed: the trace's copy).
-bool fold_norm(const DevLinear& L, int64_t T) { return L.w && T <= kNormFoldRows; }
-void lin_norm(DeviceModel& m, const DevLinear& L, int64_t T, const int16_t* g, int32_t* normed) {
-  Workspace& w = m.ws;
-  const Config& c = m.cfg;
+// A GEMV's input computed in its prologue by every block (kernels.cuh
+// GemvIn) instead of a separate launch before it: the RMSNorm + quant16 of
+// the residual x with gamma g (rows idx[t], or t), or the quant16 of the
+// GLU rows a. Only for GEMV-sized calls (T <= kPrologueRows, int8 weights,
+// the rows in shared memory) and never when tracing (the trace records the
+// normed rows that the separate launch stores).
+GemvIn norm_in(const DeviceModel& m, const int16_t* g, const int32_t* idx = nullptr) {
+  return GemvIn{kGemvNorm, m.ws.x.p, idx, g, m.cfg.eps_hidden, (int)m.cfg.residual_frac, nullptr};
+}
+GemvIn quant_in(const DeviceModel& m) { return GemvIn{kGemvQuant, nullptr, nullptr, nullptr, 0, 0, m.ws.a.p}; }
+bool prologue_ok(const DevLinear& L, int64_t T, const GemvIn& in, const Tracer* tr) {
+  return L.w && !tr && gemv_prologue_fits(in.kind, (int)T, (int)L.K);
+}
+// One linear layer as a GEMV whose prologue computes its input (in).
+void lin_in(DeviceModel& m, const DevLinear& L, int64_t T, int32_t* out, bool residual, const GemvIn& in) {
   GemvSegs s{};
-  s.s[0] = seg(L, w.x.p);
+  s.s[0] = seg(L, out);
   s.n = 1;
-  const NormAfter na{w.gemv_cnt.p, g, (int)c.hidden, c.eps_hidden, (int)c.residual_frac, w.act.p, w.act_e.p, normed};
-  launch_gemv(w.act.p, w.act_e.p, (int)T, (int)L.K, s, true, m.stream, na);
+  launch_gemv(m.ws.act.p, m.ws.act_e.p, (int)T, (int)L.K, s, residual, m.stream, in);
 }
 
 // Mixture-of-experts FFN of T rows (act: their int16 FFN input) into the
@@ -87,27 +94,27 @@ void enqueue_body(DeviceModel& m, int64_t T, int64_t sstride, int64_t rows_per, 
   launch_embed(w.tokens(), m.tok_embd, m.embd_mant, m.embd_shift, (int)T, H, w.x.p, st);
   if (tr) tr->rec("tok_embd", w.x.p, {T, H});
   mark(m, "embed", T * H);
-  bool normed_ahead = false;  // act already holds this layer's attn_norm output
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const DevLayer& L = m.layers[(size_t)l];
-    const DevLayer* next = l + 1 < c.n_layers ? &m.layers[(size_t)l + 1] : nullptr;
     const std::string blk = tr ? "blk." + std::to_string(l) + "." : "";
     // --- attention block ---
-    bool ffn_normed = false;
-    if (!L.attn_norm)  // no pre-norm (OLMo 2): the residual itself to int16
+    const bool qkv_fused = fused_gemv(L.q, T) && L.k.w && L.v.w && L.k.K == L.q.K && L.v.K == L.q.K;
+    GemvIn qkv_in{};  // attn_norm in the q+k+v GEMV's prologue, else act from a launch here
+    if (L.attn_norm && qkv_fused && prologue_ok(L.q, T, norm_in(m, L.attn_norm), tr))
+      qkv_in = norm_in(m, L.attn_norm);
+    else if (!L.attn_norm)  // no pre-norm (OLMo 2): the residual itself to int16
       launch_quant16_i32(w.x.p, (int)T, H, w.act.p, w.act_e.p, st);
-    else if (!normed_ahead)  // else the previous down-proj's last block ran this norm
+    else
       launch_norm_quant16(w.x.p, nullptr, L.attn_norm, (int)T, H, c.eps_hidden, R, w.act.p, w.act_e.p, st, normed);
-    normed_ahead = false;
     if (tr && L.attn_norm) tr->rec(blk + "attn_norm", normed, {T, H});
     mark(m, "attn_norm", T * H * 4);
-    if (fused_gemv(L.q, T) && L.k.w && L.v.w && L.k.K == L.q.K && L.v.K == L.q.K) {  // q, k, v: one launch
+    if (qkv_fused) {  // q, k, v: one launch
       GemvSegs s{};
       s.s[0] = seg(L.q, w.qb.p);
       s.s[1] = seg(L.k, w.kb.p);
       s.s[2] = seg(L.v, w.vb.p);
       s.n = 3;
-      launch_gemv(w.act.p, w.act_e.p, (int)T, (int)L.q.K, s, false, st);
+      launch_gemv(w.act.p, w.act_e.p, (int)T, (int)L.q.K, s, false, st, qkv_in);
     } else {
       lin(m, L.q, T, w.qb.p, false);  // [T, nh*D] Q16
       lin(m, L.k, T, w.kb.p, false);  // [T, nkv*D]
@@ -153,16 +160,18 @@ void enqueue_body(DeviceModel& m, int64_t T, int64_t sstride, int64_t rows_per, 
         lin(m, L.o, T, w.traced.p, false);
         tr->rec(blk + "attn_output", w.traced.p, {T, H});
       }
-      if (L.ffn_norm && fold_norm(L.o, T))
-        lin_norm(m, L.o, T, L.ffn_norm, normed), ffn_normed = true;  // x += o-proj, then ffn_norm: one launch
-      else
-        lin(m, L.o, T, w.x.p, true);  // x = sat32(x + o-proj)
+      lin(m, L.o, T, w.x.p, true);  // x = sat32(x + o-proj)
     }
     mark(m, "o_proj", lin_bytes(L.o));
     // --- feed-forward block ---
-    if (!L.ffn_norm)
+    const bool gate_up_fused = !L.n_experts && fused_gemv(L.gate, T) && L.up.w && L.up.K == L.gate.K &&
+                               L.up.N == L.gate.N;
+    GemvIn ffn_in{};  // ffn_norm in the gate+up GEMV's prologue, else act from a launch here
+    if (L.ffn_norm && gate_up_fused && prologue_ok(L.gate, T, norm_in(m, L.ffn_norm), tr))
+      ffn_in = norm_in(m, L.ffn_norm);
+    else if (!L.ffn_norm)
       launch_quant16_i32(w.x.p, (int)T, H, w.act.p, w.act_e.p, st);
-    else if (!ffn_normed)
+    else
       launch_norm_quant16(w.x.p, nullptr, L.ffn_norm, (int)T, H, c.eps_hidden, R, w.act.p, w.act_e.p, st, normed);
     if (tr && L.ffn_norm) tr->rec(blk + "ffn_norm", normed, {T, H});
     mark(m, "ffn_norm", T * H * 4);
@@ -170,9 +179,7 @@ void enqueue_body(DeviceModel& m, int64_t T, int64_t sstride, int64_t rows_per, 
       enqueue_moe(m, L, T, tr, blk);
       continue;
     }
-    bool ffn_quantized = false;  // the gate+up GEMV's last block ran quant16 of the GLU rows
-    if (fused_gemv(L.gate, T) && L.up.w && L.up.K == L.gate.K && L.up.N == L.gate.N) {
-      // gate and up in one launch, SwiGLU / GeGLU of each pair in its epilogue
+    if (gate_up_fused) {  // gate and up in one launch, SwiGLU / GeGLU of each pair in its epilogue
       GemvSegs s{};
       s.s[0] = seg(L.gate, w.gate.p);
       s.s[1] = seg(L.up, w.up.p);
@@ -180,13 +187,7 @@ void enqueue_body(DeviceModel& m, int64_t T, int64_t sstride, int64_t rows_per, 
       s.glu = L.geglu ? 2 : 1;
       s.glu_out = w.a.p;
       s.glu_ldo = F;
-      if (T <= kNormFoldRows && F <= kQuantFoldN) {  // and quant16 of the rows: the down-proj's input
-        s.quant_counter = w.gemv_cnt.p + 4;
-        s.quant_q = w.act.p;
-        s.quant_e = w.act_e.p;
-        ffn_quantized = true;
-      }
-      launch_gemv(w.act.p, w.act_e.p, (int)T, (int)L.gate.K, s, false, st);
+      launch_gemv(w.act.p, w.act_e.p, (int)T, (int)L.gate.K, s, false, st, ffn_in);
     } else {
       lin(m, L.gate, T, w.gate.p, false);  // [T, F] Q16
       lin(m, L.up, T, w.up.p, false);
@@ -196,15 +197,20 @@ void enqueue_body(DeviceModel& m, int64_t T, int64_t sstride, int64_t rows_per, 
         launch_swiglu(w.gate.p, w.up.p, T * F, w.a.p, st);
     }
     mark(m, "gate_up_glu", lin_bytes(L.gate) + lin_bytes(L.up));
-    if (!ffn_quantized) launch_quant16_i64(w.a.p, (int)T, (int)F, w.act.p, w.act_e.p, st);
-    mark(m, "quant16_ffn", ffn_quantized ? 0 : T * F * 8);
+    // quant16 of the GLU rows in the down-proj GEMV's prologue, else here
+    const bool down_in = prologue_ok(L.down, T, quant_in(m), tr);
+    if (!down_in) launch_quant16_i64(w.a.p, (int)T, (int)F, w.act.p, w.act_e.p, st);
+    mark(m, "quant16_ffn", down_in ? 0 : T * F * 8);
     if (tr) {
       tr->rec(blk + "ffn_gate", w.gate.p, {T, F});
       tr->rec(blk + "ffn_up", w.up.p, {T, F});
       tr->rec(blk + "ffn_swiglu", w.a.p, {T, F});
     }
     if (L.post_ffn_norm) {
-      lin(m, L.down, T, w.branch.p, false);
+      if (down_in)
+        lin_in(m, L.down, T, w.branch.p, false, quant_in(m));
+      else
+        lin(m, L.down, T, w.branch.p, false);
       if (tr) tr->rec(blk + "ffn_down", w.branch.p, {T, H});
       launch_post_norm_add(w.branch.p, L.post_ffn_norm, (int)T, H, c.eps_hidden, L.post_ffn_shift, w.x.p, st);
     } else {
@@ -212,8 +218,8 @@ void enqueue_body(DeviceModel& m, int64_t T, int64_t sstride, int64_t rows_per, 
         lin(m, L.down, T, w.traced.p, false);
         tr->rec(blk + "ffn_down", w.traced.p, {T, H});
       }
-      if (next && next->attn_norm && fold_norm(L.down, T))  // x += down-proj, then the next layer's attn_norm: one launch
-        lin_norm(m, L.down, T, next->attn_norm, normed), normed_ahead = true;
+      if (down_in)
+        lin_in(m, L.down, T, w.x.p, true, quant_in(m));  // x = sat32(x + down-proj)
       else
         lin(m, L.down, T, w.x.p, true);
     }
@@ -225,10 +231,16 @@ void enqueue_body(DeviceModel& m, int64_t T, int64_t sstride, int64_t rows_per, 
 // Final norm and lm_head for selected rows r0..r0+nr-1 (w.sel) into w.logits.
 void enqueue_head(DeviceModel& m, int64_t r0, int64_t nr) {
   Workspace& w = m.ws;
-  launch_norm_quant16(w.x.p, w.sel() + r0, m.out_norm, (int)nr, (int)m.cfg.hidden, m.cfg.eps_hidden,
-                      (int)m.cfg.residual_frac, w.act.p, w.act_e.p, m.stream);
+  const GemvIn in = norm_in(m, m.out_norm, w.sel() + r0);  // the final norm in the lm_head GEMV's prologue
+  const bool folded = prologue_ok(m.output, nr, in, nullptr);
+  if (!folded)
+    launch_norm_quant16(w.x.p, w.sel() + r0, m.out_norm, (int)nr, (int)m.cfg.hidden, m.cfg.eps_hidden,
+                        (int)m.cfg.residual_frac, w.act.p, w.act_e.p, m.stream);
   mark(m, "out_norm", nr * m.cfg.hidden * 4);
-  lin(m, m.output, nr, w.logits.p, false);  // [nr, V] Q16
+  if (folded)
+    lin_in(m, m.output, nr, w.logits.p, false, in);  // [nr, V] Q16
+  else
+    lin(m, m.output, nr, w.logits.p, false);
   if (m.final_softcap.cap) launch_softcap(w.logits.p, nr * m.cfg.vocab, m.final_softcap, m.stream);  // Gemma 2
   mark(m, "lm_head", lin_bytes(m.output));
 }
@@ -291,10 +303,6 @@ void forward_chunk(DeviceModel& m, DeviceState* const* states, int64_t n_states,
   if (w.counters.grow((size_t)(rows_per * (nkv + 1)))) {
     moved = true;
     ck(cudaMemsetAsync(w.counters.p, 0, w.counters.n * sizeof(int), m.stream), "cudaMemsetAsync");
-  }
-  if (w.gemv_cnt.grow(8)) {
-    moved = true;
-    ck(cudaMemsetAsync(w.gemv_cnt.p, 0, w.gemv_cnt.n * sizeof(int), m.stream), "cudaMemsetAsync");
   }
   if (w.oacc.grow((size_t)(rows_per * nh * D))) {
     moved = true;

@@ -139,7 +139,6 @@ struct Workspace {
   Buf<int> counters;
   Buf<unsigned long long> oacc;
   bool fold_rope = false;  // this call's rows: at most kGemvMaxRows, each of a different sequence
-  Buf<int> gemv_cnt;  // [8]: a residual GEMV's arrival counters for the norm it runs after (zero)
   Buf<int32_t> traced;  // [rows, H]: a normed row or a projection before its residual add (trace only)
   int32_t* tokens() { return meta.p; }
   int32_t* seq() { return meta.p + rows; }

@@ -126,6 +126,32 @@ void attend_rows(const int32_t* q, int64_t T, int64_t nh, int64_t nkv, int64_t D
   from_dev(act_e, ae, T);
 }
 
+void gemv_prologue(int kind, const int32_t* x, int64_t R, const int32_t* idx, const int16_t* g, int64_t eps_q60,
+                   int in_frac, const int64_t* a, int64_t T, int64_t K, const int8_t* w, const int32_t* mant,
+                   const int32_t* shift, const int32_t* bias, int64_t N, int32_t* out) {
+  if ((kind != kGemvNorm && kind != kGemvQuant) || !gemv_prologue_fits(kind, (int)T, (int)K))
+    throw std::invalid_argument("gemv_prologue: kind 1 or 2, at most 2 rows that fit in shared memory");
+  Keep k;
+  int32_t* o = to_dev<int32_t>(k.p, nullptr, T * N);
+  GemvIn in{};
+  in.kind = kind;
+  if (kind == kGemvNorm) {
+    in.x = to_dev(k.p, x, R * K);
+    in.idx = idx ? to_dev(k.p, idx, T) : nullptr;
+    in.g = to_dev(k.p, g, K);
+    in.eps_q60 = eps_q60;
+    in.in_frac = in_frac;
+  } else {
+    in.a = to_dev(k.p, a, T * K);
+  }
+  GemvSegs s{};
+  s.s[0] = GemvSeg{to_dev(k.p, w, N * K), to_dev(k.p, mant, N), to_dev(k.p, shift, N),
+                   bias ? to_dev(k.p, bias, N) : nullptr, o, N, (int)N, 0};
+  s.n = 1;
+  launch_gemv(nullptr, nullptr, (int)T, (int)K, s, false, 0, in);
+  from_dev(out, o, T * N);
+}
+
 void norm_quant16(const int32_t* x, const int16_t* g, int64_t R, int64_t n, int64_t eps_q60, int16_t* q, int32_t* e) {
   Keep k;
   int16_t* dq = to_dev<int16_t>(k.p, nullptr, R * n);

@@ -3,6 +3,8 @@
 // copy, and the device queries.
 #include "engine_state.h"
 
+#include <cstdlib>
+
 namespace intdet {
 namespace cuda {
 
@@ -105,6 +107,12 @@ ModelPtr upload_model(const Model& h) {
   m->cfg = c;
   ck(cudaGetDevice(&m->device), "cudaGetDevice");
   ck(cudaStreamCreateWithFlags(&m->stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  {  // decode GEMVs with programmatic dependent launch on sm_90+ (INTDET_CUDA_PDL=0: off, for A/B timing)
+    cudaDeviceProp p{};
+    ck(cudaGetDeviceProperties(&p, m->device), "cudaGetDeviceProperties");
+    const char* env = std::getenv("INTDET_CUDA_PDL");
+    set_gemv_pdl(p.major >= 9 && !(env && std::string(env) == "0"));
+  }
   std::map<const void*, void*> seen;
   const int64_t H = c.hidden, half = c.head_dim / 2;
   m->tok_embd = upload(*m, seen, h.tok_embd, c.vocab * H);

@@ -94,32 +94,40 @@ struct GemvSegs {
   int glu;
   int64_t* glu_out;
   int64_t glu_ldo;
-  // GLU mode, T <= kNormFoldRows, N <= kQuantFoldN: the last block to finish
-  // (quant_counter [1], zero before and after; null: not folded) also runs
-  // quant16 of each glu_out row into quant_q [T, N], quant_e [T] (the
-  // down-proj's input; launch_quant16_i64's steps).
-  int* quant_counter;
-  int16_t* quant_q;
-  int32_t* quant_e;
 };
-constexpr int kQuantFoldN = 6144;  // the row (int64) in at most 48 KB of shared memory
-// A GEMV that writes the residual x [T, n] (one segment, N = ldo = n, T <=
-// kNormFoldRows) can also run the next RMSNorm + quant16 of its rows
-// (launch_norm_quant16's steps): the last block to finish (counter, zero
-// before and after) reads the row back from L2. counter null: no norm.
-constexpr int kNormFoldRows = 2;
-struct NormAfter {
-  int* counter;  // [1], zero
+// The GEMV's input. kind kGemvQ: q [T, K] int16 and e [T] given (global
+// memory). For T <= kPrologueRows the input can instead be computed by every
+// block in its prologue, from rows of K values the previous launch wrote
+// (small and L2-resident), into shared memory: kGemvNorm, RMSNorm (gamma g,
+// eps_q60, in_frac: the rows' fixed point) then quant16 of x [*, K] int32
+// rows (launch_norm_quant16's steps); kGemvQuant, quant16 of a [*, K] int64
+// rows (launch_quant16_i64's steps). Every block computes the same integer
+// function of the same rows, so all blocks hold the same q and e, those
+// the separate launch would store. idx (norm only, may be null): row t's
+// source row is idx[t] (the lm_head's selected rows).
+enum GemvInKind { kGemvQ = 0, kGemvNorm = 1, kGemvQuant = 2 };
+constexpr int kPrologueRows = 2;
+struct GemvIn {
+  int kind;
+  const int32_t* x;
+  const int32_t* idx;
   const int16_t* g;
-  int n;
   int64_t eps_q60;
   int in_frac;
-  int16_t* q;  // [T, n]
-  int32_t* e;  // [T]
-  int32_t* normed;  // [T, n] or null (the trace)
+  const int64_t* a;
 };
+// Whether launch_gemv can run that prologue for T rows of K (its shared
+// memory: T K int16, plus K int32 for the norm); else the caller runs the
+// separate norm or quant16 launch first and passes kGemvQ.
+bool gemv_prologue_fits(int kind, int T, int K);
+// Decode GEMVs are launched with programmatic dependent launch where the
+// device has it (compute capability 9.0+; on: the engine, per device): each
+// block issues its first weight loads before it waits for the previous
+// launch (griddepcontrol.wait), and lets the next launch start after its
+// main loop. Graph-capturable; a no-op in the emulator.
+void set_gemv_pdl(bool on);
 void launch_gemv(const int16_t* q, const int32_t* e, int T, int K, GemvSegs segs, bool residual, cudaStream_t st,
-                 const NormAfter& na = NormAfter{});
+                 const GemvIn& in = GemvIn{});
 
 // Kernel launches enqueued so far in this process (the launch-count test).
 int64_t launch_count();

@@ -93,6 +93,21 @@ __device__ bool last_block_arrives(int* counter, int total, int* flag) {
   return last;
 }
 
+// Programmatic dependent launch (sm_90+, launch_shapes.cuh launch_at): wait
+// until the previous launch has finished and its writes are visible; let the
+// next launch start. No-ops for a launch without the attribute, before sm_90
+// and in the emulator (launches run one after another there).
+__device__ __forceinline__ void grid_dep_wait() {
+#if !defined(INTDET_CUDA_EMU) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void grid_dep_launch() {
+#if !defined(INTDET_CUDA_EMU) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 // ---------------------------------------------------------------- RMSNorm (norm_rope, linear, attention)
 
 // rms_norm_row of x [n] (Q16) into y [n] (shared or global), by the whole

@@ -25,6 +25,37 @@ struct LaunchShape {
   size_t smem;  // dynamic shared memory, bytes
 };
 
+// A launch of kernel at shape s on stream st; pdl: with programmatic
+// dependent launch (sm_90+: the kernel may start while the previous launch
+// finishes, so it must call grid_dep_wait, kernels_shared.cuh, before it
+// reads or writes anything an earlier launch touches). Stream capture
+// records it as a programmatic graph edge. The emulator runs launches one
+// after another either way.
+template <class... P, class... A>
+void launch_at(void (*kernel)(P...), const LaunchShape& s, bool pdl, cudaStream_t st, A... args) {
+#if defined(INTDET_CUDA_EMU)
+  (void)pdl;
+  (void)st;
+  ::emu::launch(s.grid, s.block, s.smem, [=] { kernel(args...); });
+#else
+  if (!pdl) {
+    kernel<<<s.grid, s.block, s.smem, st>>>(args...);
+    return;
+  }
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = s.grid;
+  cfg.blockDim = s.block;
+  cfg.dynamicSmemBytes = s.smem;
+  cfg.stream = st;
+  cudaLaunchAttribute at[1];
+  at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  at[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = at;
+  cfg.numAttrs = 1;
+  cudaLaunchKernelEx(&cfg, kernel, args...);  // an error stays for check_launch (cudaGetLastError)
+#endif
+}
+
 // ---- block sizes (threads)
 constexpr int kElemThreads = 256;  // elementwise kernels and the embedding: grid-stride loops
 constexpr int kNormThreads = 256;  // one block per row: norms, quant16, post-norm add
@@ -61,9 +92,17 @@ inline LaunchShape shape_heads(int T, int heads) { return {dim3((unsigned)T, (un
 // ---- kernels_linear.cu
 // Decode GEMV: gx blocks of kGemvWarps warps over the channels (launch_gemv
 // splits them between segments), gy groups of 8 rows (T > 4); smem: the
-// folded norm's row (n int32) or the folded GLU quant16's row (N int64).
+// prologue's rows (gemv_prologue_smem), else 0.
 inline LaunchShape shape_gemv(int64_t gx, unsigned gy, size_t smem) {
   return {dim3((unsigned)gx, gy), kGemvThreads, smem};
+}
+// The GEMV prologue's dynamic shared memory (GemvIn): 16 bytes of row
+// exponents (rows <= 4), the block's int16 input rows [rows, K] (rounded up
+// to 16 bytes), then K int32 for the norm's row.
+constexpr size_t kGemvPrologueSmem = 46 * 1024;  // under the 48 KB default, with the static arrays
+__host__ __device__ inline size_t gemv_prologue_act_bytes(int rows, int K) { return ((size_t)rows * K * 2 + 15) / 16 * 16; }
+inline size_t gemv_prologue_smem(bool norm, int rows, int K) {
+  return 16 + gemv_prologue_act_bytes(rows, K) + (norm ? (size_t)K * 4 : 0);
 }
 // int4 decode GEMV: one channel per warp.
 inline LaunchShape shape_gemv_w4(int N, unsigned gy) {

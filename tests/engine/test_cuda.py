@@ -602,6 +602,50 @@ def test_attend_rows_checks_its_arguments(backend):
         backend.ops.attend_rows(q, z8, z32, z8, z32, np.array([0, 1], np.int32), 0, 1, 0, 3)
 
 
+def _cpu_linear(q, e, w, mant, shift):
+    return C.ops.linear(q.astype(np.int16), e.astype(np.int32), w, mant, shift)
+
+
+@pytest.mark.parametrize("K,N", [(72, 40), (64, 33), (1024, 70), (3072, 9), (4112, 5)])
+def test_gemv_prologue(backend, K, N):
+    """The decode GEMV whose every block computes its own input in its
+    prologue (attn_norm / ffn_norm / out_norm: RMSNorm + quant16 of selected
+    residual rows; the down-proj: quant16 of int64 GLU rows) equals the
+    separate ops followed by the linear, for 1 and 2 rows, every K split,
+    vector and scalar K, zero and extreme rows."""
+    rng = np.random.default_rng(K + N)
+    w = rng.integers(-127, 128, size=(N, K)).astype(np.int8)
+    mant = rng.integers(0, 2**15 + 1, size=N).astype(np.int32)
+    shift = rng.integers(-8, 60, size=N).astype(np.int32)
+    bias = rng.integers(-2**20, 2**20, size=N).astype(np.int32)
+    g = rng.integers(-2**14, 2**14, size=K).astype(np.int16)
+    x = rng.integers(-2**31 + 1, 2**31, size=(5, K)).astype(np.int32)
+    x[1] = 0
+    x[2] = rng.integers(-3, 4, size=K)
+    x[3] = rng.integers(-2**12, 2**12, size=K)
+    a = rng.integers(-2**62, 2**62, size=(2, K)).astype(np.int64)
+    a[1] = rng.integers(-2**20, 2**20, size=K)
+    try:
+        for wlg in (-1, 0, 1, 2):
+            backend.ops.set_gemv_split(wlg)
+            for T, idx in ((1, None), (2, None), (1, [4]), (2, [3, 1]), (2, [2, 2])):
+                ix = np.array(idx, np.int32) if idx else None
+                rows = x[ix] if idx else x[:T]
+                for eps, frac in ((12345678, 16), (0, 12)):
+                    got = backend.ops.gemv_prologue(1, x, ix, g, eps, frac, None, T, w, mant, shift, bias)
+                    q, e = C.ops.quant16(C.ops.rms_norm(rows.astype(np.int64), g, eps, frac))
+                    want = np.clip(_cpu_linear(q, e, w, mant, shift) + bias, -(2**31 - 1), 2**31 - 1)
+                    assert np.array_equal(got, want), (wlg, T, idx, eps)
+            for T in (1, 2):
+                got = backend.ops.gemv_prologue(2, None, None, None, 0, 0, a[:T], T, w, mant, shift)
+                q, e = C.ops.quant16(a[:T])
+                assert np.array_equal(got, _cpu_linear(q, e, w, mant, shift)), (wlg, T)
+    finally:
+        backend.ops.set_gemv_split(-1)
+    with pytest.raises(ValueError, match="gemv_prologue"):  # 3 rows: no prologue
+        backend.ops.gemv_prologue(2, None, None, None, 0, 0, np.zeros((3, K), np.int64), 3, w, mant, shift)
+
+
 def test_norm_quant16(backend):
     rng = np.random.default_rng(3)
     for n in (72, 1024, 8192):
@@ -759,20 +803,21 @@ def test_model_matches_cpu(backend, converted, name, graphs):
     _compare_model(backend, converted[name], graphs, [5, 17, 99, 230, 41, 7, 300, 1, 2], steps)
 
 
-# Kernel launches per decode token (one row, no graph): embedding, final norm
-# and lm_head, layer 0's attn_norm, plus per layer: q+k+v (one GEMV),
-# attention scores (with q/k norm, RoPE and the KV append: RopeFold), P.V,
-# o-proj with the ffn_norm after it (the GEMV's last block), gate+up with
-# SwiGLU and quant16, down-proj with the next layer's attn_norm (the last
-# layer's goes to the final norm). Before: 16 per layer (norm, q, k, v,
-# norm_rope x2, kv_append, attention, quant16, o, norm, gate, up, swiglu,
-# quant16, down) + 3, so 451 for Qwen3-0.6B's 28 layers; then 8, then 7 per
-# layer; now 6 per layer + 4, 172.
+# Kernel launches per decode token (one row, no graph): the embedding and the
+# lm_head (with the final norm in its prologue), plus per layer: q+k+v (one
+# GEMV, attn_norm in its prologue), attention scores (with q/k norm, RoPE and
+# the KV append: RopeFold), P.V, o-proj (+ residual), gate+up (ffn_norm in
+# its prologue, SwiGLU in its epilogue), down-proj (quant16 of the GLU rows in
+# its prologue, + residual). Before: 16 per layer (norm, q, k, v, norm_rope
+# x2, kv_append, attention, quant16, o, norm, gate, up, swiglu, quant16, down)
+# + 3, so 451 for Qwen3-0.6B's 28 layers; then 8, 7, then 6 per layer + 4
+# with the norms and quant16 in single-block tails of the GEMVs; now 6 per
+# layer + 2 (170) without tails.
 def decode_launches(n_layers):
-    """Per layer: q+k+v, attn_scores (+ rope_append), attn_pv, o-proj (+
-    ffn_norm), gate+up (+ GLU + quant16), down-proj (+ the next attn_norm);
-    then embed, layer 0's attn_norm, out_norm, lm_head."""
-    return 6 * n_layers + 4
+    """Per layer: q+k+v (+ attn_norm), attn_scores (+ rope_append), attn_pv,
+    o-proj, gate+up (+ ffn_norm, GLU), down-proj (+ quant16); then embed and
+    lm_head (+ out_norm)."""
+    return 6 * n_layers + 2
 
 
 @pytest.mark.parametrize("name", ["qwen3", "wide", "llama"])
