@@ -83,14 +83,14 @@ __device__ void gemv_prologue(const GemvIn& in, int nt, int K, int16_t* act, int
 // kStaged (TT <= kPrologueRows, one grid row): the input comes from the
 // prologue in dynamic shared memory (gemv_prologue_smem), not q and e.
 template <int TT, bool kStaged>
-__global__ void __launch_bounds__(kGemvThreads)
+__global__ void __launch_bounds__(kGemv8Threads)
     gemv_kernel(const int16_t* __restrict__ q, const int32_t* __restrict__ e, int T, int K, const GemvSegs segs,
                 int residual, int vec, int wlg, int cpw, const GemvIn in) {
-  __shared__ int64_t part[kGemvWarps][TT];
-  __shared__ int32_t gluv[kGemvWarps][TT];
+  __shared__ int64_t part[kGemv8Warps][TT];
+  __shared__ int32_t gluv[kGemv8Warps][TT];
   __shared__ int64_t red[33];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int p = warp & ((1 << wlg) - 1), slot = warp >> wlg, nslot = kGemvWarps >> wlg;
+  const int p = warp & ((1 << wlg) - 1), slot = warp >> wlg, nslot = kGemv8Warps >> wlg;
   int si = 0, b = blockIdx.x;
   int64_t j;
   if (segs.glu) {
@@ -586,7 +586,7 @@ void launch_gemv(const int16_t* q, const int32_t* e, int T, int K, GemvSegs segs
   int wlg = !vec ? 0 : g_gemv_split >= 0 ? g_gemv_split : gemv_split_log2(K, maxN);
   if (segs.glu && wlg > 1) wlg = 1;  // two slots (gate, up) per block at least
   const int C = K / 16, cpw = (C + (1 << wlg) - 1) >> wlg;
-  const int nslot = kGemvWarps >> wlg;
+  const int nslot = kGemv8Warps >> wlg;
   int64_t gx = 0;
   for (int i = 0; i < segs.n; ++i) {
     const int per = segs.glu ? nslot / 2 : nslot;

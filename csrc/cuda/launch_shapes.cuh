@@ -60,8 +60,13 @@ void launch_at(void (*kernel)(P...), const LaunchShape& s, bool pdl, cudaStream_
 constexpr int kElemThreads = 256;  // elementwise kernels and the embedding: grid-stride loops
 constexpr int kNormThreads = 256;  // one block per row: norms, quant16, post-norm add
 constexpr int kHeadThreads = 128;  // one block per (row, head): q/k norm + RoPE, KV append
-constexpr int kGemvWarps = 4;  // decode GEMV (int8 and int4) and the MoE expert GEMV: 4 warps per block
+constexpr int kGemvWarps = 4;  // int4 decode GEMV and the MoE expert GEMV: one channel per warp
 constexpr int kGemvThreads = kGemvWarps * 32;
+// int8 decode GEMV: 8 warps per block (1, 2 or 4 per channel), so that the
+// prologue every block runs (GemvIn) is split over 256 threads and repeated
+// by half as many blocks as with 4 warps.
+constexpr int kGemv8Warps = 8;
+constexpr int kGemv8Threads = kGemv8Warps * 32;
 constexpr int kMmaThreads = 128;  // tensor-core GEMM: 4 warps of 32 x 32
 constexpr int kMmaM = 64, kMmaN = 64;  // its block tile (rows x channels)
 constexpr int kTileThreads = 256;  // __dp2a GEMM (int8 and int4): 16 x 16 threads of 4 x 4
@@ -90,11 +95,11 @@ inline LaunchShape shape_row(int R, size_t smem = 0) { return {(unsigned)R, kNor
 inline LaunchShape shape_heads(int T, int heads) { return {dim3((unsigned)T, (unsigned)heads), kHeadThreads, 0}; }
 
 // ---- kernels_linear.cu
-// Decode GEMV: gx blocks of kGemvWarps warps over the channels (launch_gemv
+// Decode GEMV: gx blocks of kGemv8Warps warps over the channels (launch_gemv
 // splits them between segments), gy groups of 8 rows (T > 4); smem: the
 // prologue's rows (gemv_prologue_smem), else 0.
 inline LaunchShape shape_gemv(int64_t gx, unsigned gy, size_t smem) {
-  return {dim3((unsigned)gx, gy), kGemvThreads, smem};
+  return {dim3((unsigned)gx, gy), kGemv8Threads, smem};
 }
 // The GEMV prologue's dynamic shared memory (GemvIn): 16 bytes of row
 // exponents (rows <= 4), the block's int16 input rows [rows, K] (rounded up
