@@ -129,10 +129,9 @@ void attend_rows(const int32_t* q, int64_t T, int64_t nh, int64_t nkv, int64_t D
                  int64_t score_mant, int64_t score_shift, int path, int64_t* out, int16_t* act, int32_t* act_e);
 // The decode GEMV with its input computed in its prologue by every block
 // (kernels.cuh GemvIn): out [T, N] int32 = the linear layer (w [N, K] int8)
-// of quant16(RMSNorm(x[idx[t]])) (kind 1: x [R, K] int32 rows of fixed point
-// in_frac, idx [T] or null for rows 0..T-1) or of quant16(a[t]) (kind 2: a
-// [T, K] int64). T <= 2.
-void gemv_prologue(int kind, const int32_t* x, int64_t R, const int32_t* idx, const int16_t* g, int64_t eps_q60,
+// of quant16(RMSNorm(x[t])) (kind 1: x [T, K] int32 rows of fixed point
+// in_frac) or of quant16(a[t]) (kind 2: a [T, K] int64). T <= 2.
+void gemv_prologue(int kind, const int32_t* x, const int16_t* g, int64_t eps_q60,
                    int in_frac, const int64_t* a, int64_t T, int64_t K, const int8_t* w, const int32_t* mant,
                    const int32_t* shift, const int32_t* bias, int64_t N, int32_t* out);
 // RMSNorm then quant16 of rows x [R, n] int32: q [R, n], e [R].

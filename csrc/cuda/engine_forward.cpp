@@ -31,14 +31,14 @@ GemvSeg seg(const DevLinear& L, int32_t* out) {
 
 // A GEMV's input computed in its prologue by every block (kernels.cuh
 // GemvIn) instead of a separate launch before it: the RMSNorm + quant16 of
-// the residual x with gamma g (rows idx[t], or t), or the quant16 of the
+// the residual x with gamma g, or the quant16 of the
 // GLU rows a. Only for GEMV-sized calls (T <= kPrologueRows, int8 weights,
 // the rows in shared memory) and never when tracing (the trace records the
 // normed rows that the separate launch stores).
-GemvIn norm_in(const DeviceModel& m, const int16_t* g, const int32_t* idx = nullptr) {
-  return GemvIn{kGemvNorm, m.ws.x.p, idx, g, m.cfg.eps_hidden, (int)m.cfg.residual_frac, nullptr};
+GemvIn norm_in(const DeviceModel& m, const int16_t* g) {
+  return GemvIn{kGemvNorm, m.ws.x.p, g, m.cfg.eps_hidden, (int)m.cfg.residual_frac, nullptr};
 }
-GemvIn quant_in(const DeviceModel& m) { return GemvIn{kGemvQuant, nullptr, nullptr, nullptr, 0, 0, m.ws.a.p}; }
+GemvIn quant_in(const DeviceModel& m) { return GemvIn{kGemvQuant, nullptr, nullptr, 0, 0, m.ws.a.p}; }
 bool prologue_ok(const DevLinear& L, int64_t T, const GemvIn& in, const Tracer* tr) {
   return L.w && !tr && gemv_prologue_fits(in.kind, (int)T, (int)L.K);
 }
@@ -231,16 +231,13 @@ void enqueue_body(DeviceModel& m, int64_t T, int64_t sstride, int64_t rows_per, 
 // Final norm and lm_head for selected rows r0..r0+nr-1 (w.sel) into w.logits.
 void enqueue_head(DeviceModel& m, int64_t r0, int64_t nr) {
   Workspace& w = m.ws;
-  const GemvIn in = norm_in(m, m.out_norm, w.sel() + r0);  // the final norm in the lm_head GEMV's prologue
-  const bool folded = prologue_ok(m.output, nr, in, nullptr);
-  if (!folded)
-    launch_norm_quant16(w.x.p, w.sel() + r0, m.out_norm, (int)nr, (int)m.cfg.hidden, m.cfg.eps_hidden,
-                        (int)m.cfg.residual_frac, w.act.p, w.act_e.p, m.stream);
+  // A launch of its own: in the lm_head GEMV's prologue every one of its
+  // V / 8 blocks would repeat the norm (Qwen3: 19k times, more issue time
+  // than the 156 MB of weights take).
+  launch_norm_quant16(w.x.p, w.sel() + r0, m.out_norm, (int)nr, (int)m.cfg.hidden, m.cfg.eps_hidden,
+                      (int)m.cfg.residual_frac, w.act.p, w.act_e.p, m.stream);
   mark(m, "out_norm", nr * m.cfg.hidden * 4);
-  if (folded)
-    lin_in(m, m.output, nr, w.logits.p, false, in);  // [nr, V] Q16
-  else
-    lin(m, m.output, nr, w.logits.p, false);
+  lin(m, m.output, nr, w.logits.p, false);  // [nr, V] Q16
   if (m.final_softcap.cap) launch_softcap(w.logits.p, nr * m.cfg.vocab, m.final_softcap, m.stream);  // Gemma 2
   mark(m, "lm_head", lin_bytes(m.output));
 }

@@ -126,7 +126,7 @@ void attend_rows(const int32_t* q, int64_t T, int64_t nh, int64_t nkv, int64_t D
   from_dev(act_e, ae, T);
 }
 
-void gemv_prologue(int kind, const int32_t* x, int64_t R, const int32_t* idx, const int16_t* g, int64_t eps_q60,
+void gemv_prologue(int kind, const int32_t* x, const int16_t* g, int64_t eps_q60,
                    int in_frac, const int64_t* a, int64_t T, int64_t K, const int8_t* w, const int32_t* mant,
                    const int32_t* shift, const int32_t* bias, int64_t N, int32_t* out) {
   if ((kind != kGemvNorm && kind != kGemvQuant) || !gemv_prologue_fits(kind, (int)T, (int)K))
@@ -136,8 +136,7 @@ void gemv_prologue(int kind, const int32_t* x, int64_t R, const int32_t* idx, co
   GemvIn in{};
   in.kind = kind;
   if (kind == kGemvNorm) {
-    in.x = to_dev(k.p, x, R * K);
-    in.idx = idx ? to_dev(k.p, idx, T) : nullptr;
+    in.x = to_dev(k.p, x, T * K);
     in.g = to_dev(k.p, g, K);
     in.eps_q60 = eps_q60;
     in.in_frac = in_frac;

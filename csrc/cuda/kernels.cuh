@@ -103,14 +103,12 @@ struct GemvSegs {
 // rows (launch_norm_quant16's steps); kGemvQuant, quant16 of a [*, K] int64
 // rows (launch_quant16_i64's steps). Every block computes the same integer
 // function of the same rows, so all blocks hold the same q and e, those
-// the separate launch would store. idx (norm only, may be null): row t's
-// source row is idx[t] (the lm_head's selected rows).
+// the separate launch would store.
 enum GemvInKind { kGemvQ = 0, kGemvNorm = 1, kGemvQuant = 2 };
 constexpr int kPrologueRows = 2;
 struct GemvIn {
   int kind;
   const int32_t* x;
-  const int32_t* idx;
   const int16_t* g;
   int64_t eps_q60;
   int in_frac;

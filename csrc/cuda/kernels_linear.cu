@@ -64,8 +64,7 @@ __device__ void gemv_prologue(const GemvIn& in, int nt, int K, int16_t* act, int
   for (int t = 0; t < nt; ++t) {
     int ex;
     if (in.kind == kGemvNorm) {  // block-uniform
-      const int64_t src = in.idx ? in.idx[t] : t;
-      norm_row(in.x + src * K, in.g, K, in.eps_q60, in.in_frac, y, red);
+      norm_row(in.x + (int64_t)t * K, in.g, K, in.eps_q60, in.in_frac, y, red);
       ex = quant16_block(y, K, act + (int64_t)t * K, red);
     } else {
       ex = quant16_block(in.a + (int64_t)t * K, K, act + (int64_t)t * K, red);

@@ -340,28 +340,19 @@ PYBIND11_MODULE(INTDET_CUDA_MODULE_NAME, mod) {
           "Force the GEMV's warps per channel to 2**wlg (0..2; -1: the launcher's choice). Tests only.");
   ops.def(
       "gemv_prologue",
-      [](int kind, py::object x, py::object idx, py::object g, int64_t eps_q60, int in_frac, py::object a, int64_t T,
+      [](int kind, py::object x, py::object g, int64_t eps_q60, int in_frac, py::object a, int64_t T,
          Arr<int8_t> w, Arr<int32_t> mant, Arr<int32_t> shift, py::object bias) {
         if (w.ndim() != 2 || mant.size() != w.shape(0) || shift.size() != w.shape(0) || T < 1)
           throw std::invalid_argument("gemv_prologue: shape mismatch");
         const int64_t N = w.shape(0), K = w.shape(1);
-        Arr<int32_t> xa, ia, ba;
+        Arr<int32_t> xa, ba;
         Arr<int16_t> ga;
         Arr<int64_t> aa;
-        int64_t R = 0;
         if (kind == 1) {
           xa = x.cast<Arr<int32_t>>();
           ga = g.cast<Arr<int16_t>>();
-          if (xa.ndim() != 2 || xa.shape(1) != K || ga.size() != K) throw std::invalid_argument("gemv_prologue: x or g shape");
-          R = xa.shape(0);
-          if (!idx.is_none()) {
-            ia = idx.cast<Arr<int32_t>>();
-            if (ia.size() != T) throw std::invalid_argument("gemv_prologue: idx shape");
-            for (int64_t t = 0; t < T; ++t)
-              if (ia.data()[t] < 0 || ia.data()[t] >= R) throw std::invalid_argument("gemv_prologue: idx out of range");
-          } else if (R < T) {
-            throw std::invalid_argument("gemv_prologue: fewer rows than T");
-          }
+          if (xa.ndim() != 2 || xa.shape(0) != T || xa.shape(1) != K || ga.size() != K)
+            throw std::invalid_argument("gemv_prologue: x or g shape");
         } else {
           aa = a.cast<Arr<int64_t>>();
           if (aa.ndim() != 2 || aa.shape(0) != T || aa.shape(1) != K) throw std::invalid_argument("gemv_prologue: a shape");
@@ -371,17 +362,16 @@ PYBIND11_MODULE(INTDET_CUDA_MODULE_NAME, mod) {
           if (ba.size() != N) throw std::invalid_argument("gemv_prologue: bias shape mismatch");
         }
         std::vector<int32_t> o((size_t)(T * N));
-        cuda::test::gemv_prologue(kind, kind == 1 ? xa.data() : nullptr, R, idx.is_none() ? nullptr : ia.data(),
-                                  kind == 1 ? ga.data() : nullptr, eps_q60, in_frac, kind == 1 ? nullptr : aa.data(),
+        cuda::test::gemv_prologue(kind, kind == 1 ? xa.data() : nullptr, kind == 1 ? ga.data() : nullptr, eps_q60, in_frac, kind == 1 ? nullptr : aa.data(),
                                   T, K, w.data(), mant.data(), shift.data(), bias.is_none() ? nullptr : ba.data(), N,
                                   o.data());
         py::array_t<int64_t> out({T, N});
         std::copy(o.begin(), o.end(), out.mutable_data());
         return out;
       },
-      py::arg("kind"), py::arg("x"), py::arg("idx"), py::arg("g"), py::arg("eps_q60"), py::arg("in_frac"),
+      py::arg("kind"), py::arg("x"), py::arg("g"), py::arg("eps_q60"), py::arg("in_frac"),
       py::arg("a"), py::arg("T"), py::arg("w"), py::arg("mant"), py::arg("shift"), py::arg("bias") = py::none(),
-      "int64 [T, N]: the decode GEMV whose prologue computes its input: kind 1 quant16(RMSNorm(x[idx]))"
+      "int64 [T, N]: the decode GEMV whose prologue computes its input: kind 1 quant16(RMSNorm(x))"
       " (in_frac: x's fixed point), kind 2 quant16(a) (a [T, K] int64).");
   ops.def("norm_quant16", [](Arr<int32_t> x, Arr<int16_t> g, int64_t eps_q60) {
     if (x.ndim() != 2 || g.size() != x.shape(1) || x.shape(1) > 8192) throw std::invalid_argument("norm_quant16: shape");
