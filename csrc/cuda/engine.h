@@ -115,7 +115,8 @@ void linear_w4(const int16_t* q, const int32_t* e, int64_t T, int64_t K, const u
                int32_t* out);
 // nh query heads (q [nh, D] int32, quantized on the device like the forward
 // pass) over n positions of an nkv-head cache (kc, vc [n, nkv, D]; ka, va
-// [n, nkv]); out [nh, D]. chunk: positions per block (0: the engine's choice).
+// [n, nkv]); out [nh, D]. chunk: positions per block of the split path (0:
+// the launcher's choice of path and chunk).
 void attend(const int32_t* q, int64_t nh, int64_t nkv, int64_t D, const int8_t* kc, const int32_t* ka,
             const int8_t* vc, const int32_t* va, int64_t n, int64_t score_mant, int64_t score_shift, int chunk,
             int64_t* out);
@@ -123,7 +124,7 @@ void attend(const int32_t* q, int64_t nh, int64_t nkv, int64_t D, const int8_t* 
 // row t at position pos[t] < n, window > 0: only its last `window`
 // positions) over the cache kc, vc [n, nkv, D], ka, va [n, nkv]: out [T, nh,
 // D] int64 (attn_out), act [T, nh * D] int16 and act_e [T] its quant16.
-// path: kAttnAuto / kAttnSplit / kAttnMma (kernels.cuh).
+// path: kAttnAuto / kAttnSplit / kAttnMma / kAttnFused (kernels.cuh).
 void attend_rows(const int32_t* q, int64_t T, int64_t nh, int64_t nkv, int64_t D, const int8_t* kc, const int32_t* ka,
                  const int8_t* vc, const int32_t* va, int64_t n, const int32_t* pos, int64_t window,
                  int64_t score_mant, int64_t score_shift, int path, int64_t* out, int16_t* act, int32_t* act_e);
@@ -148,7 +149,7 @@ void argmax(const int32_t* logits, int64_t R, int64_t V, int32_t* out);
 int32_t sample(const int32_t* logits, int64_t V, const Pick& how);
 // Force the GEMV's warps per output channel to 2^wlg (0..2; -1: automatic).
 void set_gemv_split(int wlg);
-// kernels.cuh set_attn_path_override: 1 split, 2 tensor cores, else auto.
+// kernels.cuh set_attn_path_override: 1 split, 2 tensor cores, 3 one kernel, else auto.
 void set_attn_path(int path);
 }  // namespace test
 

@@ -85,7 +85,7 @@ void enqueue_body(DeviceModel& m, int64_t T, int64_t sstride, int64_t rows_per, 
   const Config& c = m.cfg;
   Workspace& w = m.ws;
   const AttnScratch asc{w.scratch.p, sstride, w.zpart.p, w.shifts.p, w.counters.p, w.oacc.p, rows_per,
-                        attn_max_splits(sstride)};
+                        attn_max_splits(sstride), w.attn_npos};
   const cudaStream_t st = m.stream;
   const int H = (int)c.hidden, nh = (int)c.n_heads, nkv = (int)c.n_kv, D = (int)c.head_dim;
   const int64_t F = c.ffn;
@@ -325,6 +325,10 @@ void forward_chunk(DeviceModel& m, DeviceState* const* states, int64_t n_states,
         w.fold_rope = false;
         break;
       }
+  // A graph serves every length up to attn_fused_max_pos in one bucket (the
+  // one-kernel attention), longer ones in another (the split).
+  const int64_t fmax = attn_fused_max_pos((int)(nh / nkv));
+  w.attn_npos = !graph ? nmax : nmax <= fmax ? std::min(maxlen, fmax) : maxlen;
   for (int k = 0; k < 4; ++k)
     ck(cudaMemcpyAsync(w.meta.p + k * w.rows, hm + k * w.rows, (size_t)T * sizeof(int32_t), cudaMemcpyHostToDevice,
                        m.stream),
@@ -336,7 +340,7 @@ void forward_chunk(DeviceModel& m, DeviceState* const* states, int64_t n_states,
        "cudaMemcpyAsync (device token)");
 
   if (graph && Tout <= group) {
-    const auto key = std::make_tuple(T, Tout, sstride, rows_per, w.fold_rope);
+    const auto key = std::make_tuple(T, Tout, sstride, rows_per, w.fold_rope, w.attn_npos);
     auto it = m.graphs.find(key);
     if (it == m.graphs.end()) {
       cudaGraph_t g = nullptr;

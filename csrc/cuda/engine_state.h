@@ -139,6 +139,7 @@ struct Workspace {
   Buf<int> counters;
   Buf<unsigned long long> oacc;
   bool fold_rope = false;  // this call's rows: at most kGemvMaxRows, each of a different sequence
+  int64_t attn_npos = 0;  // AttnScratch::npos: this call's longest row, or for a graph a bound of its bucket
   Buf<int32_t> traced;  // [rows, H]: a normed row or a projection before its residual add (trace only)
   int32_t* tokens() { return meta.p; }
   int32_t* seq() { return meta.p + rows; }
@@ -244,7 +245,7 @@ struct DeviceModel {
   bool use_graphs = false;
   Profiler* prof = nullptr;  // set only during forward_rows_profiled
   GreedyPipe greedy;
-  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, bool>, cudaGraphExec_t> graphs;  // (T, Tout, sstride, rows_per, fold_rope)
+  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, bool, int64_t>, cudaGraphExec_t> graphs;  // (T, Tout, sstride, rows_per, fold_rope, attn_npos)
 
   void drop_graphs() {
     for (auto& kv : graphs) cudaGraphExecDestroy(kv.second);

@@ -89,7 +89,8 @@ void attend(const int32_t* q, int64_t nh, int64_t nkv, int64_t D, const int8_t* 
   ck(cudaMemset(sc.oacc, 0, (size_t)(nh * D) * sizeof(unsigned long long)), "cudaMemset");
   launch_attention(to_dev(k.p, q, nh * D), 0, 1, (int)nh, (int)nkv, (int)D, 0, to_dev(k.p, &zero, 1),
                    to_dev(k.p, &last, 1), to_dev(k.p, &kv, 1), score_mant, score_shift, sc, o,
-                   to_dev<int16_t>(k.p, nullptr, nh * D), to_dev<int32_t>(k.p, nullptr, 1), 0, 0, chunk);
+                   to_dev<int16_t>(k.p, nullptr, nh * D), to_dev<int32_t>(k.p, nullptr, 1), 0, 0, chunk,
+                   chunk > 0 ? kAttnSplit : kAttnAuto);
   from_dev(out, o, nh * D);
   // Every launch leaves the counters and P.V sums at zero (graph replays rely on it).
   std::vector<int> c((size_t)(nkv + 1));
@@ -113,7 +114,7 @@ void attend_rows(const int32_t* q, int64_t T, int64_t nh, int64_t nkv, int64_t D
   AttnScratch sc{to_dev<int32_t>(k.p, nullptr, T * nh * sstride), sstride,
                  to_dev<int64_t>(k.p, nullptr, T * nh * attn_max_splits(sstride)), to_dev<int32_t>(k.p, nullptr, T * nh),
                  to_dev<int>(k.p, nullptr, T * (nkv + 1)), to_dev<unsigned long long>(k.p, nullptr, T * nh * D), T,
-                 attn_max_splits(sstride)};
+                 attn_max_splits(sstride), n};
   ck(cudaMemset(sc.counters, 0, (size_t)(T * (nkv + 1)) * sizeof(int)), "cudaMemset");
   ck(cudaMemset(sc.oacc, 0, (size_t)(T * nh * D) * sizeof(unsigned long long)), "cudaMemset");
   int64_t* o = to_dev<int64_t>(k.p, nullptr, T * nh * D);

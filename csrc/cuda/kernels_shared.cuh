@@ -202,6 +202,30 @@ __device__ int32_t quant8_block(const int32_t* x, int D, int8_t* q, int64_t* red
   return (int32_t)a;
 }
 
+// ---------------------------------------------------------------- positions and lanes (attention, attention_decode)
+
+// Positions of a row: lo..lo+n-1 (lo > 0 only in a sliding window).
+__device__ __forceinline__ void attn_range(int64_t p, int64_t window, int64_t* lo, int64_t* n) {
+  *lo = window && p + 1 > window ? p + 1 - window : 0;
+  *n = p + 1 - *lo;
+}
+
+// Lanes per position: D/16 16-byte chunks rounded up to a power of two (vec),
+// or a whole warp over scalar dims (D % 16 != 0).
+__device__ __forceinline__ int attn_lanes_log2(int D, bool vec) {
+  if (!vec) return 5;
+  int lg = 0;
+  while ((16 << lg) < D) ++lg;
+  return lg;
+}
+
+// Sum over the L lanes of a position (lanes sub = 0..L-1 of an aligned group);
+// every lane of the warp calls it.
+__device__ __forceinline__ int32_t group_sum32(int32_t v, int L) {
+  for (int o = L >> 1; o > 0; o >>= 1) v += __shfl_xor_sync(kFull, v, o);
+  return v;
+}
+
 // ---------------------------------------------------------------- SwiGLU (elementwise, linear)
 
 // swiglu_row / geglu_row for one element (Q16 gate and up, Q32 int64 out).

@@ -72,6 +72,7 @@ constexpr int kMmaM = 64, kMmaN = 64;  // its block tile (rows x channels)
 constexpr int kTileThreads = 256;  // __dp2a GEMM (int8 and int4): 16 x 16 threads of 4 x 4
 constexpr int kTileM = 64, kTileN = 64;  // its block tile
 constexpr int kAttnThreads = 128;  // attention: split scores, split P.V, tensor-core tiles
+constexpr int kAttnFusedThreads = 256;  // decode attention in one kernel: 8 warps over the row's positions
 constexpr int kRouteThreads = 64;  // MoE router top-k: one thread per row
 constexpr int kArgmaxThreads = 256, kArgmaxBlocks = 64;  // argmax: blocks over a stride of the row
 constexpr int kSampleThreads = 1024;  // the sampler: one block
@@ -131,6 +132,13 @@ inline LaunchShape shape_attn_split(int64_t nsplit, int nkv, int nrows) {
 }
 // Tensor-core path: one block per (tile of rows, kv head).
 inline LaunchShape shape_attn_mma(unsigned tiles, int nkv) { return {dim3(tiles, (unsigned)nkv), kAttnThreads, 0}; }
+
+// ---- kernels_attention_decode.cu
+// One kernel: one block per (kv head, row); smem: the group's grp x npos
+// int32 scores (npos: the call's most positions per row).
+inline LaunchShape shape_attn_fused(int nkv, int nrows, int grp, int64_t npos) {
+  return {dim3((unsigned)nkv, (unsigned)nrows), kAttnFusedThreads, (size_t)(grp * npos) * sizeof(int32_t)};
+}
 
 // ---- kernels_moe.cu
 inline LaunchShape shape_moe_route(int T) { return {grid_1d(T, kRouteThreads), kRouteThreads, 0}; }
