@@ -40,12 +40,21 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 CUDA_SRC = os.path.join(ROOT, "csrc", "cuda")
 
 
-def cuda_sources() -> list[str]:
-    """The CUDA kernel files (absolute paths), from csrc/cuda/sources.txt: the
-    one list CMakeLists.txt and the emulator build (tests/engine/test_cuda.py) read too."""
+def _listed_sources() -> list[str]:
     with open(os.path.join(CUDA_SRC, "sources.txt"), encoding="utf-8") as f:
         names = [ln.strip() for ln in f]
     return [os.path.join(CUDA_SRC, n) for n in names if n and not n.startswith("#")]
+
+
+def cuda_sources() -> list[str]:
+    """The CUDA kernel files (absolute paths; the .cu lines of csrc/cuda/sources.txt,
+    the one list CMakeLists.txt and the emulator build (tests/engine/test_cuda.py) read too)."""
+    return [p for p in _listed_sources() if p.endswith(".cu")]
+
+
+def host_sources() -> list[str]:
+    """The engine's host files (absolute paths; the .cpp lines of csrc/cuda/sources.txt)."""
+    return [p for p in _listed_sources() if p.endswith(".cpp")]
 
 # SASS opcodes (the part before the first '.') that use floating point, for
 # sm_80 .. sm_100 and older names kept for completeness.

@@ -12,7 +12,7 @@
 // blocks never overlap). __CUDA_ARCH__ is defined for the kernel files so
 // intmath.h takes its device paths (division by a reciprocal, __clzll).
 //
-// The runtime API part covers engine.cpp: plain host memory for device
+// The runtime API part covers the engine (engine_*.cpp): plain host memory for device
 // memory, synchronous "streams", and graph capture as a recorded list of
 // launches replayed by cudaGraphLaunch.
 #pragma once
@@ -183,11 +183,14 @@ inline GraphRec* g_capture = nullptr;
 inline void run_launch(const Launch& l) {
   grid_dim = l.grid;
   block_dim = l.block;
-  g_dyn_smem.assign(l.smem ? l.smem : 1, 0xA5);  // poison: kernels must write before reading
   for (unsigned z = 0; z < l.grid.z; ++z)
     for (unsigned y = 0; y < l.grid.y; ++y)
       for (unsigned x = 0; x < l.grid.x; ++x) {
         block_idx.x = x, block_idx.y = y, block_idx.z = z;
+        // poisoned for every block (each has its own on a GPU): a block must
+        // write its dynamic shared memory before reading it, even where every
+        // block computes the same values (the GEMV prologues)
+        g_dyn_smem.assign(l.smem ? l.smem : 1, 0xA5);
         run_block(l.body);
       }
 }
@@ -405,7 +408,7 @@ inline cudaError_t cudaFree(void* p) {
 }
 inline cudaError_t cudaFreeHost(void* p) { return cudaFree(p); }
 inline cudaError_t cudaMemcpy(void* d, const void* s, size_t n, cudaMemcpyKind) {
-  if (emu::g_capturing) return cudaErrorInvalidValue;  // engine.cpp copies outside captures
+  if (emu::g_capturing) return cudaErrorInvalidValue;  // the engine copies outside captures
   if (n) std::memmove(d, s, n);
   return cudaSuccess;
 }
@@ -439,7 +442,7 @@ inline cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t a, cudaEvent_t b)
   return cudaSuccess;
 }
 inline cudaError_t cudaMemsetAsync(void* d, int v, size_t n, cudaStream_t) {
-  if (emu::g_capturing) return cudaErrorInvalidValue;  // engine.cpp zeroes buffers outside captures
+  if (emu::g_capturing) return cudaErrorInvalidValue;  // the engine zeroes buffers outside captures
   return cudaMemset(d, v, n);
 }
 inline cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned) {

@@ -115,7 +115,8 @@ void linear_w4(const int16_t* q, const int32_t* e, int64_t T, int64_t K, const u
                int32_t* out);
 // nh query heads (q [nh, D] int32, quantized on the device like the forward
 // pass) over n positions of an nkv-head cache (kc, vc [n, nkv, D]; ka, va
-// [n, nkv]); out [nh, D]. chunk: positions per block (0: the engine's choice).
+// [n, nkv]); out [nh, D]. chunk: positions per block of the split path (0:
+// the launcher's choice of path and chunk).
 void attend(const int32_t* q, int64_t nh, int64_t nkv, int64_t D, const int8_t* kc, const int32_t* ka,
             const int8_t* vc, const int32_t* va, int64_t n, int64_t score_mant, int64_t score_shift, int chunk,
             int64_t* out);
@@ -123,10 +124,17 @@ void attend(const int32_t* q, int64_t nh, int64_t nkv, int64_t D, const int8_t* 
 // row t at position pos[t] < n, window > 0: only its last `window`
 // positions) over the cache kc, vc [n, nkv, D], ka, va [n, nkv]: out [T, nh,
 // D] int64 (attn_out), act [T, nh * D] int16 and act_e [T] its quant16.
-// path: kAttnAuto / kAttnSplit / kAttnMma (kernels.cuh).
+// path: kAttnAuto / kAttnSplit / kAttnMma / kAttnFused (kernels.cuh).
 void attend_rows(const int32_t* q, int64_t T, int64_t nh, int64_t nkv, int64_t D, const int8_t* kc, const int32_t* ka,
                  const int8_t* vc, const int32_t* va, int64_t n, const int32_t* pos, int64_t window,
                  int64_t score_mant, int64_t score_shift, int path, int64_t* out, int16_t* act, int32_t* act_e);
+// The decode GEMV with its input computed in its prologue by every block
+// (kernels.cuh GemvIn): out [T, N] int32 = the linear layer (w [N, K] int8)
+// of quant16(RMSNorm(x[t])) (kind 1: x [T, K] int32 rows of fixed point
+// in_frac) or of quant16(a[t]) (kind 2: a [T, K] int64). T <= 2.
+void gemv_prologue(int kind, const int32_t* x, const int16_t* g, int64_t eps_q60,
+                   int in_frac, const int64_t* a, int64_t T, int64_t K, const int8_t* w, const int32_t* mant,
+                   const int32_t* shift, const int32_t* bias, int64_t N, int32_t* out);
 // RMSNorm then quant16 of rows x [R, n] int32: q [R, n], e [R].
 void norm_quant16(const int32_t* x, const int16_t* g, int64_t R, int64_t n, int64_t eps_q60, int16_t* q, int32_t* e);
 void swiglu(const int32_t* g, const int32_t* u, int64_t count, int64_t* a);
@@ -141,7 +149,7 @@ void argmax(const int32_t* logits, int64_t R, int64_t V, int32_t* out);
 int32_t sample(const int32_t* logits, int64_t V, const Pick& how);
 // Force the GEMV's warps per output channel to 2^wlg (0..2; -1: automatic).
 void set_gemv_split(int wlg);
-// kernels.cuh set_attn_path_override: 1 split, 2 tensor cores, else auto.
+// kernels.cuh set_attn_path_override: 1 split, 2 tensor cores, 3 one kernel, else auto.
 void set_attn_path(int path);
 }  // namespace test
 

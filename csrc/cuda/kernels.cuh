@@ -1,5 +1,5 @@
 // Launchers of the CUDA kernels (csrc/cuda/kernels_*.cu). Host-side header:
-// plain C++ plus cuda_runtime.h, included by engine.cpp and the tests' op
+// plain C++ plus cuda_runtime.h, included by the engine (engine_*.cpp) and the tests' op
 // bindings. Every kernel computes exactly what the scalar C++ reference
 // (csrc/cpu/ops_generic.cpp, csrc/model/forward.cpp) computes, bit for bit;
 // docs/cuda.md explains why each parallel decomposition keeps that.
@@ -94,32 +94,38 @@ struct GemvSegs {
   int glu;
   int64_t* glu_out;
   int64_t glu_ldo;
-  // GLU mode, T <= kNormFoldRows, N <= kQuantFoldN: the last block to finish
-  // (quant_counter [1], zero before and after; null: not folded) also runs
-  // quant16 of each glu_out row into quant_q [T, N], quant_e [T] (the
-  // down-proj's input; launch_quant16_i64's steps).
-  int* quant_counter;
-  int16_t* quant_q;
-  int32_t* quant_e;
 };
-constexpr int kQuantFoldN = 6144;  // the row (int64) in at most 48 KB of shared memory
-// A GEMV that writes the residual x [T, n] (one segment, N = ldo = n, T <=
-// kNormFoldRows) can also run the next RMSNorm + quant16 of its rows
-// (launch_norm_quant16's steps): the last block to finish (counter, zero
-// before and after) reads the row back from L2. counter null: no norm.
-constexpr int kNormFoldRows = 2;
-struct NormAfter {
-  int* counter;  // [1], zero
+// The GEMV's input. kind kGemvQ: q [T, K] int16 and e [T] given (global
+// memory). For T <= kPrologueRows the input can instead be computed by every
+// block in its prologue, from rows of K values the previous launch wrote
+// (small and L2-resident), into shared memory: kGemvNorm, RMSNorm (gamma g,
+// eps_q60, in_frac: the rows' fixed point) then quant16 of x [*, K] int32
+// rows (launch_norm_quant16's steps); kGemvQuant, quant16 of a [*, K] int64
+// rows (launch_quant16_i64's steps). Every block computes the same integer
+// function of the same rows, so all blocks hold the same q and e, those
+// the separate launch would store.
+enum GemvInKind { kGemvQ = 0, kGemvNorm = 1, kGemvQuant = 2 };
+constexpr int kPrologueRows = 2;
+struct GemvIn {
+  int kind;
+  const int32_t* x;
   const int16_t* g;
-  int n;
   int64_t eps_q60;
   int in_frac;
-  int16_t* q;  // [T, n]
-  int32_t* e;  // [T]
-  int32_t* normed;  // [T, n] or null (the trace)
+  const int64_t* a;
 };
+// Whether launch_gemv can run that prologue for T rows of K (its shared
+// memory: T K int16, plus K int32 for the norm); else the caller runs the
+// separate norm or quant16 launch first and passes kGemvQ.
+bool gemv_prologue_fits(int kind, int T, int K);
+// Decode GEMVs are launched with programmatic dependent launch where the
+// device has it (compute capability 9.0+; on: the engine, per device): each
+// block issues its first weight loads before it waits for the previous
+// launch (griddepcontrol.wait), and lets the next launch start after its
+// main loop. Graph-capturable; a no-op in the emulator.
+void set_gemv_pdl(bool on);
 void launch_gemv(const int16_t* q, const int32_t* e, int T, int K, GemvSegs segs, bool residual, cudaStream_t st,
-                 const NormAfter& na = NormAfter{});
+                 const GemvIn& in = GemvIn{});
 
 // Kernel launches enqueued so far in this process (the launch-count test).
 int64_t launch_count();
@@ -159,6 +165,7 @@ struct AttnScratch {
   unsigned long long* oacc;  // [rows * nh * D]: P.V sums (int64 two's complement)
   int64_t rows;  // row capacity of the buffers
   int64_t max_splits;  // zpart's columns; nsplit = ceil(sstride / chunk) must fit
+  int64_t npos = 0;  // >= every row's positions (pos + 1) in this call, <= sstride; 0: sstride
 };
 
 // Chunk of positions per block that launch_attention picks (32..512).
@@ -177,13 +184,28 @@ int attn_chunk(int64_t sstride, int nkv, int nrows);
 // (consecutive rows times the query heads of one KV head, as the CPU's
 // attention tiles) with QK^T and P.V on the tensor cores (mma.m16n8k32,
 // int16 split into s8 hi and u8 lo bytes; 2 launches: the tiles, then
-// quant16 of the rows); kAttnAuto: kAttnMma for more than kGemvMaxRows rows
-// (prefill), else kAttnSplit. Every path gives the same bits.
-enum AttnPath { kAttnAuto = 0, kAttnSplit = 1, kAttnMma = 2 };
-// rope_append folded into the split path's scores kernel (on: launch_rope_append
-// is not called): every block runs q norm + RoPE of its group's heads from q
-// (left unrotated in memory), and the block whose chunk holds a row's own
-// position runs k norm + RoPE of kb and the quant8_row append of K and vb first.
+// quant16 of the rows); kAttnFused, one launch of one block per (row, kv
+// head) over all the row's positions, the scores and the softmax in shared
+// memory, the row's quant16 by its last block (at most attn_fused_max_pos
+// positions); kAttnAuto: attn_path_for's choice. Every path gives the
+// same bits.
+enum AttnPath { kAttnAuto = 0, kAttnSplit = 1, kAttnMma = 2, kAttnFused = 3 };
+// The most positions per row kAttnFused takes for grp query heads per kv
+// head (their scores in shared memory): 2048, fewer for grp > 3.
+int64_t attn_fused_max_pos(int grp);
+// The path of one attention call: path (kAttnAuto, or a forced one: tests)
+// resolved for nrows rows of at most npos positions (the window
+// applied) with grp query heads per kv head; rope: a RopeFold is on.
+// kAttnAuto (and set_attn_path_override's path where it applies): kAttnMma
+// for more than kGemvMaxRows rows without a RopeFold (prefill), else
+// kAttnFused where npos <= attn_fused_max_pos(grp), else kAttnSplit.
+// Throws std::invalid_argument for a forced path that cannot serve the call.
+int attn_path_for(int path, int nrows, int grp, int64_t npos, bool rope);
+// rope_append folded into the split path's scores kernel or kAttnFused's
+// prologue (on: launch_rope_append is not called): every block runs q norm +
+// RoPE of its group's heads from q (left unrotated in memory), and the block
+// whose positions hold a row's own position runs k norm + RoPE of kb and the
+// quant8_row append of K and vb first.
 // Only when every row of the launch is a different sequence's (decode: no
 // row reads a K or V row another block of this launch appends).
 struct RopeFold {
@@ -196,10 +218,16 @@ struct RopeFold {
   const int32_t* kb;  // [T, nkv, D] before k norm + RoPE
   const int32_t* vb;  // [T, nkv, D]
 };
-// What kAttnAuto takes from now on (kAttnSplit or kAttnMma; anything else:
-// the choice above), except under a RopeFold; tests and the device check's
-// A/B timing only. The bits never change.
+// What kAttnAuto takes from now on (kAttnSplit, kAttnMma or kAttnFused;
+// anything else: the choice above) where it can serve the call (not kAttnMma
+// under a RopeFold, not kAttnFused beyond attn_fused_max_pos); tests and the
+// device check's A/B timing only. The bits never change.
 void set_attn_path_override(int path);
+// kAttnFused's launch (launch_attention calls it): npos as for attn_path_for.
+void launch_attention_fused(const int32_t* q, int row0, int nrows, int nh, int nkv, int D, int layer,
+                            const int32_t* seq, const int32_t* pos, const DevKV* kvs, int64_t score_mant,
+                            int64_t score_shift, const AttnScratch& sc, int64_t npos, int64_t* out, int16_t* act,
+                            int32_t* act_e, cudaStream_t st, int64_t window, const RopeFold& rope, const Softcap& cap);
 void launch_attention(const int32_t* q, int row0, int nrows, int nh, int nkv, int D, int layer, const int32_t* seq,
                       const int32_t* pos, const DevKV* kvs, int64_t score_mant, int64_t score_shift,
                       const AttnScratch& sc, int64_t* out, int16_t* act, int32_t* act_e, cudaStream_t st,

@@ -46,31 +46,8 @@ namespace {
 // chunk <= kPvBlock = 512 products (512 * 32767 * 127 < 2^31), so the chunk's
 // int32 sums are exact before they go into int64.
 
-constexpr int kAttnThreads = 128;
 constexpr int kMaxGroupDim = 4096;  // grp * D: the group's int16 queries in shared memory
 constexpr int kMaxGroup = 16;
-
-// Positions of a row: lo..lo+n-1 (lo > 0 only in a sliding window).
-__device__ __forceinline__ void attn_range(int64_t p, int64_t window, int64_t* lo, int64_t* n) {
-  *lo = window && p + 1 > window ? p + 1 - window : 0;
-  *n = p + 1 - *lo;
-}
-
-// Lanes per position: D/16 16-byte chunks rounded up to a power of two (vec),
-// or a whole warp over scalar dims (D % 16 != 0).
-__device__ __forceinline__ int attn_lanes_log2(int D, bool vec) {
-  if (!vec) return 5;
-  int lg = 0;
-  while ((16 << lg) < D) ++lg;
-  return lg;
-}
-
-// Sum over the L lanes of a position (lanes sub = 0..L-1 of an aligned group);
-// every lane of the warp calls it.
-__device__ __forceinline__ int32_t group_sum32(int32_t v, int L) {
-  for (int o = L >> 1; o > 0; o >>= 1) v += __shfl_xor_sync(kFull, v, o);
-  return v;
-}
 
 // grid (nsplit, nkv, nrows).
 // What one block of attn_scores_kernel / attn_pv_kernel serves (grid:
@@ -549,7 +526,21 @@ __global__ void __launch_bounds__(kAttnThreads)
 }  // namespace
 
 int g_attn_path = kAttnAuto;  // tests and the device check: force kAttnAuto's choice
-void set_attn_path_override(int path) { g_attn_path = path == kAttnSplit || path == kAttnMma ? path : kAttnAuto; }
+void set_attn_path_override(int path) {
+  g_attn_path = path == kAttnSplit || path == kAttnMma || path == kAttnFused ? path : kAttnAuto;
+}
+
+int attn_path_for(int path, int nrows, int grp, int64_t npos, bool rope) {
+  const bool fits = npos <= attn_fused_max_pos(grp);
+  if (path == kAttnAuto && g_attn_path != kAttnAuto && !(rope && g_attn_path == kAttnMma) &&
+      !(!fits && g_attn_path == kAttnFused))
+    path = g_attn_path;
+  if (path == kAttnAuto) return !rope && nrows > kGemvMaxRows ? kAttnMma : fits ? kAttnFused : kAttnSplit;
+  if (rope && path == kAttnMma) throw std::invalid_argument("attention: rope_append folds into the split path only");
+  if (path == kAttnFused && !fits) throw std::invalid_argument("attention: more positions than the one-kernel path holds");
+  if (path != kAttnSplit && path != kAttnMma && path != kAttnFused) throw std::invalid_argument("attention: unknown path");
+  return path;
+}
 
 int attn_chunk(int64_t sstride, int nkv, int nrows) {
   // About 256 blocks per launch (two per SM of an H100/H200) where the
@@ -571,14 +562,18 @@ void launch_attention(const int32_t* q, int row0, int nrows, int nh, int nkv, in
     throw std::invalid_argument("attention: shape out of range");
   const int grp = nh / nkv;  // host-side division
   if (grp > kMaxGroup || grp * D > kMaxGroupDim) throw std::invalid_argument("attention: more than 16 query heads per kv head");
-  if (path == kAttnAuto) path = rope.on ? kAttnSplit : g_attn_path != kAttnAuto ? g_attn_path
-                                                    : nrows > kGemvMaxRows ? kAttnMma : kAttnSplit;
-  if (rope.on && path == kAttnMma) throw std::invalid_argument("attention: rope_append folds into the split path only");
+  const int64_t npos = std::min(sc.npos > 0 ? sc.npos : sc.sstride, window > 0 ? window : sc.sstride);
+  path = attn_path_for(path, nrows, grp, npos, rope.on);
+  if (path == kAttnFused) {  // decode up to attn_fused_max_pos positions: one launch
+    launch_attention_fused(q, row0, nrows, nh, nkv, D, layer, seq, pos, kvs, score_mant, score_shift, sc, npos, out,
+                           act, act_e, st, window, rope, cap);
+    return;
+  }
   if (path == kAttnMma) {  // prefill: tiles on the tensor cores, then quant16 of the rows
     const int P = kAmRows / grp;  // rows per tile (grp <= kMaxGroup = kAmRows; host-side division)
     const unsigned tiles = (unsigned)((nrows + P - 1) / P);
     if (nrows > sc.rows) throw std::invalid_argument("attention: scratch too small");
-    INTDET_LAUNCH(attn_mma_kernel, dim3(tiles, (unsigned)nkv), kAttnThreads, 0, st, q, row0, nrows, nh, nkv, grp, P, D,
+    INTDET_LAUNCH_AT(attn_mma_kernel, shape_attn_mma(tiles, nkv), st, q, row0, nrows, nh, nkv, grp, P, D,
                   layer, seq, pos, kvs, score_mant, score_shift, sc.scores, sc.sstride, out, window, cap);
     check_launch("attention (tensor cores)");
     const int64_t HD = (int64_t)nh * D;
@@ -590,12 +585,12 @@ void launch_attention(const int32_t* q, int row0, int nrows, int nh, int nkv, in
   if (chunk > kPvBlock) throw std::invalid_argument("attention: chunk over 512 positions");
   const int64_t nsplit = (sc.sstride + chunk - 1) / chunk;
   if (nrows > sc.rows || nsplit > sc.max_splits) throw std::invalid_argument("attention: scratch too small");
-  const dim3 grid((unsigned)nsplit, (unsigned)nkv, (unsigned)nrows);
-  INTDET_LAUNCH(attn_scores_kernel, grid, kAttnThreads, 0, st, q, row0, nh, nkv, grp, D, layer, seq, pos, kvs,
+  const LaunchShape grid = shape_attn_split(nsplit, nkv, nrows);
+  INTDET_LAUNCH_AT(attn_scores_kernel, grid, st, q, row0, nh, nkv, grp, D, layer, seq, pos, kvs,
                 score_mant, score_shift, sc.scores, sc.sstride, sc.zpart, chunk, sc.counters, sc.shifts, window,
                 rope, cap);
   check_launch("attention (scores)");
-  INTDET_LAUNCH(attn_pv_kernel, grid, kAttnThreads, 0, st, row0, nh, nkv, grp, D, layer, seq, pos, kvs, sc.scores,
+  INTDET_LAUNCH_AT(attn_pv_kernel, grid, st, row0, nh, nkv, grp, D, layer, seq, pos, kvs, sc.scores,
                 sc.sstride, sc.shifts, chunk, sc.oacc, sc.counters + (int64_t)nrows * nkv, out, act, act_e, window);
   check_launch("attention (P.V)");
 }

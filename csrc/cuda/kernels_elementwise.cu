@@ -105,7 +105,7 @@ void check_launch(const char* what) {
 
 void launch_embed(const int32_t* tokens, const int8_t* emb, const int32_t* mant, const int32_t* shift, int T, int H,
                   int32_t* x, cudaStream_t st) {
-  INTDET_LAUNCH(embed_kernel, T, 256, 0, st, tokens, emb, mant, shift, H, x);
+  INTDET_LAUNCH_AT(embed_kernel, shape_embed(T), st, tokens, emb, mant, shift, H, x);
   check_launch("embed");
 }
 
@@ -113,32 +113,32 @@ int64_t launch_count() { return g_launches; }
 
 void launch_softcap(int32_t* x, int64_t count, const Softcap& cap, cudaStream_t st) {
   if (count <= 0) return;
-  INTDET_LAUNCH(softcap_kernel, grid_1d(count, 256), 256, 0, st, x, count, cap);
+  INTDET_LAUNCH_AT(softcap_kernel, shape_elementwise(count), st, x, count, cap);
   check_launch("softcap");
 }
 
 void launch_swiglu(const int32_t* g, const int32_t* u, int64_t count, int64_t* a, cudaStream_t st) {
   if (count <= 0) return;
-  INTDET_LAUNCH(swiglu_kernel, grid_1d(count, 256), 256, 0, st, g, u, count, a);
+  INTDET_LAUNCH_AT(swiglu_kernel, shape_elementwise(count), st, g, u, count, a);
   check_launch("swiglu");
 }
 
 void launch_geglu(const int32_t* g, const int32_t* u, int64_t count, int64_t* a, cudaStream_t st) {
   if (count <= 0) return;
-  INTDET_LAUNCH(geglu_kernel, grid_1d(count, 256), 256, 0, st, g, u, count, a);
+  INTDET_LAUNCH_AT(geglu_kernel, shape_elementwise(count), st, g, u, count, a);
   check_launch("geglu");
 }
 
 void launch_round_div(const int64_t* a, const int64_t* b, int64_t count, int64_t* out, cudaStream_t st) {
   if (count <= 0) return;
-  INTDET_LAUNCH(round_div_kernel, grid_1d(count, 256), 256, 0, st, a, b, count, out);
+  INTDET_LAUNCH_AT(round_div_kernel, shape_elementwise(count), st, a, b, count, out);
   check_launch("round_div");
 }
 
 void launch_div_bench(const int64_t* a, const int64_t* b, int64_t count, int reps, int mode, int64_t* out,
                       cudaStream_t st) {
   if (count <= 0) return;
-  INTDET_LAUNCH(div_bench_kernel, grid_1d(count, 256), 256, 0, st, a, b, count, reps, mode, out);
+  INTDET_LAUNCH_AT(div_bench_kernel, shape_elementwise(count), st, a, b, count, reps, mode, out);
   check_launch("div_bench");
 }
 

@@ -41,12 +41,13 @@ __device__ __forceinline__ void gemv_store(int64_t (&acc)[TT], int lane, int nt,
 // Decode GEMV: each output channel j is served by wpc = 1 << wlg warps of one
 // block (split-K inside the block: warp part p takes 16-byte chunks
 // [p cpw, (p + 1) cpw) of the row), rows t0..t0+TT-1 (blockIdx.y). Each lane
-// issues kGemvUnroll independent 16-byte weight loads before it uses any, so
-// a warp keeps 32 * kGemvUnroll loads in flight. Every dot16 is exact in
-// int32 (16 products < 2^26) and goes straight into an int64 accumulator;
-// the split parts are added in int64 through shared memory, so any split
-// gives the same sum. vec: K % 16 == 0 (aligned 16-byte loads of w and q
-// rows); otherwise scalar loads and wlg = 0.
+// keeps kGemvUnroll independent 16-byte weight loads in flight: the next
+// group is issued before the current one is used, and the first before the
+// block waits for the previous launch (grid_dep_wait) and runs its prologue.
+// Every dot16 is exact in int32 (16 products < 2^26) and goes straight into
+// an int64 accumulator; the split parts are added in int64 through shared
+// memory, so any split gives the same sum. vec: K % 16 == 0 (aligned 16-byte
+// loads of w and q rows); otherwise scalar loads and wlg = 0.
 constexpr int kGemvUnroll = 4;
 
 // The fields of segment si of a GemvSegs (no dynamic index into the kernel
@@ -55,21 +56,40 @@ __device__ __forceinline__ GemvSeg seg_at(const GemvSegs& s, int si) {
   return si == 0 ? s.s[0] : si == 1 ? s.s[1] : s.s[2];
 }
 
+// The GEMV prologue (GemvIn, kind kGemvNorm or kGemvQuant): rows 0..nt-1 of
+// the input into act [nt, K] int16 and es [nt] (shared), by the whole block,
+// with launch_norm_quant16's or launch_quant16_i64's steps. y: shared int32
+// [K] (the normed row). Ends with a barrier.
+__device__ void gemv_prologue(const GemvIn& in, int nt, int K, int16_t* act, int32_t* es, int32_t* y, int64_t* red) {
+  for (int t = 0; t < nt; ++t) {
+    int ex;
+    if (in.kind == kGemvNorm) {  // block-uniform
+      norm_row(in.x + (int64_t)t * K, in.g, K, in.eps_q60, in.in_frac, y, red);
+      ex = quant16_block(y, K, act + (int64_t)t * K, red);
+    } else {
+      ex = quant16_block(in.a + (int64_t)t * K, K, act + (int64_t)t * K, red);
+    }
+    if (threadIdx.x == 0) es[t] = ex;
+    __syncthreads();  // y and red are reused by the next row; act and es complete
+  }
+}
+
 // Several linear layers on the same input in one launch (segments: q, k, v;
 // or gate and up): blocks 0..s[0].blocks-1 serve segment 0, and so on. In
 // GLU mode (two segments of the same N: gate and up) every block serves the
 // same channels of both, warps (slots) alternating gate / up, and the gate's
 // lane applies SwiGLU or GeGLU to the pair: glu_out[t, j] (Q32 int64).
-template <int TT>
-__global__ void __launch_bounds__(kGemvWarps * 32)
+// kStaged (TT <= kPrologueRows, one grid row): the input comes from the
+// prologue in dynamic shared memory (gemv_prologue_smem), not q and e.
+template <int TT, bool kStaged>
+__global__ void __launch_bounds__(kGemv8Threads)
     gemv_kernel(const int16_t* __restrict__ q, const int32_t* __restrict__ e, int T, int K, const GemvSegs segs,
-                int residual, int vec, int wlg, int cpw, const NormAfter na) {
-  __shared__ int64_t part[kGemvWarps][TT];
-  __shared__ int32_t gluv[kGemvWarps][TT];
+                int residual, int vec, int wlg, int cpw, const GemvIn in) {
+  __shared__ int64_t part[kGemv8Warps][TT];
+  __shared__ int32_t gluv[kGemv8Warps][TT];
   __shared__ int64_t red[33];
-  __shared__ int flag;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int p = warp & ((1 << wlg) - 1), slot = warp >> wlg, nslot = kGemvWarps >> wlg;
+  const int p = warp & ((1 << wlg) - 1), slot = warp >> wlg, nslot = kGemv8Warps >> wlg;
   int si = 0, b = blockIdx.x;
   int64_t j;
   if (segs.glu) {
@@ -85,18 +105,41 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
   const int t0 = blockIdx.y * TT;
   const int nt = T - t0 < TT ? T - t0 : TT;
   const int8_t* wj = S.w + (valid ? j : 0) * K;
-  const int16_t* q0 = q + (int64_t)t0 * K;
+  const bool run = valid && vec;
+  const int C = K >> 4;
+  const int c0 = p * cpw, c1 = c0 + cpw < C ? c0 + cpw : C;
+  int c = c0 + lane;
+  int4 wv[kGemvUnroll];  // the weights do not depend on earlier launches: issued before the wait
+#pragma unroll
+  for (int u = 0; u < kGemvUnroll; ++u)
+    wv[u] = run && c + 32 * u < c1 ? load16(wj + 16 * (int64_t)(c + 32 * u)) : make_int4(0, 0, 0, 0);
+  grid_dep_wait();
+  const int16_t* q0;  // the block's input rows [nt, K]
+  const int32_t* ev;  // their exponents, by row t (t0 is 0 when staged)
+  if constexpr (kStaged) {
+    INTDET_DYN_SMEM(int4, smem);
+    int32_t* es = reinterpret_cast<int32_t*>(smem);
+    int16_t* act = reinterpret_cast<int16_t*>(smem + 1);
+    int32_t* y = reinterpret_cast<int32_t*>(reinterpret_cast<char*>(act) + gemv_prologue_act_bytes(TT, K));
+    gemv_prologue(in, nt, K, act, es, y, red);
+    q0 = act;
+    ev = es;
+  } else {
+    q0 = q + (int64_t)t0 * K;
+    ev = e;
+  }
   int64_t acc[TT];
 #pragma unroll
   for (int tt = 0; tt < TT; ++tt) acc[tt] = 0;
-  if (valid && vec) {
-    const int C = K >> 4;
-    const int c0 = p * cpw, c1 = c0 + cpw < C ? c0 + cpw : C;
-    for (int c = c0 + lane; c < c1; c += 32 * kGemvUnroll) {
-      int4 wv[kGemvUnroll];
+  if (run) {
+    for (; c < c1; c += 32 * kGemvUnroll) {
+      int4 cur[kGemvUnroll];
+#pragma unroll
+      for (int u = 0; u < kGemvUnroll; ++u) cur[u] = wv[u];
+      const int cn = c + 32 * kGemvUnroll;
 #pragma unroll
       for (int u = 0; u < kGemvUnroll; ++u)
-        wv[u] = c + 32 * u < c1 ? load16(wj + 16 * (int64_t)(c + 32 * u)) : make_int4(0, 0, 0, 0);
+        wv[u] = cn + 32 * u < c1 ? load16(wj + 16 * (int64_t)(cn + 32 * u)) : make_int4(0, 0, 0, 0);
 #pragma unroll
       for (int u = 0; u < kGemvUnroll; ++u) {
         if (c + 32 * u < c1) {
@@ -104,13 +147,16 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
           for (int tt = 0; tt < TT; ++tt) {
             if (tt < nt) {
               const int16_t* ap = q0 + (int64_t)tt * K + 16 * (c + 32 * u);
-              acc[tt] += dot16(load16(ap), load16(ap + 8), wv[u]);
+              if constexpr (kStaged)
+                acc[tt] += dot16(load16_shared(ap), load16_shared(ap + 8), cur[u]);
+              else
+                acc[tt] += dot16(load16(ap), load16(ap + 8), cur[u]);
             }
           }
         }
       }
     }
-  } else if (valid) {
+  } else if (valid && !vec) {
     for (int k = lane; k < K; k += 32) {
       const int32_t wk = wj[k];
 #pragma unroll
@@ -118,6 +164,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
         if (tt < nt) acc[tt] += (int32_t)q0[(int64_t)tt * K + k] * wk;
     }
   }
+  grid_dep_launch();  // the next launch may start its weight loads now
 #pragma unroll
   for (int tt = 0; tt < TT; ++tt) acc[tt] = warp_sum(acc[tt]);
   if (wlg) {  // grid-uniform: add the K parts of each channel in int64
@@ -137,28 +184,11 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
     for (int tt = 0; tt < TT; ++tt) {
       if (tt < nt) {
         const int64_t t = t0 + tt;
-        const int64_t v = linear_epilogue(acc[tt], mj, sj, e[t], S.bias, j);
+        const int64_t v = linear_epilogue(acc[tt], mj, sj, ev[t], S.bias, j);
         store_out(S.out + t * S.ldo + j, v, residual);
         gluv[warp][tt] = (int32_t)v;
       }
     }
-  }
-  if (na.counter) {  // grid-uniform: the next RMSNorm + quant16 of the rows just written, by the last block
-    if (!last_block_arrives(na.counter + blockIdx.y, gridDim.x, &flag)) return;
-    INTDET_DYN_SMEM(int32_t, y_s);
-    for (int tt = 0; tt < nt; ++tt) {
-      const int64_t t = t0 + tt;
-      const int32_t* xr = S.out + t * S.ldo;  // the residual row (other blocks wrote it: read from L2)
-      for (int i = threadIdx.x; i < na.n; i += blockDim.x) y_s[i] = load_cg(xr + i);
-      __syncthreads();
-      norm_row(y_s, na.g, na.n, na.eps_q60, na.in_frac, y_s, red);  // in place: each thread reads x[i], then writes y[i]
-      if (na.normed)
-        for (int i = threadIdx.x; i < na.n; i += blockDim.x) na.normed[t * na.n + i] = y_s[i];
-      const int ex = quant16_block(y_s, na.n, na.q + t * na.n, red);
-      if (threadIdx.x == 0) na.e[t] = ex;
-      __syncthreads();  // y_s and red are reused by the next row
-    }
-    return;
   }
   if (!segs.glu) return;  // grid-uniform
   __syncthreads();
@@ -169,28 +199,14 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
         segs.glu_out[(t0 + tt) * segs.glu_ldo + j] =
             glu_one(gluv[warp][tt], gluv[warp + (1 << wlg)][tt], segs.glu == 2);
   }
-  if constexpr (TT <= kNormFoldRows) {  // the launcher folds quant16 for <= 2 rows only (no code, no spills, in TT 4, 8)
-    if (!segs.quant_counter) return;  // grid-uniform: quant16 of the GLU rows by the last block
-    if (!last_block_arrives(segs.quant_counter + blockIdx.y, gridDim.x, &flag)) return;
-    INTDET_DYN_SMEM(int64_t, a_s);
-    for (int tt = 0; tt < nt; ++tt) {
-      const int64_t t = t0 + tt;
-      const int64_t* ar = segs.glu_out + t * segs.glu_ldo;  // other blocks wrote it: read from L2
-      for (int i = threadIdx.x; i < N; i += blockDim.x) a_s[i] = load_cg(ar + i);
-      __syncthreads();
-      const int ex = quant16_block(a_s, N, segs.quant_q + t * N, red);
-      if (threadIdx.x == 0) segs.quant_e[t] = ex;
-      __syncthreads();  // a_s and red are reused by the next row
-    }
-  }
 }
 
 // Prefill GEMM: 64 rows x 64 channels per block of 256 threads, K in tiles of
 // 32; each thread owns a 4 x 4 micro-tile (rows ty + 16 r, channels tx + 16 c).
 // int32 partials over 8 tiles (256 products), then int64.
-constexpr int kTileM = 64, kTileN = 64, kTileK = 32, kTilesPerPart = 8;
+constexpr int kTileK = 32, kTilesPerPart = 8;  // kTileM x kTileN: launch_shapes.cuh
 
-__global__ void __launch_bounds__(256)
+__global__ void __launch_bounds__(kTileThreads)
     gemm_kernel(const int16_t* __restrict__ q, const int32_t* __restrict__ e, int T, int K,
                 const int8_t* __restrict__ w, const int32_t* __restrict__ mant, const int32_t* __restrict__ shift,
                 const int32_t* __restrict__ bias, int N, int32_t* __restrict__ out, int64_t ldo, int residual,
@@ -289,7 +305,7 @@ __global__ void __launch_bounds__(256)
 // K tiles of 64 in shared memory (hi, lo and w bytes, rows of 80 bytes so the
 // fragment reads of a warp hit 32 different banks). The fragment layout is
 // the PTX ISA's for m16n8k32 .s8/.u8 (emu.h emulates it lane by lane).
-constexpr int kMmaM = 64, kMmaN = 64, kMmaK = 64, kMmaThreads = 128, kMmaRow = kMmaK + 16;
+constexpr int kMmaK = 64, kMmaRow = kMmaK + 16;  // kMmaM, kMmaN, kMmaThreads: launch_shapes.cuh
 constexpr int64_t kMmaFlushK = 32768;
 
 __global__ void __launch_bounds__(kMmaThreads)
@@ -446,7 +462,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
 // shared memory, so the inner loop is gemm_kernel's __dp2a loop; per group
 // each thread also sums its rows' activations (Q) and folds gd * S + gm * Q
 // into int64.
-__global__ void __launch_bounds__(256)
+__global__ void __launch_bounds__(kTileThreads)
     gemm_w4_kernel(const int16_t* __restrict__ q, const int32_t* __restrict__ e, int T, int K,
                    const uint8_t* __restrict__ w4, const int16_t* __restrict__ gd, const int16_t* __restrict__ gm,
                    const int32_t* __restrict__ mant, const int32_t* __restrict__ shift,
@@ -544,24 +560,32 @@ int gemv_split_log2(int K, int N) {
   return C > 2 * per ? 2 : C > per ? 1 : 0;
 }
 
+bool g_gemv_pdl = false;
+void set_gemv_pdl(bool on) { g_gemv_pdl = on; }
+
+bool gemv_prologue_fits(int kind, int T, int K) {
+  return kind != kGemvQ && T >= 1 && T <= kPrologueRows && K > 0 &&
+         gemv_prologue_smem(kind == kGemvNorm, T, K) <= kGemvPrologueSmem;
+}
+
 void launch_gemv(const int16_t* q, const int32_t* e, int T, int K, GemvSegs segs, bool residual, cudaStream_t st,
-                 const NormAfter& na) {
+                 const GemvIn& in) {
   if (T <= 0 || segs.n <= 0) return;
-  if (na.counter && (segs.n != 1 || segs.glu || T > kNormFoldRows || segs.s[0].N != na.n || segs.s[0].ldo != na.n))
-    throw std::invalid_argument("linear (GEMV): a folded norm needs one segment of N = n and at most 2 rows");
   if (segs.n > 3 || (segs.glu && (segs.n != 2 || segs.s[0].N != segs.s[1].N)))
     throw std::invalid_argument("linear (GEMV): bad segments");
-  if (segs.quant_counter && (!segs.glu || na.counter || T > kNormFoldRows || segs.s[0].N > kQuantFoldN))
-    throw std::invalid_argument("linear (GEMV): a folded quant16 needs GLU mode, N <= 6144 and at most 2 rows");
-  const size_t smem = na.counter ? (size_t)na.n * sizeof(int32_t)
-                      : segs.quant_counter ? (size_t)segs.s[0].N * sizeof(int64_t) : 0;
+  const bool staged = in.kind != kGemvQ;
+  if (staged && !gemv_prologue_fits(in.kind, T, K))
+    throw std::invalid_argument("linear (GEMV): a prologue needs at most 2 rows that fit in shared memory");
+  if ((in.kind == kGemvNorm && (!in.x || !in.g)) || (in.kind == kGemvQuant && !in.a))
+    throw std::invalid_argument("linear (GEMV): prologue input missing");
+  const size_t smem = staged ? gemv_prologue_smem(in.kind == kGemvNorm, T, K) : 0;
   const int vec = K % 16 == 0;
   int maxN = 0;
   for (int i = 0; i < segs.n; ++i) maxN = std::max(maxN, segs.s[i].N);
   int wlg = !vec ? 0 : g_gemv_split >= 0 ? g_gemv_split : gemv_split_log2(K, maxN);
   if (segs.glu && wlg > 1) wlg = 1;  // two slots (gate, up) per block at least
   const int C = K / 16, cpw = (C + (1 << wlg) - 1) >> wlg;
-  const int nslot = kGemvWarps >> wlg;
+  const int nslot = kGemv8Warps >> wlg;
   int64_t gx = 0;
   for (int i = 0; i < segs.n; ++i) {
     const int per = segs.glu ? nslot / 2 : nslot;
@@ -570,17 +594,21 @@ void launch_gemv(const int16_t* q, const int32_t* e, int T, int K, GemvSegs segs
   }
   if (segs.glu) gx = segs.s[0].blocks;
   if (gx > 0x7fffffff) throw std::invalid_argument("linear (GEMV): too many channels");
-  const int threads = kGemvWarps * 32;
-  if (T == 1) {
-    INTDET_LAUNCH(gemv_kernel<1>, dim3((unsigned)gx, 1), threads, smem, st, q, e, T, K, segs, residual, vec, wlg, cpw, na);
+  const bool pdl = g_gemv_pdl;
+  if (T == 1 && staged) {
+    launch_at(gemv_kernel<1, true>, shape_gemv(gx, 1, smem), pdl, st, q, e, T, K, segs, (int)residual, vec, wlg, cpw, in);
+  } else if (T == 2 && staged) {
+    launch_at(gemv_kernel<2, true>, shape_gemv(gx, 1, smem), pdl, st, q, e, T, K, segs, (int)residual, vec, wlg, cpw, in);
+  } else if (T == 1) {
+    launch_at(gemv_kernel<1, false>, shape_gemv(gx, 1, 0), pdl, st, q, e, T, K, segs, (int)residual, vec, wlg, cpw, in);
   } else if (T <= 2) {
-    INTDET_LAUNCH(gemv_kernel<2>, dim3((unsigned)gx, 1), threads, smem, st, q, e, T, K, segs, residual, vec, wlg, cpw, na);
+    launch_at(gemv_kernel<2, false>, shape_gemv(gx, 1, 0), pdl, st, q, e, T, K, segs, (int)residual, vec, wlg, cpw, in);
   } else if (T <= 4) {
-    INTDET_LAUNCH(gemv_kernel<4>, dim3((unsigned)gx, 1), threads, smem, st, q, e, T, K, segs, residual, vec, wlg, cpw, na);
+    launch_at(gemv_kernel<4, false>, shape_gemv(gx, 1, 0), pdl, st, q, e, T, K, segs, (int)residual, vec, wlg, cpw, in);
   } else {
     const unsigned gy = (unsigned)((T + 7) / 8);
     if (gy > 65535) throw std::invalid_argument("linear (GEMV): too many rows");
-    INTDET_LAUNCH(gemv_kernel<8>, dim3((unsigned)gx, gy), threads, smem, st, q, e, T, K, segs, residual, vec, wlg, cpw, na);
+    launch_at(gemv_kernel<8, false>, shape_gemv(gx, gy, 0), pdl, st, q, e, T, K, segs, (int)residual, vec, wlg, cpw, in);
   }
   check_launch("linear (GEMV)");
 }
@@ -595,17 +623,15 @@ void launch_linear(const int16_t* q, const int32_t* e, int T, int K, const int8_
     GemvSegs segs{};
     segs.s[0] = GemvSeg{w, mant, shift, bias, out, ldo, N, 0};
     segs.n = 1;
-    launch_gemv(q, e, T, K, segs, residual, st, NormAfter{});
+    launch_gemv(q, e, T, K, segs, residual, st);
     return;
   } else if (path == kLinearGemm) {
-    const unsigned gy = (unsigned)((T + kMmaM - 1) / kMmaM);
-    if (gy > 65535) throw std::invalid_argument("linear (GEMM): too many rows");
-    INTDET_LAUNCH(mma_gemm_kernel, dim3((unsigned)((N + kMmaN - 1) / kMmaN), gy), kMmaThreads, 0, st, q, e, T, K, w,
+    if (gemm_mma_rows(T) > 65535) throw std::invalid_argument("linear (GEMM): too many rows");
+    INTDET_LAUNCH_AT(mma_gemm_kernel, shape_gemm_mma(N, T), st, q, e, T, K, w,
                   mant, shift, bias, N, out, ldo, residual, vec);
   } else {
-    const unsigned gy = (unsigned)((T + kTileM - 1) / kTileM);
-    if (gy > 65535) throw std::invalid_argument("linear (GEMM): too many rows");
-    INTDET_LAUNCH(gemm_kernel, dim3((unsigned)((N + kTileN - 1) / kTileN), gy), 256, 0, st, q, e, T, K, w, mant, shift, bias,
+    if (gemm_tile_rows(T) > 65535) throw std::invalid_argument("linear (GEMM): too many rows");
+    INTDET_LAUNCH_AT(gemm_kernel, shape_gemm_tile(N, T), st, q, e, T, K, w, mant, shift, bias,
                                                                                  N, out, ldo, residual, vec);
   }
   check_launch("linear");
@@ -618,23 +644,20 @@ void launch_linear_w4(const int16_t* q, const int32_t* e, int T, int K, const ui
   if (K <= 0 || K % 32) throw std::invalid_argument("linear (int4): input size must be a positive multiple of 32");
   if (path == kLinearAuto) path = T <= kGemvMaxRows ? kLinearGemv : kLinearGemm;
   if (path == kLinearGemv) {
-    const unsigned gx = (unsigned)((N + kGemvWarps - 1) / kGemvWarps);
-    const int threads = kGemvWarps * 32;
     if (T == 1) {
-      INTDET_LAUNCH(gemv_w4_kernel<1>, dim3(gx, 1), threads, 0, st, q, e, T, K, w4, gd, gm, mant, shift, bias, N, out, ldo, residual);
+      INTDET_LAUNCH_AT(gemv_w4_kernel<1>, shape_gemv_w4(N, 1), st, q, e, T, K, w4, gd, gm, mant, shift, bias, N, out, ldo, residual);
     } else if (T <= 2) {
-      INTDET_LAUNCH(gemv_w4_kernel<2>, dim3(gx, 1), threads, 0, st, q, e, T, K, w4, gd, gm, mant, shift, bias, N, out, ldo, residual);
+      INTDET_LAUNCH_AT(gemv_w4_kernel<2>, shape_gemv_w4(N, 1), st, q, e, T, K, w4, gd, gm, mant, shift, bias, N, out, ldo, residual);
     } else if (T <= 4) {
-      INTDET_LAUNCH(gemv_w4_kernel<4>, dim3(gx, 1), threads, 0, st, q, e, T, K, w4, gd, gm, mant, shift, bias, N, out, ldo, residual);
+      INTDET_LAUNCH_AT(gemv_w4_kernel<4>, shape_gemv_w4(N, 1), st, q, e, T, K, w4, gd, gm, mant, shift, bias, N, out, ldo, residual);
     } else {
       const unsigned gy = (unsigned)((T + 7) / 8);
       if (gy > 65535) throw std::invalid_argument("linear (int4 GEMV): too many rows");
-      INTDET_LAUNCH(gemv_w4_kernel<8>, dim3(gx, gy), threads, 0, st, q, e, T, K, w4, gd, gm, mant, shift, bias, N, out, ldo, residual);
+      INTDET_LAUNCH_AT(gemv_w4_kernel<8>, shape_gemv_w4(N, gy), st, q, e, T, K, w4, gd, gm, mant, shift, bias, N, out, ldo, residual);
     }
   } else {
-    const unsigned gy = (unsigned)((T + kTileM - 1) / kTileM);
-    if (gy > 65535) throw std::invalid_argument("linear (int4 GEMM): too many rows");
-    INTDET_LAUNCH(gemm_w4_kernel, dim3((unsigned)((N + kTileN - 1) / kTileN), gy), 256, 0, st, q, e, T, K, w4, gd, gm,
+    if (gemm_tile_rows(T) > 65535) throw std::invalid_argument("linear (int4 GEMM): too many rows");
+    INTDET_LAUNCH_AT(gemm_w4_kernel, shape_gemm_tile(N, T), st, q, e, T, K, w4, gd, gm,
                   mant, shift, bias, N, out, ldo, residual);
   }
   check_launch("linear (int4)");

@@ -105,7 +105,7 @@ void launch_moe_route(const int32_t* z, int T, int E, int k, bool norm_topk, int
                       cudaStream_t st) {
   if (T <= 0) return;
   if (k < 1 || k > E) throw std::invalid_argument("moe_route: experts per token outside [1, experts]");
-  INTDET_LAUNCH(moe_route_kernel, grid_1d(T, 64), 64, 0, st, z, T, E, k, norm_topk ? 1 : 0, sel, wts);
+  INTDET_LAUNCH_AT(moe_route_kernel, shape_moe_route(T), st, z, T, E, k, norm_topk ? 1 : 0, sel, wts);
   check_launch("moe_route");
 }
 
@@ -113,11 +113,11 @@ void launch_moe_linear(const int16_t* q, const int32_t* e, int rows, int in_div,
                        const int32_t* sel, int32_t* out, cudaStream_t st) {
   if (L.w4 && L.K % 32) throw std::invalid_argument("moe_linear: int4 input size is not a multiple of 32");
   for (int r0 = 0; r0 < rows; r0 += 65535) {  // grid.y's limit
-    const dim3 grid((unsigned)((L.N + kGemvWarps - 1) / kGemvWarps), (unsigned)std::min(rows - r0, 65535));
+    const LaunchShape sh = shape_moe_linear(L.N, std::min(rows - r0, 65535));
     if (L.w4)
-      INTDET_LAUNCH(moe_linear_kernel<true>, grid, kGemvWarps * 32, 0, st, q, e, r0, rows, in_div, L, sel, out, 1);
+      INTDET_LAUNCH_AT(moe_linear_kernel<true>, sh, st, q, e, r0, rows, in_div, L, sel, out, 1);
     else
-      INTDET_LAUNCH(moe_linear_kernel<false>, grid, kGemvWarps * 32, 0, st, q, e, r0, rows, in_div, L, sel, out,
+      INTDET_LAUNCH_AT(moe_linear_kernel<false>, sh, st, q, e, r0, rows, in_div, L, sel, out,
                     L.K % 16 == 0 ? 1 : 0);
     check_launch("moe_linear");
   }
@@ -126,7 +126,7 @@ void launch_moe_linear(const int16_t* q, const int32_t* e, int rows, int in_div,
 void launch_moe_combine(const int32_t* d, const int64_t* wts, int T, int k, int H, int32_t* x, int64_t* comb,
                         cudaStream_t st) {
   if (T <= 0) return;
-  INTDET_LAUNCH(moe_combine_kernel, dim3((unsigned)std::min(T, 65535)), 256, 0, st, d, wts, T, k, H, x, comb);
+  INTDET_LAUNCH_AT(moe_combine_kernel, shape_moe_combine(T), st, d, wts, T, k, H, x, comb);
   check_launch("moe_combine");
 }
 

@@ -17,8 +17,6 @@ namespace {
 
 // ---------------------------------------------------------------- RMSNorm
 
-constexpr int kNormThreads = 256;
-
 // One block per row; dynamic shared memory holds the normed row (n int32),
 // also stored to normed [R, n] when that is not null (the trace only).
 __global__ void __launch_bounds__(kNormThreads)
@@ -146,7 +144,7 @@ __global__ void __launch_bounds__(kHeadThreads)
 void launch_norm_quant16(const int32_t* x, const int32_t* idx, const int16_t* g, int R, int n, int64_t eps_q60,
                          int in_frac, int16_t* q, int32_t* e, cudaStream_t st, int32_t* normed) {
   if (R <= 0) return;
-  INTDET_LAUNCH(norm_quant16_kernel, R, kNormThreads, (size_t)n * sizeof(int32_t), st, x, idx, g, n, eps_q60, in_frac,
+  INTDET_LAUNCH_AT(norm_quant16_kernel, shape_row(R, (size_t)n * sizeof(int32_t)), st, x, idx, g, n, eps_q60, in_frac,
                 q, e, normed);
   check_launch("norm_quant16");
 }
@@ -154,26 +152,26 @@ void launch_norm_quant16(const int32_t* x, const int32_t* idx, const int16_t* g,
 void launch_post_norm_add(const int32_t* y, const int16_t* g, int R, int n, int64_t eps_q60, int32_t shift, int32_t* x,
                           cudaStream_t st) {
   if (R <= 0) return;
-  INTDET_LAUNCH(post_norm_add_kernel, R, kNormThreads, (size_t)n * sizeof(int32_t), st, y, g, n, eps_q60, shift, x);
+  INTDET_LAUNCH_AT(post_norm_add_kernel, shape_row(R, (size_t)n * sizeof(int32_t)), st, y, g, n, eps_q60, shift, x);
   check_launch("post_norm_add");
 }
 
 void launch_quant16_i64(const int64_t* x, int R, int n, int16_t* q, int32_t* e, cudaStream_t st) {
   if (R <= 0) return;
-  INTDET_LAUNCH(quant16_i64_kernel, R, kNormThreads, 0, st, x, n, q, e);
+  INTDET_LAUNCH_AT(quant16_i64_kernel, shape_row(R), st, x, n, q, e);
   check_launch("quant16_i64");
 }
 
 void launch_quant16_i32(const int32_t* x, int R, int n, int16_t* q, int32_t* e, cudaStream_t st) {
   if (R <= 0) return;
-  INTDET_LAUNCH(quant16_i32_kernel, R, kNormThreads, 0, st, x, n, q, e);
+  INTDET_LAUNCH_AT(quant16_i32_kernel, shape_row(R), st, x, n, q, e);
   check_launch("quant16_i32");
 }
 
 void launch_norm_rows(int32_t* x, const int16_t* g, int R, int n, int64_t eps_q60, cudaStream_t st) {
   if (R <= 0) return;
   if (n > 8192) throw std::invalid_argument("norm_rows: more than 8192 features");
-  INTDET_LAUNCH(norm_rows_kernel, R, kNormThreads, 0, st, x, g, n, eps_q60);
+  INTDET_LAUNCH_AT(norm_rows_kernel, shape_row(R), st, x, g, n, eps_q60);
   check_launch("norm_rows");
 }
 
@@ -181,7 +179,7 @@ void launch_norm_rope(int32_t* x, int T, int nheads, int D, const int16_t* g, in
                       const int16_t* cos, const int16_t* sin, cudaStream_t st) {
   if (T <= 0) return;
   if (D > kMaxHeadDim || nheads > 65535) throw std::invalid_argument("norm_rope: head_dim > 256 or too many heads");
-  INTDET_LAUNCH(norm_rope_kernel, dim3(T, nheads), kHeadThreads, 0, st, x, nheads, D, g, eps_q60, pos, cos, sin);
+  INTDET_LAUNCH_AT(norm_rope_kernel, shape_heads(T, nheads), st, x, nheads, D, g, eps_q60, pos, cos, sin);
   check_launch("norm_rope");
 }
 
@@ -191,7 +189,7 @@ void launch_rope_append(int32_t* q, int32_t* k, const int32_t* v, int T, int nh,
                         cudaStream_t st) {
   if (T <= 0) return;
   if (D > kMaxHeadDim || nh + 2 * nkv > 65535) throw std::invalid_argument("rope_append: head_dim > 256 or too many heads");
-  INTDET_LAUNCH(rope_append_kernel, dim3(T, nh + 2 * nkv), kHeadThreads, 0, st, q, k, v, nh, nkv, D, q_norm, k_norm,
+  INTDET_LAUNCH_AT(rope_append_kernel, shape_heads(T, nh + 2 * nkv), st, q, k, v, nh, nkv, D, q_norm, k_norm,
                 eps_q60, pos, cos, sin, layer, seq, kvs);
   check_launch("rope_append");
 }
@@ -200,7 +198,7 @@ void launch_kv_append(const int32_t* k, const int32_t* v, int T, int nkv, int D,
                       const int32_t* pos, const DevKV* kvs, cudaStream_t st) {
   if (T <= 0) return;
   if (nkv > 65535) throw std::invalid_argument("kv_append: too many kv heads");
-  INTDET_LAUNCH(kv_append_kernel, dim3(T, nkv), kHeadThreads, 0, st, k, v, nkv, D, layer, seq, pos, kvs);
+  INTDET_LAUNCH_AT(kv_append_kernel, shape_heads(T, nkv), st, k, v, nkv, D, layer, seq, pos, kvs);
   check_launch("kv_append");
 }
 

@@ -24,7 +24,6 @@ namespace {
 // stride of the row, combine with atomicMax (on key ^ 2^63, the unsigned
 // order of signed keys), and the last block to arrive writes the token and
 // resets best (atomicExch) and the counter for the next launch.
-constexpr int kArgmaxThreads = 256, kArgmaxBlocks = 64;
 
 __global__ void __launch_bounds__(kArgmaxThreads)
     argmax_kernel(const int32_t* __restrict__ logits, int V, unsigned long long* best, int* counter,
@@ -72,7 +71,6 @@ __global__ void __launch_bounds__(kArgmaxThreads)
 //   the j-th smallest such id is a binary search over ids.
 // One block; w goes to wbuf [V] once. Every sum is an exact int64 (total <=
 // V 2^30), so the result is the host's for any thread order.
-constexpr int kSampleThreads = 1024;
 constexpr int64_t kLog2eQ30 = 1549082005;  // round(log2(e) 2^30): sampling.py's LOG2E_Q30
 constexpr int64_t kDiffCap = (int64_t)1 << 26;  // sampling.py's DIFF_CAP
 
@@ -208,8 +206,7 @@ __global__ void __launch_bounds__(kSampleThreads)
 void launch_argmax(const int32_t* logits, int V, unsigned long long* best, int* counter, int32_t* token,
                    cudaStream_t st) {
   if (V <= 0) throw std::invalid_argument("argmax: empty row");
-  const int blocks = (int)std::min<int64_t>(kArgmaxBlocks, ((int64_t)V + kArgmaxThreads - 1) / kArgmaxThreads);
-  INTDET_LAUNCH(argmax_kernel, blocks, kArgmaxThreads, 0, st, logits, V, best, counter, token);
+  INTDET_LAUNCH_AT(argmax_kernel, shape_argmax(V), st, logits, V, best, counter, token);
   check_launch("argmax");
 }
 
@@ -219,7 +216,7 @@ void launch_sample(const int32_t* logits, int V, int64_t t_num, int64_t t_den, u
   if (cuts.top_k < 0 || cuts.p_num <= 0 || cuts.p_den <= 0 || cuts.p_num > cuts.p_den || cuts.m_num < 0 ||
       cuts.m_den <= 0 || cuts.m_num > cuts.m_den || cuts.m_den > 1000000)
     throw std::invalid_argument("sample: top-k < 0, top-p outside (0, 1] or min-p outside [0, 1] (denominator <= 1e6)");
-  INTDET_LAUNCH(sample_kernel, 1, kSampleThreads, 0, st, logits, V, t_num, t_den, (unsigned long long)draw, cuts.top_k,
+  INTDET_LAUNCH_AT(sample_kernel, shape_sample(), st, logits, V, t_num, t_den, (unsigned long long)draw, cuts.top_k,
                 cuts.p_num, cuts.p_den, cuts.m_num, cuts.m_den, wbuf, token);
   check_launch("sample");
 }

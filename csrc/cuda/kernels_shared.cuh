@@ -10,6 +10,7 @@
 #pragma once
 
 #include "kernels.cuh"  // first: cuda_runtime.h, or the host emulator (emu.h)
+#include "launch_shapes.cuh"  // block sizes and grids of every kernel
 
 #include <cstdint>
 
@@ -92,6 +93,21 @@ __device__ bool last_block_arrives(int* counter, int total, int* flag) {
   return last;
 }
 
+// Programmatic dependent launch (sm_90+, launch_shapes.cuh launch_at): wait
+// until the previous launch has finished and its writes are visible; let the
+// next launch start. No-ops for a launch without the attribute, before sm_90
+// and in the emulator (launches run one after another there).
+__device__ __forceinline__ void grid_dep_wait() {
+#if !defined(INTDET_CUDA_EMU) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void grid_dep_launch() {
+#if !defined(INTDET_CUDA_EMU) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 // ---------------------------------------------------------------- RMSNorm (norm_rope, linear, attention)
 
 // rms_norm_row of x [n] (Q16) into y [n] (shared or global), by the whole
@@ -144,7 +160,6 @@ __device__ int quant16_block(const T* y, int n, int16_t* q, int64_t* red) {
 
 // ---------------------------------------------------------------- q/k norm + RoPE (norm_rope, attention)
 
-constexpr int kHeadThreads = 128;
 constexpr int kMaxHeadDim = 256;
 
 // Per-head RMSNorm (g not null: Qwen3's q/k norm) then split-half RoPE at
@@ -185,6 +200,30 @@ __device__ int32_t quant8_block(const int32_t* x, int D, int8_t* q, int64_t* red
   for (int i = threadIdx.x; i < D; i += blockDim.x)
     q[i] = (int8_t)clamp(round_div(127 * (int64_t)x[i], d), -kInt8QMax, kInt8QMax);
   return (int32_t)a;
+}
+
+// ---------------------------------------------------------------- positions and lanes (attention, attention_decode)
+
+// Positions of a row: lo..lo+n-1 (lo > 0 only in a sliding window).
+__device__ __forceinline__ void attn_range(int64_t p, int64_t window, int64_t* lo, int64_t* n) {
+  *lo = window && p + 1 > window ? p + 1 - window : 0;
+  *n = p + 1 - *lo;
+}
+
+// Lanes per position: D/16 16-byte chunks rounded up to a power of two (vec),
+// or a whole warp over scalar dims (D % 16 != 0).
+__device__ __forceinline__ int attn_lanes_log2(int D, bool vec) {
+  if (!vec) return 5;
+  int lg = 0;
+  while ((16 << lg) < D) ++lg;
+  return lg;
+}
+
+// Sum over the L lanes of a position (lanes sub = 0..L-1 of an aligned group);
+// every lane of the warp calls it.
+__device__ __forceinline__ int32_t group_sum32(int32_t v, int L) {
+  for (int o = L >> 1; o > 0; o >>= 1) v += __shfl_xor_sync(kFull, v, o);
+  return v;
 }
 
 // ---------------------------------------------------------------- SwiGLU (elementwise, linear)
@@ -237,8 +276,6 @@ __device__ __forceinline__ int32_t dot16(const int4 a0, const int4 a1, const int
   p = __dp2a_hi(a1.w, w.w, p);
   return p;
 }
-
-constexpr int kGemvWarps = 4;
 
 // ---------------------------------------------------------------- mma.sync (linear, attention)
 
@@ -294,14 +331,6 @@ __device__ __forceinline__ int64_t group_dot_w4(const int16_t* a, const int4 u0,
   const int32_t s = dot16(a0, a1, u0) + dot16(a2, a3, u1);
   const int32_t sq = dot16(a0, a1, ones) + dot16(a2, a3, ones);
   return (int64_t)gd * s + (int64_t)gm * sq;
-}
-
-// ---------------------------------------------------------------- launch grids (elementwise, moe)
-
-unsigned grid_1d(int64_t count, int threads) {
-  int64_t b = (count + threads - 1) / threads;
-  if (b > 65535) b = 65535;  // grid-stride loops cover the rest
-  return (unsigned)(b < 1 ? 1 : b);
 }
 
 }  // namespace

@@ -306,7 +306,8 @@ PYBIND11_MODULE(INTDET_CUDA_MODULE_NAME, mod) {
       },
       py::arg("q"), py::arg("kc"), py::arg("ka"), py::arg("vc"), py::arg("va"), py::arg("score_mant"),
       py::arg("score_shift"), py::arg("chunk") = 0,
-      "nh int32 query heads over an nkv-head cache (GQA), split in chunks of positions; int64 [nh, D].");
+      "nh int32 query heads over an nkv-head cache (GQA); chunk > 0: the split path in chunks of that many "
+      "positions, 0: the launcher's choice (one kernel up to 2048 positions); int64 [nh, D].");
   ops.def(
       "attend_rows",
       [](Arr<int32_t> q, Arr<int8_t> kc, Arr<int32_t> ka, Arr<int8_t> vc, Arr<int32_t> va, Arr<int32_t> pos,
@@ -320,7 +321,7 @@ PYBIND11_MODULE(INTDET_CUDA_MODULE_NAME, mod) {
           throw std::invalid_argument("attend_rows: shape mismatch");
         for (int64_t t = 0; t < T; ++t)
           if (pos.data()[t] < 0 || pos.data()[t] >= n) throw std::invalid_argument("attend_rows: pos out of [0, n)");
-        if (path < 0 || path > 2) throw std::invalid_argument("attend_rows: path must be 0, 1 or 2");
+        if (path < 0 || path > 3) throw std::invalid_argument("attend_rows: path must be 0, 1, 2 or 3");
         py::array_t<int64_t> out({T, nh, D});
         py::array_t<int16_t> act({T, nh * D});
         py::array_t<int32_t> act_e(T);
@@ -332,12 +333,49 @@ PYBIND11_MODULE(INTDET_CUDA_MODULE_NAME, mod) {
       py::arg("q"), py::arg("kc"), py::arg("ka"), py::arg("vc"), py::arg("va"), py::arg("pos"), py::arg("window"),
       py::arg("score_mant"), py::arg("score_shift"), py::arg("path") = 0,
       "T query rows of one sequence (row t at position pos[t]) over an nkv-head cache; path 0 auto (tensor cores "
-      "for > 32 rows), 1 flash-decoding split, 2 tensor cores; (out int64 [T, nh, D], act int16 [T, nh*D], act_e [T]).");
+      "for > 32 rows, else one kernel up to 2048 positions, else the split), 1 flash-decoding split, 2 tensor "
+      "cores, 3 one kernel per (row, kv head); (out int64 [T, nh, D], act int16 [T, nh*D], act_e [T]).");
   ops.def("set_attn_path", &cuda::test::set_attn_path, py::arg("path"),
-          "Force the attention path of launches that would choose (1 flash-decoding split, 2 tensor cores; "
-          "0 or anything else: more than 32 rows on the tensor cores). Tests and the device check.");
+          "Force the attention path of launches that would choose, where it can serve them (1 flash-decoding "
+          "split, 2 tensor cores, 3 one kernel per (row, kv head); 0 or anything else: the launcher's choice). "
+          "Tests and the device check.");
   ops.def("set_gemv_split", &cuda::test::set_gemv_split, py::arg("wlg"),
           "Force the GEMV's warps per channel to 2**wlg (0..2; -1: the launcher's choice). Tests only.");
+  ops.def(
+      "gemv_prologue",
+      [](int kind, py::object x, py::object g, int64_t eps_q60, int in_frac, py::object a, int64_t T,
+         Arr<int8_t> w, Arr<int32_t> mant, Arr<int32_t> shift, py::object bias) {
+        if (w.ndim() != 2 || mant.size() != w.shape(0) || shift.size() != w.shape(0) || T < 1)
+          throw std::invalid_argument("gemv_prologue: shape mismatch");
+        const int64_t N = w.shape(0), K = w.shape(1);
+        Arr<int32_t> xa, ba;
+        Arr<int16_t> ga;
+        Arr<int64_t> aa;
+        if (kind == 1) {
+          xa = x.cast<Arr<int32_t>>();
+          ga = g.cast<Arr<int16_t>>();
+          if (xa.ndim() != 2 || xa.shape(0) != T || xa.shape(1) != K || ga.size() != K)
+            throw std::invalid_argument("gemv_prologue: x or g shape");
+        } else {
+          aa = a.cast<Arr<int64_t>>();
+          if (aa.ndim() != 2 || aa.shape(0) != T || aa.shape(1) != K) throw std::invalid_argument("gemv_prologue: a shape");
+        }
+        if (!bias.is_none()) {
+          ba = bias.cast<Arr<int32_t>>();
+          if (ba.size() != N) throw std::invalid_argument("gemv_prologue: bias shape mismatch");
+        }
+        std::vector<int32_t> o((size_t)(T * N));
+        cuda::test::gemv_prologue(kind, kind == 1 ? xa.data() : nullptr, kind == 1 ? ga.data() : nullptr, eps_q60, in_frac, kind == 1 ? nullptr : aa.data(),
+                                  T, K, w.data(), mant.data(), shift.data(), bias.is_none() ? nullptr : ba.data(), N,
+                                  o.data());
+        py::array_t<int64_t> out({T, N});
+        std::copy(o.begin(), o.end(), out.mutable_data());
+        return out;
+      },
+      py::arg("kind"), py::arg("x"), py::arg("g"), py::arg("eps_q60"), py::arg("in_frac"),
+      py::arg("a"), py::arg("T"), py::arg("w"), py::arg("mant"), py::arg("shift"), py::arg("bias") = py::none(),
+      "int64 [T, N]: the decode GEMV whose prologue computes its input: kind 1 quant16(RMSNorm(x))"
+      " (in_frac: x's fixed point), kind 2 quant16(a) (a [T, K] int64).");
   ops.def("norm_quant16", [](Arr<int32_t> x, Arr<int16_t> g, int64_t eps_q60) {
     if (x.ndim() != 2 || g.size() != x.shape(1) || x.shape(1) > 8192) throw std::invalid_argument("norm_quant16: shape");
     const int64_t R = x.shape(0), n = x.shape(1);

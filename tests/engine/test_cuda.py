@@ -15,6 +15,7 @@ Three layers, so that most of it runs on machines without a GPU:
 from __future__ import annotations
 
 import concurrent.futures
+import glob
 import hashlib
 import json
 import os
@@ -153,8 +154,8 @@ _EMU = {}
 
 
 def _emu_sources():
-    names = ["sources.txt", "kernels.cuh", "kernels_shared.cuh", "engine.cpp", "engine.h", "module.cpp", "emu.h"]
-    paths = [os.path.join(CUDA_SRC, n) for n in names] + check_sass.cuda_sources()
+    # every file of csrc/cuda (sources.txt's files, their headers, module.cpp, emu.h)
+    paths = sorted(p for p in glob.glob(os.path.join(CUDA_SRC, "*")) if os.path.isfile(p))
     paths += [os.path.join(ROOT, "csrc", "include", "intdet", n)
               for n in ("intmath.h", "ops.h", "model.h", "layout.h", "loader.h", "trace.h", "kernels.h")]
     paths += [os.path.join(ROOT, "csrc", "model", n) for n in LOADER_SRC]  # the one model loader
@@ -199,11 +200,13 @@ def build_emu_module():
         base = [cxx, "-std=c++20", "-O2", "-fPIC", "-DINTDET_CUDA_EMU", *inc]
         kernels = check_sass.cuda_sources()  # csrc/cuda/sources.txt: the list CMake reads too
         kobjs = [os.path.basename(src) + ".o" for src in kernels]
+        hosts = check_sass.host_sources()  # the engine's .cpp files
         jobs = [
             base + ["-D__CUDA_ARCH__=900", "-x", "c++", "-c", src, "-o", os.path.join(out, o)]
             for src, o in zip(kernels, kobjs)
         ] + [
-            base + ["-c", os.path.join(CUDA_SRC, "engine.cpp"), "-o", os.path.join(out, "e.o")],
+            base + ["-c", src, "-o", os.path.join(out, os.path.basename(src) + ".o")] for src in hosts
+        ] + [
             base + ["-fvisibility=hidden", "-DINTDET_CUDA_MODULE_NAME=_cuda_emu", "-I", sysconfig.get_paths()["include"],
                     "-I", pybind11.get_include(), "-c", os.path.join(CUDA_SRC, "module.cpp"), "-o", os.path.join(out, "m.o")],
         ] + [base + ["-c", os.path.join(ROOT, "csrc", "model", n), "-o", os.path.join(out, n + ".o")] for n in LOADER_SRC]
@@ -216,7 +219,7 @@ def build_emu_module():
             if r.returncode:
                 raise RuntimeError(f"emulator build failed: {' '.join(j)}\n{r.stdout[-3000:]}")
         tmp_so = so + ".tmp"
-        objs = kobjs + ["e.o", "m.o"] + [n + ".o" for n in LOADER_SRC]
+        objs = kobjs + [os.path.basename(src) + ".o" for src in hosts] + ["m.o"] + [n + ".o" for n in LOADER_SRC]
         subprocess.run([cxx, "-shared", "-o", tmp_so] + [os.path.join(out, n) for n in objs], check=True,
                        timeout=300)
         os.replace(tmp_so, so)
@@ -596,7 +599,140 @@ def test_attend_rows_checks_its_arguments(backend):
     with pytest.raises(ValueError, match="shape"):
         backend.ops.attend_rows(np.zeros((2, 3, 16), np.int32), z8, z32, z8, z32, np.array([0, 1], np.int32), 0, 1, 0)
     with pytest.raises(ValueError, match="path"):
-        backend.ops.attend_rows(q, z8, z32, z8, z32, np.array([0, 1], np.int32), 0, 1, 0, 3)
+        backend.ops.attend_rows(q, z8, z32, z8, z32, np.array([0, 1], np.int32), 0, 1, 0, 4)
+
+
+def _attend_rows_case(T, start, nh, nkv, D, seed):
+    """Random rows T at positions start..start+T-1 over a cache of start+T
+    positions: q with an all-zero head (flat scores) and one at the int32
+    bound. Key scales below 64 keep the scores within some 2^20 of each other
+    (a few units of log2: weights spread over many positions); with scales up
+    to 2^31 most scores saturate and the softmax is one flat top."""
+    rng = np.random.default_rng(seed)
+    n = start + T
+    pos = np.arange(start, start + T, dtype=np.int32)
+    q = rng.integers(-2**30, 2**30, size=(T, nh, D)).astype(np.int32)
+    q[0, 0, :] = 0
+    q[-1, -1, :] = -2**31 + 1
+    kc = rng.integers(-127, 128, size=(n, nkv, D)).astype(np.int8)
+    vc = rng.integers(-127, 128, size=(n, nkv, D)).astype(np.int8)
+    ka = rng.integers(1, 64, size=(n, nkv)).astype(np.int32)
+    va = rng.integers(0, 2**31 - 1, size=(n, nkv)).astype(np.int32)
+    return q, kc, ka, vc, va, pos
+
+
+# (T rows, start position, nh, nkv, D, window): one position, a few, the
+# 16-byte paths from one lane per position (D = 16) to sixteen (D = 256), the
+# scalar D = 30 and D = 48 (three of four lanes), GQA groups 1, 2, 3, 4, 8, 16
+# (odd groups: a P.V pair with one head), sliding windows, contexts up to the
+# one-kernel path's bound for the group (attn_fused_max_pos: 2048, 1536 for 4,
+# 768 for 8, 384 for 16).
+ATTEND_FUSED = [(1, 0, 2, 1, 64, 0), (3, 0, 4, 2, 128, 0), (2, 5, 3, 1, 48, 0), (1, 99, 16, 1, 16, 0),
+                (4, 30, 6, 3, 30, 0), (2, 300, 8, 1, 256, 0), (1, 700, 4, 4, 32, 0), (3, 50, 8, 2, 64, 17),
+                (1, 2047, 2, 1, 128, 0), (1, 1535, 4, 1, 64, 0), (2, 382, 16, 1, 32, 0), (2, 900, 2, 2, 96, 300)]
+
+
+@pytest.mark.parametrize("T,start,nh,nkv,D,window", ATTEND_FUSED)
+def test_attend_rows_one_kernel(backend, T, start, nh, nkv, D, window):
+    """Decode attention in one launch (attn_fused_kernel, path 3: a block per
+    (row, kv head), the group's scores and the three-pass softmax in shared
+    memory, the row's quant16 by its last block): every (row, head) is the
+    CPU's attend_head and act / act_e the CPU's quant16 of each row, bit for
+    bit, and the same as the flash-decoding split (path 1)."""
+    q, kc, ka, vc, va, pos = _attend_rows_case(T, start, nh, nkv, D, T * 31 + start + nh + D)
+    want = _attend_rows_want(q, kc, ka, vc, va, pos, window, 23456, 40)
+    out, act, act_e = backend.ops.attend_rows(q, kc, ka, vc, va, pos, window, 23456, 40, 3)
+    assert np.array_equal(out, want)
+    for t in range(T):
+        wq, we = C.ops.quant16(want[t].reshape(-1))
+        assert np.array_equal(act[t], wq) and act_e[t] == we[0], t
+    out1, act1, e1 = backend.ops.attend_rows(q, kc, ka, vc, va, pos, window, 23456, 40, 1)
+    assert np.array_equal(out1, out) and np.array_equal(act1, act) and np.array_equal(e1, act_e)
+
+
+def test_attend_one_kernel_extremes(backend):
+    """Flat scores over 2048 positions with |v| = 127 (every value weight at
+    its maximum, the warps' int32 P.V sums at their largest) and queries at
+    the int16 bound: still the CPU's bits."""
+    T, nh, nkv, D, n = 1, 2, 1, 64, 2048
+    pos = np.array([n - 1], np.int32)
+    q = np.full((T, nh, D), 2**30, np.int32)
+    q[:, 1, ::2] = -2**30
+    kc = np.full((n, nkv, D), 127, np.int8)
+    kc[:, :, 1::3] = -127
+    vc = np.full((n, nkv, D), 127, np.int8)
+    vc[:, :, ::3] = -127
+    ka = np.full((n, nkv), 1000, np.int32)
+    va = np.full((n, nkv), 2**31 - 1, np.int32)
+    want = _attend_rows_want(q, kc, ka, vc, va, pos, 0, 23456, 40)
+    out, _, _ = backend.ops.attend_rows(q, kc, ka, vc, va, pos, 0, 23456, 40, 3)
+    assert np.array_equal(out, want)
+
+
+@pytest.mark.parametrize("nh,n,launches", [(2, 2048, 1), (2, 2049, 2), (8, 768, 1), (8, 769, 2)])
+def test_attend_auto_switches_at_the_bound(backend, nh, n, launches):
+    """The launcher's choice for decode rows (path 0): one launch up to
+    attn_fused_max_pos positions (2048; 768 for 8 query heads per kv head),
+    the two-launch split beyond; the CPU's bits on both sides."""
+    q, kc, ka, vc, va, pos = _attend_rows_case(1, n - 1, nh, 1, 32, n + nh)
+    want = _attend_rows_want(q, kc, ka, vc, va, pos, 0, 23456, 40)
+    n0 = backend.launch_count()
+    out, _, _ = backend.ops.attend_rows(q, kc, ka, vc, va, pos, 0, 23456, 40, 0)
+    assert backend.launch_count() - n0 == launches
+    assert np.array_equal(out, want)
+
+
+def test_attend_one_kernel_refuses_what_it_cannot_hold(backend):
+    q, kc, ka, vc, va, pos = _attend_rows_case(1, 384, 16, 1, 16, 1)  # 385 positions: 16 heads hold 384
+    with pytest.raises(ValueError, match="one-kernel"):
+        backend.ops.attend_rows(q, kc, ka, vc, va, pos, 0, 23456, 40, 3)
+    want = _attend_rows_want(q, kc, ka, vc, va, pos, 0, 23456, 40)
+    assert np.array_equal(backend.ops.attend_rows(q, kc, ka, vc, va, pos, 384, 23456, 40, 3)[0],
+                          _attend_rows_want(q, kc, ka, vc, va, pos, 384, 23456, 40))  # a window of 384 fits
+    assert np.array_equal(backend.ops.attend_rows(q, kc, ka, vc, va, pos, 0, 23456, 40, 0)[0], want)
+
+
+def _cpu_linear(q, e, w, mant, shift):
+    return C.ops.linear(q.astype(np.int16), e.astype(np.int32), w, mant, shift)
+
+
+@pytest.mark.parametrize("K,N", [(72, 40), (64, 33), (1024, 70), (3072, 9), (4112, 5)])
+def test_gemv_prologue(backend, K, N):
+    """The decode GEMV whose every block computes its own input in its
+    prologue (attn_norm / ffn_norm: RMSNorm + quant16 of the residual rows;
+    the down-proj: quant16 of int64 GLU rows) equals the
+    separate ops followed by the linear, for 1 and 2 rows, every K split,
+    vector and scalar K, zero and extreme rows."""
+    rng = np.random.default_rng(K + N)
+    w = rng.integers(-127, 128, size=(N, K)).astype(np.int8)
+    mant = rng.integers(0, 2**15 + 1, size=N).astype(np.int32)
+    shift = rng.integers(-8, 60, size=N).astype(np.int32)
+    bias = rng.integers(-2**20, 2**20, size=N).astype(np.int32)
+    g = rng.integers(-2**14, 2**14, size=K).astype(np.int16)
+    x = rng.integers(-2**31 + 1, 2**31, size=(5, K)).astype(np.int32)
+    x[1] = 0
+    x[2] = rng.integers(-3, 4, size=K)
+    x[3] = rng.integers(-2**12, 2**12, size=K)
+    a = rng.integers(-2**62, 2**62, size=(2, K)).astype(np.int64)
+    a[1] = rng.integers(-2**20, 2**20, size=K)
+    try:
+        for wlg in (-1, 0, 1, 2):
+            backend.ops.set_gemv_split(wlg)
+            for rows in (x[:1], x[:2], x[4:], x[3:1:-1], x[2:4]):
+                T = len(rows)
+                for eps, frac in ((12345678, 16), (0, 12)):
+                    got = backend.ops.gemv_prologue(1, rows, g, eps, frac, None, T, w, mant, shift, bias)
+                    q, e = C.ops.quant16(C.ops.rms_norm(rows.astype(np.int64), g, eps, frac))
+                    want = np.clip(_cpu_linear(q, e, w, mant, shift) + bias, -(2**31 - 1), 2**31 - 1)
+                    assert np.array_equal(got, want), (wlg, T, eps)
+            for T in (1, 2):
+                got = backend.ops.gemv_prologue(2, None, None, 0, 0, a[:T], T, w, mant, shift)
+                q, e = C.ops.quant16(a[:T])
+                assert np.array_equal(got, _cpu_linear(q, e, w, mant, shift)), (wlg, T)
+    finally:
+        backend.ops.set_gemv_split(-1)
+    with pytest.raises(ValueError, match="gemv_prologue"):  # 3 rows: no prologue
+        backend.ops.gemv_prologue(2, None, None, 0, 0, np.zeros((3, K), np.int64), 3, w, mant, shift)
 
 
 def test_norm_quant16(backend):
@@ -756,20 +892,22 @@ def test_model_matches_cpu(backend, converted, name, graphs):
     _compare_model(backend, converted[name], graphs, [5, 17, 99, 230, 41, 7, 300, 1, 2], steps)
 
 
-# Kernel launches per decode token (one row, no graph): embedding, final norm
-# and lm_head, layer 0's attn_norm, plus per layer: q+k+v (one GEMV),
-# attention scores (with q/k norm, RoPE and the KV append: RopeFold), P.V,
-# o-proj with the ffn_norm after it (the GEMV's last block), gate+up with
-# SwiGLU and quant16, down-proj with the next layer's attn_norm (the last
-# layer's goes to the final norm). Before: 16 per layer (norm, q, k, v,
-# norm_rope x2, kv_append, attention, quant16, o, norm, gate, up, swiglu,
-# quant16, down) + 3, so 451 for Qwen3-0.6B's 28 layers; then 8, then 7 per
-# layer; now 6 per layer + 4, 172.
+# Kernel launches per decode token (one row, no graph): the embedding, the
+# final norm and the lm_head, plus per layer: q+k+v (one GEMV, attn_norm in
+# its prologue), attention (one kernel up to 2048 positions, with q/k norm,
+# RoPE and the KV append: RopeFold, and the row's quant16), o-proj (+
+# residual), gate+up (ffn_norm in its prologue, SwiGLU in its epilogue),
+# down-proj (quant16 of the GLU rows in its prologue, + residual). Before: 16
+# per layer (norm, q, k, v, norm_rope x2, kv_append, attention, quant16, o,
+# norm, gate, up, swiglu, quant16, down) + 3, so 451 for Qwen3-0.6B's 28
+# layers; then 8, 7, then 6 per layer + 4 with the norms and quant16 in
+# single-block tails of the GEMVs; then 6 per layer + 3 (171) without tails;
+# now 5 per layer + 3 (143) with the attention in one kernel.
 def decode_launches(n_layers):
-    """Per layer: q+k+v, attn_scores (+ rope_append), attn_pv, o-proj (+
-    ffn_norm), gate+up (+ GLU + quant16), down-proj (+ the next attn_norm);
-    then embed, layer 0's attn_norm, out_norm, lm_head."""
-    return 6 * n_layers + 4
+    """Per layer: q+k+v (+ attn_norm), attention (+ rope_append, quant16),
+    o-proj, gate+up (+ ffn_norm, GLU), down-proj (+ quant16); then embed,
+    out_norm and lm_head."""
+    return 5 * n_layers + 3
 
 
 @pytest.mark.parametrize("name", ["qwen3", "wide", "llama"])
@@ -810,9 +948,10 @@ def test_profile_steps(backend, converted):
 @pytest.mark.parametrize("name", ["qwen3", "gemma3"])
 def test_prefill_attention_paths_match_cpu(backend, converted, name):
     """A 45-token prefill (all logits) with the attention forced onto the
-    flash-decoding split and onto the tensor cores (set_attn_path), then a
-    prefill split at 20 and a decode step: the CPU's logits on both paths
-    (Gemma 3: the sliding window of 5 and two RoPE tables)."""
+    flash-decoding split, onto the tensor cores and onto the one-kernel path
+    (set_attn_path), then a prefill split at 20 and a decode step: the CPU's
+    logits on every path (Gemma 3: the sliding window of 5 and two RoPE
+    tables)."""
     lm = converted[name]
     rng = np.random.default_rng(45)
     prompt = [int(t) for t in rng.integers(0, lm.cfg["vocab_size"], size=45)]
@@ -822,7 +961,7 @@ def test_prefill_attention_paths_match_cpu(backend, converted, name):
     want_next = ref.forward([3])
     m = backend.Model(lm.cfg, lm.tensors, False)
     try:
-        for path in (1, 2):
+        for path in (1, 2, 3):
             backend.ops.set_attn_path(path)
             s = backend.State(m, 64)
             assert np.array_equal(backend.forward(m, s, np.array(prompt, np.int32), 0, True), want), path
@@ -833,6 +972,40 @@ def test_prefill_attention_paths_match_cpu(backend, converted, name):
             assert np.array_equal(got, want[20:]), path
     finally:
         backend.ops.set_attn_path(0)
+
+
+@pytest.fixture(scope="module")
+def converted_grp16(tmp_path_factory):
+    """A one-layer qwen3 with 16 query heads on one kv head (D = 16): the
+    one-kernel attention holds 384 positions (attn_fused_max_pos(16))."""
+    d = tmp_path_factory.mktemp("cuda_grp16")
+    src = models.write_hf_model(str(d / "hf"), "qwen3", hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                                num_attention_heads=16, num_key_value_heads=1, head_dim=16,
+                                max_position_embeddings=512)
+    return load_model(convert(src, str(d / "m"), progress=False))
+
+
+@pytest.mark.parametrize("graphs", [False, True])
+def test_decode_across_the_one_kernel_bound(backend, converted_grp16, graphs):
+    """Decode steps from 380 to 388 positions: one attention launch per layer
+    up to 384 positions, the split's two beyond (graphs: one graph per
+    length bucket); the CPU's logits at every step."""
+    lm = converted_grp16
+    cpu = Engine(lm)
+    m = backend.Model(lm.cfg, lm.tensors, graphs)
+    s, ref = backend.State(m, 400), cpu.new_state(400)
+    rng = np.random.default_rng(380)
+    V = lm.cfg["vocab_size"]
+    prompt = [int(t) for t in rng.integers(0, V, size=380)]
+    assert np.array_equal(backend.forward(m, s, np.array(prompt, np.int32), 0, False), ref.forward(prompt))
+    L = lm.cfg["num_layers"]
+    for pos in range(380, 388):
+        tok = int(rng.integers(0, V))
+        n0 = backend.launch_count()
+        got = backend.forward(m, s, np.array([tok], np.int32), pos, False)
+        if not graphs:  # positions 0..pos: pos + 1 of them
+            assert backend.launch_count() - n0 == decode_launches(L) + (L if pos + 1 > 384 else 0), pos
+        assert np.array_equal(got, ref.forward([tok])), pos
 
 
 @pytest.mark.parametrize("graphs", [False, True])
