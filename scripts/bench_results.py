@@ -5,18 +5,19 @@ issue 50): intdet, llama.cpp and torch on the same weights.
 A row: {"engine": "intdet" | "llama.cpp" | "torch", "model": "qwen3-0.6b" |
 "llama3-8b", "phase": "decode" | "prefill", "batch": rows decoded together (1
 for a prefill), "tokens": the prompt length (decode: the depth the decode
-starts at), "tok_s": tokens per second, "backend": "cuda" | "webgpu"}. The
+starts at), "tok_s": tokens per second, "backend": "cuda" | "webgpu" | "cpu"}. The
 benchmarks append rows to one JSONL file; ``write`` turns it into
 
     {"device": GPU name, "hashes_equal": bool, "rows": [...]}
 
 and prints (and appends to a markdown file) the rows and the ratios intdet /
 llama.cpp and intdet / torch for every (model, phase, batch, tokens) that
-both engines measured.
+both engines measured on one backend (--backend, default cuda).
 
-    python scripts/bench_results.py add-llama-bench ROWS MODEL FILE     (llama-bench -o jsonl)
-    python scripts/bench_results.py add-batched-bench ROWS MODEL FILE   (llama-batched-bench --output-format jsonl)
+    python scripts/bench_results.py add-llama-bench ROWS MODEL FILE [--backend B]    (llama-bench -o jsonl)
+    python scripts/bench_results.py add-batched-bench ROWS MODEL FILE [--backend B]  (--output-format jsonl)
     python scripts/bench_results.py write ROWS --device NAME --hashes-equal yes|no --json OUT [--md RESULTS.md]
+                                          [--backend B]
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import sys
 ENGINES = ("intdet", "llama.cpp", "torch")
 MODELS = ("qwen3-0.6b", "llama3-8b")
 PHASES = ("decode", "prefill")
-BACKENDS = ("cuda", "webgpu")
+BACKENDS = ("cuda", "webgpu", "cpu")  # cpu: the rehearsal on a machine without a GPU
 
 
 def make_row(engine: str, model: str, phase: str, batch: int, tokens: int, tok_s: float, backend: str = "cuda") -> dict:
@@ -89,7 +90,7 @@ def _json_lines(text: str) -> list:
     return out
 
 
-def llama_bench_rows(text: str, model: str) -> list:
+def llama_bench_rows(text: str, model: str, backend: str = "cuda") -> list:
     """Rows from ``llama-bench -o jsonl``: a test with n_gen > 0 and no
     prompt is decode at batch 1 from depth n_depth (tg128); one with a prompt
     and no n_gen is a prefill of n_prompt tokens (pp2048)."""
@@ -99,16 +100,16 @@ def llama_bench_rows(text: str, model: str) -> list:
             continue
         n_prompt, n_gen, depth = int(r.get("n_prompt", 0)), int(r.get("n_gen", 0)), int(r.get("n_depth", 0))
         if n_gen > 0 and n_prompt == 0:
-            rows.append(make_row("llama.cpp", model, "decode", 1, depth, float(r["avg_ts"])))
+            rows.append(make_row("llama.cpp", model, "decode", 1, depth, float(r["avg_ts"]), backend))
         elif n_prompt > 0 and n_gen == 0:
-            rows.append(make_row("llama.cpp", model, "prefill", 1, n_prompt + depth, float(r["avg_ts"])))
+            rows.append(make_row("llama.cpp", model, "prefill", 1, n_prompt + depth, float(r["avg_ts"]), backend))
     return rows
 
 
-def batched_bench_rows(text: str, model: str) -> list:
+def batched_bench_rows(text: str, model: str, backend: str = "cuda") -> list:
     """Decode rows from ``llama-batched-bench --output-format jsonl``: batch
     pl, decode speed speed_tg after a pp-token prompt."""
-    return [make_row("llama.cpp", model, "decode", int(r["pl"]), int(r["pp"]), float(r["speed_tg"]))
+    return [make_row("llama.cpp", model, "decode", int(r["pl"]), int(r["pp"]), float(r["speed_tg"]), backend)
             for r in _json_lines(text) if {"pl", "pp", "speed_tg"} <= r.keys()]
 
 
@@ -122,14 +123,14 @@ def _key(r: dict) -> tuple:
     return (r["model"], r["phase"], r["batch"], r["tokens"])
 
 
-def ratios(rows: list) -> list:
-    """For each (model, phase, batch, tokens) that intdet on CUDA measured:
+def ratios(rows: list, backend: str = "cuda") -> list:
+    """For each (model, phase, batch, tokens) that intdet measured on backend:
     {"model", "phase", "batch", "tokens", "intdet", "llama.cpp", "torch",
     "vs_llama.cpp", "vs_torch"} (rates; a ratio is intdet / the other, None
     where the other is missing). The last row of a key wins."""
     by = {}
     for r in rows:
-        if r["backend"] == "cuda":
+        if r["backend"] == backend:
             by.setdefault(_key(r), {})[r["engine"]] = r["tok_s"]
     out = []
     for key in sorted(k for k in by if "intdet" in by[k]):
@@ -146,16 +147,16 @@ def _f(v, fmt="{:.1f}") -> str:
     return "-" if v is None else fmt.format(v)
 
 
-def markdown(res: dict) -> str:
-    """The results as markdown: every row, then the ratio table."""
+def markdown(res: dict, backend: str = "cuda") -> str:
+    """The results as markdown: every row, then the ratio table of backend."""
     lines = [f"Device: {res['device']}; every hash equal to the CPU's pin: {'yes' if res['hashes_equal'] else 'NO'}", "",
              "| engine | backend | model | phase | batch | tokens | tok/s |", "|---|---|---|---|---|---|---|"]
     for r in res["rows"]:
         lines.append(f"| {r['engine']} | {r['backend']} | {r['model']} | {r['phase']} | {r['batch']} | {r['tokens']} "
                      f"| {r['tok_s']:.1f} |")
-    lines += ["", "| model | phase | batch | tokens | intdet tok/s | llama.cpp tok/s | torch tok/s "
+    lines += ["", f"Ratios on {backend}:", "", "| model | phase | batch | tokens | intdet tok/s | llama.cpp tok/s | torch tok/s "
               "| intdet / llama.cpp | intdet / torch |", "|---|---|---|---|---|---|---|---|---|"]
-    for d in ratios(res["rows"]):
+    for d in ratios(res["rows"], backend):
         lines.append(f"| {d['model']} | {d['phase']} | {d['batch']} | {d['tokens']} | {_f(d['intdet'])} "
                      f"| {_f(d['llama.cpp'])} | {_f(d['torch'])} | {_f(d['vs_llama.cpp'], '{:.2f}x')} "
                      f"| {_f(d['vs_torch'], '{:.2f}x')} |")
@@ -179,18 +180,20 @@ def main(argv=None) -> int:
         p.add_argument("rows")
         p.add_argument("model", choices=MODELS)
         p.add_argument("file", help="the program's output")
+        p.add_argument("--backend", choices=BACKENDS, default="cuda")
     p = sub.add_parser("write")
     p.add_argument("rows")
     p.add_argument("--device", required=True)
     p.add_argument("--hashes-equal", required=True, choices=("yes", "no"))
     p.add_argument("--json", required=True, help="results file to write")
     p.add_argument("--md", help="markdown file to append the tables to")
+    p.add_argument("--backend", choices=BACKENDS, default="cuda", help="the backend of the ratio table")
     a = ap.parse_args(argv)
     try:
         if a.cmd == "write":
             res = results(a.device, a.hashes_equal == "yes", read_rows(a.rows))
             write_json(a.json, res)
-            text = markdown(res)
+            text = markdown(res, a.backend)
             if a.md:
                 with open(a.md, "a") as f:
                     f.write(text)
@@ -201,7 +204,7 @@ def main(argv=None) -> int:
                 text = f.read()
         except OSError as e:
             raise ValueError(f"{a.file}: {e.strerror}") from None
-        rows = (llama_bench_rows if a.cmd == "add-llama-bench" else batched_bench_rows)(text, a.model)
+        rows = (llama_bench_rows if a.cmd == "add-llama-bench" else batched_bench_rows)(text, a.model, a.backend)
         if not rows:
             raise ValueError(f"{a.file}: no result line found")
         for r in rows:

@@ -11,7 +11,7 @@ Rows (scripts/bench_results.py): engine "torch", decode tok/s at each batch
 after a shared PROMPT-token prompt (prefilled once, its K/V copied to every
 row, as llama-batched-bench -pps does), and prefill tok/s of PREFILL tokens
 (batch 1, eager, best of 3). --device cpu runs the same code eagerly (no
-graphs; float32) for rehearsals and tests.
+graphs; float32; rows with backend "cpu") for rehearsals and tests.
 
 Architectures: llama (with llama3 rope scaling) and qwen3 (q/k norms, tied
 embeddings), the ones `intdet random-model` writes at full size."""
@@ -269,11 +269,11 @@ def main(argv=None) -> int:
     with torch.inference_mode():
         for b in batches:
             rate = bench_decode(m, b, a.prompt, a.steps, dev, gen)
-            bench_results.append_row(a.rows, bench_results.make_row("torch", a.model, "decode", b, a.prompt, rate))
+            bench_results.append_row(a.rows, bench_results.make_row("torch", a.model, "decode", b, a.prompt, rate, dev))
             print(f"torch {a.model} decode batch {b} after {a.prompt}: {rate:.1f} tok/s", flush=True)
         if a.prefill:
             rate = bench_prefill(m, a.prefill, dev, gen)
-            bench_results.append_row(a.rows, bench_results.make_row("torch", a.model, "prefill", 1, a.prefill, rate))
+            bench_results.append_row(a.rows, bench_results.make_row("torch", a.model, "prefill", 1, a.prefill, rate, dev))
             print(f"torch {a.model} prefill {a.prefill}: {rate:.1f} tok/s", flush=True)
     return 0
 

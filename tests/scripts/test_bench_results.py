@@ -113,3 +113,14 @@ def test_cli_errors_name_the_file(tmp_path):
     r = subprocess.run([sys.executable, script, "add-batched-bench", str(rows), "llama3-8b", str(tmp_path / "empty.txt")],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 1 and "empty.txt: no result line found" in r.stderr
+
+
+def test_ratios_of_one_backend():
+    """The rehearsal's rows (backend cpu) pair among themselves, never with CUDA rows."""
+    rows = [br.make_row("intdet", "qwen3-0.6b", "decode", 1, 512, 30.0, "cpu"),
+            br.make_row("torch", "qwen3-0.6b", "decode", 1, 512, 10.0, "cpu"),
+            br.make_row("torch", "qwen3-0.6b", "decode", 1, 512, 99.0)]
+    assert [(d["intdet"], d["torch"], d["vs_torch"]) for d in br.ratios(rows, "cpu")] == [(30.0, 10.0, 3.0)]
+    assert br.ratios(rows) == []
+    assert {r["backend"] for r in br.batched_bench_rows(BATCHED, "llama3-8b", "cpu")} == {"cpu"}
+    assert "Ratios on cpu:" in br.markdown(br.results("x", False, rows), "cpu")
