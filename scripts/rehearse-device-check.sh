@@ -18,5 +18,7 @@ rm -rf "$STAND"
 cp -a "$SRC" "$STAND"
 "$STAND/bin/python" -m pip uninstall -q -y gguf nlohmann-json importlib-resources intdet 2>/dev/null || true
 if "$STAND/bin/python" -c "import gguf" 2>/dev/null; then echo "rehearse: gguf still importable" >&2; exit 1; fi
+# The GPU image has the build backend (KINDS.md: scikit-build-core, pybind11); a development venv may lack it.
+"$STAND/bin/python" -c "import scikit_build_core" 2>/dev/null || "$STAND/bin/python" -m pip install -q "scikit-build-core>=0.9"
 STANDIN=1 BUILD_LIMIT=${BUILD_LIMIT:-3000} HC_LIMIT=${HC_LIMIT:-3000} PYTHON="$STAND/bin/python" CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-2} \
   bash scripts/device-check.sh
