@@ -21,7 +21,8 @@
 #   ggml then uses its plain memory pool.
 # - GGML_CUDA_FA_QUANTS=f16-f16: the benchmarks keep the default f16 KV cache.
 # - Shared libraries (one copy of ggml-cuda for both programs), stripped,
-#   with RUNPATH $ORIGIN so the folder runs from wherever it is carried.
+#   with RUNPATH $ORIGIN so the folder runs from wherever it is carried; no
+#   symbolic links (each library once, under its SONAME).
 # - OpenMP's libgomp.so.1 is copied beside them (the GPU image need not have it).
 # Result: DEST/{llama-bench,llama-batched-bench,lib*.so*} and DEST/VERSION, and
 # DEST/convert/: the same source's convert_hf_to_gguf.py, conversion/ and
@@ -84,11 +85,17 @@ cmake --build "$BUILD" --target "${TARGETS[@]}" -j "$JOBS" >&2
 rm -rf "$DEST.partial"
 mkdir -p "$DEST.partial"
 for t in "${TARGETS[@]}"; do cp "$BUILD/bin/$t" "$DEST.partial/"; done
-# The shared libraries the programs load from the build tree (not cuBLAS/cudart: the GPU image has them).
-cp -P "$BUILD"/bin/lib*.so* "$DEST.partial/"
+# The shared libraries the programs load from the build tree (not cuBLAS/cudart: the GPU image has them),
+# as plain files under the names the loader asks for (the SONAMEs lib*.so.0 and the unversioned
+# lib*-impl.so): no symbolic links, which the device tool carries only as links.
+for f in "$BUILD"/bin/lib*.so.[0-9] "$BUILD"/bin/lib*.so; do
+  if [[ ! -L "$f" || "$f" == *.so.[0-9] ]]; then cp -L "$f" "$DEST.partial/"; fi
+done
 gomp=$(${CXX:-c++} -print-file-name=libgomp.so.1)
 [[ -f "$gomp" ]] && cp -L "$gomp" "$DEST.partial/libgomp.so.1"
 strip --strip-unneeded "$DEST.partial"/*
+missing=$(cd "$DEST.partial" && for f in llama-* lib*.so*; do LD_LIBRARY_PATH=. ldd "$f"; done | grep 'not found' | grep -v -e libcublas -e libcudart | sort -u || true)
+[[ -z "$missing" ]] || { echo "build_llama_cuda: libraries not found beside the programs: $missing" >&2; exit 1; }
 mkdir "$DEST.partial/convert"
 cp -r "$llama/convert_hf_to_gguf.py" "$llama/conversion" "$llama/gguf-py" "$DEST.partial/convert/"
 find "$DEST.partial/convert" -name __pycache__ -prune -exec rm -rf {} +
