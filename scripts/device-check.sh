@@ -144,14 +144,15 @@ always() { step_cmd always "$@"; }  # the results: not cut to the budget (RESERV
 md() { echo "$*" >>"$RES"; }
 
 step "environment"
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
+smi() { if command -v nvidia-smi >/dev/null; then nvidia-smi "$@" 2>&1; else echo "no nvidia-smi (no GPU driver here)"; fi; }
+smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
 $PY -V
 command -v nvcc && nvcc --version | tail -2 || echo "no nvcc on PATH"
 $PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.is_available())" || true
 echo "cores $(nproc); free disk under $WORK: $(df -h --output=avail "$WORK" | tail -1)"
 md "## Environment"
 md '```'
-md "$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 || true)"
+md "$(smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true)"
 md "$($PY -V 2>&1); $( (nvcc --version | tail -1) 2>&1 || echo no nvcc); $(nproc) cores"
 md "$($PY -c "import torch, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, '| transformers', transformers.__version__)" 2>&1 | tail -1)"
 md '```'
