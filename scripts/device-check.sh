@@ -1,36 +1,68 @@
 #!/usr/bin/env bash
-# scripts/device-check.sh: the CUDA backend's check on a lent GPU machine
-# (nvidia-h200: python3 3.12 with torch, transformers, pybind11,
-# scikit-build-core, xxhash, click, safetensors, tokenizers; nvcc 13.0;
-# cuobjdump; no network). One run, about 6-8 minutes:
+# scripts/device-check.sh: the CUDA backend's check and the side-by-side
+# benchmark (issue 50) on a lent GPU machine (H100/H200: python3 3.12 with
+# torch, transformers, pybind11, scikit-build-core, xxhash, click,
+# safetensors, tokenizers, sentencepiece; nvcc 13.0; cuobjdump; 16 cores,
+# 64 GiB disk; no network). One run, at most BUDGET = 420 s (7 minutes):
+#   0. in the background from the start: the random models (intdet random-model
+#      --jobs, the same bytes as one process) of the Qwen3-0.6B shape (seed 0)
+#      and the Llama-3-8B shape, each converted by `intdet convert` (int8) and by
+#      llama.cpp's own convert_hf_to_gguf.py (Q8_0; its vendored source, carried)
 #   1. build intdet in place with the CUDA module (pip install -e .)
 #   2. scripts/check_sass.py on the built module (no float instruction)
-#   3. python -m pytest tests/engine/test_cuda.py (GPU tests; the emulator ones too)
-#   3b. scripts/bench_div.py: ns per division, udiv_u64 against DivBy (issue 50)
-#   4. a deterministic random Qwen3-0.6B-shaped model (intdet random-model +
-#      intdet convert), `intdet hash-check --device cuda --steps 16 --expect PIN`:
-#      the CPU run must give the pinned hash (computed on x86 CPUs, docs/cuda.md)
-#      and every GPU configuration the same bits
-#   5. speed: decode tok/s at batch 1 and 8, prefill tok/s at 2048 tokens, next
-#      to torch fp16 (Hugging Face, eager and, if it compiles in time,
-#      torch.compile with CUDA graphs) on the same weights
-#   6. compute-sanitizer memcheck on the op tests, if time is left
-# Results: $OUT/device-results-<date>.md (and docs/ in this working copy),
-# the full log in $OUT/device-check.log.
+#   3. python -m pytest tests/engine/test_cuda.py (GPU tests)
+#   4. Qwen3-0.6B shape: `intdet hash-check --device cuda --steps 16 --expect PIN`
+#      (the CPU run must give the pinned hash, computed on x86 CPUs, docs/cuda.md,
+#      and every GPU configuration the same bits), then scripts/hash_batches.py:
+#      the same generation inside batches of 1, 8, 64 and 256 (CUDA graphs)
+#   5. speed, per model (Qwen3-0.6B, then Llama-3-8B), on the same weights:
+#      intdet (scripts/bench_intdet_gpu.py: decode at batch 1, 8, 64, 256 after
+#      a 512-token prompt, 64 steps; prefill of 2048 tokens), torch fp16
+#      (scripts/torch_decode.py: gpt-fast style, static KV cache, SDPA, CUDA
+#      graphs) and llama.cpp last, its GGUF being made last (llama-bench -fa on:
+#      pp2048 and tg128; llama-batched-bench -fa on -pps: the same decode batches
+#      after the same 512-token prompt)
+#   6. --device webgpu through Vulkan, if this intdet has it and a GPU adapter
+#      opens (scripts/webgpu_ready.py; else the reason is printed), Qwen3 shape:
+#      the pinned hash inside batches of 1 and 8, decode speed at batch 1 and 8
+#   7. results: device-results-<date>.md and .json (scripts/bench_results.py:
+#      {"device", "hashes_equal", "rows"}) with the ratios intdet / llama.cpp and
+#      intdet / torch
+#   8. if time is left: scripts/bench_div.py, per-kernel cudaEvent tables
+#      (scripts/cuda_kernel_profile.py), compute-sanitizer memcheck
+# Every step's time limit is cut to what is left of BUDGET (RESERVE seconds kept
+# for step 7), so a slow step costs the later ones, never the results files.
+# Results: $OUT/device-results-<date>.{md,json} (and docs/ in this working copy
+# when a GPU ran them), the full log in $OUT/device-check.log.
 #
-# Carried wheels (folder wheels/, git-ignored: name it in the device tool's
-# `carry`): what intdet needs that the GPU image lacks (gguf, nlohmann-json;
-# /work/.library/device/KINDS.md lists the image's packages). Fetch them here
-# first with:  bash scripts/fetch-device-wheels.sh
+# Carried (git-ignored; the device tool's `carry`), made here first:
+#   carry: ["wheels", "build/llama-cuda"]   (add ".gl" for webgpu: the Vulkan loaders, device README)
+#   wheels/           bash scripts/fetch-device-wheels.sh (gguf, nlohmann-json: the GPU image lacks
+#                     them; wheels/webgpu/: wgpu, cffi, pycparser, rendercanvas for Python 3.12)
+#   build/llama-cuda/ bash scripts/build_llama_cuda.sh (llama-bench, llama-batched-bench and ggml's
+#                     shared libraries for sm_90, stripped; convert/ holds the same source's converter)
+# Together with the tracked files they must stay under the tool's 64 MiB
+# (2026-12-07: 53.4 + 4.3 + 3.3 MB).
 #
-# Usage (device tool, from the repo root):  bash scripts/device-check.sh
-# Rehearsal on a machine without a GPU:     STANDIN=1 bash scripts/device-check.sh
-#   (every step but the GPU ones: wheels, the CUDA build, the SASS check, the
-#   random model, its pinned sha256 and the CPU hash against PIN)
+# Usage (device tool, from the repo root):  bash scripts/device-check.sh   (timeout_s 450: the
+#   420 s budget and slack for the summary; with the machine's start that is about 9 of
+#   the 15 minutes, leaving one shorter rerun on the warm machine, which keeps
+#   build/device and the models in WORK: e.g. SKIP_8B=1 BUDGET=200)
+# Rehearsal on a machine without a GPU:     bash scripts/rehearse-device-check.sh
+#   (STANDIN=1: every step but the GPU ones, on the CPU backend with small sizes:
+#   wheels, the CUDA build, the SASS check, the Qwen3 model, its pinned sha256 and
+#   the CPU hash-check against PIN, hash_batches on the CPU, every benchmark
+#   program on the CPU with backend "cpu" rows, llama.cpp's programs if
+#   build/llama-cuda is there (they fall back to the CPU), webgpu on whatever
+#   adapter there is, and the results JSON; the Llama-3-8B shape is replaced by
+#   tiny-llama; no budget)
 # Environment: OUT (results folder; default build/device-out), PIN (expected greedy
-# hash; default below), STEPS (default 16), SKIP_TORCH=1, SKIP_COMPILE=1, STANDIN=1,
-# BUILD_LIMIT, HC_LIMIT (seconds for the build and hash-check steps; default 420
-# each, enough on 16 cores; the rehearsal on 2 cores runs the whole CPU matrix).
+# hash; default below), STEPS (hash steps, default 16), STANDIN=1, SKIP_TORCH=1,
+# SKIP_LLAMACPP=1, SKIP_8B=1, BUDGET (seconds for the whole run; default 420 on a
+# GPU), RESERVE (default 15), BUILD_LIMIT, HC_LIMIT (seconds for the build and
+# hash-check steps; default 420 each), LLAMA_DIR (default build/llama-cuda),
+# LLAMA_LIBS (extra folders with libcublas.so.13 / libcudart.so.13 for llama.cpp),
+# WORK (default /tmp/intdet-device).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -43,6 +75,7 @@ mkdir -p "$OUTDIR"
 LOG=$OUTDIR/device-check.log
 DATE=$(date -u +%Y-%m-%d)
 RES=$OUTDIR/device-results-$DATE.md
+RES_JSON=$OUTDIR/device-results-$DATE.json
 WORK=${WORK:-/tmp/intdet-device}
 mkdir -p "$WORK"
 PY=${PYTHON:-python3}
@@ -50,50 +83,77 @@ export PYTHONUNBUFFERED=1
 STANDIN=${STANDIN:-}
 gpu() { [ -z "$STANDIN" ]; }  # the GPU steps run only on a real device
 export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-16}
+# The whole run ends inside BUDGET seconds (device: about 7 minutes, under the
+# tool's timeout_s with room for the tool's own start): every step's time
+# limit is cut to what is left, RESERVE seconds kept for the results.
+if gpu; then BUDGET=${BUDGET:-420}; else BUDGET=${BUDGET:-100000}; fi
+RESERVE=${RESERVE:-15}
+LLAMA_DIR=${LLAMA_DIR:-$ROOT/build/llama-cuda}
 exec > >(tee -a "$LOG") 2>&1
+
+# Sizes: the benchmark's on a GPU; small ones for the rehearsal on 2 CPU cores.
+if gpu; then
+  DEV=cuda BATCHES=1,8,64,256 PROMPT=512 DEC_STEPS=64 PREFILL=2048 LB_GEN=128 LB_REPS=3 WG_BATCHES=1,8 WG_STEPS=32
+  BIG=llama3-8b BIG_SHAPE=llama3-8b JOBS=8 WAIT=300
+else
+  DEV=cpu BATCHES=1,2 PROMPT=16 DEC_STEPS=4 PREFILL=64 LB_GEN=8 LB_REPS=1 WG_BATCHES=1 WG_STEPS=2
+  BIG=llama3-8b BIG_SHAPE=tiny-llama JOBS=2 WAIT=3000  # rows named llama3-8b, from the tiny Llama: the code path
+fi
+NPL_MAX=${BATCHES##*,}
+ROWS=$WORK/rows.jsonl
+rm -f "$ROWS"
 
 FAILED=()
 WARNED=()
 START=$SECONDS
 step() { echo; echo "=== [$((SECONDS - START))s] $*"; }
-# run NAME TIMEOUT CMD...: runs a step; a failure is recorded, not fatal.
-run() {
-  local name=$1 limit=$2
-  shift 2
+# Seconds left of BUDGET, RESERVE kept back for the results and summary.
+left() { echo $((BUDGET - RESERVE - (SECONDS - START))); }
+# clamp LIMIT: LIMIT, or less so that the step ends inside the budget
+clamp() { local l=$1 r; r=$(left); echo $((l < r ? l : r)); }
+# step_cmd KIND NAME TIMEOUT CMD...: runs a step under timeout (run, soft: cut
+# to the budget, not started with under 5 s left); a failure goes to WARNED
+# (soft: comparisons) or FAILED (run, always), never fatal.
+step_cmd() {
+  local kind=$1 name=$2 limit=$3
+  [ "$kind" = always ] || limit=$(clamp "$3")
+  shift 3
   local t0=$SECONDS rc=0
-  timeout --kill-after=10 "$limit" "$@" || rc=$?
-  echo "--- $name: rc=$rc ($((SECONDS - t0)) s)"
-  if [ "$rc" -ne 0 ]; then FAILED+=("$name (rc=$rc)"); fi
+  if [ "$limit" -lt 5 ]; then
+    echo "--- $name: not run (the ${BUDGET} s budget is spent)"
+    rc=budget
+  else
+    timeout --kill-after=10 "$limit" "$@" || rc=$?
+    echo "--- $name: rc=$rc ($((SECONDS - t0)) s)"
+  fi
+  if [ "$rc" != 0 ]; then
+    if [ "$kind" = soft ]; then WARNED+=("$name (rc=$rc)"); else FAILED+=("$name (rc=$rc)"); fi
+  fi
   return 0
 }
-# soft NAME TIMEOUT CMD...: like run, but a failure is only a warning (comparisons).
-soft() {
-  local name=$1 limit=$2
-  shift 2
-  local t0=$SECONDS rc=0
-  timeout --kill-after=10 "$limit" "$@" || rc=$?
-  echo "--- $name: rc=$rc ($((SECONDS - t0)) s)"
-  if [ "$rc" -ne 0 ]; then WARNED+=("$name (rc=$rc)"); fi
-  return 0
-}
+run() { step_cmd run "$@"; }
+soft() { step_cmd soft "$@"; }
+always() { step_cmd always "$@"; }  # the results: not cut to the budget (RESERVE is kept for them)
 
 {
-  echo "# intdet CUDA backend: device check, $DATE"
+  echo "# intdet on a GPU: device check and side-by-side benchmark, $DATE"
   echo
-  echo "Written by scripts/device-check.sh on the lent GPU machine."
+  echo "Written by scripts/device-check.sh${STANDIN:+ (STANDIN rehearsal on the CPU: no GPU numbers)}."
   echo
 } >"$RES"
 md() { echo "$*" >>"$RES"; }
 
 step "environment"
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
+smi() { if command -v nvidia-smi >/dev/null; then nvidia-smi "$@" 2>&1; else echo "no nvidia-smi (no GPU driver here)"; fi; }
+smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
 $PY -V
 command -v nvcc && nvcc --version | tail -2 || echo "no nvcc on PATH"
 $PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.is_available())" || true
+echo "cores $(nproc); free disk under $WORK: $(df -h --output=avail "$WORK" | tail -1)"
 md "## Environment"
 md '```'
-md "$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 || true)"
-md "$($PY -V 2>&1); $( (nvcc --version | tail -1) 2>&1 || echo no nvcc)"
+md "$(smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true)"
+md "$($PY -V 2>&1); $( (nvcc --version | tail -1) 2>&1 || echo no nvcc); $(nproc) cores"
 md "$($PY -c "import torch, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, '| transformers', transformers.__version__)" 2>&1 | tail -1)"
 md '```'
 
@@ -105,11 +165,99 @@ else
 fi
 run deps 30 $PY -c "import gguf, nlohmann_json; print('gguf', gguf.__file__)"
 
+# ---------------------------------------------------------------- models (background)
+# Each model folder gets hf/, int/ (intdet) and q8_0.gguf (llama.cpp), and a
+# file <part>.done or <part>.failed per part; the foreground waits for them.
+CONVERTER=${LLAMACPP_CONVERT:-$LLAMA_DIR/convert}
+if [ ! -f "$CONVERTER/convert_hf_to_gguf.py" ] && ! gpu; then
+  CONVERTER=$(bash scripts/fetch_llamacpp_convert.sh 2>/dev/null || echo "$CONVERTER")  # the rehearsal may fetch it
+fi
+GGUF_RUNNER=$($PY -c "import sys; sys.path.insert(0, 'scripts'); import bench_cpu; print(bench_cpu._LLAMACPP_RUNNER)")
+part() {  # part DIR NAME CMD...: run CMD, logging to DIR/NAME.log, marking DIR/NAME.done or .failed
+  local d=$1 name=$2 t0=$SECONDS
+  shift 2
+  if "$@" >"$d/$name.log" 2>&1; then echo $((SECONDS - t0)) >"$d/$name.done"; else echo $((SECONDS - t0)) >"$d/$name.failed"; fi
+}
+prepare_hf() {  # prepare_hf NAME SHAPE PRE: the checkpoint, then its GGUF in the background
+  local name=$1 shape=$2 pre=$3 d=$WORK/$1
+  mkdir -p "$d"
+  rm -f "$d"/*.done "$d"/*.failed "$d"/*.partial
+  # what a run stopped at its budget left: random-model's and convert's temporary folders
+  find "$d" -mindepth 1 -maxdepth 1 -name '.*' -exec rm -rf {} +
+  if [ -f "$d/hf/config.json" ]; then echo 0 >"$d/hf.done"; else
+    rm -rf "$d/hf"
+    # random-model is pure Python: it runs from the source tree while intdet builds
+    part "$d" hf env PYTHONPATH="$ROOT/python" $PY -m intdet random-model "$d/hf" --shape "$shape" --seed 0 --jobs "$JOBS"
+  fi
+  [ -f "$d/hf.done" ] || return 0
+  if [ -f "$d/q8_0.gguf" ]; then echo 0 >"$d/gguf.done"; else
+    # llama.cpp's converter, one process; the tiny test tokenizer is not in its
+    # pre-tokenizer table, so the runner names one (tests/llamacpp_convert.py)
+    part "$d" gguf to_gguf "$d" "$pre" &
+  fi
+}
+to_gguf() {  # to_gguf DIR PRE: DIR/hf -> DIR/q8_0.gguf, whole or not at all (renamed before .done is written)
+  env NO_LOCAL_GGUF=1 $PY -c "$GGUF_RUNNER" "$CONVERTER" "$2" "$1/hf" --outfile "$1/q8_0.gguf.partial" --outtype q8_0 &&
+    mv "$1/q8_0.gguf.partial" "$1/q8_0.gguf"
+}
+prepare_int() {  # prepare_int NAME: intdet convert, once the foreground's build step is done
+  local d=$WORK/$1
+  [ -f "$d/hf.done" ] || return 0
+  if [ -f "$d/int/model.safetensors" ]; then echo 0 >"$d/int.done"; return 0; fi
+  while [ ! -f "$WORK/build.done" ] && [ ! -f "$WORK/build.failed" ]; do sleep 1; done
+  if [ -f "$WORK/build.done" ]; then
+    part "$d" int $PY -m intdet convert "$d/hf" -o "$d/int" --force
+  else
+    echo "the build failed" >"$d/int.log"
+    echo 0 >"$d/int.failed"
+  fi
+}
+# wait_part NAME PART LIMIT: wait until the part is done (0) or failed / late (1, recorded)
+wait_part() {
+  local d=$WORK/$1 t0=$SECONDS lim
+  lim=$(clamp "$3")
+  while [ ! -f "$d/$2.done" ] && [ ! -f "$d/$2.failed" ] && [ $((SECONDS - t0)) -lt "$lim" ]; do sleep 1; done
+  if [ -f "$d/$2.done" ]; then
+    echo "--- $1 $2 ready (made in $(cat "$d/$2.done") s; waited $((SECONDS - t0)) s)"
+    return 0
+  fi
+  echo "--- $1 $2: $( [ -f "$d/$2.failed" ] && echo failed || echo "not ready after $((SECONDS - t0)) s"); log: $d/$2.log"
+  tail -5 "$d/$2.log" 2>/dev/null || true
+  FAILED+=("$1 $2")
+  return 1
+}
+step "models, in the background: qwen3-0.6b, then $BIG ($BIG_SHAPE)"
+FREE_GB=$(df -BG --output=avail "$WORK" | tail -1 | tr -dc 0-9)
+if [ -z "${SKIP_8B:-}" ] && gpu && [ ! -f "$WORK/$BIG/q8_0.gguf" ] && [ "$FREE_GB" -lt 40 ]; then
+  echo "only ${FREE_GB} GB free under $WORK: the $BIG shape (16 + 8 + 8.5 GB) is skipped"
+  SKIP_8B=1
+fi
+rm -f "$WORK/build.done" "$WORK/build.failed"
+(
+  prepare_hf qwen3-0.6b qwen3-0.6b qwen2
+  prepare_int qwen3-0.6b &  # the hash-check needs it first: not behind the big model
+  if [ -z "${SKIP_8B:-}" ]; then
+    prepare_hf "$BIG" "$BIG_SHAPE" llama-bpe
+    prepare_int "$BIG"
+  fi
+  wait
+) &
+PREP_PID=$!
+# kill_tree PID: PID and every process under it (the model preparation still
+# running when the budget is spent: its files are not needed any more)
+kill_tree() {
+  local c
+  for c in $(pgrep -P "$1" 2>/dev/null); do kill_tree "$c"; done
+  kill "$1" 2>/dev/null || true
+}
+
 step "build (pip install -e . with CUDA)"
 if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then export PATH=/usr/local/cuda/bin:$PATH; fi
 run build "${BUILD_LIMIT:-420}" $PY -m pip install -q --no-build-isolation --no-index --no-deps -e . \
   -Ccmake.define.INTDET_CUDA=ON -Cbuild-dir=build/device
+NF=${#FAILED[@]}
 run import 60 $PY -c "import intdet._cuda as c, os; n = c.device_count(); print('devices', n, c.device_name() if n else c.no_device_reason()); assert n > 0 or os.environ.get('STANDIN')"
+if [ ${#FAILED[@]} -eq "$NF" ]; then touch "$WORK/build.done"; else touch "$WORK/build.failed"; fi  # the model conversions wait for it
 md
 md "## Build and SASS check"
 md '```'
@@ -129,25 +277,16 @@ md '```'
 md "$(tail -n 15 "$TEST_OUT" 2>/dev/null || echo 'pytest did not run')"
 md '```'
 
-step "division microbenchmark (scripts/bench_div.py)"
-DIV_OUT=$WORK/bench-div.txt
-DIV_EMU=""
-gpu || DIV_EMU="--emu"  # stand-in: the host emulator (the checks, not the times)
-soft div-bench 120 bash -c "set -o pipefail; $PY scripts/bench_div.py $DIV_EMU 2>&1 | tee $DIV_OUT"
-md
-md "## Division microbenchmark (udiv_u64 against DivBy; ns per int64 division${DIV_EMU:+, on the host emulator: the checks only, not GPU times})"
-md '```'
-md "$(cat "$DIV_OUT" 2>/dev/null || echo 'bench_div did not run')"
-md '```'
-
-step "random Qwen3-0.6B-shaped model"
-HF=$WORK/qwen3-0.6b-hf
-INT=$WORK/qwen3-0.6b
-if [ ! -f "$INT/model.safetensors" ]; then
-  run random-model 240 bash -c "$PY -m intdet random-model $HF --shape qwen3-0.6b --seed 0 > $WORK/random-model.log 2>&1"
-  run convert 300 $PY -m intdet convert "$HF" -o "$INT" --force
+# ---------------------------------------------------------------- hashes
+step "random Qwen3-0.6B-shaped model: hash-check against the pin"
+Q=$WORK/qwen3-0.6b
+HASHES_OK=yes
+if wait_part qwen3-0.6b int "$WAIT"; then
+  MODEL_SHA=$( (sha256sum "$Q/int/model.safetensors" | cut -c1-16) 2>/dev/null || echo missing)
+else
+  MODEL_SHA=missing
+  HASHES_OK=no
 fi
-MODEL_SHA=$( (sha256sum "$INT/model.safetensors" | cut -c1-16) 2>/dev/null || echo missing)
 echo "model.safetensors sha256 $MODEL_SHA (pinned $MODEL_PIN)"
 [ "$MODEL_SHA" = "$MODEL_PIN" ] || FAILED+=("model sha256 $MODEL_SHA != $MODEL_PIN")
 md
@@ -158,241 +297,169 @@ md '```'
 HC_OUT=$WORK/hashcheck.txt
 HC_DEV="--device cuda"
 gpu || HC_DEV=""  # stand-in: the CPU matrix against the pin
-run hash-check "${HC_LIMIT:-420}" bash -c "set -o pipefail; $PY -m intdet hash-check -m $INT --steps $STEPS $HC_DEV --expect $PIN 2>&1 | tee $HC_OUT"
+NF=${#FAILED[@]}
+run hash-check "${HC_LIMIT:-420}" bash -c "set -o pipefail; $PY -m intdet hash-check -m $Q/int --steps $STEPS $HC_DEV --expect $PIN 2>&1 | tee $HC_OUT"
+HB_OUT=$WORK/hash-batches.txt
+HB_GRAPHS=""
+gpu && HB_GRAPHS="--graphs"
+run hash-batches 240 bash -c "set -o pipefail; $PY scripts/hash_batches.py $Q/int --device $DEV $HB_GRAPHS --batches $BATCHES --steps $STEPS --expect $PIN 2>&1 | tee $HB_OUT"
+[ ${#FAILED[@]} -eq "$NF" ] || HASHES_OK=no
 md "$(cat "$HC_OUT" 2>/dev/null || echo 'hash-check did not run')"
+md
+md "$(cat "$HB_OUT" 2>/dev/null || echo 'hash_batches did not run')"
 md '```'
 
-step "speed"
-BENCH_PY=$WORK/bench.py
-ROWS=$WORK/bench-rows.jsonl
-rm -f "$ROWS"
-cat >"$BENCH_PY" <<'PYEOF'
-"""Speed rows for device-check.sh: python bench.py intdet|torch-eager|torch-compile MODEL_INT HF ROWS"""
-import json
-import sys
-import time
-
-import numpy as np
-
-which, INT, HF, ROWS = sys.argv[1:5]
-V = 302  # ids of the random model's tiny tokenizer
-
-
-def row(impl, what, rate, note=""):
-    print(f"{impl:44s} {what:22s} {rate:10.1f} tok/s  {note}", flush=True)
-    with open(ROWS, "a") as f:
-        f.write(json.dumps([impl, what, rate, note]) + "\n")
-
-
-def intdet_bench():
-    from intdet.model import Engine, load_model
-
-    eng = Engine(load_model(INT), "cuda", cuda_graphs=False)
-    rng = np.random.default_rng(0)
-    for graphs in (False, True):
-        eng._model.cuda_graphs = graphs
-        for batch in (1, 8):
-            seqs = [eng.new_state(512) for _ in range(batch)]
-            outs = eng.forward_batch(seqs, [list(rng.integers(0, V, 64)) for _ in range(batch)])
-            for _ in range(3):  # warm-up (and graph capture)
-                outs = eng.forward_batch(seqs, [[int(o[-1].argmax())] for o in outs])
-            n = 128
-            t = time.perf_counter()
-            for _ in range(n):
-                outs = eng.forward_batch(seqs, [[int(o[-1].argmax())] for o in outs])
-            row("intdet cuda" + (" + CUDA graphs" if graphs else ""), f"decode, batch {batch}",
-                batch * n / (time.perf_counter() - t), "int32 logits to host, argmax on host; 64-token prompts")
-    from intdet.scheduler import Request, Scheduler
-
-    eng._model.cuda_graphs = True  # the scheduler's device lane: token chosen on the device, hash overlapped
-    for _ in range(2):
-        sched = Scheduler(eng, max_batch=1, step_tokens=512, kv_bytes=1 << 62)
-        req = sched.submit(Request([int(t) for t in rng.integers(0, V, 64)], 257))
-        sched.run_until_idle()
-    row("intdet cuda + CUDA graphs", "scheduler, batch 1", (len(req.tokens) - 1) / (req.t_done - req.t_first),
-        "device lane (submit_pick), chain hash on the host overlapped; 64-token prompt, 256 steps")
-    eng._model.cuda_graphs = False
-    prompt = list(rng.integers(0, V, 2048))
-    best = 0.0
-    for _ in range(3):
-        s = eng.new_state(2049)
-        t = time.perf_counter()
-        s.forward(prompt)
-        best = max(best, 2048 / (time.perf_counter() - t))
-    row("intdet cuda", "prefill 2048 tokens", best, "best of 3")
-
-
-def torch_bench(compiled):
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    m = AutoModelForCausalLM.from_pretrained(HF, dtype=torch.float16).cuda().eval()
-    g = torch.Generator(device="cpu").manual_seed(0)
-    label = "torch fp16, HF " + m.config._attn_implementation
-    with torch.no_grad():
-        if not compiled:
-            ids = torch.randint(0, V, (1, 2048), generator=g).cuda()
-            best = 0.0
-            for _ in range(3):
-                torch.cuda.synchronize()
-                t = time.perf_counter()
-                m(ids, use_cache=False, logits_to_keep=1)
-                torch.cuda.synchronize()
-                best = max(best, 2048 / (time.perf_counter() - t))
-            row(label + ", eager", "prefill 2048 tokens", best, "best of 3")
-            for batch in (1, 8):
-                ids = torch.randint(0, V, (batch, 64), generator=g).cuda()
-                out = m(ids, use_cache=True)
-                pkv, nxt = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
-                for _ in range(3):
-                    out = m(nxt, past_key_values=pkv, use_cache=True)
-                    pkv, nxt = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
-                n = 128
-                torch.cuda.synchronize()
-                t = time.perf_counter()
-                for _ in range(n):
-                    out = m(nxt, past_key_values=pkv, use_cache=True)
-                    pkv, nxt = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
-                torch.cuda.synchronize()
-                row(label + ", eager", f"decode, batch {batch}", batch * n / (time.perf_counter() - t),
-                    "argmax on GPU")
-        else:
-            m.forward = torch.compile(m.forward, mode="reduce-overhead", fullgraph=True)
-            for batch in (1, 8):
-                ids = torch.randint(0, V, (batch, 64), generator=g).cuda()
-                kw = dict(do_sample=False, cache_implementation="static", pad_token_id=0)
-                m.generate(ids, max_new_tokens=129, min_new_tokens=129, **kw)  # compile and capture
-                times = {}
-                for n in (1, 129):
-                    torch.cuda.synchronize()
-                    t = time.perf_counter()
-                    m.generate(ids, max_new_tokens=n, min_new_tokens=n, **kw)
-                    torch.cuda.synchronize()
-                    times[n] = time.perf_counter() - t
-                row(label + ", torch.compile (CUDA graphs)", f"decode, batch {batch}",
-                    batch * 128 / (times[129] - times[1]), "generate() with a static cache; prefill time subtracted")
-
-
-if which == "intdet":
-    intdet_bench()
-else:
-    torch_bench(which == "torch-compile")
+# ---------------------------------------------------------------- speed
+LLAMA_LD=""
+if [ -z "${SKIP_LLAMACPP:-}" ] && [ -x "$LLAMA_DIR/llama-bench" ]; then
+  # cuBLAS and the CUDA runtime: the image's torch wheels (nvidia/cu13/lib), else the toolkit
+  LLAMA_LD=$($PY - <<'PYEOF'
+import glob, os, site
+dirs = []
+for root in site.getsitepackages() + [site.getusersitepackages(), "/usr/local/cuda/lib64"]:
+    for lib in ("libcublas.so.13", "libcudart.so.13"):
+        for p in glob.glob(os.path.join(root, "nvidia", "*", "lib", lib)) + glob.glob(os.path.join(root, lib)):
+            if os.path.dirname(p) not in dirs:
+                dirs.append(os.path.dirname(p))
+print(":".join(dirs))
 PYEOF
-gpu && run bench-intdet 240 $PY "$BENCH_PY" intdet "$INT" "$HF" "$ROWS"
+)
+  LLAMA_LD=$LLAMA_DIR${LLAMA_LIBS:+:$LLAMA_LIBS}${LLAMA_LD:+:$LLAMA_LD}
+  echo "llama.cpp: $LLAMA_DIR ($(cat "$LLAMA_DIR/VERSION" 2>/dev/null)), LD_LIBRARY_PATH=$LLAMA_LD"
+else
+  echo "llama.cpp: no $LLAMA_DIR/llama-bench (bash scripts/build_llama_cuda.sh makes it) or SKIP_LLAMACPP: skipped"
+  if gpu && [ -z "${SKIP_LLAMACPP:-}" ]; then FAILED+=("llama.cpp binaries missing"); fi
+fi
 
-# Per-kernel cudaEvent timing of one decode token (batch 1, after a 64- and a
-# 1024-token prompt) and of a 2048-token prefill with either attention path,
-# next to the bandwidth bound; in the results file as soon as it is measured.
-PROF_PY=$WORK/kernel_profile.py  # not profile.py: that name would shadow the stdlib module cProfile imports (torch.compile)
-PROF_OUT=$WORK/profile.md
-cat >"$PROF_PY" <<'PYEOF'
-"""Per-step cudaEvent tables for device-check.sh: python kernel_profile.py MODEL_INT [BW_BYTES_PER_S [CTX,CTX... [PREFILL]]]
+bench_model() {  # bench_model NAME: the three engines on one model's files (llama.cpp last: its GGUF is made last)
+  local name=$1 d=$WORK/$1
+  step "speed: $name, intdet"
+  if wait_part "$name" int "$WAIT"; then
+    run "bench-intdet-$name" 300 $PY scripts/bench_intdet_gpu.py "$d/int" "$ROWS" --model "$name" --device "$DEV" \
+      --batches "$BATCHES" --prompt "$PROMPT" --steps "$DEC_STEPS" --prefill "$PREFILL"
+  fi
+  if [ -z "${SKIP_TORCH:-}" ]; then
+    step "speed: $name, torch fp16 (scripts/torch_decode.py)"
+    if wait_part "$name" hf "$WAIT"; then
+      soft "torch-$name" 300 $PY scripts/torch_decode.py "$d/hf" "$ROWS" --model "$name" --device "$DEV" \
+        --batches "$BATCHES" --prompt "$PROMPT" --steps "$DEC_STEPS" --prefill "$PREFILL"
+    fi
+  fi
+  if [ -n "$LLAMA_LD" ]; then
+    step "speed: $name, llama.cpp (llama-bench, llama-batched-bench)"
+    if wait_part "$name" gguf "$WAIT"; then
+      soft "llama-bench-$name" 180 bash -c "env LD_LIBRARY_PATH='$LLAMA_LD' '$LLAMA_DIR/llama-bench' -m '$d/q8_0.gguf' \
+        -ngl 99 -fa on -p $PREFILL -n $LB_GEN -r $LB_REPS -o jsonl >'$d/llama-bench.txt' 2>'$d/llama-bench.log'; \
+        rc=\$?; cat '$d/llama-bench.txt'; [ \$rc -eq 0 ] || tail -20 '$d/llama-bench.log'; exit \$rc"
+      soft "rows-llama-bench-$name" 30 $PY scripts/bench_results.py add-llama-bench "$ROWS" "$name" "$d/llama-bench.txt" \
+        --backend "$DEV"
+      # every row its own KV cells (not unified): NPL_MAX x (prompt + steps); -pps: the prompt computed once
+      soft "llama-batched-bench-$name" 240 bash -c "env LD_LIBRARY_PATH='$LLAMA_LD' '$LLAMA_DIR/llama-batched-bench' \
+        -m '$d/q8_0.gguf' -ngl 99 -fa on -c $((NPL_MAX * (PROMPT + DEC_STEPS))) -b 2048 -ub 512 -npp $PROMPT \
+        -ntg $DEC_STEPS -npl $BATCHES -pps --output-format jsonl >'$d/batched-bench.txt' 2>&1; \
+        rc=\$?; grep '^{' '$d/batched-bench.txt'; [ \$rc -eq 0 ] || tail -20 '$d/batched-bench.txt'; exit \$rc"
+      soft "rows-batched-bench-$name" 30 $PY scripts/bench_results.py add-batched-bench "$ROWS" "$name" \
+        "$d/batched-bench.txt" --backend "$DEV"
+    fi
+  fi
+}
+bench_model qwen3-0.6b
 
-Decode (batch 1) after each prompt length, then a PREFILL-token (2048) prefill with the
-attention on the tensor cores (attn_mma_kernel) and on the flash-decoding
-split (set_attn_path), the same logits checked equal."""
-import sys
-from collections import OrderedDict
-
-import numpy as np
-
-from intdet import _cuda
-from intdet.model import load_model
-
-INT = sys.argv[1]
-BW = float(sys.argv[2]) if len(sys.argv) > 2 else 4.8e12  # H200 HBM3e
-CTXS = [int(c) for c in sys.argv[3].split(",")] if len(sys.argv) > 3 else [64, 1024]
-PRE = int(sys.argv[4]) if len(sys.argv) > 4 else 2048
-lm = load_model(INT)
-m = _cuda.Model(lm.cfg, lm.tensors, False)
-rng = np.random.default_rng(0)
-
-
-def table(title, steps, rows):
-    agg = OrderedDict()
-    for name, ns, nbytes, launches in steps:
-        a = agg.setdefault(name, [0, 0, 0])
-        a[0] += ns
-        a[1] += nbytes
-        a[2] += launches
-    tot_ns = sum(a[0] for a in agg.values())
-    tot_b = sum(a[1] for a in agg.values())
-    print(f"\n### {title} ({len(steps)} steps, {sum(a[2] for a in agg.values())} launches)\n")
-    print("| step | launches | time (us) | share | bytes read (MB) | GB/s | bound at %.1f TB/s (us) |" % (BW / 1e12))
-    print("|---|---|---|---|---|---|---|")
-    for name, (ns, nbytes, launches) in agg.items():
-        gbs = nbytes / ns if ns else 0.0
-        print(f"| {name} | {launches} | {ns / 1e3:.1f} | {100 * ns / tot_ns:.1f}% | {nbytes / 1e6:.2f} | {gbs:.0f} | "
-              f"{nbytes / BW * 1e6:.1f} |")
-    print(f"| **total** | | {tot_ns / 1e3:.1f} | | {tot_b / 1e6:.1f} | {tot_b / tot_ns:.0f} | {tot_b / BW * 1e6:.1f} |")
-    print(f"\nevent-timed: {rows * 1e9 / tot_ns:.0f} tok/s; bandwidth bound {rows * BW / tot_b:.0f} tok/s "
-          "(events add a little per step; graphs remove launch gaps)", flush=True)
-
-
-for ctx in CTXS:
-    s = _cuda.State(m, ctx + 8)
-    _cuda.forward(m, s, rng.integers(0, 302, ctx).astype(np.int32), 0, False)
-    _cuda.profile(m, s, np.array([1], np.int32), ctx)  # warm-up
-    _, steps = _cuda.profile(m, s, np.array([2], np.int32), ctx + 1)
-    table(f"decode, batch 1, position {ctx + 1}", steps, 1)
-
-prompt = rng.integers(0, 302, PRE).astype(np.int32)
-ref = None
-try:
-    for path, label in ((2, "tensor cores (attn_mma_kernel)"), (1, "flash-decoding split")):
-        _cuda.ops.set_attn_path(path)
-        _cuda.profile(m, _cuda.State(m, PRE + 8), prompt, 0)  # warm-up
-        logits, steps = _cuda.profile(m, _cuda.State(m, PRE + 8), prompt, 0)
-        if ref is None:
-            ref = logits
-        print(f"\nlast-row logits equal to the tensor-core path's: {np.array_equal(logits, ref)}")
-        table(f"prefill {PRE} tokens, attention: {label}", steps, PRE)
-finally:
-    _cuda.ops.set_attn_path(0)
-PYEOF
+if [ -z "${SKIP_8B:-}" ]; then
+  bench_model "$BIG"
+fi
+step "webgpu (Qwen3 shape, through Vulkan), if this intdet has the device"
 if gpu; then
-  run profile 120 bash -c "set -o pipefail; $PY $PROF_PY $INT 2>&1 | tee $PROF_OUT"
+  # The Vulkan loaders carried as .debs (the device README), the NVIDIA driver's ICD,
+  # and wgpu with what it needs (wheels/webgpu/, Python 3.12: fetch-device-wheels.sh)
+  if compgen -G ".gl/*.deb" >/dev/null; then
+    for f in .gl/*.deb; do dpkg -x "$f" /; done
+    ldconfig
+  fi
+  ICD=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+  if [ -z "${VK_DRIVER_FILES:-}" ] && [ -f "$ICD" ]; then export VK_DRIVER_FILES=$ICD; fi
+  if compgen -G "wheels/webgpu/*.whl" >/dev/null && ! $PY -c "import wgpu" 2>/dev/null; then
+    soft wheels-webgpu 60 $PY -m pip install -q --no-index --no-deps wheels/webgpu/*.whl
+  fi
+  WG_REQ=--require-gpu
+else
+  WG_REQ=""  # the rehearsal: a CPU adapter (llvmpipe) rehearses the commands
+fi
+WG_WHY=$($PY scripts/webgpu_ready.py $WG_REQ 2>&1 | tail -1) && WG_OK=yes || WG_OK=""
+echo "webgpu: $WG_WHY"
+if [ -n "$WG_OK" ] && [ -f "$Q/int/model.safetensors" ]; then
+  WG_OUT=$WORK/hash-webgpu.txt
+  NF=${#FAILED[@]}
+  run hash-webgpu 90 bash -c "set -o pipefail; $PY scripts/hash_batches.py $Q/int --device webgpu --batches ${WG_BATCHES} --steps $STEPS --expect $PIN 2>&1 | tee $WG_OUT"
+  [ ${#FAILED[@]} -eq "$NF" ] || HASHES_OK=no
+  soft bench-webgpu 90 $PY scripts/bench_intdet_gpu.py "$Q/int" "$ROWS" --model qwen3-0.6b --device webgpu \
+    --batches "$WG_BATCHES" --prompt "$PROMPT" --steps "$WG_STEPS" --prefill 0
+  md
+  md "## --device webgpu (Qwen3-0.6B shape; ${WG_WHY#ready: })"
+  md '```'
+  md "$(cat "$WG_OUT" 2>/dev/null || echo 'webgpu hash did not run')"
+  md '```'
+else
+  md
+  md "--device webgpu: skipped ($WG_WHY)."
+fi
+
+if kill -0 "$PREP_PID" 2>/dev/null; then
+  echo "model preparation still running at $((SECONDS - START)) s: stopped"
+  kill_tree "$PREP_PID"
+fi
+wait "$PREP_PID" 2>/dev/null || true
+
+step "results"
+DEVICE_NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 || true)
+[ -n "$DEVICE_NAME" ] || DEVICE_NAME="no GPU (STANDIN rehearsal: $(nproc) CPU cores)"
+md
+md "## Speed, side by side (same random weights: the tokens mean nothing, the work is real)"
+md
+md "intdet: scripts/bench_intdet_gpu.py (int8 weights, integer arithmetic, CUDA graphs; every row's int32 logits"
+md "to the host each step). llama.cpp: Q8_0 GGUF from its own converter, llama-bench -fa on (pp$PREFILL, tg$LB_GEN"
+md "from depth 0) and llama-batched-bench -fa on -pps (decode after the shared $PROMPT-token prompt). torch:"
+md "scripts/torch_decode.py (fp16, static KV cache, SDPA, CUDA graphs, argmax on the GPU). Decode rows: $DEC_STEPS"
+md "steps after a $PROMPT-token prompt; tokens = the prompt length."
+md
+always results 30 $PY scripts/bench_results.py write "$ROWS" --device "$DEVICE_NAME" --hashes-equal "$HASHES_OK" \
+  --json "$RES_JSON" --md "$RES" --backend "$DEV"
+
+# ---------------------------------------------------------------- extras, if time is left
+step "division microbenchmark (scripts/bench_div.py), if time is left ($(left) s)"
+DIV_OUT=$WORK/bench-div.txt
+if [ "$(left)" -gt 60 ]; then
+  DIV_EMU=""
+  gpu || DIV_EMU="--emu"  # stand-in: the host emulator (the checks, not the times)
+  soft div-bench 60 bash -c "set -o pipefail; $PY scripts/bench_div.py $DIV_EMU 2>&1 | tee $DIV_OUT"
+  md
+  md "## Division microbenchmark (udiv_u64 against DivBy; ns per int64 division${DIV_EMU:+, on the host emulator: the checks only, not GPU times})"
+  md '```'
+  md "$(cat "$DIV_OUT" 2>/dev/null || echo 'bench_div did not run')"
+  md '```'
+fi
+
+step "per-kernel cudaEvent timing, if time is left ($(left) s)"
+if gpu && [ "$(left)" -gt 60 ]; then
+  PROF_OUT=$WORK/profile.md
+  BW=4.8e12  # HBM bandwidth for the bound column: H200 4.8 TB/s, H100 SXM 3.35 TB/s
+  case "$DEVICE_NAME" in *H100*) BW=3.35e12 ;; esac
+  soft profile 90 bash -c "set -o pipefail; $PY scripts/cuda_kernel_profile.py $Q/int --bw $BW 2>&1 | tee $PROF_OUT"
   md
   md "## Per-kernel cudaEvent timing (Qwen3-0.6B shape, no graphs)"
   md "$(cat "$PROF_OUT" 2>/dev/null || echo 'profile did not run')"
 fi
-if gpu && [ -z "${SKIP_TORCH:-}" ]; then
-  soft bench-torch-eager 180 $PY "$BENCH_PY" torch-eager "$INT" "$HF" "$ROWS"
-  LEFT=$((450 - (SECONDS - START)))
-  if [ -z "${SKIP_COMPILE:-}" ] && [ "$LEFT" -gt 60 ]; then
-    LIM=$((LEFT < 180 ? LEFT : 180))
-    soft bench-torch-compile "$LIM" $PY "$BENCH_PY" torch-compile "$INT" "$HF" "$ROWS"
-  else
-    echo "torch.compile bench skipped (${LEFT}s left of the 450 s budget, or SKIP_COMPILE)"
-  fi
-fi
-md
-md "## Speed (one GPU; random weights: the tokens mean nothing, the work is real)"
-md
-md "| implementation | measurement | tok/s | note |"
-md "|---|---|---|---|"
-if [ -f "$ROWS" ]; then
-  $PY -c "
-import json, sys
-for line in open(sys.argv[1]):
-    impl, what, rate, note = json.loads(line)
-    print(f'| {impl} | {what} | {rate:.1f} | {note} |')
-" "$ROWS" >>"$RES"
-fi
 
-step "compute-sanitizer memcheck on the op tests (if time is left)"
+step "compute-sanitizer memcheck on the op tests, if time is left ($(left) s)"
 SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-LEFT=$((470 - (SECONDS - START)))
-if gpu && [ -x "$SAN" ] && [ "$LEFT" -gt 45 ]; then
+if gpu && [ -x "$SAN" ] && [ "$(left)" -gt 45 ]; then
   SAN_OUT=$WORK/sanitizer.txt
-  soft memcheck "$LEFT" bash -c "set -o pipefail; $SAN --tool memcheck --error-exitcode 3 $PY -m pytest -q -p no:cacheprovider tests/engine/test_cuda.py -k 'gpu and (linear or attend or swiglu or norm or round_div)' 2>&1 | tail -n 25 | tee $SAN_OUT"
+  soft memcheck "$(left)" bash -c "set -o pipefail; $SAN --tool memcheck --error-exitcode 3 $PY -m pytest -q -p no:cacheprovider tests/engine/test_cuda.py -k 'gpu and (linear or attend or swiglu or norm or round_div)' 2>&1 | tail -n 25 | tee $SAN_OUT"
   md
   md "## compute-sanitizer memcheck (op tests)"
   md '```'
   md "$(cat "$SAN_OUT" 2>/dev/null)"
   md '```'
-else
-  echo "memcheck skipped (${LEFT}s left, or no compute-sanitizer)"
 fi
 
 md
@@ -404,10 +471,11 @@ else
 fi
 if [ ${#WARNED[@]} -ne 0 ]; then md "Comparison runs that failed (not counted): ${WARNED[*]}."; fi
 # The results belong in docs/ only when a GPU really ran them.
-if $PY -c "import intdet._cuda as c; raise SystemExit(c.device_count() < 1)" 2>/dev/null; then
+if gpu && $PY -c "import intdet._cuda as c; raise SystemExit(c.device_count() < 1)" 2>/dev/null; then
   cp "$RES" "$ROOT/docs/" 2>/dev/null || true
+  [ -f "$RES_JSON" ] && cp "$RES_JSON" "$ROOT/docs/" 2>/dev/null || true
 fi
-step "done: results in $RES"
+step "done: results in $RES and $RES_JSON"
 cat "$RES"
 if [ ${#FAILED[@]} -ne 0 ]; then
   echo "FAILED: ${FAILED[*]}"

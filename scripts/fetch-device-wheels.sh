@@ -17,9 +17,17 @@ mkdir -p wheels
 rm -f wheels/*.whl
 $PY -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux2014_x86_64 --platform any -d wheels "${WHEELS[@]}"
+# --device webgpu (once intdet has it): wgpu and what it needs that the image
+# lacks (cffi, pycparser, rendercanvas), into wheels/webgpu/: cffi is built
+# for CPython 3.12, so device-check.sh installs these on the GPU machine only.
+WEBGPU_WHEELS=(wgpu==0.32.0 cffi==2.1.1 pycparser==3.12 rendercanvas==2.7.2)
+mkdir -p wheels/webgpu
+rm -f wheels/webgpu/*.whl
+$PY -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+  --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 --platform any -d wheels/webgpu "${WEBGPU_WHEELS[@]}"
 # Each wheel's own requirements must be in the image already (checked by
 # device-check.sh's install, which uses --no-deps --no-index).
-for w in wheels/*.whl; do
+for w in wheels/*.whl wheels/webgpu/*.whl; do
   echo "$w: $(unzip -p "$w" '*/METADATA' | grep '^Requires-Dist' | grep -v 'extra ==' | cut -d' ' -f2- | tr '\n' ' ')"
 done
 du -sh wheels

@@ -281,10 +281,40 @@ def hf_weights(cfg: dict, seed: int = 0) -> dict:
 
 # --------------------------------------------------------------- writers
 
-def write_safetensors(path: str, specs: list, seed: int, bf16: bool, chunk: int = 1 << 22, log=None) -> None:
-    """Stream tensors into a .safetensors file chunk by chunk, so a 600M-value
-    model never sits in memory as float32. (safetensors.numpy.save_file
-    cannot store bfloat16 and needs every array in memory at once.)"""
+# Values generated per numpy pass: 2^16 keep the ~20 uint64 temporaries of
+# prng_normal_like in the L2 cache (3-5x faster per value than 2^22).
+_CHUNK = 1 << 16
+# Values per job of a parallel write: large enough that the process pool's
+# overhead is small, small enough that 16 workers share a 2 GiB shard evenly.
+_PIECE = 1 << 24
+
+
+def _tensor_bytes(seed: int, spec, start: int, count: int, bf16: bool, chunk: int = _CHUNK) -> bytes:
+    """The stored bytes of values start..start+count of one tensor."""
+    parts = []
+    for s in range(start, start + count, chunk):
+        v = tensor_values(seed, spec, s, min(chunk, start + count - s))
+        parts.append((f32_to_bf16_bits(v) if bf16 else v).tobytes())
+    return b"".join(parts)
+
+
+def _write_piece(path: str, offset: int, seed: int, spec, start: int, count: int, bf16: bool) -> int:
+    """One job of a parallel write: values start..start+count of `spec`
+    written at byte `offset` of the (pre-sized) file. Returns the count."""
+    data = _tensor_bytes(seed, spec, start, count, bf16)
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        view, pos = memoryview(data), offset
+        while view:  # pwrite may write less than asked
+            n = os.pwrite(fd, view, pos)
+            view, pos = view[n:], pos + n
+    finally:
+        os.close(fd)
+    return count
+
+
+def _safetensors_header(specs: list, bf16: bool) -> tuple[bytes, dict]:
+    """(the file's first bytes: length + JSON header, name -> data_offsets)."""
     esz = 2 if bf16 else 4
     header, off = {"__metadata__": {"format": "pt"}}, 0
     for name, shape, _, _ in specs:
@@ -293,15 +323,55 @@ def write_safetensors(path: str, specs: list, seed: int, bf16: bool, chunk: int 
         off += nbytes
     hb = json.dumps(header, separators=(",", ":")).encode()
     hb += b" " * (-len(hb) % 8)  # the format pads the header to 8 bytes with spaces
+    return len(hb).to_bytes(8, "little") + hb, {k: v["data_offsets"] for k, v in header.items() if k != "__metadata__"}
+
+
+def write_safetensors(path: str, specs: list, seed: int, bf16: bool, chunk: int = _CHUNK, log=None,
+                      pool=None) -> None:
+    """Stream tensors into a .safetensors file chunk by chunk, so a 600M-value
+    model never sits in memory as float32. (safetensors.numpy.save_file
+    cannot store bfloat16 and needs every array in memory at once.)
+    pool: a concurrent.futures process pool that writes pieces of the
+    tensors at their offsets side by side (the same bytes)."""
+    if pool is not None:
+        _wait_pieces(_submit_safetensors(path, specs, seed, bf16, pool), specs, log)
+        return
+    head, _ = _safetensors_header(specs, bf16)
     with open(path, "wb") as f:
-        f.write(len(hb).to_bytes(8, "little") + hb)
+        f.write(head)
         for k, spec in enumerate(specs):
             n = int(np.prod(spec[1], dtype=np.int64))
             for start in range(0, n, chunk):
-                v = tensor_values(seed, spec, start, min(chunk, n - start))
-                f.write((f32_to_bf16_bits(v) if bf16 else v).tobytes())
+                f.write(_tensor_bytes(seed, spec, start, min(chunk, n - start), bf16, chunk))
             if log:
                 log(f"[{k + 1}/{len(specs)}] {spec[0]} {tuple(spec[1])}")
+
+
+def _submit_safetensors(path: str, specs: list, seed: int, bf16: bool, pool) -> list:
+    """Write the header, size the file, and queue its pieces on pool;
+    returns one list of futures per tensor."""
+    head, offsets = _safetensors_header(specs, bf16)
+    esz = 2 if bf16 else 4
+    with open(path, "wb") as f:
+        f.write(head)
+        f.truncate(len(head) + max((o[1] for o in offsets.values()), default=0))
+    pieces = []
+    for spec in specs:
+        n = int(np.prod(spec[1], dtype=np.int64))
+        t0 = len(head) + offsets[spec[0]][0]
+        pieces.append([pool.submit(_write_piece, path, t0 + start * esz, seed, spec, start, min(_PIECE, n - start),
+                                   bf16) for start in range(0, n, _PIECE)])
+    return pieces
+
+
+def _wait_pieces(pieces: list, specs: list, log) -> None:
+    """Wait for every piece (raising the first error); a tensor's log line
+    once all its pieces are written, in order."""
+    for k, futs in enumerate(pieces):
+        for fut in futs:
+            fut.result()
+        if log:
+            log(f"[{k + 1}/{len(specs)}] {specs[k][0]} {tuple(specs[k][1])}")
 
 
 def write_tokenizer_files(out_dir: str, cfg: dict) -> None:
@@ -339,29 +409,36 @@ def shard_specs(specs: list, esz: int, shard_bytes: int) -> list:
 
 
 def write_hf_model(out_dir: str, arch: str, seed: int = 0, log=None, shard_bytes: int | None = None,
-                   **overrides) -> str:
+                   pool=None, **overrides) -> str:
     """Write a Hugging Face checkpoint dir (config.json, model.safetensors,
     tokenizer.json, tokenizer_config.json, generation_config.json).
     overrides change any config key; dtype/torch_dtype="bfloat16" stores
     BF16 (round-to-nearest-even of the same float32 values). shard_bytes:
     write model-0000k-of-0000n.safetensors shards of at most that size and
-    model.safetensors.index.json, as transformers does for large models."""
+    model.safetensors.index.json, as transformers does for large models.
+    pool: a process pool that writes the tensors' pieces side by side (every
+    shard's at once; the same bytes)."""
     cfg = hf_config(arch, **overrides)
     os.makedirs(out_dir, exist_ok=True)
     _dump_json(os.path.join(out_dir, "config.json"), cfg)
     bf16 = cfg["torch_dtype"] == "bfloat16"
     specs = tensor_specs(cfg)
     if shard_bytes is None:
-        write_safetensors(os.path.join(out_dir, "model.safetensors"), specs, seed, bf16=bf16, log=log)
+        write_safetensors(os.path.join(out_dir, "model.safetensors"), specs, seed, bf16=bf16, log=log, pool=pool)
     else:
         shards = shard_specs(specs, 2 if bf16 else 4, shard_bytes)
-        weight_map, total = {}, 0
+        weight_map, total, queued = {}, 0, []
         for k, part in enumerate(shards):
             fname = f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors"
-            write_safetensors(os.path.join(out_dir, fname), part, seed, bf16=bf16, log=log)
+            if pool is None:
+                write_safetensors(os.path.join(out_dir, fname), part, seed, bf16=bf16, log=log)
+            else:  # queue every shard before waiting, so no worker idles at a shard's end
+                queued.append((_submit_safetensors(os.path.join(out_dir, fname), part, seed, bf16, pool), part))
             for spec in part:
                 weight_map[spec[0]] = fname
                 total += int(np.prod(spec[1], dtype=np.int64)) * (2 if bf16 else 4)
+        for pieces, part in queued:
+            _wait_pieces(pieces, part, log)
         _dump_json(os.path.join(out_dir, "model.safetensors.index.json"),
                    {"metadata": {"total_size": total}, "weight_map": weight_map})
     write_tokenizer_files(out_dir, cfg)
@@ -373,42 +450,59 @@ def write_hf_model(out_dir: str, arch: str, seed: int = 0, log=None, shard_bytes
 SHAPES = ("qwen3-0.6b", "tiny-llama", "tiny-qwen3", "tiny-gemma3", *LARGE_SHAPES)
 
 
-def write_random_model(out_dir: str, shape: str = "qwen3-0.6b", seed: int = 0, log=None) -> str:
+def write_random_model(out_dir: str, shape: str = "qwen3-0.6b", seed: int = 0, log=None, jobs: int = 1) -> str:
     """Write the checkpoint of ``shape`` (one of ``SHAPES``) and ``seed`` to
     ``out_dir``, through a temporary sibling directory renamed into place,
     so an interrupted run leaves no half checkpoint at out_dir. ``log(msg)``
-    gets one line per tensor. Returns out_dir.
+    gets one line per tensor. ``jobs`` > 1: that many worker processes
+    generate and write the tensors' pieces side by side (the same bytes;
+    the 8B shape on 16 cores in seconds instead of minutes). Returns out_dir.
 
-    Raises IntdetError for an unknown shape or an out_dir that exists and is
-    not an empty directory, or OUT cannot be written (naming OUT)."""
+    Raises IntdetError for an unknown shape, jobs < 1, an out_dir that exists
+    and is not an empty directory, or OUT cannot be written (naming OUT)."""
     if shape not in SHAPES:
         raise IntdetError(f"shape {shape!r}: choose one of {', '.join(SHAPES)}", field="shape")
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise IntdetError(f"jobs: {jobs!r} must be an integer >= 1", field="jobs")
     out_dir = os.path.abspath(out_dir)
     if os.path.lexists(out_dir) and not (os.path.isdir(out_dir) and not os.path.islink(out_dir)
                                          and not os.listdir(out_dir)):
         raise IntdetError(f"{out_dir}: exists and is not an empty directory")
     parent = os.path.dirname(out_dir)
     try:
-        _write_into(out_dir, parent, shape, seed, log)
+        if jobs == 1:
+            _write_into(out_dir, parent, shape, seed, log, None)
+        else:
+            import multiprocessing
+            from concurrent.futures import ProcessPoolExecutor
+
+            # spawn: the workers need only numpy and this module, and fork is unsafe under threads
+            with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+                try:
+                    _write_into(out_dir, parent, shape, seed, log, pool)
+                except BaseException:
+                    pool.shutdown(wait=True, cancel_futures=True)  # drop the queued pieces at once
+                    raise
     except OSError as e:  # named by OUT, not by the temporary directory
         raise IntdetError(f"{out_dir}: cannot write the checkpoint ({e.strerror or e})") from None
     return out_dir
 
 
-def _write_into(out_dir: str, parent: str, shape: str, seed: int, log) -> None:
+def _write_into(out_dir: str, parent: str, shape: str, seed: int, log, pool) -> None:
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}.partial-", dir=parent)
     try:
         if shape in LARGE_SHAPES:
             arch, cfg, shard = LARGE_SHAPES[shape]
             extra = dict(max_window_layers=cfg["num_hidden_layers"]) if arch == "qwen3" else {}
-            write_hf_model(tmp, arch, seed=seed, log=log, torch_dtype="bfloat16", shard_bytes=shard, **extra, **cfg)
+            write_hf_model(tmp, arch, seed=seed, log=log, torch_dtype="bfloat16", shard_bytes=shard, pool=pool,
+                           **extra, **cfg)
         elif shape == "qwen3-0.6b":
             # max_window_layers follows the real config (= layer count; unused without sliding window)
-            write_hf_model(tmp, "qwen3", seed=seed, log=log, torch_dtype="bfloat16",
+            write_hf_model(tmp, "qwen3", seed=seed, log=log, torch_dtype="bfloat16", pool=pool,
                            max_window_layers=QWEN3_0_6B["num_hidden_layers"], **QWEN3_0_6B)
         else:
-            write_hf_model(tmp, shape.split("-", 1)[1], seed=seed, log=log)
+            write_hf_model(tmp, shape.split("-", 1)[1], seed=seed, log=log, pool=pool)
         _readable_by_all(tmp)
         os.replace(tmp, out_dir)  # rename(2) onto an absent or empty directory
     finally:

@@ -19,8 +19,10 @@ RANDOM_MODEL_SHAPES = ("qwen3-0.6b", "tiny-llama", "tiny-qwen3", "tiny-gemma3", 
               show_default=True, help="Architecture and size of the checkpoint.")
 @click.option("--seed", default=0, type=click.IntRange(0, 2**64 - 1), show_default=True,
               help="Seed of the random weights, in [0, 2^64).")
+@click.option("--jobs", default=1, type=click.IntRange(1, 1024), show_default=True,
+              help="Worker processes writing the tensors side by side (the same bytes).")
 @user_errors
-def random_model(out_dir, shape, seed):
+def random_model(out_dir, shape, seed, jobs):
     """Write a Hugging Face checkpoint with deterministic random weights (then `intdet convert` it)."""
     import time
 
@@ -30,6 +32,6 @@ def random_model(out_dir, shape, seed):
         raise IntdetError("OUT: empty path")
     t0 = time.monotonic()
     log = lambda msg: click.echo(f"{time.monotonic() - t0:7.1f}s {msg}", err=True)  # noqa: E731
-    write_random_model(out_dir, shape, seed, log=log)
+    write_random_model(out_dir, shape, seed, log=log, jobs=jobs)
     log(f"wrote {out_dir}")
 
