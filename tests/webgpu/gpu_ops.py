@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from intdet.webgpu import pack
-from intdet.webgpu.kernels import groups_flat, groups_rows, run_one
+from intdet.webgpu.kernels import groups_coop, groups_flat, groups_rows, run_one
 
 
 def quant16(k, x):
@@ -48,8 +48,8 @@ def rms_norm_quant16(k, x, g, eps, in_frac, in0=0, out0=0):
     return res[2][out0:].astype(np.int64), pack.unpack_i16_act(res[3], n)[out0:], res[4][out0:].astype(np.int64)
 
 
-def linear(k, q, e, w, mant, shift, bias=None, w4=None):
-    """ops.linear (int8 w [N, K]; or int4 w4 = (codes, gd, gm))."""
+def linear(k, q, e, w, mant, shift, bias=None, w4=None, coop=False):
+    """ops.linear (int8 w [N, K]; or int4 w4 = (codes, gd, gm)); coop: linear8's coop entry."""
     q = np.asarray(q, np.int64)
     T, K = q.shape
     act = pack.pack_i16_act(q)
@@ -62,8 +62,9 @@ def linear(k, q, e, w, mant, shift, bias=None, w4=None):
         w = np.asarray(w, np.int8)
         chan = np.stack([w.astype(np.int64).sum(1), mant, shift, b]).astype(np.int32)
         p[1] = pack.words(K)
-        return run_one(k, "linear8", [act, ex, pack.pack_i8_rows(w), chan, out, np.zeros(1, np.int32)], p + [0, 0, -1],
-                       (-(-N // 64), T, 1))[4].astype(np.int64)
+        return run_one(k, "linear8_coop" if coop else "linear8",
+                       [act, ex, pack.pack_i8_rows(w), chan, out, np.zeros(1, np.int32)], p + [0, 0, -1],
+                       groups_coop(N, T) if coop else (-(-N // 64), T, 1))[4].astype(np.int64)
     codes, gd, gm = w4
     grp = np.stack([np.asarray(gd, np.int32), np.asarray(gm, np.int32)], axis=-1)
     chan = np.stack([mant, shift, b]).astype(np.int32)
@@ -72,7 +73,7 @@ def linear(k, q, e, w, mant, shift, bias=None, w4=None):
                    (-(-N // 64), T, 1))[5].astype(np.int64)
 
 
-def linear_segments(k, q, e, parts):
+def linear_segments(k, q, e, parts, coop=False):
     """Two or three int8 linears of one input (parts: (w [N_i, K], mant, shift, bias or None)) in
     one dispatch of linear8 ``segments``: each one's [T, N_i] output."""
     q = np.asarray(q, np.int64)
@@ -83,8 +84,9 @@ def linear_segments(k, q, e, parts):
     w = pack.pack_i8_rows(np.concatenate([np.asarray(w, np.int8) for w, _, _, _ in parts]))
     outs = [np.zeros((T, max(n, 1)), np.int32) for n in Ns]
     p = [sum(Ns), pack.words(K), T, 0, int(any(b is not None for *_, b in parts)), 0, 0, 0, 0, -1, 0, Ns[0], Ns[1]]
-    res = run_one(k, "linear8_segments", [pack.pack_i16_act(q), np.asarray(e, np.int32), w, chan, outs[0],
-                                          np.zeros(1, np.int32), outs[1], outs[2]], p, (-(-sum(Ns) // 64), T, 1))
+    res = run_one(k, "linear8_segments_coop" if coop else "linear8_segments",
+                  [pack.pack_i16_act(q), np.asarray(e, np.int32), w, chan, outs[0], np.zeros(1, np.int32), outs[1],
+                   outs[2]], p, groups_coop(sum(Ns), T) if coop else (-(-sum(Ns) // 64), T, 1))
     return [res[i].astype(np.int64) for i in (4, 6, 7)][:len(parts)]
 
 

@@ -226,3 +226,17 @@ def test_a_parameter_outside_int32_names_the_kernel(model_of):
     assert not rec.cmds and not rec.params
     with pytest.raises(ValueError, match="17 parameters"):
         rec.dispatch("glu", [], list(range(17)), (1, 1, 1))
+
+
+@pytest.mark.parametrize("name", ["qwen2", "qwen3-moe", "gemma2", "llama3"])
+def test_coop_linears_give_the_same_logits(model_of, name):
+    """The GPUs' shape of the int8 linears (each channel's row split over TPC invocations, the
+    parts added in workgroup memory): the CPU's logits for prefill, decode and a batch."""
+    lm, cm, _ = model_of(name)
+    gm = W.Model(lm.cfg, lm.tensors, coop=True)
+    assert gm.kernels.coop
+    assert np.array_equal(gpu_run(gm, [7, 1, 1, 1]), cpu_run(cm, [7, 1, 1, 1]))
+    seqs = [PROMPT[:5], PROMPT[2:3], PROMPT[:9]]
+    got = W.forward_batch(gm, [W.State(gm, 16) for _ in seqs], seqs, False)
+    for s, g in zip(seqs, got):
+        assert np.array_equal(g, cpu_run(cm, [len(s)], s)[-1:])

@@ -77,8 +77,9 @@ def test_rms_norm_quant16(k, n):
         assert np.array_equal(y, want) and np.array_equal(q, wq) and np.array_equal(e, we), (eps, in0, out0)
 
 
+@pytest.mark.parametrize("coop", [False, True], ids=["channel", "coop"])
 @pytest.mark.parametrize("K", [72, 136, 300, 2048])
-def test_linear_int8(k, K):
+def test_linear_int8(k, K, coop):
     rng = rng_for(K)
     T, N = 3, 37
     q = rng.integers(-32767, 32768, size=(T, K))
@@ -90,15 +91,16 @@ def test_linear_int8(k, K):
     mant = rng.integers(1, 2**15 + 1, size=N).astype(np.int32)
     shift = rng.integers(10, 50, size=N).astype(np.int32)
     bias = rng.integers(-(2**31) + 1, 2**31, size=N).astype(np.int32)
-    got = G.linear(k, q, e, w, mant, shift)
+    got = G.linear(k, q, e, w, mant, shift, coop=coop)
     want = ops.linear(q, e, w, mant, shift)
     assert np.array_equal(got, want)
     assert np.array_equal(got, C.linear(q.astype(np.int16), e.astype(np.int32), w, mant, shift))
-    assert np.array_equal(G.linear(k, q, e, w, mant, shift, bias), ops.linear(q, e, w, mant, shift, bias))
+    assert np.array_equal(G.linear(k, q, e, w, mant, shift, bias, coop=coop), ops.linear(q, e, w, mant, shift, bias))
 
 
+@pytest.mark.parametrize("coop", [False, True], ids=["channel", "coop"])
 @pytest.mark.parametrize("nparts", [2, 3])
-def test_linear_int8_segments(k, nparts):
+def test_linear_int8_segments(k, nparts, coop):
     """q, k, v (or gate, up) as one matrix in one dispatch, a bias on one of them: each output
     is its own linear's."""
     rng = rng_for(nparts, 8)
@@ -112,7 +114,7 @@ def test_linear_int8_segments(k, nparts):
         shift = rng.integers(10, 50, size=N).astype(np.int32)
         bias = rng.integers(-(2**31) + 1, 2**31, size=N).astype(np.int32) if i == 1 else None
         parts.append((w, mant, shift, bias))
-    for got, (w, mant, shift, bias) in zip(G.linear_segments(k, q, e, parts), parts):
+    for got, (w, mant, shift, bias) in zip(G.linear_segments(k, q, e, parts, coop), parts):
         assert np.array_equal(got, ops.linear(q, e, w, mant, shift, bias))
 
 
@@ -246,3 +248,17 @@ def test_moe_route(k, top, norm_topk):
     want = np.zeros_like(z)
     np.put_along_axis(want, sel, w, axis=1)
     assert np.array_equal(G.moe_route(k, z, top, norm_topk), want)
+
+
+def test_linear_int8_coop_folds_past_grid_x(k):
+    """Over GRID_X blocks of channels (a 262k vocabulary's lm_head) the coop entry folds them into y."""
+    from intdet.webgpu.kernels import GRID_X, TPC, WG
+
+    rng = rng_for(70)
+    T, K, N = 1, 40, GRID_X * (WG // TPC) + 300
+    q = rng.integers(-32767, 32768, size=(T, K))
+    e = rng.integers(0, 20, size=T)
+    w = rng.integers(-127, 128, size=(N, K)).astype(np.int8)
+    mant = rng.integers(1, 2**15 + 1, size=N).astype(np.int32)
+    shift = rng.integers(10, 50, size=N).astype(np.int32)
+    assert np.array_equal(G.linear(k, q, e, w, mant, shift, coop=True), ops.linear(q, e, w, mant, shift))

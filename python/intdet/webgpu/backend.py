@@ -16,7 +16,7 @@ import numpy as np
 
 from . import device as _device
 from . import pack
-from .kernels import BufferPool, Kernels, Recorder, groups_flat, groups_rows
+from .kernels import BufferPool, Kernels, Recorder, groups_coop, groups_flat, groups_rows
 
 CHUNK = 128  # prefill rows per pass: bounds the attention scratch (rows x heads x positions)
 
@@ -53,7 +53,7 @@ class Model:
     token). ``mapped`` is accepted for the API's sake."""
 
     def __init__(self, cfg, tensors: dict, mapped: bool = False, config_path: str = "config.json",
-                 tensors_path: str = "model.safetensors", dot4: bool | None = None):
+                 tensors_path: str = "model.safetensors", dot4: bool | None = None, coop: bool | None = None):
         from .. import _core
 
         text = cfg if isinstance(cfg, str) else json.dumps(cfg)
@@ -64,7 +64,7 @@ class Model:
                 raise ValueError(f"{config_path}: layers[{i}].moe: mixture-of-experts with a post-norm or more "
                                  "than 64 experts per token is not implemented on --device webgpu")
         self.cfg = cfg
-        self.kernels = Kernels(dot4)
+        self.kernels = Kernels(dot4, coop)
         self.pool = BufferPool(self.kernels)
         c = cfg
         self.L, self.H, self.V = c["num_layers"], c["hidden_size"], c["vocab_size"]
@@ -475,9 +475,10 @@ def _linear(m, rec, name, act, ex, dst, rows, mode=0, out0=0, expert=-1, mask=No
     tail = [expert, m.E if mask is not None else 0]
     if kind == "8":
         _, _, _, w, chan, has_bias = L
-        rec.dispatch("linear8", [act, ex, w, chan, dst, mask_buf],
+        coop = m.kernels.coop
+        rec.dispatch("linear8_coop" if coop else "linear8", [act, ex, w, chan, dst, mask_buf],
                      [N, pack.words(K), rows, mode, int(has_bias), 0, out0, e * N * pack.words(K), e * 4 * N] + tail,
-                     _groups_linear(N, rows))
+                     groups_coop(N, rows) if coop else _groups_linear(N, rows))
     else:
         _, _, _, w, chan, grp, has_bias = L
         G = K // 32
@@ -490,9 +491,11 @@ def _segments(m, rec, b, key, outs, rows):
     """The linears of m.seg[key] on rows of b.act / b.ex, each into its own buffer of ``outs``."""
     _, Ns, K, w, chan, has_bias = m.seg[key]
     Ns = tuple(Ns) + (0,) * (3 - len(Ns))
-    rec.dispatch("linear8_segments", [b.act, b.ex, w, chan, outs[0], b.nomask, outs[1], outs[2]],
+    coop = m.kernels.coop
+    rec.dispatch("linear8_segments_coop" if coop else "linear8_segments",
+                 [b.act, b.ex, w, chan, outs[0], b.nomask, outs[1], outs[2]],
                  [sum(Ns), pack.words(K), rows, 0, int(has_bias), 0, 0, 0, 0, -1, 0, Ns[0], Ns[1]],
-                 _groups_linear(sum(Ns), rows))
+                 groups_coop(sum(Ns), rows) if coop else _groups_linear(sum(Ns), rows))
 
 
 def _groups_linear(N: int, rows: int) -> tuple:

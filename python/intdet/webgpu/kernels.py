@@ -29,6 +29,8 @@ KERNELS = {
     "quant16_i64": ("quant16", 3, {"XTYPE": "I64P", "LOAD(": "("}),
     "linear8": ("linear8", 6, {}),
     "linear8_segments": ("linear8", 8, {}, "segments"),
+    "linear8_coop": ("linear8", 6, {}, "coop"),
+    "linear8_segments_coop": ("linear8", 8, {}, "segments_coop"),
     "linear4": ("linear4", 7, {}),
     "rope": ("rope", 4, {}),
     "kv_store": ("kv_store", 4, {}),
@@ -61,15 +63,38 @@ def groups_flat(count: int) -> tuple[int, int, int]:
     return (min(g, GRID_X), -(-g // GRID_X), 1)
 
 
-class Kernels:
-    """The compiled pipelines of one device, dot4_i8 as the builtin or shifts."""
+TPC = 16  # linear8.wgsl TPC: invocations per (channel, row) of the coop linears
 
-    def __init__(self, dot4: bool | None = None):
+
+def coop_default(adapter) -> bool:
+    """Whether the int8 linears split each channel's row over TPC invocations
+    (linear8.wgsl ``coop``): on GPUs, not on CPU adapters (lavapipe runs
+    barriers slowly); INTDET_WEBGPU_LINEAR=coop or =channel chooses."""
+    import os
+
+    choice = os.environ.get("INTDET_WEBGPU_LINEAR", "")
+    if choice in ("coop", "channel"):
+        return choice == "coop"
+    return str(adapter.info.get("adapter_type", "")).upper() != "CPU"
+
+
+def groups_coop(N: int, rows: int) -> tuple[int, int, int]:
+    """Workgroups of the coop linears: blocks of WG / TPC channels (folded past GRID_X into y), rows on z."""
+    g = -(-max(N, 1) // (WG // TPC))
+    return (min(g, GRID_X), -(-g // GRID_X), max(rows, 1))
+
+
+class Kernels:
+    """The compiled pipelines of one device, dot4_i8 as the builtin or
+    shifts; ``coop``: the int8 linears' coop entries (None: coop_default)."""
+
+    def __init__(self, dot4: bool | None = None, coop: bool | None = None):
         import wgpu
 
         self.wgpu = wgpu
-        _, self.device = gpu()
+        adapter, self.device = gpu()
         self.dot4 = has_dot4() if dot4 is None else dot4
+        self.coop = coop_default(adapter) if coop is None else coop
         self._pipes: dict = {}
 
     def pipeline(self, name: str):
