@@ -109,3 +109,31 @@ def tiny_gemma3_hf(tmp_path_factory):
     """Path of a tiny Gemma3ForCausalLM checkpoint dir (random_model.GEMMA3_TINY:
     local/global/local layers, window 5, post-norms, GeGLU, tied)."""
     return models.write_hf_model(str(tmp_path_factory.mktemp("tiny_gemma3_hf")), "gemma3")
+
+
+# The WebGPU tests (tests/webgpu/) run where a WebGPU adapter opens (lavapipe
+# in CI: Debian's mesa-vulkan-drivers); elsewhere each is skipped with the
+# reason, unless INTDET_REQUIRE_WEBGPU is set (.ci/run), where it fails. Here,
+# not in a tests/webgpu/conftest.py: a second conftest module would shadow
+# this one for the tests that import names from it.
+@pytest.fixture(autouse=True)
+def _webgpu_adapter(request):
+    if request.node.path.parent.name != "webgpu":
+        return
+    from intdet.webgpu.device import available
+
+    ok, why = available()
+    if not ok:
+        if os.environ.get("INTDET_REQUIRE_WEBGPU"):
+            pytest.fail(f"INTDET_REQUIRE_WEBGPU is set but there is no WebGPU adapter: {why}")
+        pytest.skip(f"no WebGPU adapter: {why}")
+
+
+@pytest.fixture(params=[False, True], ids=["dot4-shifts", "dot4-builtin"])
+def dot4(request):
+    """Both bodies of the WGSL dot4_i8: the shift fallback, and dot4I8Packed where it compiles."""
+    from intdet.webgpu.device import has_dot4
+
+    if request.param and not has_dot4():
+        pytest.skip("this adapter's WGSL has no dot4I8Packed")
+    return request.param
