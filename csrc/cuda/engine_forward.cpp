@@ -14,7 +14,9 @@ void lin(DeviceModel& m, const DevLinear& L, int64_t T, int32_t* out, bool resid
                      out, L.N, residual, kLinearAuto, m.stream);
     return;
   }
-  launch_linear(m.ws.act.p, m.ws.act_e.p, (int)T, (int)L.K, L.w, L.mant, L.shift, L.bias, (int)L.N, out, L.N, residual, kLinearAuto, m.stream);
+  const GemmScratch sc{m.ws.gemm_part.p, m.ws.gemm_cnt.p};
+  launch_linear(m.ws.act.p, m.ws.act_e.p, (int)T, (int)L.K, L.w, L.mant, L.shift, L.bias, (int)L.N, out, L.N, residual,
+                kLinearAuto, m.stream, sc.part ? &sc : nullptr);
 }
 
 // Bytes of weights a linear layer reads (int8, or int4 codes + group step and offset).
@@ -23,8 +25,9 @@ void mark(DeviceModel& m, const char* name, int64_t bytes) {
   if (m.prof) m.prof->mark(name, bytes, m.stream);
 }
 
-// Decode-sized calls with int8 weights fuse linear layers into one GEMV launch.
-bool fused_gemv(const DevLinear& L, int64_t T) { return L.w && T <= kGemvMaxRows; }
+// Decode-sized calls with int8 weights fuse linear layers into one GEMV
+// launch (the GEMV's rows; more rows take the skinny GEMM layer by layer).
+bool fused_gemv(const DevLinear& L, int64_t T) { return L.w && T <= kGemvDecodeRows; }
 GemvSeg seg(const DevLinear& L, int32_t* out) {
   return GemvSeg{L.w, L.mant, L.shift, L.bias, out, L.N, (int)L.N, 0};
 }
@@ -253,7 +256,18 @@ void forward_chunk(DeviceModel& m, DeviceState* const* states, int64_t n_states,
     nmax = std::max(nmax, rows[t].pos + 1);
   }
   for (int64_t i = 0; i < n_states; ++i) maxlen = std::max(maxlen, states[i]->kv.max_len);
-  const bool graph = m.use_graphs && T <= kGemvMaxRows && !tr && !m.prof;  // traced or profiled: no graph
+  // Rows of distinct sequences (decode): the decode attention with the
+  // rope_append folded in (RopeFold), and a graph up to kDecodeGraphRows rows.
+  bool distinct = T <= kDecodeGraphRows;
+  for (int64_t t = 1; t < T && distinct; ++t)
+    for (int64_t u = 0; u < t; ++u)
+      if (rows[u].seq == rows[t].seq) {
+        distinct = false;
+        break;
+      }
+  // traced or profiled: no graph; other calls up to kGemvMaxRows rows (short
+  // prefill chunks) too, as before
+  const bool graph = m.use_graphs && (T <= kGemvMaxRows || distinct) && !tr && !m.prof;
   // Scratch row stride: the longest cache for graphs (replayed as sequences
   // grow), else this call's longest row, rounded up.
   const int64_t sstride = graph ? maxlen : (nmax + 255) / 256 * 256;
@@ -305,6 +319,14 @@ void forward_chunk(DeviceModel& m, DeviceState* const* states, int64_t n_states,
     moved = true;
     ck(cudaMemsetAsync(w.oacc.p, 0, w.oacc.n * sizeof(unsigned long long), m.stream), "cudaMemsetAsync");
   }
+  if (w.gemm_part.grow((size_t)kSkinnyPartElems)) {  // once: a fixed size
+    moved = true;
+    ck(cudaMemsetAsync(w.gemm_part.p, 0, w.gemm_part.n * sizeof(unsigned long long), m.stream), "cudaMemsetAsync");
+  }
+  if (w.gemm_cnt.grow((size_t)kSkinnyPartTiles)) {
+    moved = true;
+    ck(cudaMemsetAsync(w.gemm_cnt.p, 0, w.gemm_cnt.n * sizeof(int), m.stream), "cudaMemsetAsync");
+  }
   if (moved) m.drop_graphs();
   if (tr) w.traced.grow((size_t)(cap * H));  // no graph reads it
 
@@ -318,13 +340,7 @@ void forward_chunk(DeviceModel& m, DeviceState* const* states, int64_t n_states,
     if (rows[t].want_logits) hm[3 * w.rows + r++] = (int32_t)t;
   }
   for (int64_t i = 0; i < n_states; ++i) w.h_kvs.p[i] = states[i]->kv;
-  w.fold_rope = T <= kGemvMaxRows && !tr;
-  for (int64_t t = 1; t < T && w.fold_rope; ++t)
-    for (int64_t u = 0; u < t; ++u)
-      if (rows[u].seq == rows[t].seq) {
-        w.fold_rope = false;
-        break;
-      }
+  w.fold_rope = distinct && !tr;
   // A graph serves every length up to attn_fused_max_pos in one bucket (the
   // one-kernel attention), longer ones in another (the split).
   const int64_t fmax = attn_fused_max_pos((int)(nh / nkv));

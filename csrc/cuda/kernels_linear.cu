@@ -416,6 +416,189 @@ __global__ void __launch_bounds__(kMmaThreads)
     }
 }
 
+// ---------------------------------------------------------------- skinny tensor-core GEMM (decode batches)
+//
+// mma_gemm_kernel's exact arithmetic (the hi / lo byte split, s32 sums into
+// int64 every kMmaFlushK inputs) for T = kGemvDecodeRows + 1 ..
+// kSkinnyMaxRows rows, shaped for decode: a block is 16 MT rows (MT = 1, 2,
+// 4: no 64-row tile three quarters empty at 16 rows) times kSkN = 64
+// channels; warp w takes channels 16 w .. 16 w + 15 (two n8 tiles) of every
+// row, so the block's A fragments are shared through shared memory and its
+// weight tile is read from global memory once. K tiles of kSkK = 64 go
+// through a two-stage cp.async pipeline (tile i + 1 is in flight while tile
+// i feeds the tensor cores); the activations are staged as raw int16 and
+// split into hi / lo bytes by two PRMT per fragment register. Grid: row
+// tiles fastest (launch_shapes.cuh shape_skinny), so the row tiles of one
+// weight slice run together and DRAM streams each weight byte once; then
+// channel tiles; then K splits (blockIdx.z: K tiles [z kper, (z + 1) kper)),
+// so small N still fills the SMs. A split's int64 sums are added into the
+// tile's slots of part (int64 atomics: integer sums do not depend on their
+// order) and the last split to arrive (last_block_arrives) takes the totals
+// with atomicExch (which leaves the slots zero for the next launch) and runs
+// the epilogue. vec: K % 16 == 0 (16-byte cp.async of activation and weight
+// chunks); otherwise element loads into the same staging.
+constexpr int kSkRow = kSkK + 16;  // staging row: int16 for activations (160 bytes), bytes for weights (80)
+
+template <int BM>
+__device__ __forceinline__ void skinny_stage(int16_t* A, uint8_t* B, const int16_t* __restrict__ q, int64_t t0, int T,
+                                             const int8_t* __restrict__ w, int64_t j0, int N, int K, int64_t k0,
+                                             int vec) {
+  const int tid = threadIdx.x;
+  if (vec) {
+#pragma unroll
+    for (int i = 0; i < BM * (kSkK / 8) / kSkThreads; ++i) {  // BM rows x 8 chunks of 8 int16
+      const int idx = tid + kSkThreads * i, r = idx >> 3, c = (idx & 7) * 8;
+      const int64_t t = t0 + r;
+      int16_t* dst = A + r * kSkRow + c;
+      if (t < T && k0 + c < K)
+        cp_async16(dst, q + t * K + k0 + c);
+      else
+        *reinterpret_cast<int4*>(dst) = make_int4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int i = 0; i < kSkN * (kSkK / 16) / kSkThreads; ++i) {  // 64 channels x 4 chunks of 16 bytes
+      const int idx = tid + kSkThreads * i, r = idx >> 2, c = (idx & 3) * 16;
+      const int64_t j = j0 + r;
+      uint8_t* dst = B + r * kSkRow + c;
+      if (j < N && k0 + c < K)
+        cp_async16(dst, w + j * K + k0 + c);
+      else
+        *reinterpret_cast<int4*>(dst) = make_int4(0, 0, 0, 0);
+    }
+  } else {
+    for (int idx = tid; idx < BM * kSkK; idx += kSkThreads) {
+      const int r = idx / kSkK, c = idx % kSkK;  // constant divisor: shifts
+      const int64_t t = t0 + r, k = k0 + c;
+      A[r * kSkRow + c] = (t < T && k < K) ? q[t * K + k] : (int16_t)0;
+    }
+    for (int idx = tid; idx < kSkN * kSkK; idx += kSkThreads) {
+      const int r = idx / kSkK, c = idx % kSkK;
+      const int64_t j = j0 + r, k = k0 + c;
+      B[r * kSkRow + c] = (uint8_t)((j < N && k < K) ? w[j * K + k] : 0);
+    }
+  }
+}
+
+// One A fragment register pair from raw int16 staging: columns c..c+3 of a
+// row (8 bytes) as their hi bytes (s8) and lo bytes (u8).
+__device__ __forceinline__ void split_hi_lo(const int16_t* p, uint32_t& hi, uint32_t& lo) {
+  const uint32_t x = *reinterpret_cast<const uint32_t*>(p), y = *reinterpret_cast<const uint32_t*>(p + 2);
+  hi = __byte_perm(x, y, 0x7531);
+  lo = __byte_perm(x, y, 0x6420);
+}
+
+template <int MT>
+__global__ void __launch_bounds__(kSkThreads)
+    skinny_gemm_kernel(const int16_t* __restrict__ q, const int32_t* __restrict__ e, int T, int K,
+                       const int8_t* __restrict__ w, const int32_t* __restrict__ mant,
+                       const int32_t* __restrict__ shift, const int32_t* __restrict__ bias, int N,
+                       int32_t* __restrict__ out, int64_t ldo, int residual, int vec, int kper,
+                       unsigned long long* __restrict__ part, int* __restrict__ counters) {
+  constexpr int BM = 16 * MT;
+  __shared__ __align__(16) int16_t As[2][BM * kSkRow];
+  __shared__ __align__(16) uint8_t Bs[2][kSkN * kSkRow];
+  __shared__ int flag;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, tq = lane & 3;
+  const int wn = warp * 16;
+  const int64_t t0 = (int64_t)blockIdx.x * BM, j0 = (int64_t)blockIdx.y * kSkN;
+  const int KT = (K + kSkK - 1) / kSkK;
+  const int kt0 = (int)blockIdx.z * kper, kt1 = kt0 + kper < KT ? kt0 + kper : KT;
+  int64_t acc[MT][2][4];
+  int32_t ph[MT][2][4], pl[MT][2][4];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) acc[mt][nt][r] = 0, ph[mt][nt][r] = 0, pl[mt][nt][r] = 0;
+  if (kt0 < kt1) skinny_stage<BM>(As[0], Bs[0], q, t0, T, w, j0, N, K, (int64_t)kt0 * kSkK, vec);
+  cp_async_commit();
+  int64_t since = 0;
+  for (int kt = kt0; kt < kt1; ++kt) {
+    const int s = (kt - kt0) & 1;
+    if (kt + 1 < kt1) skinny_stage<BM>(As[s ^ 1], Bs[s ^ 1], q, t0, T, w, j0, N, K, (int64_t)(kt + 1) * kSkK, vec);
+    cp_async_commit();
+    cp_async_wait<1>();  // tile kt has landed (this thread's copies) ...
+    __syncthreads();  // ... and every thread's
+    const int16_t* A = As[s];
+    const uint8_t* B = Bs[s];
+#pragma unroll
+    for (int kk = 0; kk < kSkK; kk += 32) {
+      uint32_t b[2][2];
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        const uint8_t* p = B + (wn + nt * 8 + g) * kSkRow + kk + 4 * tq;
+        b[nt][0] = smem_u32(p);
+        b[nt][1] = smem_u32(p + 16);
+      }
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        const int16_t* a0 = A + (mt * 16 + g) * kSkRow + kk + 4 * tq;
+        const int16_t* a8 = a0 + 8 * kSkRow;
+        uint32_t ahi[4], alo[4];
+        split_hi_lo(a0, ahi[0], alo[0]);
+        split_hi_lo(a8, ahi[1], alo[1]);
+        split_hi_lo(a0 + 16, ahi[2], alo[2]);
+        split_hi_lo(a8 + 16, ahi[3], alo[3]);
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) {
+          mma_s8s8(ph[mt][nt], ahi, b[nt]);
+          mma_u8s8(pl[mt][nt], alo, b[nt]);
+        }
+      }
+    }
+    __syncthreads();  // stage s is refilled by the next iteration's copies
+    since += kSkK;
+    if (since >= kMmaFlushK || kt + 1 == kt1) {  // block-uniform
+      since = 0;
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) {
+            acc[mt][nt][r] += (int64_t)ph[mt][nt][r] * 256 + pl[mt][nt][r];
+            ph[mt][nt][r] = 0, pl[mt][nt][r] = 0;
+          }
+    }
+  }
+  // C fragment: c[r] at row g (+ 8 for r >= 2), column 2 tq + (r & 1).
+  if (gridDim.z > 1) {  // split-K: int64 partials into the tile's slots; the last split takes the totals
+    unsigned long long* P = part + ((int64_t)blockIdx.y * gridDim.x + blockIdx.x) * (BM * kSkN);
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int r = 0; r < 4; ++r)
+          atomicAdd(P + (mt * 16 + g + (r >= 2 ? 8 : 0)) * kSkN + wn + nt * 8 + 2 * tq + (r & 1),
+                    (unsigned long long)acc[mt][nt][r]);
+    if (!last_block_arrives(counters + blockIdx.y * gridDim.x + blockIdx.x, (int)gridDim.z, &flag)) return;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int r = 0; r < 4; ++r)
+          acc[mt][nt][r] =
+              (int64_t)atomicExch(P + (mt * 16 + g + (r >= 2 ? 8 : 0)) * kSkN + wn + nt * 8 + 2 * tq + (r & 1), 0ull);
+  }
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int64_t t = t0 + mt * 16 + g + (r >= 2 ? 8 : 0);
+      if (t >= T) continue;
+      const int32_t et = e[t];
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        const int64_t j = j0 + wn + nt * 8 + 2 * tq + (r & 1);
+        if (j < N)
+          store_out(out + t * ldo + j, linear_epilogue(acc[mt][nt][r], mant[j], shift[j], et, bias, j), residual);
+      }
+    }
+}
+
 // ---------------------------------------------------------------- int4 (W4A16) linear layers
 //
 // Weights w = gd * u + gm per group of 32 inputs (docs/format.md), so
@@ -613,18 +796,52 @@ void launch_gemv(const int16_t* q, const int32_t* e, int T, int K, GemvSegs segs
   check_launch("linear (GEMV)");
 }
 
+int g_skinny_split = 0;  // tests: force the K splits
+void set_skinny_split_override(int splits) { g_skinny_split = splits < 0 ? 0 : splits; }
+
+namespace {
+void launch_skinny(const int16_t* q, const int32_t* e, int T, int K, const int8_t* w, const int32_t* mant,
+                   const int32_t* shift, const int32_t* bias, int N, int32_t* out, int64_t ldo, bool residual,
+                   int vec, cudaStream_t st, const GemmScratch* sc) {
+  const int64_t rows = skinny_row_tiles(T), cols = skinny_col_tiles(N), tiles = rows * cols;
+  if (cols > 65535) throw std::invalid_argument("linear (skinny GEMM): too many output channels");
+  const int KT = (K + kSkK - 1) / kSkK;
+  int splits = g_skinny_split > 0 ? g_skinny_split : skinny_splits(tiles, KT);
+  if (!sc || tiles > kSkinnyPartTiles || KT < 2) splits = 1;  // no scratch for the partial sums: unsplit
+  const int kper = (std::max(KT, 1) + splits - 1) / splits;
+  splits = std::max(1, (KT + kper - 1) / kper);  // no empty split
+  unsigned long long* part = splits > 1 ? sc->part : nullptr;
+  int* counters = splits > 1 ? sc->counters : nullptr;
+  const LaunchShape sh = shape_skinny(T, N, splits);
+  const int mt = skinny_mt(T);
+  if (mt == 1) {
+    INTDET_LAUNCH_AT(skinny_gemm_kernel<1>, sh, st, q, e, T, K, w, mant, shift, bias, N, out, ldo, (int)residual, vec,
+                     kper, part, counters);
+  } else if (mt == 2) {
+    INTDET_LAUNCH_AT(skinny_gemm_kernel<2>, sh, st, q, e, T, K, w, mant, shift, bias, N, out, ldo, (int)residual, vec,
+                     kper, part, counters);
+  } else {
+    INTDET_LAUNCH_AT(skinny_gemm_kernel<4>, sh, st, q, e, T, K, w, mant, shift, bias, N, out, ldo, (int)residual, vec,
+                     kper, part, counters);
+  }
+}
+}  // namespace
+
 void launch_linear(const int16_t* q, const int32_t* e, int T, int K, const int8_t* w, const int32_t* mant,
                    const int32_t* shift, const int32_t* bias, int N, int32_t* out, int64_t ldo, bool residual,
-                   int path, cudaStream_t st) {
+                   int path, cudaStream_t st, const GemmScratch* sc) {
   if (T <= 0 || N <= 0) return;
   const int vec = K % 16 == 0;
-  if (path == kLinearAuto) path = T <= kGemvMaxRows ? kLinearGemv : kLinearGemm;
+  if (path == kLinearAuto)
+    path = T <= kGemvDecodeRows ? kLinearGemv : T <= kSkinnyMaxRows ? kLinearSkinny : kLinearGemm;
   if (path == kLinearGemv) {
     GemvSegs segs{};
     segs.s[0] = GemvSeg{w, mant, shift, bias, out, ldo, N, 0};
     segs.n = 1;
     launch_gemv(q, e, T, K, segs, residual, st);
     return;
+  } else if (path == kLinearSkinny) {
+    launch_skinny(q, e, T, K, w, mant, shift, bias, N, out, ldo, residual, vec, st, sc);
   } else if (path == kLinearGemm) {
     if (gemm_mma_rows(T) > 65535) throw std::invalid_argument("linear (GEMM): too many rows");
     INTDET_LAUNCH_AT(mma_gemm_kernel, shape_gemm_mma(N, T), st, q, e, T, K, w,
