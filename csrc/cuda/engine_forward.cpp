@@ -111,13 +111,21 @@ void enqueue_body(DeviceModel& m, int64_t T, int64_t sstride, int64_t rows_per, 
       launch_norm_quant16(w.x.p, nullptr, L.attn_norm, (int)T, H, c.eps_hidden, R, w.act.p, w.act_e.p, st, normed);
     if (tr && L.attn_norm) tr->rec(blk + "attn_norm", normed, {T, H});
     mark(m, "attn_norm", T * H * 4);
-    if (qkv_fused) {  // q, k, v: one launch
+    // decode batches: q, k, v in one skinny GEMM launch
+    const bool qkv_skinny = !qkv_fused && L.q.w && L.k.w && L.v.w && T > kGemvDecodeRows && T <= kSkinnyMaxRows &&
+                            L.k.K == L.q.K && L.v.K == L.q.K;
+    if (qkv_fused || qkv_skinny) {  // q, k, v: one launch
       GemvSegs s{};
       s.s[0] = seg(L.q, w.qb.p);
       s.s[1] = seg(L.k, w.kb.p);
       s.s[2] = seg(L.v, w.vb.p);
       s.n = 3;
-      launch_gemv(w.act.p, w.act_e.p, (int)T, (int)L.q.K, s, false, st, qkv_in);
+      if (qkv_fused) {
+        launch_gemv(w.act.p, w.act_e.p, (int)T, (int)L.q.K, s, false, st, qkv_in);
+      } else {
+        const GemmScratch sc{w.gemm_part.p, w.gemm_cnt.p};
+        launch_skinny(w.act.p, w.act_e.p, (int)T, (int)L.q.K, s, false, st, &sc);
+      }
     } else {
       lin(m, L.q, T, w.qb.p, false);  // [T, nh*D] Q16
       lin(m, L.k, T, w.kb.p, false);  // [T, nkv*D]

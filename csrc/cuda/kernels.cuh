@@ -151,6 +151,13 @@ void set_gemv_pdl(bool on);
 void launch_gemv(const int16_t* q, const int32_t* e, int T, int K, GemvSegs segs, bool residual, cudaStream_t st,
                  const GemvIn& in = GemvIn{});
 
+// The skinny tensor-core GEMM (T <= kSkinnyMaxRows rows) for up to three
+// linear layers on the same input q [T, K] in one launch (segments: q, k,
+// v; no GLU mode): each segment's out as launch_linear stores it. sc: the
+// split-K scratch (null: unsplit).
+void launch_skinny(const int16_t* q, const int32_t* e, int T, int K, GemvSegs segs, bool residual, cudaStream_t st,
+                   const GemmScratch* sc);
+
 // Kernel launches enqueued so far in this process (the launch-count test).
 int64_t launch_count();
 

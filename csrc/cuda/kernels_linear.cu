@@ -487,20 +487,26 @@ __device__ __forceinline__ void split_hi_lo(const int16_t* p, uint32_t& hi, uint
   lo = __byte_perm(x, y, 0x6420);
 }
 
+// Segments (q, k, v on the same input: one launch): the channel tiles of
+// segment 0 come first in blockIdx.y, then segment 1's, and so on (blocks:
+// a segment's channel tiles).
 template <int MT>
 __global__ void __launch_bounds__(kSkThreads)
-    skinny_gemm_kernel(const int16_t* __restrict__ q, const int32_t* __restrict__ e, int T, int K,
-                       const int8_t* __restrict__ w, const int32_t* __restrict__ mant,
-                       const int32_t* __restrict__ shift, const int32_t* __restrict__ bias, int N,
-                       int32_t* __restrict__ out, int64_t ldo, int residual, int vec, int kper,
-                       unsigned long long* __restrict__ part, int* __restrict__ counters) {
+    skinny_gemm_kernel(const int16_t* __restrict__ q, const int32_t* __restrict__ e, int T, int K, const GemvSegs segs,
+                       int residual, int vec, int kper, unsigned long long* __restrict__ part,
+                       int* __restrict__ counters) {
   constexpr int BM = 16 * MT;
   __shared__ __align__(16) int16_t As[2][BM * kSkRow];
   __shared__ __align__(16) uint8_t Bs[2][kSkN * kSkRow];
   __shared__ int flag;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, tq = lane & 3;
   const int wn = warp * 16;
-  const int64_t t0 = (int64_t)blockIdx.x * BM, j0 = (int64_t)blockIdx.y * kSkN;
+  int si = 0, by = (int)blockIdx.y;
+  while (si + 1 < segs.n && by >= seg_at(segs, si).blocks) by -= seg_at(segs, si++).blocks;  // block-uniform
+  const GemvSeg S = seg_at(segs, si);
+  const int8_t* __restrict__ w = S.w;
+  const int N = S.N;
+  const int64_t t0 = (int64_t)blockIdx.x * BM, j0 = (int64_t)by * kSkN;
   const int KT = (K + kSkK - 1) / kSkK;
   const int kt0 = (int)blockIdx.z * kper, kt1 = kt0 + kper < KT ? kt0 + kper : KT;
   int64_t acc[MT][2][4];
@@ -594,7 +600,8 @@ __global__ void __launch_bounds__(kSkThreads)
       for (int nt = 0; nt < 2; ++nt) {
         const int64_t j = j0 + wn + nt * 8 + 2 * tq + (r & 1);
         if (j < N)
-          store_out(out + t * ldo + j, linear_epilogue(acc[mt][nt][r], mant[j], shift[j], et, bias, j), residual);
+          store_out(S.out + t * S.ldo + j, linear_epilogue(acc[mt][nt][r], S.mant[j], S.shift[j], et, S.bias, j),
+                    residual);
       }
     }
 }
@@ -799,11 +806,17 @@ void launch_gemv(const int16_t* q, const int32_t* e, int T, int K, GemvSegs segs
 int g_skinny_split = 0;  // tests: force the K splits
 void set_skinny_split_override(int splits) { g_skinny_split = splits < 0 ? 0 : splits; }
 
-namespace {
-void launch_skinny(const int16_t* q, const int32_t* e, int T, int K, const int8_t* w, const int32_t* mant,
-                   const int32_t* shift, const int32_t* bias, int N, int32_t* out, int64_t ldo, bool residual,
-                   int vec, cudaStream_t st, const GemmScratch* sc) {
-  const int64_t rows = skinny_row_tiles(T), cols = skinny_col_tiles(N), tiles = rows * cols;
+void launch_skinny(const int16_t* q, const int32_t* e, int T, int K, GemvSegs segs, bool residual, cudaStream_t st,
+                   const GemmScratch* sc) {
+  if (T <= 0 || segs.n <= 0) return;
+  if (segs.n > 3 || segs.glu) throw std::invalid_argument("linear (skinny GEMM): bad segments");
+  const int vec = K % 16 == 0;
+  int64_t cols = 0;
+  for (int i = 0; i < segs.n; ++i) {
+    segs.s[i].blocks = (int)skinny_col_tiles(segs.s[i].N);
+    cols += segs.s[i].blocks;
+  }
+  const int64_t rows = skinny_row_tiles(T), tiles = rows * cols;
   if (cols > 65535) throw std::invalid_argument("linear (skinny GEMM): too many output channels");
   const int KT = (K + kSkK - 1) / kSkK;
   int splits = g_skinny_split > 0 ? g_skinny_split : skinny_splits(tiles, KT);
@@ -812,20 +825,17 @@ void launch_skinny(const int16_t* q, const int32_t* e, int T, int K, const int8_
   splits = std::max(1, (KT + kper - 1) / kper);  // no empty split
   unsigned long long* part = splits > 1 ? sc->part : nullptr;
   int* counters = splits > 1 ? sc->counters : nullptr;
-  const LaunchShape sh = shape_skinny(T, N, splits);
+  const LaunchShape sh = shape_skinny(T, (int)cols * kSkN, splits);
   const int mt = skinny_mt(T);
   if (mt == 1) {
-    INTDET_LAUNCH_AT(skinny_gemm_kernel<1>, sh, st, q, e, T, K, w, mant, shift, bias, N, out, ldo, (int)residual, vec,
-                     kper, part, counters);
+    INTDET_LAUNCH_AT(skinny_gemm_kernel<1>, sh, st, q, e, T, K, segs, (int)residual, vec, kper, part, counters);
   } else if (mt == 2) {
-    INTDET_LAUNCH_AT(skinny_gemm_kernel<2>, sh, st, q, e, T, K, w, mant, shift, bias, N, out, ldo, (int)residual, vec,
-                     kper, part, counters);
+    INTDET_LAUNCH_AT(skinny_gemm_kernel<2>, sh, st, q, e, T, K, segs, (int)residual, vec, kper, part, counters);
   } else {
-    INTDET_LAUNCH_AT(skinny_gemm_kernel<4>, sh, st, q, e, T, K, w, mant, shift, bias, N, out, ldo, (int)residual, vec,
-                     kper, part, counters);
+    INTDET_LAUNCH_AT(skinny_gemm_kernel<4>, sh, st, q, e, T, K, segs, (int)residual, vec, kper, part, counters);
   }
+  check_launch("linear (skinny GEMM)");
 }
-}  // namespace
 
 void launch_linear(const int16_t* q, const int32_t* e, int T, int K, const int8_t* w, const int32_t* mant,
                    const int32_t* shift, const int32_t* bias, int N, int32_t* out, int64_t ldo, bool residual,
@@ -841,7 +851,11 @@ void launch_linear(const int16_t* q, const int32_t* e, int T, int K, const int8_
     launch_gemv(q, e, T, K, segs, residual, st);
     return;
   } else if (path == kLinearSkinny) {
-    launch_skinny(q, e, T, K, w, mant, shift, bias, N, out, ldo, residual, vec, st, sc);
+    GemvSegs segs{};
+    segs.s[0] = GemvSeg{w, mant, shift, bias, out, ldo, N, 0};
+    segs.n = 1;
+    launch_skinny(q, e, T, K, segs, residual, st, sc);
+    return;
   } else if (path == kLinearGemm) {
     if (gemm_mma_rows(T) > 65535) throw std::invalid_argument("linear (GEMM): too many rows");
     INTDET_LAUNCH_AT(mma_gemm_kernel, shape_gemm_mma(N, T), st, q, e, T, K, w,

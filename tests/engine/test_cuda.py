@@ -1036,18 +1036,18 @@ def test_prefill_attention_paths_match_cpu(backend, converted, name):
 
 def decode_batch_launches(n_layers):
     """Launches of a decode step of 9..256 rows (no graph): per layer
-    attn_norm, q, k, v (skinny GEMMs), attention (one kernel, RopeFold),
-    o-proj (+ residual), ffn_norm, gate, up, SwiGLU, quant16, down-proj (+
-    residual); then embed, out_norm and lm_head."""
-    return 12 * n_layers + 3
+    attn_norm, q+k+v (one skinny GEMM, three segments), attention (one
+    kernel, RopeFold), o-proj (+ residual), ffn_norm, gate, up, SwiGLU,
+    quant16, down-proj (+ residual); then embed, out_norm and lm_head."""
+    return 10 * n_layers + 3
 
 
 @pytest.mark.parametrize("batch", [64, 130])
 def test_decode_batch_skinny_graphs(backend, converted, batch):
     """A decode batch of 64 and of 130 sequences (the skinny IMMA GEMM; 130:
     three 64-row tiles) after a mixed batch prefill: every sequence gets the
-    CPU's logits, without graphs (the decode attention with the rope_append
-    folded in: 12 launches per layer) and with them (the second step of the
+    CPU's logits, without graphs (q+k+v in one launch, the decode attention
+    with the rope_append folded in: 10 launches per layer) and with them (the second step of the
     same shape replays the captured graph: no launch enqueued)."""
     lm = converted["wide"]
     cpu = Engine(lm)
