@@ -190,7 +190,10 @@ void enqueue_body(DeviceModel& m, int64_t T, int64_t sstride, int64_t rows_per, 
       enqueue_moe(m, L, T, tr, blk);
       continue;
     }
-    if (gate_up_fused) {  // gate and up in one launch, SwiGLU / GeGLU of each pair in its epilogue
+    // decode batches: gate and up in one skinny GEMM launch, the GLU in its epilogue
+    const bool gate_up_skinny = !gate_up_fused && L.gate.w && L.up.w && T > kGemvDecodeRows &&
+                                T <= kSkinnyMaxRows && L.up.K == L.gate.K && L.up.N == L.gate.N;
+    if (gate_up_fused || gate_up_skinny) {  // gate and up in one launch, SwiGLU / GeGLU of each pair in its epilogue
       GemvSegs s{};
       s.s[0] = seg(L.gate, w.gate.p);
       s.s[1] = seg(L.up, w.up.p);
@@ -198,7 +201,12 @@ void enqueue_body(DeviceModel& m, int64_t T, int64_t sstride, int64_t rows_per, 
       s.glu = L.geglu ? 2 : 1;
       s.glu_out = w.a.p;
       s.glu_ldo = F;
-      launch_gemv(w.act.p, w.act_e.p, (int)T, (int)L.gate.K, s, false, st, ffn_in);
+      if (gate_up_fused) {
+        launch_gemv(w.act.p, w.act_e.p, (int)T, (int)L.gate.K, s, false, st, ffn_in);
+      } else {
+        const GemmScratch sc{w.gemm_part.p, w.gemm_cnt.p};
+        launch_skinny(w.act.p, w.act_e.p, (int)T, (int)L.gate.K, s, false, st, &sc);
+      }
     } else {
       lin(m, L.gate, T, w.gate.p, false);  // [T, F] Q16
       lin(m, L.up, T, w.up.p, false);

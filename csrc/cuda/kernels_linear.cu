@@ -439,10 +439,22 @@ __global__ void __launch_bounds__(kMmaThreads)
 // chunks); otherwise element loads into the same staging.
 constexpr int kSkRow = kSkK + 16;  // staging row: int16 for activations (160 bytes), bytes for weights (80)
 
+// The channel tile's two halves: rows 0..31 are channels jb0.. of w0, rows
+// 32..63 channels jb1.. of w1 (one segment: w0 = w1, jb1 = jb0 + 32; GLU
+// mode: gate and up of the same channels), N channels in each.
+struct SkinnyHalves {
+  const int8_t* w0;
+  const int8_t* w1;
+  int64_t jb0, jb1;
+  __device__ __forceinline__ const int8_t* row(int r, int K, int N) const {  // null: beyond N
+    const int64_t j = (r < kSkN / 2 ? jb0 : jb1) + (r & (kSkN / 2 - 1));
+    return j < N ? (r < kSkN / 2 ? w0 : w1) + j * K : nullptr;
+  }
+};
+
 template <int BM>
 __device__ __forceinline__ void skinny_stage(int16_t* A, uint8_t* B, const int16_t* __restrict__ q, int64_t t0, int T,
-                                             const int8_t* __restrict__ w, int64_t j0, int N, int K, int64_t k0,
-                                             int vec) {
+                                             const SkinnyHalves& wh, int N, int K, int64_t k0, int vec) {
   const int tid = threadIdx.x;
   if (vec) {
 #pragma unroll
@@ -458,10 +470,10 @@ __device__ __forceinline__ void skinny_stage(int16_t* A, uint8_t* B, const int16
 #pragma unroll
     for (int i = 0; i < kSkN * (kSkK / 16) / kSkThreads; ++i) {  // 64 channels x 4 chunks of 16 bytes
       const int idx = tid + kSkThreads * i, r = idx >> 2, c = (idx & 3) * 16;
-      const int64_t j = j0 + r;
+      const int8_t* wr = wh.row(r, K, N);
       uint8_t* dst = B + r * kSkRow + c;
-      if (j < N && k0 + c < K)
-        cp_async16(dst, w + j * K + k0 + c);
+      if (wr && k0 + c < K)
+        cp_async16(dst, wr + k0 + c);
       else
         *reinterpret_cast<int4*>(dst) = make_int4(0, 0, 0, 0);
     }
@@ -473,8 +485,9 @@ __device__ __forceinline__ void skinny_stage(int16_t* A, uint8_t* B, const int16
     }
     for (int idx = tid; idx < kSkN * kSkK; idx += kSkThreads) {
       const int r = idx / kSkK, c = idx % kSkK;
-      const int64_t j = j0 + r, k = k0 + c;
-      B[r * kSkRow + c] = (uint8_t)((j < N && k < K) ? w[j * K + k] : 0);
+      const int8_t* wr = wh.row(r, K, N);
+      const int64_t k = k0 + c;
+      B[r * kSkRow + c] = (uint8_t)((wr && k < K) ? wr[k] : 0);
     }
   }
 }
@@ -489,7 +502,11 @@ __device__ __forceinline__ void split_hi_lo(const int16_t* p, uint32_t& hi, uint
 
 // Segments (q, k, v on the same input: one launch): the channel tiles of
 // segment 0 come first in blockIdx.y, then segment 1's, and so on (blocks:
-// a segment's channel tiles).
+// a segment's channel tiles). GLU mode (segs.glu: gate and up of the same
+// N): a block takes 32 channels of both, warps 0-1 the gate's and 2-3 the
+// up's; after both are stored, the up warps hand their values to the gate
+// warps through shared memory and those store glu_one(gate, up) (SwiGLU or
+// GeGLU, the GEMV's epilogue) into glu_out.
 template <int MT>
 __global__ void __launch_bounds__(kSkThreads)
     skinny_gemm_kernel(const int16_t* __restrict__ q, const int32_t* __restrict__ e, int T, int K, const GemvSegs segs,
@@ -502,11 +519,15 @@ __global__ void __launch_bounds__(kSkThreads)
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, tq = lane & 3;
   const int wn = warp * 16;
   int si = 0, by = (int)blockIdx.y;
-  while (si + 1 < segs.n && by >= seg_at(segs, si).blocks) by -= seg_at(segs, si++).blocks;  // block-uniform
+  if (!segs.glu)
+    while (si + 1 < segs.n && by >= seg_at(segs, si).blocks) by -= seg_at(segs, si++).blocks;  // block-uniform
   const GemvSeg S = seg_at(segs, si);
-  const int8_t* __restrict__ w = S.w;
+  const GemvSeg Sw = segs.glu ? seg_at(segs, warp >> 1) : S;  // this warp's segment
   const int N = S.N;
-  const int64_t t0 = (int64_t)blockIdx.x * BM, j0 = (int64_t)by * kSkN;
+  const int64_t t0 = (int64_t)blockIdx.x * BM;
+  SkinnyHalves wh{S.w, S.w, (int64_t)by * kSkN, (int64_t)by * kSkN + kSkN / 2};
+  if (segs.glu) wh = SkinnyHalves{segs.s[0].w, segs.s[1].w, (int64_t)by * (kSkN / 2), (int64_t)by * (kSkN / 2)};
+  const int64_t jw = (wn < kSkN / 2 ? wh.jb0 : wh.jb1) + (wn & (kSkN / 2 - 1));  // this warp's first channel
   const int KT = (K + kSkK - 1) / kSkK;
   const int kt0 = (int)blockIdx.z * kper, kt1 = kt0 + kper < KT ? kt0 + kper : KT;
   int64_t acc[MT][2][4];
@@ -517,12 +538,12 @@ __global__ void __launch_bounds__(kSkThreads)
     for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
       for (int r = 0; r < 4; ++r) acc[mt][nt][r] = 0, ph[mt][nt][r] = 0, pl[mt][nt][r] = 0;
-  if (kt0 < kt1) skinny_stage<BM>(As[0], Bs[0], q, t0, T, w, j0, N, K, (int64_t)kt0 * kSkK, vec);
+  if (kt0 < kt1) skinny_stage<BM>(As[0], Bs[0], q, t0, T, wh, N, K, (int64_t)kt0 * kSkK, vec);
   cp_async_commit();
   int64_t since = 0;
   for (int kt = kt0; kt < kt1; ++kt) {
     const int s = (kt - kt0) & 1;
-    if (kt + 1 < kt1) skinny_stage<BM>(As[s ^ 1], Bs[s ^ 1], q, t0, T, w, j0, N, K, (int64_t)(kt + 1) * kSkK, vec);
+    if (kt + 1 < kt1) skinny_stage<BM>(As[s ^ 1], Bs[s ^ 1], q, t0, T, wh, N, K, (int64_t)(kt + 1) * kSkK, vec);
     cp_async_commit();
     cp_async_wait<1>();  // tile kt has landed (this thread's copies) ...
     __syncthreads();  // ... and every thread's
@@ -589,19 +610,47 @@ __global__ void __launch_bounds__(kSkThreads)
           acc[mt][nt][r] =
               (int64_t)atomicExch(P + (mt * 16 + g + (r >= 2 ? 8 : 0)) * kSkN + wn + nt * 8 + 2 * tq + (r & 1), 0ull);
   }
+  // GLU: the up warps' values for the gate warps, [BM][32] int32 over the
+  // activation staging (no longer read: the loop ended with a barrier)
+  int32_t* upv = reinterpret_cast<int32_t*>(&As[0][0]);
+  static_assert(sizeof(As) >= sizeof(int32_t) * BM * (kSkN / 2), "GLU exchange fits the staging");
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
-      const int64_t t = t0 + mt * 16 + g + (r >= 2 ? 8 : 0);
+      const int rt = mt * 16 + g + (r >= 2 ? 8 : 0);
+      const int64_t t = t0 + rt;
       if (t >= T) continue;
       const int32_t et = e[t];
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt) {
-        const int64_t j = j0 + wn + nt * 8 + 2 * tq + (r & 1);
+        const int c = nt * 8 + 2 * tq + (r & 1);
+        const int64_t j = jw + c;
+        if (j < N) {
+          const int64_t v = linear_epilogue(acc[mt][nt][r], Sw.mant[j], Sw.shift[j], et, Sw.bias, j);
+          store_out(Sw.out + t * Sw.ldo + j, v, residual);
+          acc[mt][nt][r] = v;
+          if (segs.glu && wn >= kSkN / 2) upv[rt * (kSkN / 2) + (wn & (kSkN / 2 - 1)) + c] = (int32_t)v;
+        }
+      }
+    }
+  if (!segs.glu) return;  // grid-uniform
+  __syncthreads();
+  if (wn >= kSkN / 2) return;  // the gate warps pair each value with its up value
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int rt = mt * 16 + g + (r >= 2 ? 8 : 0);
+      const int64_t t = t0 + rt;
+      if (t >= T) continue;
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        const int c = nt * 8 + 2 * tq + (r & 1);
+        const int64_t j = jw + c;
         if (j < N)
-          store_out(S.out + t * S.ldo + j, linear_epilogue(acc[mt][nt][r], S.mant[j], S.shift[j], et, S.bias, j),
-                    residual);
+          segs.glu_out[t * segs.glu_ldo + j] =
+              glu_one(acc[mt][nt][r], upv[rt * (kSkN / 2) + wn + c], segs.glu == 2);
       }
     }
 }
@@ -809,13 +858,15 @@ void set_skinny_split_override(int splits) { g_skinny_split = splits < 0 ? 0 : s
 void launch_skinny(const int16_t* q, const int32_t* e, int T, int K, GemvSegs segs, bool residual, cudaStream_t st,
                    const GemmScratch* sc) {
   if (T <= 0 || segs.n <= 0) return;
-  if (segs.n > 3 || segs.glu) throw std::invalid_argument("linear (skinny GEMM): bad segments");
+  if (segs.n > 3 || (segs.glu && (segs.n != 2 || segs.s[0].N != segs.s[1].N || !segs.glu_out)))
+    throw std::invalid_argument("linear (skinny GEMM): bad segments");
   const int vec = K % 16 == 0;
   int64_t cols = 0;
   for (int i = 0; i < segs.n; ++i) {
     segs.s[i].blocks = (int)skinny_col_tiles(segs.s[i].N);
     cols += segs.s[i].blocks;
   }
+  if (segs.glu) cols = (segs.s[0].N + kSkN / 2 - 1) / (kSkN / 2);  // 32 channels of gate and up per tile
   const int64_t rows = skinny_row_tiles(T), tiles = rows * cols;
   if (cols > 65535) throw std::invalid_argument("linear (skinny GEMM): too many output channels");
   const int KT = (K + kSkK - 1) / kSkK;

@@ -1037,18 +1037,20 @@ def test_prefill_attention_paths_match_cpu(backend, converted, name):
 def decode_batch_launches(n_layers):
     """Launches of a decode step of 9..256 rows (no graph): per layer
     attn_norm, q+k+v (one skinny GEMM, three segments), attention (one
-    kernel, RopeFold), o-proj (+ residual), ffn_norm, gate, up, SwiGLU,
-    quant16, down-proj (+ residual); then embed, out_norm and lm_head."""
-    return 10 * n_layers + 3
+    kernel, RopeFold), o-proj (+ residual), ffn_norm, gate+up (one skinny
+    GEMM, SwiGLU in its epilogue), quant16, down-proj (+ residual); then
+    embed, out_norm and lm_head."""
+    return 8 * n_layers + 3
 
 
 @pytest.mark.parametrize("batch", [64, 130])
 def test_decode_batch_skinny_graphs(backend, converted, batch):
     """A decode batch of 64 and of 130 sequences (the skinny IMMA GEMM; 130:
     three 64-row tiles) after a mixed batch prefill: every sequence gets the
-    CPU's logits, without graphs (q+k+v in one launch, the decode attention
-    with the rope_append folded in: 10 launches per layer) and with them (the second step of the
-    same shape replays the captured graph: no launch enqueued)."""
+    CPU's logits, without graphs (q+k+v and gate+up + SwiGLU in one launch
+    each, the decode attention with the rope_append folded in: 8 launches
+    per layer) and with them (the second step of the same shape replays the
+    captured graph: no launch enqueued)."""
     lm = converted["wide"]
     cpu = Engine(lm)
     V = lm.cfg["vocab_size"]
