@@ -106,9 +106,12 @@ int64_t launch_count();
 
 // Op-level entry points for the tests (host arrays in, host arrays out).
 namespace test {
-// out [T, N] int32 = the linear layer; path: 0 auto, 1 GEMV, 2 tensor-core GEMM, 3 __dp2a GEMM.
+// out [T, N] int32 = the linear layer; path: 0 auto, 1 GEMV, 2 tensor-core GEMM, 3 __dp2a GEMM, 4 skinny
+// tensor-core GEMM (split-K scratch given). init: null, or out's starting values [T, N] and the residual
+// mode (out = sat32(init + linear)).
 void linear(const int16_t* q, const int32_t* e, int64_t T, int64_t K, const int8_t* w, const int32_t* mant,
-            const int32_t* shift, const int32_t* bias, int64_t N, int path, int32_t* out);
+            const int32_t* shift, const int32_t* bias, int64_t N, int path, int32_t* out,
+            const int32_t* init = nullptr);
 // The same with int4 weights: codes w4 [N, K/2], gd, gm [N, K/32]; K % 32 == 0.
 void linear_w4(const int16_t* q, const int32_t* e, int64_t T, int64_t K, const uint8_t* w4, const int16_t* gd,
                const int16_t* gm, const int32_t* mant, const int32_t* shift, const int32_t* bias, int64_t N, int path,
@@ -149,6 +152,8 @@ void argmax(const int32_t* logits, int64_t R, int64_t V, int32_t* out);
 int32_t sample(const int32_t* logits, int64_t V, const Pick& how);
 // Force the GEMV's warps per output channel to 2^wlg (0..2; -1: automatic).
 void set_gemv_split(int wlg);
+// Force the skinny GEMM's K splits (<= 0: automatic).
+void set_skinny_split(int splits);
 // kernels.cuh set_attn_path_override: 1 split, 2 tensor cores, 3 one kernel, else auto.
 void set_attn_path(int path);
 }  // namespace test

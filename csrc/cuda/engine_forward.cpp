@@ -14,7 +14,9 @@ void lin(DeviceModel& m, const DevLinear& L, int64_t T, int32_t* out, bool resid
                      out, L.N, residual, kLinearAuto, m.stream);
     return;
   }
-  launch_linear(m.ws.act.p, m.ws.act_e.p, (int)T, (int)L.K, L.w, L.mant, L.shift, L.bias, (int)L.N, out, L.N, residual, kLinearAuto, m.stream);
+  const GemmScratch sc{m.ws.gemm_part.p, m.ws.gemm_cnt.p};
+  launch_linear(m.ws.act.p, m.ws.act_e.p, (int)T, (int)L.K, L.w, L.mant, L.shift, L.bias, (int)L.N, out, L.N, residual,
+                kLinearAuto, m.stream, sc.part ? &sc : nullptr);
 }
 
 // Bytes of weights a linear layer reads (int8, or int4 codes + group step and offset).
@@ -23,8 +25,9 @@ void mark(DeviceModel& m, const char* name, int64_t bytes) {
   if (m.prof) m.prof->mark(name, bytes, m.stream);
 }
 
-// Decode-sized calls with int8 weights fuse linear layers into one GEMV launch.
-bool fused_gemv(const DevLinear& L, int64_t T) { return L.w && T <= kGemvMaxRows; }
+// Decode-sized calls with int8 weights fuse linear layers into one GEMV
+// launch (the GEMV's rows; more rows take the skinny GEMM layer by layer).
+bool fused_gemv(const DevLinear& L, int64_t T) { return L.w && T <= kGemvDecodeRows; }
 GemvSeg seg(const DevLinear& L, int32_t* out) {
   return GemvSeg{L.w, L.mant, L.shift, L.bias, out, L.N, (int)L.N, 0};
 }
@@ -108,13 +111,21 @@ void enqueue_body(DeviceModel& m, int64_t T, int64_t sstride, int64_t rows_per, 
       launch_norm_quant16(w.x.p, nullptr, L.attn_norm, (int)T, H, c.eps_hidden, R, w.act.p, w.act_e.p, st, normed);
     if (tr && L.attn_norm) tr->rec(blk + "attn_norm", normed, {T, H});
     mark(m, "attn_norm", T * H * 4);
-    if (qkv_fused) {  // q, k, v: one launch
+    // decode batches: q, k, v in one skinny GEMM launch
+    const bool qkv_skinny = !qkv_fused && L.q.w && L.k.w && L.v.w && T > kGemvDecodeRows && T <= kSkinnyMaxRows &&
+                            L.k.K == L.q.K && L.v.K == L.q.K;
+    if (qkv_fused || qkv_skinny) {  // q, k, v: one launch
       GemvSegs s{};
       s.s[0] = seg(L.q, w.qb.p);
       s.s[1] = seg(L.k, w.kb.p);
       s.s[2] = seg(L.v, w.vb.p);
       s.n = 3;
-      launch_gemv(w.act.p, w.act_e.p, (int)T, (int)L.q.K, s, false, st, qkv_in);
+      if (qkv_fused) {
+        launch_gemv(w.act.p, w.act_e.p, (int)T, (int)L.q.K, s, false, st, qkv_in);
+      } else {
+        const GemmScratch sc{w.gemm_part.p, w.gemm_cnt.p};
+        launch_skinny(w.act.p, w.act_e.p, (int)T, (int)L.q.K, s, false, st, &sc);
+      }
     } else {
       lin(m, L.q, T, w.qb.p, false);  // [T, nh*D] Q16
       lin(m, L.k, T, w.kb.p, false);  // [T, nkv*D]
@@ -179,7 +190,10 @@ void enqueue_body(DeviceModel& m, int64_t T, int64_t sstride, int64_t rows_per, 
       enqueue_moe(m, L, T, tr, blk);
       continue;
     }
-    if (gate_up_fused) {  // gate and up in one launch, SwiGLU / GeGLU of each pair in its epilogue
+    // decode batches: gate and up in one skinny GEMM launch, the GLU in its epilogue
+    const bool gate_up_skinny = !gate_up_fused && L.gate.w && L.up.w && T > kGemvDecodeRows &&
+                                T <= kSkinnyMaxRows && L.up.K == L.gate.K && L.up.N == L.gate.N;
+    if (gate_up_fused || gate_up_skinny) {  // gate and up in one launch, SwiGLU / GeGLU of each pair in its epilogue
       GemvSegs s{};
       s.s[0] = seg(L.gate, w.gate.p);
       s.s[1] = seg(L.up, w.up.p);
@@ -187,7 +201,12 @@ void enqueue_body(DeviceModel& m, int64_t T, int64_t sstride, int64_t rows_per, 
       s.glu = L.geglu ? 2 : 1;
       s.glu_out = w.a.p;
       s.glu_ldo = F;
-      launch_gemv(w.act.p, w.act_e.p, (int)T, (int)L.gate.K, s, false, st, ffn_in);
+      if (gate_up_fused) {
+        launch_gemv(w.act.p, w.act_e.p, (int)T, (int)L.gate.K, s, false, st, ffn_in);
+      } else {
+        const GemmScratch sc{w.gemm_part.p, w.gemm_cnt.p};
+        launch_skinny(w.act.p, w.act_e.p, (int)T, (int)L.gate.K, s, false, st, &sc);
+      }
     } else {
       lin(m, L.gate, T, w.gate.p, false);  // [T, F] Q16
       lin(m, L.up, T, w.up.p, false);
@@ -253,7 +272,18 @@ void forward_chunk(DeviceModel& m, DeviceState* const* states, int64_t n_states,
     nmax = std::max(nmax, rows[t].pos + 1);
   }
   for (int64_t i = 0; i < n_states; ++i) maxlen = std::max(maxlen, states[i]->kv.max_len);
-  const bool graph = m.use_graphs && T <= kGemvMaxRows && !tr && !m.prof;  // traced or profiled: no graph
+  // Rows of distinct sequences (decode): the decode attention with the
+  // rope_append folded in (RopeFold), and a graph up to kDecodeGraphRows rows.
+  bool distinct = T <= kDecodeGraphRows;
+  for (int64_t t = 1; t < T && distinct; ++t)
+    for (int64_t u = 0; u < t; ++u)
+      if (rows[u].seq == rows[t].seq) {
+        distinct = false;
+        break;
+      }
+  // traced or profiled: no graph; other calls up to kGemvMaxRows rows (short
+  // prefill chunks) too, as before
+  const bool graph = m.use_graphs && (T <= kGemvMaxRows || distinct) && !tr && !m.prof;
   // Scratch row stride: the longest cache for graphs (replayed as sequences
   // grow), else this call's longest row, rounded up.
   const int64_t sstride = graph ? maxlen : (nmax + 255) / 256 * 256;
@@ -305,6 +335,14 @@ void forward_chunk(DeviceModel& m, DeviceState* const* states, int64_t n_states,
     moved = true;
     ck(cudaMemsetAsync(w.oacc.p, 0, w.oacc.n * sizeof(unsigned long long), m.stream), "cudaMemsetAsync");
   }
+  if (w.gemm_part.grow((size_t)kSkinnyPartElems)) {  // once: a fixed size
+    moved = true;
+    ck(cudaMemsetAsync(w.gemm_part.p, 0, w.gemm_part.n * sizeof(unsigned long long), m.stream), "cudaMemsetAsync");
+  }
+  if (w.gemm_cnt.grow((size_t)kSkinnyPartTiles)) {
+    moved = true;
+    ck(cudaMemsetAsync(w.gemm_cnt.p, 0, w.gemm_cnt.n * sizeof(int), m.stream), "cudaMemsetAsync");
+  }
   if (moved) m.drop_graphs();
   if (tr) w.traced.grow((size_t)(cap * H));  // no graph reads it
 
@@ -318,13 +356,7 @@ void forward_chunk(DeviceModel& m, DeviceState* const* states, int64_t n_states,
     if (rows[t].want_logits) hm[3 * w.rows + r++] = (int32_t)t;
   }
   for (int64_t i = 0; i < n_states; ++i) w.h_kvs.p[i] = states[i]->kv;
-  w.fold_rope = T <= kGemvMaxRows && !tr;
-  for (int64_t t = 1; t < T && w.fold_rope; ++t)
-    for (int64_t u = 0; u < t; ++u)
-      if (rows[u].seq == rows[t].seq) {
-        w.fold_rope = false;
-        break;
-      }
+  w.fold_rope = distinct && !tr;
   // A graph serves every length up to attn_fused_max_pos in one bucket (the
   // one-kernel attention), longer ones in another (the split).
   const int64_t fmax = attn_fused_max_pos((int)(nh / nkv));

@@ -138,7 +138,11 @@ struct Workspace {
   Buf<int32_t> shifts;
   Buf<int> counters;
   Buf<unsigned long long> oacc;
-  bool fold_rope = false;  // this call's rows: at most kGemvMaxRows, each of a different sequence
+  // The skinny GEMM's split-K partial sums and arrival counters (kernels.cuh
+  // GemmScratch): zeroed when allocated, left zero by every launch.
+  Buf<unsigned long long> gemm_part;
+  Buf<int> gemm_cnt;
+  bool fold_rope = false;  // this call's rows: at most kDecodeGraphRows, each of a different sequence
   int64_t attn_npos = 0;  // AttnScratch::npos: this call's longest row, or for a graph a bound of its bucket
   Buf<int32_t> traced;  // [rows, H]: a normed row or a projection before its residual add (trace only)
   int32_t* tokens() { return meta.p; }

@@ -55,12 +55,25 @@ int32_t sample(const int32_t* logits, int64_t V, const Pick& how) {
 }
 
 void linear(const int16_t* q, const int32_t* e, int64_t T, int64_t K, const int8_t* w, const int32_t* mant,
-            const int32_t* shift, const int32_t* bias, int64_t N, int path, int32_t* out) {
+            const int32_t* shift, const int32_t* bias, int64_t N, int path, int32_t* out, const int32_t* init) {
   Keep k;
-  int32_t* o = to_dev<int32_t>(k.p, nullptr, T * N);
+  int32_t* o = to_dev<int32_t>(k.p, init, T * N);
+  GemmScratch sc{to_dev<unsigned long long>(k.p, nullptr, kSkinnyPartElems), to_dev<int>(k.p, nullptr, kSkinnyPartTiles)};
+  ck(cudaMemset(sc.part, 0, (size_t)kSkinnyPartElems * sizeof(unsigned long long)), "cudaMemset");
+  ck(cudaMemset(sc.counters, 0, (size_t)kSkinnyPartTiles * sizeof(int)), "cudaMemset");
   launch_linear(to_dev(k.p, q, T * K), to_dev(k.p, e, T), (int)T, (int)K, to_dev(k.p, w, N * K), to_dev(k.p, mant, N),
-                to_dev(k.p, shift, N), bias ? to_dev(k.p, bias, N) : nullptr, (int)N, o, N, false, path, 0);
+                to_dev(k.p, shift, N), bias ? to_dev(k.p, bias, N) : nullptr, (int)N, o, N, init != nullptr, path, 0,
+                &sc);
   from_dev(out, o, T * N);
+  // The skinny GEMM's split-K scratch is left zero (graph replays rely on it).
+  std::vector<unsigned long long> part((size_t)kSkinnyPartElems);
+  std::vector<int> cnt((size_t)kSkinnyPartTiles);
+  from_dev(part.data(), sc.part, kSkinnyPartElems);
+  from_dev(cnt.data(), sc.counters, kSkinnyPartTiles);
+  for (unsigned long long v : part)
+    if (v) throw std::logic_error("linear left a split-K partial sum non-zero");
+  for (int v : cnt)
+    if (v) throw std::logic_error("linear left a split-K counter non-zero");
 }
 
 void linear_w4(const int16_t* q, const int32_t* e, int64_t T, int64_t K, const uint8_t* w4, const int16_t* gd,
@@ -203,6 +216,7 @@ int64_t div_bench(const int64_t* a, const int64_t* b, int64_t count, int reps, i
 }
 
 void set_gemv_split(int wlg) { set_gemv_split_override(wlg); }
+void set_skinny_split(int splits) { set_skinny_split_override(splits); }
 void set_attn_path(int path) { set_attn_path_override(path); }
 
 }  // namespace test

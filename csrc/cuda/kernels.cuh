@@ -35,8 +35,32 @@ struct DevKV {
 // or forced (tests compare both against the CPU).
 // kLinearGemm is the tensor-core (IMMA) GEMM; kLinearGemmDp2a the older
 // __dp2a tiled GEMM, kept for comparison (int8 weights only).
-enum LinearPath { kLinearAuto = 0, kLinearGemv = 1, kLinearGemm = 2, kLinearGemmDp2a = 3 };
+// kLinearSkinny is the skinny tensor-core GEMM of decode batches (weights
+// streamed once through a cp.async pipeline, split-K).
+// Auto: the GEMV up to kGemvDecodeRows rows (it re-streams the weights for
+// every 8 rows and issues T / 2 __dp2a per weight byte: beyond 8 rows the
+// tensor cores win), the skinny GEMM up to kSkinnyMaxRows, then the
+// prefill GEMM. kGemvMaxRows: the most rows the GEMV takes (forced).
+enum LinearPath { kLinearAuto = 0, kLinearGemv = 1, kLinearGemm = 2, kLinearGemmDp2a = 3, kLinearSkinny = 4 };
 constexpr int kGemvMaxRows = 32;
+constexpr int kGemvDecodeRows = 8;
+constexpr int kSkinnyMaxRows = 256;
+// Decode steps of up to this many rows (one per sequence) run from CUDA
+// graphs, with the decode attention (RopeFold).
+constexpr int kDecodeGraphRows = kSkinnyMaxRows;
+// The skinny GEMM's split-K scratch: int64 partial sums of up to
+// kSkinnyPartTiles tiles of 64 x 64 and an arrival counter per tile, zero
+// between launches (each launch's last block per tile reads and zeroes them,
+// so graph replays need no reset). Without it (null, or more tiles) the
+// GEMM runs unsplit: the same bits.
+constexpr int kSkinnyPartTiles = 256;
+constexpr int64_t kSkinnyPartElems = (int64_t)kSkinnyPartTiles * 64 * 64;
+struct GemmScratch {
+  unsigned long long* part;  // [kSkinnyPartElems]
+  int* counters;  // [kSkinnyPartTiles]
+};
+// Force the skinny GEMM's K splits (tests; <= 0: skinny_splits' choice).
+void set_skinny_split_override(int splits);
 
 // x [T, H] int32 Q R (the residual) = embedding rows of tokens [T] times their dyadic scale.
 void launch_embed(const int32_t* tokens, const int8_t* emb, const int32_t* mant, const int32_t* shift, int T, int H,
@@ -64,7 +88,7 @@ void launch_norm_rows(int32_t* x, const int16_t* g, int R, int n, int64_t eps_q6
 // or sat32(out + that) when residual != 0. q [T, K] int16, w [N, K] int8.
 void launch_linear(const int16_t* q, const int32_t* e, int T, int K, const int8_t* w, const int32_t* mant,
                    const int32_t* shift, const int32_t* bias, int N, int32_t* out, int64_t ldo, bool residual,
-                   int path, cudaStream_t st);
+                   int path, cudaStream_t st, const GemmScratch* sc = nullptr);
 
 // log2 of the warps per output channel the GEMV uses for these sizes (0..2;
 // K % 16 == 0); the sum, and so every bit, is the same for any split.
@@ -126,6 +150,13 @@ bool gemv_prologue_fits(int kind, int T, int K);
 void set_gemv_pdl(bool on);
 void launch_gemv(const int16_t* q, const int32_t* e, int T, int K, GemvSegs segs, bool residual, cudaStream_t st,
                  const GemvIn& in = GemvIn{});
+
+// The skinny tensor-core GEMM (T <= kSkinnyMaxRows rows) for up to three
+// linear layers on the same input q [T, K] in one launch (segments: q, k,
+// v; no GLU mode): each segment's out as launch_linear stores it. sc: the
+// split-K scratch (null: unsplit).
+void launch_skinny(const int16_t* q, const int32_t* e, int T, int K, GemvSegs segs, bool residual, cudaStream_t st,
+                   const GemmScratch* sc);
 
 // Kernel launches enqueued so far in this process (the launch-count test).
 int64_t launch_count();

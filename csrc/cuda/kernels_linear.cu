@@ -416,6 +416,245 @@ __global__ void __launch_bounds__(kMmaThreads)
     }
 }
 
+// ---------------------------------------------------------------- skinny tensor-core GEMM (decode batches)
+//
+// mma_gemm_kernel's exact arithmetic (the hi / lo byte split, s32 sums into
+// int64 every kMmaFlushK inputs) for T = kGemvDecodeRows + 1 ..
+// kSkinnyMaxRows rows, shaped for decode: a block is 16 MT rows (MT = 1, 2,
+// 4: no 64-row tile three quarters empty at 16 rows) times kSkN = 64
+// channels; warp w takes channels 16 w .. 16 w + 15 (two n8 tiles) of every
+// row, so the block's A fragments are shared through shared memory and its
+// weight tile is read from global memory once. K tiles of kSkK = 64 go
+// through a two-stage cp.async pipeline (tile i + 1 is in flight while tile
+// i feeds the tensor cores); the activations are staged as raw int16 and
+// split into hi / lo bytes by two PRMT per fragment register. Grid: row
+// tiles fastest (launch_shapes.cuh shape_skinny), so the row tiles of one
+// weight slice run together and DRAM streams each weight byte once; then
+// channel tiles; then K splits (blockIdx.z: K tiles [z kper, (z + 1) kper)),
+// so small N still fills the SMs. A split's int64 sums are added into the
+// tile's slots of part (int64 atomics: integer sums do not depend on their
+// order) and the last split to arrive (last_block_arrives) takes the totals
+// with atomicExch (which leaves the slots zero for the next launch) and runs
+// the epilogue. vec: K % 16 == 0 (16-byte cp.async of activation and weight
+// chunks); otherwise element loads into the same staging.
+constexpr int kSkRow = kSkK + 16;  // staging row: int16 for activations (160 bytes), bytes for weights (80)
+
+// The channel tile's two halves: rows 0..31 are channels jb0.. of w0, rows
+// 32..63 channels jb1.. of w1 (one segment: w0 = w1, jb1 = jb0 + 32; GLU
+// mode: gate and up of the same channels), N channels in each.
+struct SkinnyHalves {
+  const int8_t* w0;
+  const int8_t* w1;
+  int64_t jb0, jb1;
+  __device__ __forceinline__ const int8_t* row(int r, int K, int N) const {  // null: beyond N
+    const int64_t j = (r < kSkN / 2 ? jb0 : jb1) + (r & (kSkN / 2 - 1));
+    return j < N ? (r < kSkN / 2 ? w0 : w1) + j * K : nullptr;
+  }
+};
+
+template <int BM>
+__device__ __forceinline__ void skinny_stage(int16_t* A, uint8_t* B, const int16_t* __restrict__ q, int64_t t0, int T,
+                                             const SkinnyHalves& wh, int N, int K, int64_t k0, int vec) {
+  const int tid = threadIdx.x;
+  if (vec) {
+#pragma unroll
+    for (int i = 0; i < BM * (kSkK / 8) / kSkThreads; ++i) {  // BM rows x 8 chunks of 8 int16
+      const int idx = tid + kSkThreads * i, r = idx >> 3, c = (idx & 7) * 8;
+      const int64_t t = t0 + r;
+      int16_t* dst = A + r * kSkRow + c;
+      if (t < T && k0 + c < K)
+        cp_async16(dst, q + t * K + k0 + c);
+      else
+        *reinterpret_cast<int4*>(dst) = make_int4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int i = 0; i < kSkN * (kSkK / 16) / kSkThreads; ++i) {  // 64 channels x 4 chunks of 16 bytes
+      const int idx = tid + kSkThreads * i, r = idx >> 2, c = (idx & 3) * 16;
+      const int8_t* wr = wh.row(r, K, N);
+      uint8_t* dst = B + r * kSkRow + c;
+      if (wr && k0 + c < K)
+        cp_async16(dst, wr + k0 + c);
+      else
+        *reinterpret_cast<int4*>(dst) = make_int4(0, 0, 0, 0);
+    }
+  } else {
+    for (int idx = tid; idx < BM * kSkK; idx += kSkThreads) {
+      const int r = idx / kSkK, c = idx % kSkK;  // constant divisor: shifts
+      const int64_t t = t0 + r, k = k0 + c;
+      A[r * kSkRow + c] = (t < T && k < K) ? q[t * K + k] : (int16_t)0;
+    }
+    for (int idx = tid; idx < kSkN * kSkK; idx += kSkThreads) {
+      const int r = idx / kSkK, c = idx % kSkK;
+      const int8_t* wr = wh.row(r, K, N);
+      const int64_t k = k0 + c;
+      B[r * kSkRow + c] = (uint8_t)((wr && k < K) ? wr[k] : 0);
+    }
+  }
+}
+
+// One A fragment register pair from raw int16 staging: columns c..c+3 of a
+// row (8 bytes) as their hi bytes (s8) and lo bytes (u8).
+__device__ __forceinline__ void split_hi_lo(const int16_t* p, uint32_t& hi, uint32_t& lo) {
+  const uint32_t x = *reinterpret_cast<const uint32_t*>(p), y = *reinterpret_cast<const uint32_t*>(p + 2);
+  hi = __byte_perm(x, y, 0x7531);
+  lo = __byte_perm(x, y, 0x6420);
+}
+
+// Segments (q, k, v on the same input: one launch): the channel tiles of
+// segment 0 come first in blockIdx.y, then segment 1's, and so on (blocks:
+// a segment's channel tiles). GLU mode (segs.glu: gate and up of the same
+// N): a block takes 32 channels of both, warps 0-1 the gate's and 2-3 the
+// up's; after both are stored, the up warps hand their values to the gate
+// warps through shared memory and those store glu_one(gate, up) (SwiGLU or
+// GeGLU, the GEMV's epilogue) into glu_out.
+template <int MT>
+__global__ void __launch_bounds__(kSkThreads)
+    skinny_gemm_kernel(const int16_t* __restrict__ q, const int32_t* __restrict__ e, int T, int K, const GemvSegs segs,
+                       int residual, int vec, int kper, unsigned long long* __restrict__ part,
+                       int* __restrict__ counters) {
+  constexpr int BM = 16 * MT;
+  __shared__ __align__(16) int16_t As[2][BM * kSkRow];
+  __shared__ __align__(16) uint8_t Bs[2][kSkN * kSkRow];
+  __shared__ int flag;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, tq = lane & 3;
+  const int wn = warp * 16;
+  int si = 0, by = (int)blockIdx.y;
+  if (!segs.glu)
+    while (si + 1 < segs.n && by >= seg_at(segs, si).blocks) by -= seg_at(segs, si++).blocks;  // block-uniform
+  const GemvSeg S = seg_at(segs, si);
+  const GemvSeg Sw = segs.glu ? seg_at(segs, warp >> 1) : S;  // this warp's segment
+  const int N = S.N;
+  const int64_t t0 = (int64_t)blockIdx.x * BM;
+  SkinnyHalves wh{S.w, S.w, (int64_t)by * kSkN, (int64_t)by * kSkN + kSkN / 2};
+  if (segs.glu) wh = SkinnyHalves{segs.s[0].w, segs.s[1].w, (int64_t)by * (kSkN / 2), (int64_t)by * (kSkN / 2)};
+  const int64_t jw = (wn < kSkN / 2 ? wh.jb0 : wh.jb1) + (wn & (kSkN / 2 - 1));  // this warp's first channel
+  const int KT = (K + kSkK - 1) / kSkK;
+  const int kt0 = (int)blockIdx.z * kper, kt1 = kt0 + kper < KT ? kt0 + kper : KT;
+  int64_t acc[MT][2][4];
+  int32_t ph[MT][2][4], pl[MT][2][4];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) acc[mt][nt][r] = 0, ph[mt][nt][r] = 0, pl[mt][nt][r] = 0;
+  if (kt0 < kt1) skinny_stage<BM>(As[0], Bs[0], q, t0, T, wh, N, K, (int64_t)kt0 * kSkK, vec);
+  cp_async_commit();
+  int64_t since = 0;
+  for (int kt = kt0; kt < kt1; ++kt) {
+    const int s = (kt - kt0) & 1;
+    if (kt + 1 < kt1) skinny_stage<BM>(As[s ^ 1], Bs[s ^ 1], q, t0, T, wh, N, K, (int64_t)(kt + 1) * kSkK, vec);
+    cp_async_commit();
+    cp_async_wait<1>();  // tile kt has landed (this thread's copies) ...
+    __syncthreads();  // ... and every thread's
+    const int16_t* A = As[s];
+    const uint8_t* B = Bs[s];
+#pragma unroll
+    for (int kk = 0; kk < kSkK; kk += 32) {
+      uint32_t b[2][2];
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        const uint8_t* p = B + (wn + nt * 8 + g) * kSkRow + kk + 4 * tq;
+        b[nt][0] = smem_u32(p);
+        b[nt][1] = smem_u32(p + 16);
+      }
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        const int16_t* a0 = A + (mt * 16 + g) * kSkRow + kk + 4 * tq;
+        const int16_t* a8 = a0 + 8 * kSkRow;
+        uint32_t ahi[4], alo[4];
+        split_hi_lo(a0, ahi[0], alo[0]);
+        split_hi_lo(a8, ahi[1], alo[1]);
+        split_hi_lo(a0 + 16, ahi[2], alo[2]);
+        split_hi_lo(a8 + 16, ahi[3], alo[3]);
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) {
+          mma_s8s8(ph[mt][nt], ahi, b[nt]);
+          mma_u8s8(pl[mt][nt], alo, b[nt]);
+        }
+      }
+    }
+    __syncthreads();  // stage s is refilled by the next iteration's copies
+    since += kSkK;
+    if (since >= kMmaFlushK || kt + 1 == kt1) {  // block-uniform
+      since = 0;
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) {
+            acc[mt][nt][r] += (int64_t)ph[mt][nt][r] * 256 + pl[mt][nt][r];
+            ph[mt][nt][r] = 0, pl[mt][nt][r] = 0;
+          }
+    }
+  }
+  // C fragment: c[r] at row g (+ 8 for r >= 2), column 2 tq + (r & 1).
+  if (gridDim.z > 1) {  // split-K: int64 partials into the tile's slots; the last split takes the totals
+    unsigned long long* P = part + ((int64_t)blockIdx.y * gridDim.x + blockIdx.x) * (BM * kSkN);
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int r = 0; r < 4; ++r)
+          atomicAdd(P + (mt * 16 + g + (r >= 2 ? 8 : 0)) * kSkN + wn + nt * 8 + 2 * tq + (r & 1),
+                    (unsigned long long)acc[mt][nt][r]);
+    if (!last_block_arrives(counters + blockIdx.y * gridDim.x + blockIdx.x, (int)gridDim.z, &flag)) return;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int r = 0; r < 4; ++r)
+          acc[mt][nt][r] =
+              (int64_t)atomicExch(P + (mt * 16 + g + (r >= 2 ? 8 : 0)) * kSkN + wn + nt * 8 + 2 * tq + (r & 1), 0ull);
+  }
+  // GLU: the up warps' values for the gate warps, [BM][32] int32 over the
+  // activation staging (no longer read: the loop ended with a barrier)
+  int32_t* upv = reinterpret_cast<int32_t*>(&As[0][0]);
+  static_assert(sizeof(As) >= sizeof(int32_t) * BM * (kSkN / 2), "GLU exchange fits the staging");
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int rt = mt * 16 + g + (r >= 2 ? 8 : 0);
+      const int64_t t = t0 + rt;
+      if (t >= T) continue;
+      const int32_t et = e[t];
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        const int c = nt * 8 + 2 * tq + (r & 1);
+        const int64_t j = jw + c;
+        if (j < N) {
+          const int64_t v = linear_epilogue(acc[mt][nt][r], Sw.mant[j], Sw.shift[j], et, Sw.bias, j);
+          store_out(Sw.out + t * Sw.ldo + j, v, residual);
+          acc[mt][nt][r] = v;
+          if (segs.glu && wn >= kSkN / 2) upv[rt * (kSkN / 2) + (wn & (kSkN / 2 - 1)) + c] = (int32_t)v;
+        }
+      }
+    }
+  if (!segs.glu) return;  // grid-uniform
+  __syncthreads();
+  if (wn >= kSkN / 2) return;  // the gate warps pair each value with its up value
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int rt = mt * 16 + g + (r >= 2 ? 8 : 0);
+      const int64_t t = t0 + rt;
+      if (t >= T) continue;
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        const int c = nt * 8 + 2 * tq + (r & 1);
+        const int64_t j = jw + c;
+        if (j < N)
+          segs.glu_out[t * segs.glu_ldo + j] =
+              glu_one(acc[mt][nt][r], upv[rt * (kSkN / 2) + wn + c], segs.glu == 2);
+      }
+    }
+}
+
 // ---------------------------------------------------------------- int4 (W4A16) linear layers
 //
 // Weights w = gd * u + gm per group of 32 inputs (docs/format.md), so
@@ -613,17 +852,60 @@ void launch_gemv(const int16_t* q, const int32_t* e, int T, int K, GemvSegs segs
   check_launch("linear (GEMV)");
 }
 
+int g_skinny_split = 0;  // tests: force the K splits
+void set_skinny_split_override(int splits) { g_skinny_split = splits < 0 ? 0 : splits; }
+
+void launch_skinny(const int16_t* q, const int32_t* e, int T, int K, GemvSegs segs, bool residual, cudaStream_t st,
+                   const GemmScratch* sc) {
+  if (T <= 0 || segs.n <= 0) return;
+  if (segs.n > 3 || (segs.glu && (segs.n != 2 || segs.s[0].N != segs.s[1].N || !segs.glu_out)))
+    throw std::invalid_argument("linear (skinny GEMM): bad segments");
+  const int vec = K % 16 == 0;
+  int64_t cols = 0;
+  for (int i = 0; i < segs.n; ++i) {
+    segs.s[i].blocks = (int)skinny_col_tiles(segs.s[i].N);
+    cols += segs.s[i].blocks;
+  }
+  if (segs.glu) cols = (segs.s[0].N + kSkN / 2 - 1) / (kSkN / 2);  // 32 channels of gate and up per tile
+  const int64_t rows = skinny_row_tiles(T), tiles = rows * cols;
+  if (cols > 65535) throw std::invalid_argument("linear (skinny GEMM): too many output channels");
+  const int KT = (K + kSkK - 1) / kSkK;
+  int splits = g_skinny_split > 0 ? g_skinny_split : skinny_splits(tiles, KT);
+  if (!sc || tiles > kSkinnyPartTiles || KT < 2) splits = 1;  // no scratch for the partial sums: unsplit
+  const int kper = (std::max(KT, 1) + splits - 1) / splits;
+  splits = std::max(1, (KT + kper - 1) / kper);  // no empty split
+  unsigned long long* part = splits > 1 ? sc->part : nullptr;
+  int* counters = splits > 1 ? sc->counters : nullptr;
+  const LaunchShape sh = shape_skinny(T, (int)cols * kSkN, splits);
+  const int mt = skinny_mt(T);
+  if (mt == 1) {
+    INTDET_LAUNCH_AT(skinny_gemm_kernel<1>, sh, st, q, e, T, K, segs, (int)residual, vec, kper, part, counters);
+  } else if (mt == 2) {
+    INTDET_LAUNCH_AT(skinny_gemm_kernel<2>, sh, st, q, e, T, K, segs, (int)residual, vec, kper, part, counters);
+  } else {
+    INTDET_LAUNCH_AT(skinny_gemm_kernel<4>, sh, st, q, e, T, K, segs, (int)residual, vec, kper, part, counters);
+  }
+  check_launch("linear (skinny GEMM)");
+}
+
 void launch_linear(const int16_t* q, const int32_t* e, int T, int K, const int8_t* w, const int32_t* mant,
                    const int32_t* shift, const int32_t* bias, int N, int32_t* out, int64_t ldo, bool residual,
-                   int path, cudaStream_t st) {
+                   int path, cudaStream_t st, const GemmScratch* sc) {
   if (T <= 0 || N <= 0) return;
   const int vec = K % 16 == 0;
-  if (path == kLinearAuto) path = T <= kGemvMaxRows ? kLinearGemv : kLinearGemm;
+  if (path == kLinearAuto)
+    path = T <= kGemvDecodeRows ? kLinearGemv : T <= kSkinnyMaxRows ? kLinearSkinny : kLinearGemm;
   if (path == kLinearGemv) {
     GemvSegs segs{};
     segs.s[0] = GemvSeg{w, mant, shift, bias, out, ldo, N, 0};
     segs.n = 1;
     launch_gemv(q, e, T, K, segs, residual, st);
+    return;
+  } else if (path == kLinearSkinny) {
+    GemvSegs segs{};
+    segs.s[0] = GemvSeg{w, mant, shift, bias, out, ldo, N, 0};
+    segs.n = 1;
+    launch_skinny(q, e, T, K, segs, residual, st, sc);
     return;
   } else if (path == kLinearGemm) {
     if (gemm_mma_rows(T) > 65535) throw std::invalid_argument("linear (GEMM): too many rows");

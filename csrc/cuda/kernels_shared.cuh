@@ -308,6 +308,36 @@ __device__ __forceinline__ void mma_u8s8(int32_t (&d)[4], const uint32_t (&a)[4]
 
 __device__ __forceinline__ uint32_t smem_u32(const uint8_t* p) { return *reinterpret_cast<const uint32_t*>(p); }
 
+// ---------------------------------------------------------------- cp.async (linear)
+
+// 16-byte asynchronous copy global -> shared (sm_80+ cp.async.cg: it
+// bypasses L1, the weights are read once); both addresses 16-byte aligned
+// (the emulator checks). The copies a thread issued since its last
+// cp_async_commit form a group; cp_async_wait<n> waits until at most n of
+// its groups are still in flight (a __syncthreads after it makes every
+// thread's copies visible to the block). The emulator copies at once.
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+#if defined(INTDET_CUDA_EMU)
+  const int4 v = ::emu::load16_checked(gmem);
+  (void)::emu::load16_checked(smem);
+  *reinterpret_cast<int4*>(smem) = v;
+#else
+  const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+#endif
+}
+__device__ __forceinline__ void cp_async_commit() {
+#if !defined(INTDET_CUDA_EMU)
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+template <int kInFlight>
+__device__ __forceinline__ void cp_async_wait() {
+#if !defined(INTDET_CUDA_EMU)
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kInFlight) : "memory");
+#endif
+}
+
 // ---------------------------------------------------------------- int4 codes (linear, moe)
 
 constexpr int kOnes8 = 0x01010101;  // four int8 ones: dot16 with them sums 16 activations

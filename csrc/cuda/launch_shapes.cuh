@@ -9,6 +9,7 @@
 
 #include "kernels.cuh"  // dim3, cudaStream_t (or the emulator's)
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
@@ -69,6 +70,17 @@ constexpr int kGemv8Warps = 8;
 constexpr int kGemv8Threads = kGemv8Warps * 32;
 constexpr int kMmaThreads = 128;  // tensor-core GEMM: 4 warps of 32 x 32
 constexpr int kMmaM = 64, kMmaN = 64;  // its block tile (rows x channels)
+// Skinny tensor-core GEMM (decode batches of kGemvDecodeRows + 1 ..
+// kSkinnyMaxRows rows): 4 warps, each 16 channels of the block's 64 times
+// all its 16 MT rows (MT = 1, 2 or 4 m16 tiles: 16, 32 or 64 rows), K tiles
+// of 64 through a two-stage cp.async pipeline.
+constexpr int kSkThreads = 128;
+constexpr int kSkN = 64, kSkK = 64;
+// Split-K: about kSkTargetBlocks blocks per launch (two per SM of an H100's
+// 132) where the row and channel tiles are fewer, each split at least
+// kSkMinKTiles K tiles (256 inputs: the pipeline reaches its steady state
+// and the int64 partial adds stay a small share), at most kSkMaxSplits.
+constexpr int kSkTargetBlocks = 264, kSkMinKTiles = 4, kSkMaxSplits = 16;
 constexpr int kTileThreads = 256;  // __dp2a GEMM (int8 and int4): 16 x 16 threads of 4 x 4
 constexpr int kTileM = 64, kTileN = 64;  // its block tile
 constexpr int kAttnThreads = 128;  // attention: split scores, split P.V, tensor-core tiles
@@ -122,6 +134,22 @@ inline LaunchShape shape_gemm_mma(int N, int T) {
 inline unsigned gemm_tile_rows(int T) { return (unsigned)((T + kTileM - 1) / kTileM); }
 inline LaunchShape shape_gemm_tile(int N, int T) {
   return {dim3((unsigned)((N + kTileN - 1) / kTileN), gemm_tile_rows(T)), kTileThreads, 0};
+}
+
+// Skinny GEMM: m16 tiles per warp for T rows (1, 2, 4), its grid (row
+// tiles fastest, so the row tiles that share a weight slice run together
+// and DRAM streams each weight once; channel tiles; splits).
+inline int skinny_mt(int T) { return T <= 16 ? 1 : T <= 32 ? 2 : 4; }
+inline unsigned skinny_row_tiles(int T) { return (unsigned)((T + 16 * skinny_mt(T) - 1) / (16 * skinny_mt(T))); }
+inline unsigned skinny_col_tiles(int N) { return (unsigned)((N + kSkN - 1) / kSkN); }
+inline LaunchShape shape_skinny(int T, int N, int splits) {
+  return {dim3(skinny_row_tiles(T), skinny_col_tiles(N), (unsigned)splits), kSkThreads, 0};
+}
+// Splits of K (in K tiles of kSkK) for `tiles` row x channel tiles.
+inline int skinny_splits(int64_t tiles, int64_t ktiles) {
+  int64_t s = (kSkTargetBlocks + tiles - 1) / tiles;
+  s = std::min<int64_t>({s, ktiles / kSkMinKTiles, kSkMaxSplits});
+  return (int)std::max<int64_t>(s, 1);
 }
 
 // ---- kernels_attention.cu

@@ -230,7 +230,7 @@ PYBIND11_MODULE(INTDET_CUDA_MODULE_NAME, mod) {
   ops.def(
       "linear",
       [](Arr<int16_t> q, Arr<int32_t> e, Arr<int8_t> w, Arr<int32_t> mant, Arr<int32_t> shift, py::object bias,
-         int path) {
+         int path, py::object residual) {
         if (q.ndim() != 2 || w.ndim() != 2 || w.shape(1) != q.shape(1) || e.size() != q.shape(0) ||
             mant.size() != w.shape(0) || shift.size() != w.shape(0))
           throw std::invalid_argument("linear: shape mismatch");
@@ -240,16 +240,25 @@ PYBIND11_MODULE(INTDET_CUDA_MODULE_NAME, mod) {
           b = bias.cast<Arr<int32_t>>();
           if (b.size() != N) throw std::invalid_argument("linear: bias shape mismatch");
         }
+        Arr<int32_t> init;
+        if (!residual.is_none()) {
+          init = residual.cast<Arr<int32_t>>();
+          if (init.ndim() != 2 || init.shape(0) != T || init.shape(1) != N)
+            throw std::invalid_argument("linear: residual shape mismatch");
+        }
         std::vector<int32_t> o((size_t)(T * N));
         cuda::test::linear(q.data(), e.data(), T, K, w.data(), mant.data(), shift.data(),
-                           bias.is_none() ? nullptr : b.data(), N, path, o.data());
+                           bias.is_none() ? nullptr : b.data(), N, path, o.data(),
+                           residual.is_none() ? nullptr : init.data());
         py::array_t<int64_t> out({T, N});
         std::copy(o.begin(), o.end(), out.mutable_data());
         return out;
       },
       py::arg("q"), py::arg("e"), py::arg("w"), py::arg("mant"), py::arg("shift"), py::arg("bias") = py::none(),
-      py::arg("path") = 0,
-      "int64 [T, N]; path 0 auto, 1 GEMV, 2 tensor-core (IMMA) GEMM, 3 __dp2a tiled GEMM.");
+      py::arg("path") = 0, py::arg("residual") = py::none(),
+      "int64 [T, N]; path 0 auto, 1 GEMV, 2 tensor-core (IMMA) GEMM, 3 __dp2a tiled GEMM, 4 skinny IMMA GEMM "
+      "(decode batches, split-K); residual: int32 [T, N], then sat32(residual + linear) (the o / down-proj "
+      "store).");
   ops.def(
       "linear_w4",
       [](Arr<int16_t> q, Arr<int32_t> e, Arr<uint8_t> w4, Arr<int16_t> gd, Arr<int16_t> gm, Arr<int32_t> mant,
@@ -341,6 +350,9 @@ PYBIND11_MODULE(INTDET_CUDA_MODULE_NAME, mod) {
           "Tests and the device check.");
   ops.def("set_gemv_split", &cuda::test::set_gemv_split, py::arg("wlg"),
           "Force the GEMV's warps per channel to 2**wlg (0..2; -1: the launcher's choice). Tests only.");
+  ops.def("set_skinny_split", &cuda::test::set_skinny_split, py::arg("splits"),
+          "Force the skinny GEMM's K splits (0: the launcher's choice; more than its K tiles: one per K tile). "
+          "Tests only.");
   ops.def(
       "gemv_prologue",
       [](int kind, py::object x, py::object g, int64_t eps_q60, int in_frac, py::object a, int64_t T,

@@ -9,7 +9,7 @@ Three layers, so that most of it runs on machines without a GPU:
   warp shuffles) into a module _cuda_emu, compared op by op and model by model
   with intdet._core; it needs only g++ and pybind11;
 - a real GPU (skipped when intdet._cuda sees none): the same comparisons, plus
-  longer contexts, batches up to 32 and chain-hash equality of generations.
+  longer contexts, batches up to 256 and chain-hash equality of generations.
 """
 
 from __future__ import annotations
@@ -391,6 +391,66 @@ def test_linear_gemv_split_k(backend, T, K, N):
             assert np.array_equal(backend.ops.linear(q, e, w, mant, shift, None, 1), want), wlg
     finally:
         backend.ops.set_gemv_split(-1)
+
+
+# (M, K, N): K a multiple of 64, of 16 only (16-byte cp.async, a partial last
+# K tile), or neither (element staging); M across the 16 / 32 / 64-row block
+# tiles and the GEMV cut; N across the 64-channel tiles.
+SKINNY_SHAPES = [(9, 64, 40), (16, 1040, 70), (17, 72, 33), (64, 512, 64), (100, 200, 130), (256, 272, 96)]
+
+
+@pytest.mark.parametrize("M,K,N", SKINNY_SHAPES)
+def test_linear_skinny(backend, M, K, N):
+    """The skinny IMMA GEMM of decode batches (path 4; auto for 9..256 rows):
+    the CPU linear bit for bit, unsplit and split-K (int64 partials through
+    the scratch, the last split's epilogue), with bias, and in residual mode
+    (out = sat32(out + linear), the o / down-proj store) near int32's ends.
+    The op also checks that the split-K scratch is left zero."""
+    rng = np.random.default_rng(M * 7919 + K * 31 + N)
+    q = rng.integers(-32768, 32768, size=(M, K)).astype(np.int16)
+    q[0] = -32768
+    q[-1, : K // 2] = 32767
+    e = rng.integers(0, 24, size=M).astype(np.int32)
+    w = rng.integers(-127, 128, size=(N, K)).astype(np.int8)
+    w[0] = 127
+    mant = rng.integers(0, 2**15 + 1, size=N).astype(np.int32)
+    shift = rng.integers(-8, 60, size=N).astype(np.int32)
+    bias = rng.integers(-2**31 + 1, 2**31, size=N).astype(np.int32)
+    want = C.ops.linear(q, e, w, mant, shift)
+    want_b = np.clip(want + bias, -(2**31 - 1), 2**31 - 1)
+    res = rng.integers(-2**31 + 1, 2**31, size=(M, N)).astype(np.int32)
+    want_r = np.clip(res.astype(np.int64) + want_b, -(2**31 - 1), 2**31 - 1)
+    try:
+        for splits in (0, 1, 3):
+            backend.ops.set_skinny_split(splits)
+            assert np.array_equal(backend.ops.linear(q, e, w, mant, shift, None, 4), want), splits
+            assert np.array_equal(backend.ops.linear(q, e, w, mant, shift, bias, 4), want_b), splits
+            assert np.array_equal(backend.ops.linear(q, e, w, mant, shift, bias, 4, res), want_r), splits
+        backend.ops.set_skinny_split(0)
+        assert np.array_equal(backend.ops.linear(q, e, w, mant, shift, bias, 0, res), want_r)  # auto
+    finally:
+        backend.ops.set_skinny_split(0)
+
+
+def test_linear_skinny_k_chunks(backend):
+    """One unsplit block over K = 66000 all-maximal inputs: the s32 hi / lo
+    sums must go into int64 every 32768 inputs (the emulator aborts on an s32
+    overflow); split, the int64 partials add up to the same sums."""
+    T, N, K = 9, 8, 66000
+    q = np.full((T, K), 32767, np.int16)
+    q[1] = -32768
+    w = np.full((N, K), 127, np.int8)
+    w[1::2] = -127
+    e = np.zeros(T, np.int32)
+    mant = np.full(N, 1 << 15, np.int32)
+    shift = np.full(N, 48, np.int32)
+    want = C.ops.linear(q, e, w, mant, shift)
+    try:
+        for splits in (1, 0):
+            backend.ops.set_skinny_split(splits)
+            assert np.array_equal(backend.ops.linear(q, e, w, mant, shift, None, 4), want), splits
+    finally:
+        backend.ops.set_skinny_split(0)
 
 
 def _int4_weights(rng, N, K):
@@ -974,6 +1034,49 @@ def test_prefill_attention_paths_match_cpu(backend, converted, name):
         backend.ops.set_attn_path(0)
 
 
+def decode_batch_launches(n_layers):
+    """Launches of a decode step of 9..256 rows (no graph): per layer
+    attn_norm, q+k+v (one skinny GEMM, three segments), attention (one
+    kernel, RopeFold), o-proj (+ residual), ffn_norm, gate+up (one skinny
+    GEMM, SwiGLU in its epilogue), quant16, down-proj (+ residual); then
+    embed, out_norm and lm_head."""
+    return 8 * n_layers + 3
+
+
+@pytest.mark.parametrize("batch", [64, 130])
+def test_decode_batch_skinny_graphs(backend, converted, batch):
+    """A decode batch of 64 and of 130 sequences (the skinny IMMA GEMM; 130:
+    three 64-row tiles) after a mixed batch prefill: every sequence gets the
+    CPU's logits, without graphs (q+k+v and gate+up + SwiGLU in one launch
+    each, the decode attention with the rope_append folded in: 8 launches
+    per layer) and with them (the second step of the same shape replays the
+    captured graph: no launch enqueued)."""
+    lm = converted["wide"]
+    cpu = Engine(lm)
+    V = lm.cfg["vocab_size"]
+    L = lm.cfg["num_layers"]
+    rng = np.random.default_rng(batch)
+    prompts = [[int(t) for t in rng.integers(0, V, size=int(rng.integers(1, 4)))] for _ in range(batch)]
+    for graphs in (False, True):
+        m = backend.Model(lm.cfg, lm.tensors, graphs)
+        ss = [backend.State(m, 24) for _ in prompts]
+        rr = [cpu.new_state(24) for _ in prompts]
+        outs = backend.forward_batch(m, ss, [np.array(p, np.int32) for p in prompts], True)
+        want = cpu.forward_batch(rr, prompts, all_logits=True)
+        assert all(np.array_equal(a, b) for a, b in zip(outs, want)), "batch prefill"
+        for i in range(3):
+            nxt = [[int(rng.integers(0, V))] for _ in prompts]
+            n0 = backend.launch_count()
+            outs = backend.forward_batch(m, ss, [np.array(t, np.int32) for t in nxt])
+            n = backend.launch_count() - n0
+            want = cpu.forward_batch(rr, nxt)
+            assert all(np.array_equal(a, b) for a, b in zip(outs, want)), (graphs, i)
+            if not graphs:
+                assert n == decode_batch_launches(L), n
+            elif i > 0:
+                assert n == 0, n  # replayed
+
+
 @pytest.fixture(scope="module")
 def converted_grp16(tmp_path_factory):
     """A one-layer qwen3 with 16 query heads on one kv head (D = 16): the
@@ -1201,7 +1304,7 @@ def test_gpu_int4_generate_hash_equal(converted_int4):
 
 
 @needs_gpu
-@pytest.mark.parametrize("batch", [1, 2, 8, 32])
+@pytest.mark.parametrize("batch", [1, 2, 8, 32, 64, 256])  # 64, 256: the skinny GEMM, graphs
 def test_gpu_batch_invariance(converted, batch):
     lm = converted["wide"]
     cpu, gpu = Engine(lm, "cpu"), Engine(lm, "cuda")
