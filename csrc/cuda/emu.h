@@ -391,6 +391,18 @@ inline cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int) {
   p->minor = 0;
   return cudaSuccess;
 }
+// Attributes the engine asks for (an H100's opt-in shared memory per block).
+enum cudaDeviceAttr { cudaDevAttrMaxSharedMemoryPerBlockOptin = 97 };
+inline cudaError_t cudaDeviceGetAttribute(int* v, cudaDeviceAttr a, int) {
+  if (a != cudaDevAttrMaxSharedMemoryPerBlockOptin) return cudaErrorInvalidValue;
+  *v = 227 * 1024;
+  return cudaSuccess;
+}
+enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
+template <class F>
+inline cudaError_t cudaFuncSetAttribute(F*, cudaFuncAttribute, int bytes) {
+  return bytes >= 0 && bytes <= 227 * 1024 ? cudaSuccess : cudaErrorInvalidValue;
+}
 template <class T>
 inline cudaError_t cudaMalloc(T** p, size_t bytes) {
   *p = static_cast<T*>(std::aligned_alloc(256, (bytes + 255) / 256 * 256 + 256));  // cudaMalloc aligns to 256

@@ -154,7 +154,7 @@ int32_t sample(const int32_t* logits, int64_t V, const Pick& how);
 void set_gemv_split(int wlg);
 // Force the skinny GEMM's K splits (<= 0: automatic).
 void set_skinny_split(int splits);
-// kernels.cuh set_attn_path_override: 1 split, 2 tensor cores, 3 one kernel, else auto.
+// kernels.cuh set_attn_path_override: 1 split, 2 tensor cores, 3 one kernel, 4 flash tiles, else auto.
 void set_attn_path(int path);
 }  // namespace test
 

@@ -218,20 +218,34 @@ int attn_chunk(int64_t sstride, int nkv, int nrows);
 // quant16 of the rows); kAttnFused, one launch of one block per (row, kv
 // head) over all the row's positions, the scores and the softmax in shared
 // memory, the row's quant16 by its last block (at most attn_fused_max_pos
-// positions); kAttnAuto: attn_path_for's choice. Every path gives the
-// same bits.
-enum AttnPath { kAttnAuto = 0, kAttnSplit = 1, kAttnMma = 2, kAttnFused = 3 };
+// positions); kAttnFlash, prefill in the FlashAttention-2 shape: tiles of
+// 128 tile rows (8 warps of 16), K and V tiles double-buffered through
+// cp.async, QK^T recomputed on the tensor cores in each of the softmax's
+// four passes instead of a score scratch, causal tile skipping (2 launches:
+// the tiles, then quant16 of the rows; kernels_attention_flash.cu);
+// kAttnAuto: attn_path_for's choice. Every path gives the same bits.
+enum AttnPath { kAttnAuto = 0, kAttnSplit = 1, kAttnMma = 2, kAttnFused = 3, kAttnFlash = 4 };
+// Dynamic shared memory of kAttnFlash's block for head size D (bytes), and
+// whether the device grants that much (its opt-in limit per block).
+size_t attn_flash_smem(int D);
+bool attn_flash_fits(int D);
+// kAttnFlash's tiles (launch_attention calls it, then quant16 of the rows).
+void launch_attention_flash(const int32_t* q, int row0, int nrows, int nh, int nkv, int D, int layer,
+                            const int32_t* seq, const int32_t* pos, const DevKV* kvs, int64_t score_mant,
+                            int64_t score_shift, int64_t* out, cudaStream_t st, int64_t window, const Softcap& cap);
 // The most positions per row kAttnFused takes for grp query heads per kv
 // head (their scores in shared memory): 2048, fewer for grp > 3.
 int64_t attn_fused_max_pos(int grp);
 // The path of one attention call: path (kAttnAuto, or a forced one: tests)
 // resolved for nrows rows of at most npos positions (the window
 // applied) with grp query heads per kv head; rope: a RopeFold is on.
-// kAttnAuto (and set_attn_path_override's path where it applies): kAttnMma
-// for more than kGemvMaxRows rows without a RopeFold (prefill), else
-// kAttnFused where npos <= attn_fused_max_pos(grp), else kAttnSplit.
-// Throws std::invalid_argument for a forced path that cannot serve the call.
-int attn_path_for(int path, int nrows, int grp, int64_t npos, bool rope);
+// kAttnAuto (and set_attn_path_override's path where it applies): for more
+// than kGemvMaxRows rows without a RopeFold (prefill) kAttnFlash where the
+// device's shared memory holds its tiles for head size D, else kAttnMma;
+// other calls kAttnFused where npos <= attn_fused_max_pos(grp), else
+// kAttnSplit. Throws std::invalid_argument for a forced path that cannot
+// serve the call.
+int attn_path_for(int path, int nrows, int grp, int64_t npos, bool rope, int D);
 // rope_append folded into the split path's scores kernel or kAttnFused's
 // prologue (on: launch_rope_append is not called): every block runs q norm +
 // RoPE of its group's heads from q (left unrotated in memory), and the block
@@ -249,9 +263,10 @@ struct RopeFold {
   const int32_t* kb;  // [T, nkv, D] before k norm + RoPE
   const int32_t* vb;  // [T, nkv, D]
 };
-// What kAttnAuto takes from now on (kAttnSplit, kAttnMma or kAttnFused;
-// anything else: the choice above) where it can serve the call (not kAttnMma
-// under a RopeFold, not kAttnFused beyond attn_fused_max_pos); tests and the
+// What kAttnAuto takes from now on (kAttnSplit, kAttnMma, kAttnFused or
+// kAttnFlash; anything else: the choice above) where it can serve the call
+// (not kAttnMma or kAttnFlash under a RopeFold, not kAttnFused beyond
+// attn_fused_max_pos, not kAttnFlash beyond the shared memory); tests and the
 // device check's A/B timing only. The bits never change.
 void set_attn_path_override(int path);
 // kAttnFused's launch (launch_attention calls it): npos as for attn_path_for.

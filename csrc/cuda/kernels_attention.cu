@@ -527,18 +527,24 @@ __global__ void __launch_bounds__(kAttnThreads)
 
 int g_attn_path = kAttnAuto;  // tests and the device check: force kAttnAuto's choice
 void set_attn_path_override(int path) {
-  g_attn_path = path == kAttnSplit || path == kAttnMma || path == kAttnFused ? path : kAttnAuto;
+  g_attn_path = path == kAttnSplit || path == kAttnMma || path == kAttnFused || path == kAttnFlash ? path : kAttnAuto;
 }
 
-int attn_path_for(int path, int nrows, int grp, int64_t npos, bool rope) {
+int attn_path_for(int path, int nrows, int grp, int64_t npos, bool rope, int D) {
   const bool fits = npos <= attn_fused_max_pos(grp);
-  if (path == kAttnAuto && g_attn_path != kAttnAuto && !(rope && g_attn_path == kAttnMma) &&
-      !(!fits && g_attn_path == kAttnFused))
+  const bool tiles = g_attn_path == kAttnMma || g_attn_path == kAttnFlash;  // prefill paths: no RopeFold
+  if (path == kAttnAuto && g_attn_path != kAttnAuto && !(rope && tiles) &&
+      !(g_attn_path == kAttnFlash && !attn_flash_fits(D)) && !(!fits && g_attn_path == kAttnFused))
     path = g_attn_path;
-  if (path == kAttnAuto) return !rope && nrows > kGemvMaxRows ? kAttnMma : fits ? kAttnFused : kAttnSplit;
-  if (rope && path == kAttnMma) throw std::invalid_argument("attention: rope_append folds into the split path only");
+  if (path == kAttnAuto)
+    return !rope && nrows > kGemvMaxRows ? (attn_flash_fits(D) ? kAttnFlash : kAttnMma) : fits ? kAttnFused : kAttnSplit;
+  if (rope && (path == kAttnMma || path == kAttnFlash))
+    throw std::invalid_argument("attention: rope_append folds into the split and one-kernel paths only");
   if (path == kAttnFused && !fits) throw std::invalid_argument("attention: more positions than the one-kernel path holds");
-  if (path != kAttnSplit && path != kAttnMma && path != kAttnFused) throw std::invalid_argument("attention: unknown path");
+  if (path == kAttnFlash && !attn_flash_fits(D))
+    throw std::invalid_argument("attention: the flash tiles do not fit in this device's shared memory");
+  if (path != kAttnSplit && path != kAttnMma && path != kAttnFused && path != kAttnFlash)
+    throw std::invalid_argument("attention: unknown path");
   return path;
 }
 
@@ -563,10 +569,17 @@ void launch_attention(const int32_t* q, int row0, int nrows, int nh, int nkv, in
   const int grp = nh / nkv;  // host-side division
   if (grp > kMaxGroup || grp * D > kMaxGroupDim) throw std::invalid_argument("attention: more than 16 query heads per kv head");
   const int64_t npos = std::min(sc.npos > 0 ? sc.npos : sc.sstride, window > 0 ? window : sc.sstride);
-  path = attn_path_for(path, nrows, grp, npos, rope.on);
+  path = attn_path_for(path, nrows, grp, npos, rope.on, D);
   if (path == kAttnFused) {  // decode up to attn_fused_max_pos positions: one launch
     launch_attention_fused(q, row0, nrows, nh, nkv, D, layer, seq, pos, kvs, score_mant, score_shift, sc, npos, out,
                            act, act_e, st, window, rope, cap);
+    return;
+  }
+  if (path == kAttnFlash) {  // prefill: FA2-shaped tiles, then quant16 of the rows
+    launch_attention_flash(q, row0, nrows, nh, nkv, D, layer, seq, pos, kvs, score_mant, score_shift, out, st, window,
+                           cap);
+    const int64_t HD = (int64_t)nh * D;
+    launch_quant16_i64(out + row0 * HD, nrows, (int)HD, act + row0 * HD, act_e + row0, st);
     return;
   }
   if (path == kAttnMma) {  // prefill: tiles on the tensor cores, then quant16 of the rows

@@ -84,6 +84,7 @@ constexpr int kSkTargetBlocks = 264, kSkMinKTiles = 4, kSkMaxSplits = 16;
 constexpr int kTileThreads = 256;  // __dp2a GEMM (int8 and int4): 16 x 16 threads of 4 x 4
 constexpr int kTileM = 64, kTileN = 64;  // its block tile
 constexpr int kAttnThreads = 128;  // attention: split scores, split P.V, tensor-core tiles
+constexpr int kAttnFlashThreads = 256;  // prefill attention, FA2 shape: 8 warps of 16 tile rows
 constexpr int kAttnFusedThreads = 256;  // decode attention in one kernel: 8 warps over the row's positions
 constexpr int kRouteThreads = 64;  // MoE router top-k: one thread per row
 constexpr int kArgmaxThreads = 256, kArgmaxBlocks = 64;  // argmax: blocks over a stride of the row
@@ -160,6 +161,13 @@ inline LaunchShape shape_attn_split(int64_t nsplit, int nkv, int nrows) {
 }
 // Tensor-core path: one block per (tile of rows, kv head).
 inline LaunchShape shape_attn_mma(unsigned tiles, int nkv) { return {dim3(tiles, (unsigned)nkv), kAttnThreads, 0}; }
+
+// ---- kernels_attention_flash.cu
+// One block per (tile of 128 tile rows, kv head); smem: attn_flash_smem(D)
+// (queries, two K and two V tiles, V^T), above 48 KiB (opt-in).
+inline LaunchShape shape_attn_flash(unsigned tiles, int nkv, size_t smem) {
+  return {dim3(tiles, (unsigned)nkv), kAttnFlashThreads, smem};
+}
 
 // ---- kernels_attention_decode.cu
 // One kernel: one block per (kv head, row); smem: the group's grp x npos

@@ -330,7 +330,7 @@ PYBIND11_MODULE(INTDET_CUDA_MODULE_NAME, mod) {
           throw std::invalid_argument("attend_rows: shape mismatch");
         for (int64_t t = 0; t < T; ++t)
           if (pos.data()[t] < 0 || pos.data()[t] >= n) throw std::invalid_argument("attend_rows: pos out of [0, n)");
-        if (path < 0 || path > 3) throw std::invalid_argument("attend_rows: path must be 0, 1, 2 or 3");
+        if (path < 0 || path > 4) throw std::invalid_argument("attend_rows: path must be 0, 1, 2, 3 or 4");
         py::array_t<int64_t> out({T, nh, D});
         py::array_t<int16_t> act({T, nh * D});
         py::array_t<int32_t> act_e(T);
@@ -341,12 +341,12 @@ PYBIND11_MODULE(INTDET_CUDA_MODULE_NAME, mod) {
       },
       py::arg("q"), py::arg("kc"), py::arg("ka"), py::arg("vc"), py::arg("va"), py::arg("pos"), py::arg("window"),
       py::arg("score_mant"), py::arg("score_shift"), py::arg("path") = 0,
-      "T query rows of one sequence (row t at position pos[t]) over an nkv-head cache; path 0 auto (tensor cores "
+      "T query rows of one sequence (row t at position pos[t]) over an nkv-head cache; path 0 auto (flash tiles "
       "for > 32 rows, else one kernel up to 2048 positions, else the split), 1 flash-decoding split, 2 tensor "
-      "cores, 3 one kernel per (row, kv head); (out int64 [T, nh, D], act int16 [T, nh*D], act_e [T]).");
+      "cores (16-row tiles, score scratch), 3 one kernel per (row, kv head), 4 flash tiles (FA2 shape); (out int64 [T, nh, D], act int16 [T, nh*D], act_e [T]).");
   ops.def("set_attn_path", &cuda::test::set_attn_path, py::arg("path"),
           "Force the attention path of launches that would choose, where it can serve them (1 flash-decoding "
-          "split, 2 tensor cores, 3 one kernel per (row, kv head); 0 or anything else: the launcher's choice). "
+          "split, 2 tensor cores, 3 one kernel per (row, kv head), 4 flash tiles; 0 or anything else: the launcher's choice). "
           "Tests and the device check.");
   ops.def("set_gemv_split", &cuda::test::set_gemv_split, py::arg("wlg"),
           "Force the GEMV's warps per channel to 2**wlg (0..2; -1: the launcher's choice). Tests only.");

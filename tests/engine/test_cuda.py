@@ -605,12 +605,15 @@ ATTEND_ROWS = [(40, 0, 2, 1, 64, 0), (33, 31, 3, 1, 48, 0), (70, 130, 4, 2, 128,
                (35, 60, 6, 3, 30, 0), (50, 20, 2, 2, 256, 0), (45, 100, 4, 1, 32, 37), (20, 5, 1, 1, 96, 9)]
 
 
+@pytest.mark.parametrize("path", [2, 4])
 @pytest.mark.parametrize("T,start,nh,nkv,D,window", ATTEND_ROWS)
-def test_attend_rows_tensor_cores(backend, T, start, nh, nkv, D, window):
-    """Prefill attention on the tensor cores (attn_mma_kernel: tiles of rows
-    times the KV group's heads, QK^T and P.V as s8 hi / u8 lo mma.m16n8k32):
-    every (row, head) is the CPU's attend_head, bit for bit, and the same as
-    the flash-decoding split path; act / act_e are quant16 of each row."""
+def test_attend_rows_tensor_cores(backend, T, start, nh, nkv, D, window, path):
+    """Prefill attention on the tensor cores, both shapes: attn_mma_kernel
+    (path 2: 16-row tiles, a score scratch) and attn_flash_kernel (path 4:
+    128-row tiles, QK^T recomputed per softmax pass, the C fragments as
+    P.V's A fragments): every (row, head) is the CPU's attend_head, bit for
+    bit, and the same as the flash-decoding split path; act / act_e are
+    quant16 of each row."""
     rng = np.random.default_rng(T * 31 + start + nh + D)
     n = start + T
     pos = np.arange(start, n, dtype=np.int32)
@@ -622,7 +625,7 @@ def test_attend_rows_tensor_cores(backend, T, start, nh, nkv, D, window):
     ka = rng.integers(0, 2**31 - 1, size=(n, nkv)).astype(np.int32)
     va = rng.integers(0, 2**31 - 1, size=(n, nkv)).astype(np.int32)
     want = _attend_rows_want(q, kc, ka, vc, va, pos, window, 23456, 40)
-    out, act, act_e = backend.ops.attend_rows(q, kc, ka, vc, va, pos, window, 23456, 40, 2)
+    out, act, act_e = backend.ops.attend_rows(q, kc, ka, vc, va, pos, window, 23456, 40, path)
     assert np.array_equal(out, want)
     for t in range(T):
         wq, we = C.ops.quant16(want[t].reshape(-1))
@@ -631,7 +634,8 @@ def test_attend_rows_tensor_cores(backend, T, start, nh, nkv, D, window):
     assert np.array_equal(out1, out) and np.array_equal(act1, act) and np.array_equal(e1, act_e)
 
 
-def test_attend_rows_tensor_cores_extremes(backend):
+@pytest.mark.parametrize("path", [2, 4])
+def test_attend_rows_tensor_cores_extremes(backend, path):
     """Maximal value weights (flat scores) and |v| = 127 over 700 keys per row,
     queries at the int16 bound (hi bytes -128 / 127, lo bytes 255): the s32
     hi / lo sums at their largest, still the CPU's bits."""
@@ -646,7 +650,27 @@ def test_attend_rows_tensor_cores_extremes(backend):
     ka = np.full((n, nkv), 1000, np.int32)
     va = np.full((n, nkv), 2**31 - 1, np.int32)
     want = _attend_rows_want(q, kc, ka, vc, va, pos, 0, 23456, 40)
-    out, _, _ = backend.ops.attend_rows(q, kc, ka, vc, va, pos, 0, 23456, 40, 2)
+    out, _, _ = backend.ops.attend_rows(q, kc, ka, vc, va, pos, 0, 23456, 40, path)
+    assert np.array_equal(out, want)
+
+
+def test_attend_rows_flash_flushes_past_32768_keys(backend):
+    """The flash tiles' P.V sums go from s32 into int64 every 32768 keys (a
+    sum stays exact for 65536): 66000 keys with every value weight at its
+    maximum (flat scores: hi byte 127, lo byte 255) and |v| = 127 take two
+    flushes, whose parts differ, so a lost or doubled part changes the
+    result; still the CPU's bits."""
+    T, nh, nkv, D, n = 2, 1, 1, 32, 66000
+    pos = np.array([n - 2, n - 1], np.int32)
+    q = np.full((T, nh, D), 2**30, np.int32)
+    kc = np.full((n, nkv, D), 127, np.int8)
+    vc = np.full((n, nkv, D), 127, np.int8)
+    vc[:, :, ::3] = -127
+    vc[40000:, :, 1] = 3  # the second flush's part differs from the first's
+    ka = np.full((n, nkv), 1000, np.int32)
+    va = np.full((n, nkv), 2**31 - 1, np.int32)
+    want = _attend_rows_want(q, kc, ka, vc, va, pos, 0, 23456, 40)
+    out, _, _ = backend.ops.attend_rows(q, kc, ka, vc, va, pos, 0, 23456, 40, 4)
     assert np.array_equal(out, want)
 
 
@@ -659,7 +683,7 @@ def test_attend_rows_checks_its_arguments(backend):
     with pytest.raises(ValueError, match="shape"):
         backend.ops.attend_rows(np.zeros((2, 3, 16), np.int32), z8, z32, z8, z32, np.array([0, 1], np.int32), 0, 1, 0)
     with pytest.raises(ValueError, match="path"):
-        backend.ops.attend_rows(q, z8, z32, z8, z32, np.array([0, 1], np.int32), 0, 1, 0, 4)
+        backend.ops.attend_rows(q, z8, z32, z8, z32, np.array([0, 1], np.int32), 0, 1, 0, 5)
 
 
 def _attend_rows_case(T, start, nh, nkv, D, seed):
@@ -1008,8 +1032,8 @@ def test_profile_steps(backend, converted):
 @pytest.mark.parametrize("name", ["qwen3", "gemma3"])
 def test_prefill_attention_paths_match_cpu(backend, converted, name):
     """A 45-token prefill (all logits) with the attention forced onto the
-    flash-decoding split, onto the tensor cores and onto the one-kernel path
-    (set_attn_path), then a prefill split at 20 and a decode step: the CPU's
+    flash-decoding split, onto the tensor cores (16-row tiles), onto the
+    one-kernel path and onto the flash tiles (set_attn_path), then a prefill split at 20 and a decode step: the CPU's
     logits on every path (Gemma 3: the sliding window of 5 and two RoPE
     tables)."""
     lm = converted[name]
@@ -1021,7 +1045,7 @@ def test_prefill_attention_paths_match_cpu(backend, converted, name):
     want_next = ref.forward([3])
     m = backend.Model(lm.cfg, lm.tensors, False)
     try:
-        for path in (1, 2, 3):
+        for path in (1, 2, 3, 4):
             backend.ops.set_attn_path(path)
             s = backend.State(m, 64)
             assert np.array_equal(backend.forward(m, s, np.array(prompt, np.int32), 0, True), want), path
