@@ -111,9 +111,9 @@ void enqueue_body(DeviceModel& m, int64_t T, int64_t sstride, int64_t rows_per, 
       launch_norm_quant16(w.x.p, nullptr, L.attn_norm, (int)T, H, c.eps_hidden, R, w.act.p, w.act_e.p, st, normed);
     if (tr && L.attn_norm) tr->rec(blk + "attn_norm", normed, {T, H});
     mark(m, "attn_norm", T * H * 4);
-    // decode batches: q, k, v in one skinny GEMM launch
-    const bool qkv_skinny = !qkv_fused && L.q.w && L.k.w && L.v.w && T > kGemvDecodeRows && T <= kSkinnyMaxRows &&
-                            L.k.K == L.q.K && L.v.K == L.q.K;
+    // decode batches and prefill: q, k, v in one skinny GEMM launch
+    const bool qkv_skinny = !qkv_fused && L.q.w && L.k.w && L.v.w && T > kGemvDecodeRows && L.k.K == L.q.K &&
+                            L.v.K == L.q.K;
     if (qkv_fused || qkv_skinny) {  // q, k, v: one launch
       GemvSegs s{};
       s.s[0] = seg(L.q, w.qb.p);
@@ -190,9 +190,9 @@ void enqueue_body(DeviceModel& m, int64_t T, int64_t sstride, int64_t rows_per, 
       enqueue_moe(m, L, T, tr, blk);
       continue;
     }
-    // decode batches: gate and up in one skinny GEMM launch, the GLU in its epilogue
+    // decode batches and prefill: gate and up in one skinny GEMM launch, the GLU in its epilogue
     const bool gate_up_skinny = !gate_up_fused && L.gate.w && L.up.w && T > kGemvDecodeRows &&
-                                T <= kSkinnyMaxRows && L.up.K == L.gate.K && L.up.N == L.gate.N;
+                                L.up.K == L.gate.K && L.up.N == L.gate.N;
     if (gate_up_fused || gate_up_skinny) {  // gate and up in one launch, SwiGLU / GeGLU of each pair in its epilogue
       GemvSegs s{};
       s.s[0] = seg(L.gate, w.gate.p);

@@ -35,12 +35,14 @@ struct DevKV {
 // or forced (tests compare both against the CPU).
 // kLinearGemm is the tensor-core (IMMA) GEMM; kLinearGemmDp2a the older
 // __dp2a tiled GEMM, kept for comparison (int8 weights only).
-// kLinearSkinny is the skinny tensor-core GEMM of decode batches (weights
-// streamed once through a cp.async pipeline, split-K).
+// kLinearSkinny is the skinny tensor-core GEMM (weights streamed through a
+// three-stage cp.async pipeline, split-K where the tiles are few, q+k+v and
+// gate+up+GLU as one launch each).
 // Auto: the GEMV up to kGemvDecodeRows rows (it re-streams the weights for
 // every 8 rows and issues T / 2 __dp2a per weight byte: beyond 8 rows the
-// tensor cores win), the skinny GEMM up to kSkinnyMaxRows, then the
-// prefill GEMM. kGemvMaxRows: the most rows the GEMV takes (forced).
+// tensor cores win), then the skinny GEMM, for decode batches and prefill
+// alike (kLinearGemm, whose tiles stage through plain loads, stays for the
+// tests and A/B timing). kGemvMaxRows: the most rows the GEMV takes (forced).
 enum LinearPath { kLinearAuto = 0, kLinearGemv = 1, kLinearGemm = 2, kLinearGemmDp2a = 3, kLinearSkinny = 4 };
 constexpr int kGemvMaxRows = 32;
 constexpr int kGemvDecodeRows = 8;
@@ -151,7 +153,7 @@ void set_gemv_pdl(bool on);
 void launch_gemv(const int16_t* q, const int32_t* e, int T, int K, GemvSegs segs, bool residual, cudaStream_t st,
                  const GemvIn& in = GemvIn{});
 
-// The skinny tensor-core GEMM (T <= kSkinnyMaxRows rows) for up to three
+// The skinny tensor-core GEMM (any T > 0 rows) for up to three
 // linear layers on the same input q [T, K] in one launch (segments: q, k,
 // v; no GLU mode): each segment's out as launch_linear stores it. sc: the
 // split-K scratch (null: unsplit).

@@ -420,13 +420,14 @@ __global__ void __launch_bounds__(kMmaThreads)
 //
 // mma_gemm_kernel's exact arithmetic (the hi / lo byte split, s32 sums into
 // int64 every kMmaFlushK inputs) for T = kGemvDecodeRows + 1 ..
-// kSkinnyMaxRows rows, shaped for decode: a block is 16 MT rows (MT = 1, 2,
+// kSkinnyMaxRows rows (and every prefill since the 3-stage pipeline and
+// the fused segments), shaped for decode: a block is 16 MT rows (MT = 1, 2,
 // 4: no 64-row tile three quarters empty at 16 rows) times kSkN = 64
 // channels; warp w takes channels 16 w .. 16 w + 15 (two n8 tiles) of every
 // row, so the block's A fragments are shared through shared memory and its
 // weight tile is read from global memory once. K tiles of kSkK = 64 go
-// through a two-stage cp.async pipeline (tile i + 1 is in flight while tile
-// i feeds the tensor cores); the activations are staged as raw int16 and
+// through a kSkStages = 3 stage cp.async pipeline (tiles i + 1 and i + 2 are
+// in flight while tile i feeds the tensor cores); the activations are staged as raw int16 and
 // split into hi / lo bytes by two PRMT per fragment register. Grid: row
 // tiles fastest (launch_shapes.cuh shape_skinny), so the row tiles of one
 // weight slice run together and DRAM streams each weight byte once; then
@@ -513,8 +514,8 @@ __global__ void __launch_bounds__(kSkThreads)
                        int residual, int vec, int kper, unsigned long long* __restrict__ part,
                        int* __restrict__ counters) {
   constexpr int BM = 16 * MT;
-  __shared__ __align__(16) int16_t As[2][BM * kSkRow];
-  __shared__ __align__(16) uint8_t Bs[2][kSkN * kSkRow];
+  __shared__ __align__(16) int16_t As[kSkStages][BM * kSkRow];
+  __shared__ __align__(16) uint8_t Bs[kSkStages][kSkN * kSkRow];
   __shared__ int flag;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, tq = lane & 3;
   const int wn = warp * 16;
@@ -538,14 +539,20 @@ __global__ void __launch_bounds__(kSkThreads)
     for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
       for (int r = 0; r < 4; ++r) acc[mt][nt][r] = 0, ph[mt][nt][r] = 0, pl[mt][nt][r] = 0;
-  if (kt0 < kt1) skinny_stage<BM>(As[0], Bs[0], q, t0, T, wh, N, K, (int64_t)kt0 * kSkK, vec);
-  cp_async_commit();
+  // The pipeline: kSkStages - 1 tiles in flight while one feeds the tensor cores.
+#pragma unroll
+  for (int i = 0; i < kSkStages - 1; ++i) {
+    if (kt0 + i < kt1) skinny_stage<BM>(As[i], Bs[i], q, t0, T, wh, N, K, (int64_t)(kt0 + i) * kSkK, vec);
+    cp_async_commit();  // (an empty group where there is no tile: the waits count the same)
+  }
   int64_t since = 0;
+  int s = 0;  // the stage of tile kt
   for (int kt = kt0; kt < kt1; ++kt) {
-    const int s = (kt - kt0) & 1;
-    if (kt + 1 < kt1) skinny_stage<BM>(As[s ^ 1], Bs[s ^ 1], q, t0, T, wh, N, K, (int64_t)(kt + 1) * kSkK, vec);
+    const int sn = s == 0 ? kSkStages - 1 : s - 1;  // tile kt - 1's stage, free since the last barrier
+    if (kt + kSkStages - 1 < kt1)
+      skinny_stage<BM>(As[sn], Bs[sn], q, t0, T, wh, N, K, (int64_t)(kt + kSkStages - 1) * kSkK, vec);
     cp_async_commit();
-    cp_async_wait<1>();  // tile kt has landed (this thread's copies) ...
+    cp_async_wait<kSkStages - 1>();  // tile kt has landed (this thread's copies) ...
     __syncthreads();  // ... and every thread's
     const int16_t* A = As[s];
     const uint8_t* B = Bs[s];
@@ -575,6 +582,7 @@ __global__ void __launch_bounds__(kSkThreads)
       }
     }
     __syncthreads();  // stage s is refilled by the next iteration's copies
+    s = s + 1 == kSkStages ? 0 : s + 1;
     since += kSkK;
     if (since >= kMmaFlushK || kt + 1 == kt1) {  // block-uniform
       since = 0;
@@ -894,7 +902,7 @@ void launch_linear(const int16_t* q, const int32_t* e, int T, int K, const int8_
   if (T <= 0 || N <= 0) return;
   const int vec = K % 16 == 0;
   if (path == kLinearAuto)
-    path = T <= kGemvDecodeRows ? kLinearGemv : T <= kSkinnyMaxRows ? kLinearSkinny : kLinearGemm;
+    path = T <= kGemvDecodeRows ? kLinearGemv : kLinearSkinny;
   if (path == kLinearGemv) {
     GemvSegs segs{};
     segs.s[0] = GemvSeg{w, mant, shift, bias, out, ldo, N, 0};

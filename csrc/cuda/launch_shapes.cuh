@@ -70,12 +70,15 @@ constexpr int kGemv8Warps = 8;
 constexpr int kGemv8Threads = kGemv8Warps * 32;
 constexpr int kMmaThreads = 128;  // tensor-core GEMM: 4 warps of 32 x 32
 constexpr int kMmaM = 64, kMmaN = 64;  // its block tile (rows x channels)
-// Skinny tensor-core GEMM (decode batches of kGemvDecodeRows + 1 ..
-// kSkinnyMaxRows rows): 4 warps, each 16 channels of the block's 64 times
-// all its 16 MT rows (MT = 1, 2 or 4 m16 tiles: 16, 32 or 64 rows), K tiles
-// of 64 through a two-stage cp.async pipeline.
+// Skinny tensor-core GEMM (every linear of more than kGemvDecodeRows rows:
+// decode batches and prefill): 4 warps, each 16 channels of the block's 64
+// times all its 16 MT rows (MT = 1, 2 or 4 m16 tiles: 16, 32 or 64 rows), K
+// tiles of 64 through a kSkStages-stage cp.async pipeline.
 constexpr int kSkThreads = 128;
 constexpr int kSkN = 64, kSkK = 64;
+// Stages of its cp.async pipeline: 3 x 15 KiB of static shared memory at
+// 64 rows (the 48 KiB static limit holds no fourth).
+constexpr int kSkStages = 3;
 // Split-K: about kSkTargetBlocks blocks per launch (two per SM of an H100's
 // 132) where the row and channel tiles are fewer, each split at least
 // kSkMinKTiles K tiles (256 inputs: the pipeline reaches its steady state

@@ -394,14 +394,17 @@ def test_linear_gemv_split_k(backend, T, K, N):
 
 
 # (M, K, N): K a multiple of 64, of 16 only (16-byte cp.async, a partial last
-# K tile), or neither (element staging); M across the 16 / 32 / 64-row block
-# tiles and the GEMV cut; N across the 64-channel tiles.
-SKINNY_SHAPES = [(9, 64, 40), (16, 1040, 70), (17, 72, 33), (64, 512, 64), (100, 200, 130), (256, 272, 96)]
+# K tile), or neither (element staging); K of 1..5 tiles across the
+# three-stage pipeline's prologue; M across the 16 / 32 / 64-row block tiles,
+# the GEMV cut and prefill sizes (auto takes it for every T > 8); N across
+# the 64-channel tiles.
+SKINNY_SHAPES = [(9, 64, 40), (16, 1040, 70), (17, 72, 33), (64, 512, 64), (100, 200, 130), (256, 272, 96),
+                 (40, 136, 20), (300, 320, 70), (520, 96, 130)]
 
 
 @pytest.mark.parametrize("M,K,N", SKINNY_SHAPES)
 def test_linear_skinny(backend, M, K, N):
-    """The skinny IMMA GEMM of decode batches (path 4; auto for 9..256 rows):
+    """The skinny IMMA GEMM (path 4; auto for more than 8 rows):
     the CPU linear bit for bit, unsplit and split-K (int64 partials through
     the scratch, the last split's epilogue), with bias, and in residual mode
     (out = sat32(out + linear), the o / down-proj store) near int32's ends.
@@ -1056,6 +1059,28 @@ def test_prefill_attention_paths_match_cpu(backend, converted, name):
             assert np.array_equal(got, want[20:]), path
     finally:
         backend.ops.set_attn_path(0)
+
+
+@pytest.mark.parametrize("name", ["wide", "gemma3"])
+def test_long_prefill_matches_cpu(backend, converted, name):
+    """A long prefill (all logits): 300 tokens of the wide qwen3 (more than
+    256 rows: the old auto choice's prefill GEMM), 248 of the tiny Gemma 3
+    (its context is 256; hidden 72: element staging, GeGLU, window 5). q+k+v
+    and gate+up+GLU run as one skinny GEMM launch each, the attention on the
+    flash tiles over several tiles; then a decode step. The CPU's logits,
+    bit for bit."""
+    lm = converted[name]
+    n = min(300, lm.cfg["context_length"] - 8)
+    rng = np.random.default_rng(n)
+    prompt = [int(t) for t in rng.integers(0, lm.cfg["vocab_size"], size=n)]
+    cpu = Engine(lm)
+    ref = cpu.new_state(n + 8)
+    want = ref.forward(prompt, all_logits=True)
+    want_next = ref.forward([5])
+    m = backend.Model(lm.cfg, lm.tensors, False)
+    s = backend.State(m, n + 8)
+    assert np.array_equal(backend.forward(m, s, np.array(prompt, np.int32), 0, True), want)
+    assert np.array_equal(backend.forward(m, s, np.array([5], np.int32), n, False), want_next)
 
 
 def decode_batch_launches(n_layers):
