@@ -131,10 +131,21 @@ inline py::dict trace_dict(const Trace& tr) {
   return named;
 }
 
+// A new logits array [rows, V]: B::alloc_logits(rows, V) where the backend
+// has one (CUDA: page-locked memory), else numpy's.
+template <class B>
+py::array_t<int32_t> new_logits(int64_t rows, int64_t V) {
+  if constexpr (requires { B::alloc_logits(rows, V); })
+    return B::alloc_logits(rows, V);
+  else
+    return py::array_t<int32_t>({rows, V});
+}
+
 // forward and forward_batch for a backend B with
 //   B::PyModel (member cfg: Config), B::PyState (member n_past),
 //   B::max_len(const PyState&), and
-//   B::run(PyModel&, std::vector<PyState*>&, const Row*, int64_t T, int32_t* logits), GIL released.
+//   B::run(PyModel&, std::vector<PyState*>&, const Row*, int64_t T, int32_t* logits), GIL released;
+//   optionally B::alloc_logits(rows, V) (new_logits).
 template <class B>
 void bind_forward(py::module_& mod) {
   using PM = typename B::PyModel;
@@ -173,7 +184,7 @@ void bind_forward(py::module_& mod) {
   // (reused across calls, so a prefill's 50 MB of logits is not mapped and
   // faulted in afresh each time), checked before anything runs.
   auto logits_out = [](const py::object& o, int64_t rows, int64_t V) -> py::array_t<int32_t> {
-    if (o.is_none()) return py::array_t<int32_t>({rows, V});
+    if (o.is_none()) return new_logits<B>(rows, V);
     if (!py::isinstance<py::array_t<int32_t>>(o))
       throw std::invalid_argument("out: an int32 numpy array expected");
     py::array a = o.cast<py::array>();

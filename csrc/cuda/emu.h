@@ -13,8 +13,19 @@
 // intmath.h takes its device paths (division by a reciprocal, __clzll).
 //
 // The runtime API part covers the engine (engine_*.cpp): plain host memory for device
-// memory, synchronous "streams", and graph capture as a recorded list of
-// launches replayed by cudaGraphLaunch.
+// memory, streams as queues of work that runs only at a synchronization point
+// (cudaStreamSynchronize, cudaEventSynchronize, a synchronous copy or memset,
+// a copy into pageable memory, cudaFree...), events ordering work across
+// streams (cudaStreamWaitEvent), and graph capture as a recorded list of
+// launches and external event records, enqueued by cudaGraphLaunch. At a
+// synchronization point the queued work runs one operation at a time, in an
+// order every event wait allows: the earliest-created stream's ready work
+// first, or the latest's (set_stream_order), so a missing or misplaced wait
+// between two streams gives wrong values in one of the two orders instead of
+// passing by luck. Copies from or to pinned memory (cudaMallocHost,
+// cudaHostAlloc) read and write it when they run; from pageable memory the
+// host's bytes are taken when enqueued, into it the call waits for its stream
+// and copies at once, as the CUDA runtime does.
 #pragma once
 
 #include <setjmp.h>
@@ -26,7 +37,10 @@
 #include <cstdlib>
 #include <chrono>
 #include <cstring>
+#include <algorithm>
+#include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <new>
 #include <string>
@@ -173,13 +187,6 @@ struct Launch {
   std::function<void()> body;
 };
 
-struct GraphRec {
-  std::vector<Launch> launches;
-};
-
-inline bool g_capturing = false;
-inline GraphRec* g_capture = nullptr;
-
 inline void run_launch(const Launch& l) {
   grid_dim = l.grid;
   block_dim = l.block;
@@ -195,12 +202,116 @@ inline void run_launch(const Launch& l) {
       }
 }
 
-inline void launch(dim3 grid, dim3 block, size_t smem, std::function<void()> body) {
+// An event: records enqueued (cudaEventRecord calls, and graph launches with
+// its record node) and records run. A wait enqueued after record n waits
+// until record n has run (the runtime's rule: the most recent record at the
+// time of the wait call).
+struct Event {
+  std::chrono::steady_clock::time_point t;
+  uint64_t enqueued = 0, done = 0;
+};
+
+// One queued operation: run() once its stream reaches it and, for a wait,
+// once wait_ev's record wait_gen has run.
+struct Op {
+  std::function<void()> run;
+  Event* wait_ev = nullptr;
+  uint64_t wait_gen = 0;
+};
+
+// A captured graph: launches and external event records (ev set).
+struct Node {
+  Launch launch;
+  Event* ev = nullptr;
+};
+struct GraphRec {
+  std::vector<Node> nodes;
+};
+
+struct Stream {
+  std::deque<Op> q;
+  GraphRec* capture = nullptr;  // capturing: launches and records go here
+};
+
+inline Stream* legacy_stream() {
+  static Stream s;  // stream 0
+  return &s;
+}
+// Streams in creation order, the legacy stream first.
+inline std::vector<Stream*>& streams() {
+  static std::vector<Stream*> v{legacy_stream()};
+  return v;
+}
+inline Stream* stream_of(Stream* s) { return s ? s : legacy_stream(); }
+inline bool g_latest_first = false;  // set_stream_order
+
+inline bool any_capture() {
+  for (Stream* s : streams())
+    if (s->capture) return true;
+  return false;
+}
+
+// Runs one ready operation; false when none is ready.
+inline bool step() {
+  std::vector<Stream*>& v = streams();
+  for (size_t k = 0; k < v.size(); ++k) {
+    Stream* s = v[g_latest_first ? v.size() - 1 - k : k];
+    if (s->q.empty()) continue;
+    const Op& head = s->q.front();
+    if (head.wait_ev && head.wait_ev->done < head.wait_gen) continue;
+    Op op = std::move(s->q.front());
+    s->q.pop_front();
+    if (op.run) op.run();
+    return true;
+  }
+  return false;
+}
+
+// Runs queued work until done() holds; a GPU would hang where no queued
+// operation can run and done() does not hold: abort.
+template <class F>
+inline void drain_until(F done) {
+  while (!done()) {
+    if (step()) continue;
+    std::fprintf(stderr, "emu: streams deadlocked (queued work waits on an event that never runs)\n");
+    std::abort();
+  }
+}
+inline void drain_all() {
+  drain_until([] {
+    for (Stream* s : streams())
+      if (!s->q.empty()) return false;
+    return true;
+  });
+}
+inline void drain_stream(Stream* s) {
+  drain_until([s] { return s->q.empty(); });
+}
+
+inline void enqueue(Stream* s, Op op) { s->q.push_back(std::move(op)); }
+
+inline void launch(Stream* stream, dim3 grid, dim3 block, size_t smem, std::function<void()> body) {
+  Stream* s = stream_of(stream);
   Launch l{grid, block, smem, std::move(body)};
-  if (g_capturing)
-    g_capture->launches.push_back(std::move(l));
-  else
-    run_launch(l);
+  if (s->capture) {
+    s->capture->nodes.push_back(Node{std::move(l), nullptr});
+    return;
+  }
+  enqueue(s, Op{[l = std::move(l)] { run_launch(l); }});
+}
+
+// Pinned host allocations (start -> bytes): a copy's host side is pinned or
+// pageable.
+inline std::map<uintptr_t, size_t>& pinned() {
+  static std::map<uintptr_t, size_t> m;
+  return m;
+}
+inline bool is_pinned(const void* p, size_t n) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  auto it = pinned().upper_bound(a);
+  if (it == pinned().begin()) return false;
+  --it;
+  return a + n <= it->first + it->second;
 }
 
 }  // namespace emu
@@ -357,7 +468,7 @@ inline unsigned long long atomicExch(unsigned long long* p, unsigned long long v
 inline void __threadfence() {}
 
 #define INTDET_LAUNCH(kernel, grid, block, smem, stream, ...) \
-  ::emu::launch(dim3(grid), dim3(block), (size_t)(smem), [=] { kernel(__VA_ARGS__); })
+  ::emu::launch((stream), dim3(grid), dim3(block), (size_t)(smem), [=] { kernel(__VA_ARGS__); })
 
 // ---------------------------------------------------------------- runtime API
 
@@ -365,8 +476,11 @@ enum cudaError_t { cudaSuccess = 0, cudaErrorInvalidValue = 1, cudaErrorMemoryAl
 enum cudaMemcpyKind { cudaMemcpyHostToHost, cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost, cudaMemcpyDeviceToDevice };
 enum cudaStreamCaptureMode { cudaStreamCaptureModeGlobal, cudaStreamCaptureModeThreadLocal, cudaStreamCaptureModeRelaxed };
 constexpr unsigned cudaStreamNonBlocking = 1;
-struct CUstream_emu {};
-using cudaStream_t = CUstream_emu*;
+constexpr unsigned cudaEventDefault = 0, cudaEventDisableTiming = 2;
+constexpr unsigned cudaEventRecordDefault = 0, cudaEventRecordExternal = 1;
+constexpr unsigned cudaHostAllocDefault = 0, cudaHostAllocPortable = 1;
+using cudaStream_t = emu::Stream*;
+using cudaEvent_t = emu::Event*;
 using cudaGraph_t = emu::GraphRec*;
 using cudaGraphExec_t = emu::GraphRec*;
 struct cudaDeviceProp {
@@ -412,70 +526,138 @@ inline cudaError_t cudaMalloc(T** p, size_t bytes) {
 }
 template <class T>
 inline cudaError_t cudaMallocHost(T** p, size_t bytes) {
-  return cudaMalloc(p, bytes);
+  const cudaError_t e = cudaMalloc(p, bytes);
+  if (e == cudaSuccess) emu::pinned()[reinterpret_cast<uintptr_t>(*p)] = bytes;
+  return e;
 }
+template <class T>
+inline cudaError_t cudaHostAlloc(T** p, size_t bytes, unsigned) {
+  return cudaMallocHost(p, bytes);
+}
+// Like the runtime's, freeing waits for all queued work.
 inline cudaError_t cudaFree(void* p) {
+  emu::drain_all();
   std::free(p);
   return cudaSuccess;
 }
-inline cudaError_t cudaFreeHost(void* p) { return cudaFree(p); }
+inline cudaError_t cudaFreeHost(void* p) {
+  emu::drain_all();
+  emu::pinned().erase(reinterpret_cast<uintptr_t>(p));
+  std::free(p);
+  return cudaSuccess;
+}
 inline cudaError_t cudaMemcpy(void* d, const void* s, size_t n, cudaMemcpyKind) {
-  if (emu::g_capturing) return cudaErrorInvalidValue;  // the engine copies outside captures
+  if (emu::any_capture()) return cudaErrorInvalidValue;  // the engine copies outside captures
+  emu::drain_all();
   if (n) std::memmove(d, s, n);
   return cudaSuccess;
 }
-inline cudaError_t cudaMemcpyAsync(void* d, const void* s, size_t n, cudaMemcpyKind k, cudaStream_t) {
-  return cudaMemcpy(d, s, n, k);
+inline cudaError_t cudaMemcpyAsync(void* d, const void* s, size_t n, cudaMemcpyKind k, cudaStream_t st) {
+  emu::Stream* q = emu::stream_of(st);
+  if (q->capture) return cudaErrorInvalidValue;  // the engine copies outside captures
+  if (!n) return cudaSuccess;
+  if (k == cudaMemcpyHostToDevice && !emu::is_pinned(s, n)) {  // pageable source: staged now
+    auto bytes = std::make_shared<std::vector<unsigned char>>((const unsigned char*)s, (const unsigned char*)s + n);
+    emu::enqueue(q, emu::Op{[d, bytes] { std::memcpy(d, bytes->data(), bytes->size()); }});
+  } else if (k == cudaMemcpyDeviceToHost && !emu::is_pinned(d, n)) {  // pageable destination: synchronous
+    emu::drain_stream(q);
+    std::memmove(d, s, n);
+  } else {
+    emu::enqueue(q, emu::Op{[d, s, n] { std::memmove(d, s, n); }});
+  }
+  return cudaSuccess;
 }
 inline cudaError_t cudaMemset(void* d, int v, size_t n) {
+  emu::drain_all();
   std::memset(d, v, n);
   return cudaSuccess;
 }
-// Events: the emulated stream is synchronous, so recording stamps the host clock.
-struct CUevent_emu {
-  std::chrono::steady_clock::time_point t;
-};
-using cudaEvent_t = CUevent_emu*;
-inline cudaError_t cudaEventCreate(cudaEvent_t* e) {
-  *e = new CUevent_emu();
+inline cudaError_t cudaMemsetAsync(void* d, int v, size_t n, cudaStream_t st) {
+  emu::Stream* q = emu::stream_of(st);
+  if (q->capture) return cudaErrorInvalidValue;  // the engine zeroes buffers outside captures
+  emu::enqueue(q, emu::Op{[d, v, n] { std::memset(d, v, n); }});
   return cudaSuccess;
 }
+// Events: a record stamps the host clock when it runs.
+inline cudaError_t cudaEventCreate(cudaEvent_t* e) {
+  *e = new emu::Event();
+  return cudaSuccess;
+}
+inline cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned) { return cudaEventCreate(e); }
 inline cudaError_t cudaEventDestroy(cudaEvent_t e) {
+  emu::drain_all();  // a queued record or wait may still name it
   delete e;
   return cudaSuccess;
 }
-inline cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t) {
-  e->t = std::chrono::steady_clock::now();
+namespace emu {
+inline Op record_op(Event* e, uint64_t gen) {
+  return Op{[e, gen] {
+    e->t = std::chrono::steady_clock::now();
+    e->done = gen;
+  }};
+}
+}  // namespace emu
+// cudaEventRecordExternal: only in a capture, as an event record node that
+// each launch of the graph records (a plain record may not be captured here).
+inline cudaError_t cudaEventRecordWithFlags(cudaEvent_t e, cudaStream_t st, unsigned flags) {
+  emu::Stream* q = emu::stream_of(st);
+  if ((flags & cudaEventRecordExternal) != 0) {
+    if (!q->capture) return cudaErrorInvalidValue;
+    q->capture->nodes.push_back(emu::Node{emu::Launch{}, e});
+    return cudaSuccess;
+  }
+  if (q->capture) return cudaErrorInvalidValue;
+  emu::enqueue(q, emu::record_op(e, ++e->enqueued));
   return cudaSuccess;
 }
-inline cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
+inline cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t st) {
+  return cudaEventRecordWithFlags(e, st, cudaEventRecordDefault);
+}
+inline cudaError_t cudaStreamWaitEvent(cudaStream_t st, cudaEvent_t e, unsigned = 0) {
+  emu::Stream* q = emu::stream_of(st);
+  if (q->capture) return cudaErrorInvalidValue;  // not used inside captures
+  if (e->enqueued) emu::enqueue(q, emu::Op{nullptr, e, e->enqueued});  // never recorded: nothing to wait for
+  return cudaSuccess;
+}
+inline cudaError_t cudaEventSynchronize(cudaEvent_t e) {
+  emu::drain_until([e] { return e->done >= e->enqueued; });
+  return cudaSuccess;
+}
 inline cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t a, cudaEvent_t b) {
   *ms = std::chrono::duration<float, std::milli>(b->t - a->t).count();
   return cudaSuccess;
 }
-inline cudaError_t cudaMemsetAsync(void* d, int v, size_t n, cudaStream_t) {
-  if (emu::g_capturing) return cudaErrorInvalidValue;  // the engine zeroes buffers outside captures
-  return cudaMemset(d, v, n);
-}
 inline cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned) {
-  static CUstream_emu one;
-  *s = &one;
+  *s = new emu::Stream();
+  emu::streams().push_back(*s);
   return cudaSuccess;
 }
-inline cudaError_t cudaStreamDestroy(cudaStream_t) { return cudaSuccess; }
-inline cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
-inline cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
-inline cudaError_t cudaStreamBeginCapture(cudaStream_t, cudaStreamCaptureMode) {
-  if (emu::g_capturing) return cudaErrorInvalidValue;
-  emu::g_capturing = true;
-  emu::g_capture = new emu::GraphRec();
+inline cudaError_t cudaStreamDestroy(cudaStream_t s) {
+  emu::drain_stream(s);
+  auto& v = emu::streams();
+  v.erase(std::find(v.begin(), v.end(), s));
+  delete s;
   return cudaSuccess;
 }
-inline cudaError_t cudaStreamEndCapture(cudaStream_t, cudaGraph_t* g) {
-  if (!emu::g_capturing) return cudaErrorInvalidValue;
-  emu::g_capturing = false;
-  *g = emu::g_capture;
-  emu::g_capture = nullptr;
+inline cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+  emu::drain_stream(emu::stream_of(s));
+  return cudaSuccess;
+}
+inline cudaError_t cudaDeviceSynchronize() {
+  emu::drain_all();
+  return cudaSuccess;
+}
+inline cudaError_t cudaStreamBeginCapture(cudaStream_t st, cudaStreamCaptureMode) {
+  emu::Stream* q = emu::stream_of(st);
+  if (q->capture) return cudaErrorInvalidValue;
+  q->capture = new emu::GraphRec();
+  return cudaSuccess;
+}
+inline cudaError_t cudaStreamEndCapture(cudaStream_t st, cudaGraph_t* g) {
+  emu::Stream* q = emu::stream_of(st);
+  if (!q->capture) return cudaErrorInvalidValue;
+  *g = q->capture;
+  q->capture = nullptr;
   return cudaSuccess;
 }
 inline cudaError_t cudaGraphInstantiate(cudaGraphExec_t* ex, cudaGraph_t g, unsigned long long) {
@@ -487,10 +669,26 @@ inline cudaError_t cudaGraphDestroy(cudaGraph_t g) {
   return cudaSuccess;
 }
 inline cudaError_t cudaGraphExecDestroy(cudaGraphExec_t g) {
+  emu::drain_all();  // queued nodes of its launches refer to it
   delete g;
   return cudaSuccess;
 }
-inline cudaError_t cudaGraphLaunch(cudaGraphExec_t g, cudaStream_t) {
-  for (const emu::Launch& l : g->launches) emu::run_launch(l);
+// Enqueues the graph's nodes in capture order; an event record node counts
+// as recorded at this call (a later cudaStreamWaitEvent waits for it).
+inline cudaError_t cudaGraphLaunch(cudaGraphExec_t g, cudaStream_t st) {
+  emu::Stream* q = emu::stream_of(st);
+  if (q->capture) return cudaErrorInvalidValue;
+  for (const emu::Node& n : g->nodes) {
+    if (n.ev)
+      emu::enqueue(q, emu::record_op(n.ev, ++n.ev->enqueued));
+    else
+      emu::enqueue(q, emu::Op{[&l = n.launch] { emu::run_launch(l); }});
+  }
   return cudaSuccess;
 }
+
+namespace emu {
+// Test hook (tests/engine/test_cuda.py): at a synchronization point, run the
+// latest-created stream's ready work first (true) or the earliest's (false).
+inline void set_stream_order(bool latest_first) { g_latest_first = latest_first; }
+}  // namespace emu

@@ -100,6 +100,22 @@ struct ProfStep {
 std::vector<ProfStep> forward_rows_profiled(DeviceModel& m, DeviceState* const* states, int64_t n_states,
                                             const Row* rows, int64_t T, int32_t* logits);
 
+// Page-locked host memory for the logits forward returns (the bindings' numpy
+// arrays own a block each, module.cpp Gpu::alloc_logits): blocks come from a
+// per-process pool, freed ones are kept for reuse up to kPinnedKeepBytes in
+// all. pinned_alloc returns null when the runtime cannot pin that much (the
+// caller then uses pageable memory); thread-safe.
+void* pinned_alloc(size_t bytes);
+void pinned_release(void* p);
+struct PinnedStats {
+  int64_t allocs = 0;  // blocks pinned by the runtime
+  int64_t reuses = 0;  // requests served by a kept block
+  int64_t frees = 0;  // blocks given back to the runtime
+  int64_t kept_blocks = 0, kept_bytes = 0;  // free blocks kept now
+  int64_t live_blocks = 0;  // blocks handed out and not released
+};
+PinnedStats pinned_stats();
+
 // Kernel launches enqueued by this process so far (kernels_elementwise.cu; a graph
 // replay adds none): the launches-per-token test and script.
 int64_t launch_count();
@@ -156,6 +172,13 @@ void set_gemv_split(int wlg);
 void set_skinny_split(int splits);
 // kernels.cuh set_attn_path_override: 1 split, 2 tensor cores, 3 one kernel, 4 flash tiles, else auto.
 void set_attn_path(int path);
+// Force the rows per lm_head slice and per lm_head group (<= 0: the
+// constants kLogitsSliceRows and kLogitsBudget's rows), so tiny models
+// exercise several slices and groups.
+void set_logits_rows(int64_t slice, int64_t group);
+// The host emulator's order of ready streams at a synchronization point
+// (emu.h set_stream_order); throws on a real build.
+void set_emu_stream_order(bool latest_first);
 }  // namespace test
 
 }  // namespace cuda

@@ -247,18 +247,74 @@ void enqueue_body(DeviceModel& m, int64_t T, int64_t sstride, int64_t rows_per, 
   }
 }
 
-// Final norm and lm_head for selected rows r0..r0+nr-1 (w.sel) into w.logits.
-void enqueue_head(DeviceModel& m, int64_t r0, int64_t nr) {
+// Final norm and lm_head for selected rows r0..r0+nr-1 (w.sel) into w.logits
+// rows at..at+nr-1.
+void enqueue_head(DeviceModel& m, int64_t r0, int64_t nr, int64_t at = 0) {
   Workspace& w = m.ws;
+  int32_t* out = w.logits.p + at * m.cfg.vocab;
   // A launch of its own: in the lm_head GEMV's prologue every one of its
   // V / 8 blocks would repeat the norm (Qwen3: 19k times, more issue time
   // than the 156 MB of weights take).
   launch_norm_quant16(w.x.p, w.sel() + r0, m.out_norm, (int)nr, (int)m.cfg.hidden, m.cfg.eps_hidden,
                       (int)m.cfg.residual_frac, w.act.p, w.act_e.p, m.stream);
   mark(m, "out_norm", nr * m.cfg.hidden * 4);
-  lin(m, m.output, nr, w.logits.p, false);  // [nr, V] Q16
-  if (m.final_softcap.cap) launch_softcap(w.logits.p, nr * m.cfg.vocab, m.final_softcap, m.stream);  // Gemma 2
+  lin(m, m.output, nr, out, false);  // [nr, V] Q16
+  if (m.final_softcap.cap) launch_softcap(out, nr * m.cfg.vocab, m.final_softcap, m.stream);  // Gemma 2
   mark(m, "lm_head", lin_bytes(m.output));
+}
+
+// The logits path (docs/cuda.md): nr rows of w.logits for host rows
+// logits[0..nr). One slice (at most logits_slice_rows() rows): the lm_head,
+// then one copy on m.stream. More: the lm_head slice by slice, an event
+// after each (in a capture an external event record node, recorded by every
+// launch of the graph), then copy_slices.
+int64_t n_slices(int64_t nr) { return (nr + logits_slice_rows() - 1) / logits_slice_rows(); }
+
+void make_slice_events(DeviceModel& m, int64_t n) {
+  if (!m.copy_stream) {
+    ck(cudaStreamCreateWithFlags(&m.copy_stream, cudaStreamNonBlocking), "cudaStreamCreate (logits copies)");
+    ck(cudaEventCreateWithFlags(&m.copies_done, cudaEventDisableTiming), "cudaEventCreate");
+  }
+  while ((int64_t)m.slice_done.size() < n) {
+    cudaEvent_t e = nullptr;
+    ck(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
+    m.slice_done.push_back(e);
+  }
+}
+
+void enqueue_head_slices(DeviceModel& m, int64_t r0, int64_t nr, bool capturing) {
+  const int64_t S = logits_slice_rows(), n = n_slices(nr);
+  if (n == 1) return enqueue_head(m, r0, nr);
+  for (int64_t i = 0; i < n; ++i) {
+    enqueue_head(m, r0 + i * S, std::min(S, nr - i * S), i * S);
+    ck(cudaEventRecordWithFlags(m.slice_done[(size_t)i], m.stream, capturing ? cudaEventRecordExternal : 0),
+       "cudaEventRecord (lm_head slice)");
+  }
+}
+
+// The copies of a head's nr rows: one on m.stream, or (several slices) each
+// slice's on the copy stream once its event has run, then copies_done.
+void copy_slices(DeviceModel& m, int32_t* logits, int64_t nr) {
+  const int64_t V = m.cfg.vocab, S = logits_slice_rows(), n = n_slices(nr);
+  Workspace& w = m.ws;
+  if (n == 1) {
+    ck(cudaMemcpyAsync(logits, w.logits.p, (size_t)(nr * V) * sizeof(int32_t), cudaMemcpyDeviceToHost, m.stream),
+       "cudaMemcpyAsync (logits)");
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t ns = std::min(S, nr - i * S);
+    ck(cudaStreamWaitEvent(m.copy_stream, m.slice_done[(size_t)i], 0), "cudaStreamWaitEvent");
+    ck(cudaMemcpyAsync(logits + i * S * V, w.logits.p + i * S * V, (size_t)(ns * V) * sizeof(int32_t),
+                       cudaMemcpyDeviceToHost, m.copy_stream),
+       "cudaMemcpyAsync (logits slice)");
+  }
+  ck(cudaEventRecord(m.copies_done, m.copy_stream), "cudaEventRecord");
+}
+
+// m.stream waits for the copies of copy_slices (w.logits is free again).
+void wait_copies(DeviceModel& m, int64_t nr) {
+  if (n_slices(nr) > 1) ck(cudaStreamWaitEvent(m.stream, m.copies_done, 0), "cudaStreamWaitEvent");
 }
 
 void forward_chunk(DeviceModel& m, DeviceState* const* states, int64_t n_states, const Row* rows, int64_t T,
@@ -288,7 +344,7 @@ void forward_chunk(DeviceModel& m, DeviceState* const* states, int64_t n_states,
   // grow), else this call's longest row, rounded up.
   const int64_t sstride = graph ? maxlen : (nmax + 255) / 256 * 256;
   const int64_t rows_per = std::max<int64_t>(1, std::min<int64_t>({T, 65535, kScratchBudget / (nh * sstride * 4)}));
-  const int64_t group = std::max<int64_t>(1, std::min<int64_t>(Tout, kLogitsBudget / (V * 4)));
+  const int64_t group = std::max<int64_t>(1, std::min<int64_t>(Tout, logits_group_rows(V)));
   const int64_t cap = std::max(T, w.rows);
   bool moved = false;
   if (cap > w.rows || !w.meta.p) {
@@ -371,15 +427,16 @@ void forward_chunk(DeviceModel& m, DeviceState* const* states, int64_t n_states,
     ck(cudaMemcpyAsync(w.tokens(), opt->token_from, sizeof(int32_t), cudaMemcpyDeviceToDevice, m.stream),
        "cudaMemcpyAsync (device token)");
 
+  if (Tout && n_slices(std::min(Tout, group)) > 1) make_slice_events(m, n_slices(std::min(Tout, group)));  // before a capture names them
   if (graph && Tout <= group) {
-    const auto key = std::make_tuple(T, Tout, sstride, rows_per, w.fold_rope, w.attn_npos);
+    const auto key = std::make_tuple(T, Tout, sstride, rows_per, w.fold_rope, w.attn_npos, logits_slice_rows());
     auto it = m.graphs.find(key);
     if (it == m.graphs.end()) {
       cudaGraph_t g = nullptr;
       ck(cudaStreamBeginCapture(m.stream, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
       try {
         enqueue_body(m, T, sstride, rows_per, nullptr);
-        if (Tout) enqueue_head(m, 0, Tout);
+        if (Tout) enqueue_head_slices(m, 0, Tout, true);
       } catch (...) {
         cudaStreamEndCapture(m.stream, &g);
         if (g) cudaGraphDestroy(g);
@@ -393,9 +450,10 @@ void forward_chunk(DeviceModel& m, DeviceState* const* states, int64_t n_states,
       it = m.graphs.emplace(key, ex).first;
     }
     ck(cudaGraphLaunch(it->second, m.stream), "cudaGraphLaunch");
-    if (Tout)
-      ck(cudaMemcpyAsync(logits, w.logits.p, (size_t)(Tout * V) * sizeof(int32_t), cudaMemcpyDeviceToHost, m.stream),
-         "cudaMemcpyAsync (logits)");
+    if (Tout) {
+      copy_slices(m, logits, Tout);  // the graph's slice events, recorded by this launch
+      wait_copies(m, Tout);
+    }
     if (opt && opt->pipe) enqueue_pick(m, *opt->pipe);
   } else {
     if (m.prof) {
@@ -410,10 +468,9 @@ void forward_chunk(DeviceModel& m, DeviceState* const* states, int64_t n_states,
     enqueue_body(m, T, sstride, rows_per, tr);
     for (int64_t r0 = 0; r0 < Tout; r0 += group) {
       const int64_t nr = std::min(group, Tout - r0);
-      enqueue_head(m, r0, nr);
-      ck(cudaMemcpyAsync(logits + r0 * V, w.logits.p, (size_t)(nr * V) * sizeof(int32_t), cudaMemcpyDeviceToHost,
-                         m.stream),
-         "cudaMemcpyAsync (logits)");
+      enqueue_head_slices(m, r0, nr, false);
+      copy_slices(m, logits + r0 * V, nr);
+      wait_copies(m, nr);  // before the next group's lm_head overwrites w.logits
     }
     if (opt && opt->pipe) enqueue_pick(m, *opt->pipe);
   }
@@ -426,6 +483,17 @@ void forward_chunk(DeviceModel& m, DeviceState* const* states, int64_t n_states,
 }
 
 }  // namespace
+
+namespace {
+int64_t g_slice_rows = 0, g_group_rows = 0;  // test::set_logits_rows
+}  // namespace
+
+int64_t logits_slice_rows() { return g_slice_rows > 0 ? g_slice_rows : kLogitsSliceRows; }
+int64_t logits_group_rows(int64_t vocab) { return g_group_rows > 0 ? g_group_rows : kLogitsBudget / (vocab * 4); }
+void test::set_logits_rows(int64_t slice, int64_t group) {
+  g_slice_rows = slice;
+  g_group_rows = group;
+}
 
 void forward_rows_impl(DeviceModel& m, DeviceState* const* states, int64_t n_states, const Row* rows, int64_t T,
                        int32_t* logits, Trace* trace, const ChunkOpts* opt) {

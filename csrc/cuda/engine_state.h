@@ -114,6 +114,15 @@ inline int64_t attn_max_splits(int64_t sstride) { return (sstride + 31) / 32; }
 constexpr int64_t kMaxChunkRows = 4096;
 // Logits buffer bound for the lm_head groups (at least one row).
 constexpr int64_t kLogitsBudget = (int64_t)256 << 20;
+// Rows per lm_head slice: a group of more rows runs its lm_head in slices,
+// each slice's logits copied to the host on the copy stream while the next
+// slice computes (docs/cuda.md "The logits path"); up to this many rows, one
+// slice and one copy on the model's stream.
+constexpr int64_t kLogitsSliceRows = 32;
+// Rows per slice and per group: the constants, or the tests' overrides
+// (test::set_logits_rows; 0: the constant).
+int64_t logits_slice_rows();
+int64_t logits_group_rows(int64_t vocab);
 
 struct Workspace {
   int64_t rows = 0;  // row capacity of the per-row buffers
@@ -249,7 +258,14 @@ struct DeviceModel {
   bool use_graphs = false;
   Profiler* prof = nullptr;  // set only during forward_rows_profiled
   GreedyPipe greedy;
-  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, bool, int64_t>, cudaGraphExec_t> graphs;  // (T, Tout, sstride, rows_per, fold_rope, attn_npos)
+  // (T, Tout, sstride, rows_per, fold_rope, attn_npos, rows per lm_head slice)
+  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, bool, int64_t, int64_t>, cudaGraphExec_t> graphs;
+  // The sliced logits copies: their stream, an event after each lm_head
+  // slice (on stream; in a captured graph an external event record node) and
+  // one after the last copy (on copy_stream). Made on first use.
+  cudaStream_t copy_stream = nullptr;
+  std::vector<cudaEvent_t> slice_done;
+  cudaEvent_t copies_done = nullptr;
 
   void drop_graphs() {
     for (auto& kv : graphs) cudaGraphExecDestroy(kv.second);
@@ -262,6 +278,10 @@ struct DeviceModel {
       cudaEventSynchronize(greedy.done);
       cudaEventDestroy(greedy.done);
     }
+    if (copy_stream) cudaStreamSynchronize(copy_stream);
+    for (cudaEvent_t e : slice_done) cudaEventDestroy(e);
+    if (copies_done) cudaEventDestroy(copies_done);
+    if (copy_stream) cudaStreamDestroy(copy_stream);
     if (stream) cudaStreamDestroy(stream);
     for (void* p : allocs) cudaFree(p);
   }

@@ -36,8 +36,7 @@ template <class... P, class... A>
 void launch_at(void (*kernel)(P...), const LaunchShape& s, bool pdl, cudaStream_t st, A... args) {
 #if defined(INTDET_CUDA_EMU)
   (void)pdl;
-  (void)st;
-  ::emu::launch(s.grid, s.block, s.smem, [=] { kernel(args...); });
+  ::emu::launch(st, s.grid, s.block, s.smem, [=] { kernel(args...); });
 #else
   if (!pdl) {
     kernel<<<s.grid, s.block, s.smem, st>>>(args...);

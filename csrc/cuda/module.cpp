@@ -52,6 +52,17 @@ struct Gpu {
     for (PyState* s : states) devs.push_back(s->dev.get());
     cuda::forward_rows(*pm.dev, devs.data(), (int64_t)devs.size(), rows, T, logits);
   }
+  // The logits arrays in page-locked memory from the pinned pool (the copies
+  // from the device run at full speed and asynchronously); each array owns
+  // its block through a capsule that gives it back. Pageable numpy memory
+  // when the runtime cannot pin more.
+  static py::array_t<int32_t> alloc_logits(int64_t rows, int64_t V) {
+    void* p = cuda::pinned_alloc((size_t)(rows * V) * sizeof(int32_t));
+    if (!p) return py::array_t<int32_t>({rows, V});
+    py::capsule owner(p, [](void* q) { cuda::pinned_release(q); });
+    return py::array_t<int32_t>({rows, V}, {V * (int64_t)sizeof(int32_t), (int64_t)sizeof(int32_t)},
+                                static_cast<int32_t*>(p), owner);
+  }
 };
 
 bool env_graphs() {
@@ -348,6 +359,27 @@ PYBIND11_MODULE(INTDET_CUDA_MODULE_NAME, mod) {
           "Force the attention path of launches that would choose, where it can serve them (1 flash-decoding "
           "split, 2 tensor cores, 3 one kernel per (row, kv head), 4 flash tiles; 0 or anything else: the launcher's choice). "
           "Tests and the device check.");
+  ops.def("set_logits_rows", &cuda::test::set_logits_rows, py::arg("slice"), py::arg("group"),
+          "Force the rows per lm_head slice (each slice's logits copied on the copy stream) and per lm_head "
+          "group (0: the built-in sizes, 32 rows and 256 MB of logits). Tests only.");
+  ops.def("set_emu_stream_order", &cuda::test::set_emu_stream_order, py::arg("latest_first"),
+          "Host emulator only: at a synchronization point run the latest-created stream's ready work first "
+          "(True) or the earliest's (False, the default). Tests only.");
+  ops.def(
+      "pinned_stats",
+      []() {
+        const cuda::PinnedStats s = cuda::pinned_stats();
+        py::dict d;
+        d["allocs"] = s.allocs;
+        d["reuses"] = s.reuses;
+        d["frees"] = s.frees;
+        d["kept_blocks"] = s.kept_blocks;
+        d["kept_bytes"] = s.kept_bytes;
+        d["live_blocks"] = s.live_blocks;
+        return d;
+      },
+      "The pinned logits pool's counters: blocks pinned, requests served by a kept block, blocks freed, "
+      "blocks and bytes kept now, blocks handed out. Tests only.");
   ops.def("set_gemv_split", &cuda::test::set_gemv_split, py::arg("wlg"),
           "Force the GEMV's warps per channel to 2**wlg (0..2; -1: the launcher's choice). Tests only.");
   ops.def("set_skinny_split", &cuda::test::set_skinny_split, py::arg("splits"),

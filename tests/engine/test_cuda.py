@@ -1083,13 +1083,17 @@ def test_long_prefill_matches_cpu(backend, converted, name):
     assert np.array_equal(backend.forward(m, s, np.array([5], np.int32), n, False), want_next)
 
 
-def decode_batch_launches(n_layers):
+LOGITS_SLICE_ROWS = 32  # engine_state.h kLogitsSliceRows
+
+
+def decode_batch_launches(n_layers, rows):
     """Launches of a decode step of 9..256 rows (no graph): per layer
     attn_norm, q+k+v (one skinny GEMM, three segments), attention (one
     kernel, RopeFold), o-proj (+ residual), ffn_norm, gate+up (one skinny
     GEMM, SwiGLU in its epilogue), quant16, down-proj (+ residual); then
-    embed, out_norm and lm_head."""
-    return 8 * n_layers + 3
+    embed, and out_norm and lm_head for each slice of up to 32 rows (each
+    slice's logits copied while the next computes)."""
+    return 8 * n_layers + 1 + 2 * -(-rows // LOGITS_SLICE_ROWS)
 
 
 @pytest.mark.parametrize("batch", [64, 130])
@@ -1121,9 +1125,131 @@ def test_decode_batch_skinny_graphs(backend, converted, batch):
             want = cpu.forward_batch(rr, nxt)
             assert all(np.array_equal(a, b) for a, b in zip(outs, want)), (graphs, i)
             if not graphs:
-                assert n == decode_batch_launches(L), n
+                assert n == decode_batch_launches(L, batch), n
             elif i > 0:
                 assert n == 0, n  # replayed
+
+
+@pytest.fixture
+def logits_rows(backend):
+    """set_logits_rows(slice, group) for one test, and the emulator's stream
+    order; both back to the defaults afterwards."""
+    yield backend.ops.set_logits_rows
+    backend.ops.set_logits_rows(0, 0)
+    if is_emu(backend):
+        backend.ops.set_emu_stream_order(False)
+
+
+def _stream_orders(backend):
+    # the emulator runs queued work at each synchronization point with the
+    # model's stream first, then with the copy stream first: a missing wait
+    # between them shows as wrong logits in one of the two
+    return (False, True) if is_emu(backend) else (None,)
+
+
+@pytest.mark.parametrize("graphs", [False, True])
+def test_logits_slices_match_cpu(backend, converted, logits_rows, graphs):
+    """The lm_head in slices of 2 rows, each slice's logits copied on the copy
+    stream (engine_forward.cpp copy_slices): a batch prefill with every
+    row's logits, in groups of 5 rows too (the non-graph loop: group after
+    group through one logits buffer), then batched decode steps of 5
+    sequences (3 slices; graphs: captured with external event records and
+    replayed) give the CPU's logits bit for bit, in either stream order of
+    the emulator."""
+    lm = converted["qwen2"]
+    cpu = Engine(lm)
+    V = lm.cfg["vocab_size"]
+    rng = np.random.default_rng(5)
+    for order in _stream_orders(backend):
+        if order is not None:
+            backend.ops.set_emu_stream_order(order)
+        for group in (0, 5):
+            logits_rows(2, group)
+            m = backend.Model(lm.cfg, lm.tensors, graphs)
+            prompts = [[int(t) for t in rng.integers(0, V, size=int(rng.integers(1, 6)))] for _ in range(5)]
+            ss = [backend.State(m, 24) for _ in prompts]
+            rr = [cpu.new_state(24) for _ in prompts]
+            outs = backend.forward_batch(m, ss, [np.array(p, np.int32) for p in prompts], True)
+            want = cpu.forward_batch(rr, prompts, all_logits=True)
+            assert all(np.array_equal(a, b) for a, b in zip(outs, want)), (order, group, "prefill")
+            for i in range(3):  # graphs: captured, then replayed
+                nxt = [[int(rng.integers(0, V))] for _ in prompts]
+                outs = backend.forward_batch(m, ss, [np.array(t, np.int32) for t in nxt])
+                want = cpu.forward_batch(rr, nxt)
+                assert all(np.array_equal(a, b) for a, b in zip(outs, want)), (order, group, i)
+            s1, r1 = backend.State(m, 24), cpu.new_state(24)  # one sequence, every row: 4 slices of a prefill
+            got = backend.forward(m, s1, np.array(prompts[0] + [3, 4, 5, 6, 7, 8], np.int32), 0, True)
+            assert np.array_equal(got, r1.forward(prompts[0] + [3, 4, 5, 6, 7, 8], all_logits=True)), (order, group)
+
+
+def test_logits_arrays_pinned_and_kept(backend, converted, logits_rows):
+    """forward's logits arrays come from the pinned pool (a block per array,
+    given back when the array dies and handed out again), are ordinary
+    writable arrays, and keep their values across later forwards (which
+    reuse the device's logits buffer and the pool's other blocks)."""
+    lm = converted["qwen3"]
+    cpu = Engine(lm)
+    V = lm.cfg["vocab_size"]
+    logits_rows(2, 0)
+    m = backend.Model(lm.cfg, lm.tensors, False)
+    ss = [backend.State(m, 32) for _ in range(3)]
+    rr = [cpu.new_state(32) for _ in range(3)]
+    kept, want = [], []
+    for i in range(4):
+        toks = [[5 + i + k] for k in range(3)]
+        outs = backend.forward_batch(m, ss, [np.array(t, np.int32) for t in toks])
+        ref = cpu.forward_batch(rr, toks)
+        assert all(np.array_equal(a, b) for a, b in zip(outs, ref)), i
+        assert outs[0].flags.writeable and outs[0].dtype == np.int32 and outs[0].shape == (1, V)
+        kept.append(outs)
+        want.append([r.copy() for r in ref])
+    assert all(np.array_equal(a, b) for got, ref in zip(kept, want) for a, b in zip(got, ref)), "kept arrays changed"
+    kept[0][1][0, :3] = [1, 2, 3]  # writable: the caller's to change
+    assert list(kept[0][1][0, :3]) == [1, 2, 3]
+    before = backend.ops.pinned_stats()
+    del kept, outs
+    after = backend.ops.pinned_stats()
+    assert after["live_blocks"] == before["live_blocks"] - 4 and after["kept_blocks"] >= 1
+    for i in range(5):  # same-sized outputs: served from the kept blocks, none pinned afresh
+        toks = [[9 + i + k] for k in range(3)]
+        outs = backend.forward_batch(m, ss, [np.array(t, np.int32) for t in toks])
+        assert all(np.array_equal(a, b) for a, b in zip(outs, cpu.forward_batch(rr, toks))), i
+        del outs
+    end = backend.ops.pinned_stats()
+    assert end["reuses"] == after["reuses"] + 5 and end["allocs"] == after["allocs"]
+    # a caller's own out array (pageable memory) still gets every slice
+    s4, r4 = backend.State(m, 32), cpu.new_state(32)
+    out = np.full((6, V), -1, np.int32)
+    got = backend.forward(m, s4, np.arange(3, 9, dtype=np.int32), 0, True, out)
+    assert got is out or np.shares_memory(got, out)
+    assert np.array_equal(out, r4.forward(list(range(3, 9)), all_logits=True))
+
+
+def test_logits_slices_chain_hash(monkeypatch, converted, logits_rows):
+    """The product's loop with slices of 1 row and groups of 2 (every batched
+    step runs several slices and groups): three requests decoded together
+    through the scheduler, and one alone on the device lane (submit_pick /
+    wait_pick), give the CPU reference loop's tokens and chain hashes."""
+    from intdet.scheduler import Request, Scheduler
+    from oracle import generate
+
+    mod = _emu_or_skip()
+    monkeypatch.setattr("intdet.backends.cuda.cuda_module", lambda: mod)
+    lm = converted["wide"]
+    cpu = Engine(lm, "cpu")
+    prompts = [[1, 40, 41, 42], [7, 8], [300, 5, 6, 9, 11]]
+    want = [generate(cpu, p, 5) for p in prompts]
+    logits_rows(1, 2)
+    for graphs in (False, True):
+        eng = Engine(lm, "cuda")
+        eng.cuda_graphs = graphs
+        sch = Scheduler(eng, max_batch=4, step_tokens=4, kv_bytes=1 << 40)
+        reqs = [sch.submit(Request(p, 5)) for p in prompts]
+        sch.run_until_idle()
+        for r, w in zip(reqs, want):
+            assert r.tokens == w.tokens and r.hash == w.hash, graphs
+        r, _ = _lane_run(lm, "cuda", prompts[0], 5, graphs=graphs)
+        assert r.tokens == want[0].tokens and r.hash == want[0].hash, graphs
 
 
 @pytest.fixture(scope="module")
