@@ -194,6 +194,28 @@ def test_binding_limit_splits_passes_and_submissions(model_of, monkeypatch):
         W.forward(gm, W.State(gm, 64), PROMPT, 0)
 
 
+@pytest.mark.parametrize("name", ["qwen3", "llama3", "gemma2"])
+def test_vocabulary_in_several_buffers(model_of, monkeypatch, name):
+    """The embedding and lm_head (V x H bytes: 155 MB for Qwen3-0.6B, over
+    lavapipe's 128 MiB binding limit) kept in buffers of whole rows within
+    the limit: every token's row looked up in the buffer that holds it and
+    each buffer's logits channels written in place; tied (qwen3) and untied
+    (llama3) weights, Gemma 2's final soft cap. The CPU's logits for prompts
+    whose tokens fall in every buffer; a row over the limit is refused."""
+    lm, cm, _ = model_of(name)
+    V, H = lm.cfg["vocab_size"], lm.cfg["hidden_size"]
+    row = 4 * -(-H // 4)
+    monkeypatch.setattr(W, "_chunk_limit", lambda dev: 37 * row + 3)  # 37 rows a buffer, the last one short
+    gm = W.Model(lm.cfg, lm.tensors)
+    assert len(gm.emb_chunks) == -(-V // 37) and len(gm.output_chunks) == len(gm.emb_chunks)
+    assert (gm.emb_chunks[0][2] is gm.output_chunks[0][2]) == ("output.q" not in lm.tensors)
+    tokens = [int(t) for t in np.linspace(0, V - 1, 12).astype(int)]
+    assert np.array_equal(gpu_run(gm, [8, 1, 3], tokens), cpu_run(cm, [8, 1, 3], tokens))
+    monkeypatch.setattr(W, "_chunk_limit", lambda dev: row - 1)
+    with pytest.raises(ValueError, match="binding limit"):
+        W.Model(lm.cfg, lm.tensors)
+
+
 def test_a_step_in_several_command_buffers(model_of, monkeypatch):
     """A step's dispatches go out in command buffers of SUBMIT_EVERY (the GPU starts on the first
     while the host encodes the rest): the same bits at any cut, one read back."""

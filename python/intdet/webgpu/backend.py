@@ -77,7 +77,13 @@ class Model:
         self.dw = pack.words(self.D)
         t = tensors
         up = self.pool.storage
-        self.emb = up(pack.pack_i8_rows(t["tok_embd.q"]), "tok_embd")
+        # The vocabulary's matrices (embedding, lm_head: V x H bytes, 155 MB
+        # for Qwen3) can pass one binding's limit (128 MiB on many adapters):
+        # they are kept as buffers of whole rows, each within the limit.
+        self.chunk_bytes = _chunk_limit(self.kernels.device)
+        emb_q = t["tok_embd.q"]
+        self.emb_chunks = [(r0, r1, up(pack.pack_i8_rows(emb_q[r0:r1]), f"tok_embd[{r0}:{r1}]"))
+                           for r0, r1 in _row_chunks(self.V, 4 * pack.words(self.H), self.chunk_bytes)]
         self.emb_sc = up(_i32(np.stack([t["tok_embd.mant"], t["tok_embd.shift"]])), "tok_embd.scale")
         self.rope = {}
         for blk in cfg["layers"]:
@@ -115,8 +121,12 @@ class Model:
         out_q = t["output.q"] if "output.q" in t else t["tok_embd.q"]
         chan = np.stack([np.asarray(out_q, np.int64).sum(1), t["output.mant"], t["output.shift"],
                          np.zeros(self.V, np.int64)])
-        w = self.emb if "output.q" not in t else up(pack.pack_i8_rows(out_q), "output")
-        self.lin["output"] = ("8", self.V, self.H, w, up(_i32(chan), "output.chan"), 0)
+        if "output.q" not in t:  # tied: the embedding's buffers
+            ws = [(r0, r1, w) for r0, r1, w in self.emb_chunks]
+        else:
+            ws = [(r0, r1, up(pack.pack_i8_rows(out_q[r0:r1]), f"output[{r0}:{r1}]"))
+                  for r0, r1 in _row_chunks(self.V, 4 * pack.words(self.H), self.chunk_bytes)]
+        self.output_chunks = [(r0, r1, w, up(_i32(chan[:, r0:r1]), f"output.chan[{r0}:{r1}]")) for r0, r1, w in ws]
         self.scalar = {name: int(np.asarray(a).ravel()[0]) for name, a in t.items()
                        if name.endswith(("attn_score.mant", "attn_score.shift", ".cap", ".inv_mant", ".inv_shift"))
                        or (name.endswith("norm.shift"))}
@@ -359,6 +369,23 @@ def _binding_limit(m: Model) -> int:
     return int(m.kernels.device.limits["max-storage-buffer-binding-size"])
 
 
+def _chunk_limit(device) -> int:
+    """Bytes of one buffer of the vocabulary's matrices: what one binding and
+    one buffer may span on ``device`` (tests lower it to force several)."""
+    lim = device.limits
+    return int(min(lim["max-storage-buffer-binding-size"], lim["max-buffer-size"]))
+
+
+def _row_chunks(rows: int, row_bytes: int, limit: int) -> list:
+    """[(r0, r1)]: rows 0..rows-1 cut into runs of whole rows of at most
+    ``limit`` bytes each; ValueError when one row is larger."""
+    per = limit // row_bytes
+    if per < 1:
+        raise ValueError(f"--device webgpu: a row of {row_bytes} bytes is over this adapter's "
+                         f"{limit}-byte buffer binding limit")
+    return [(r0, min(r0 + per, rows)) for r0 in range(0, rows, per)]
+
+
 def _read_logits(m: Model, rec: Recorder, logits, out: np.ndarray, base: int, rows: int) -> None:
     """Submit what ``rec`` holds; logits rows 0..rows-1 are out's rows base.."""
     if rows == 0:
@@ -374,7 +401,9 @@ def _record(m: Model, rec: Recorder, b: _Step, pieces: list, tok_buf, logits, ba
     H, nh, nkv, D, dw = m.H, m.nh, m.nkv, m.D, m.dw
     T = sum(p.T for p in pieces)
     G = groups_flat(H)
-    rec.dispatch("embed", [tok_buf, m.emb, m.emb_sc, b.x], [H, pack.words(H), T, pieces[0].tok0, m.V], (G[0], T, 1))
+    for v0, v1, emb in m.emb_chunks:  # each row's token from the buffer that holds it
+        rec.dispatch("embed", [tok_buf, emb, m.emb_sc, b.x], [H, pack.words(H), T, pieces[0].tok0, m.V, v0, v1],
+                     (G[0], T, 1))
     for i in range(m.L):
         p = f"blk.{i}."
         blk = m.cfg["layers"][i]
@@ -442,7 +471,12 @@ def _record(m: Model, rec: Recorder, b: _Step, pieces: list, tok_buf, logits, ba
         _norm_quant16(m, rec, b, "output_norm", pc.keep, in0=pc.row0 + pc.T - pc.keep, out0=nk)
         nk += pc.keep
     row = kept[0].out_row - base
-    _linear(m, rec, "output", b.act, b.ex, logits, nk, out0=row)
+    coop = m.kernels.coop
+    for n0, n1, w, chan in m.output_chunks:  # the lm_head by buffers of whole rows: channels n0..n1-1 of each logits row
+        N = n1 - n0
+        rec.dispatch("linear8_coop" if coop else "linear8", [b.act, b.ex, w, chan, logits, b.nomask],
+                     [N, pack.words(m.H), nk, 0, 0, 0, row, 0, 0, -1, 0, m.V, n0],
+                     groups_coop(N, nk) if coop else _groups_linear(N, nk))
     if m.cfg.get("final_logit_softcap"):
         cap = [m.scalar[f"output_softcap.{c}"] for c in ("cap", "inv_mant", "inv_shift")]
         rec.dispatch("softcap", [logits], [nk * m.V, *cap, row * m.V], groups_flat(nk * m.V))

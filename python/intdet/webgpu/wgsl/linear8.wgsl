@@ -61,8 +61,11 @@ fn coop_sum(lid: u32, part: I64P) -> I64P {
     return wg_v[lid];
 }
 
+// Row t's channel n at out[(out0 + t) * stride + n0 + n]; stride P(11) (0:
+// N) and n0 P(12): the lm_head in buffers of whole rows writes its channels
+// n0.. of logits rows V long.
 fn store(n: u32, t: u32, N: u32, out0: u32, mode: i32, y0: i32) {
-    let o = (out0 + t) * N + n;
+    let o = (out0 + t) * select(N, u32(P(11)), P(11) > 0) + u32(P(12)) + n;
     var y = y0;
     if (mode == 1) { y = sat_add(out[o], y); }
     out[o] = y;
