@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import xxhash
 
+from .errors import IntdetError
 from .hashing import ChainHash
 from .model import Engine, default_threads
 from .sampling import Sampler
@@ -56,7 +57,11 @@ def run_one(engine: Engine, prompt, steps: int, sampler: Sampler, prefill_chunk:
     llm = LLM(engine, max_batch=batch, step_tokens=budget, kv_bytes=1 << 62, prefix_cache=False)
     t0 = time.perf_counter()
     req = Request(prompt, steps, sampler, step_hashes=True)  # no EOS: every run makes `steps` tokens
-    llm.run([req] + [Request(c, steps) for c in cos])
+    reqs = [req] + [Request(c, steps) for c in cos]
+    llm.run(reqs)
+    failed = [q for q in reqs if q.finish_reason == "error"]
+    if failed:  # the scheduler retires a request whose step raised: its hash would cover a cut run
+        raise IntdetError(f"the engine failed during the run: {failed[0].error}")
     r = Run(config="", hash=req.hash, step_hashes=list(req.step_hashes), tokens=list(req.tokens),
             seconds=time.perf_counter() - t0)
     r.tokens_hash = _tokens_hash(r.tokens)

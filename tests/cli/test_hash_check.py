@@ -58,3 +58,31 @@ def test_bad_arguments(model, tmp_path):
     assert r.returncode == 1 and "--steps" in r.stderr
     r = hc("-m", model, "--float", cache=tmp_path)
     assert r.returncode == 1 and "--float needs the source model" in r.stderr
+
+
+def test_a_failing_engine_is_an_error_not_a_hash(model, monkeypatch):
+    """The scheduler retires a request whose step raised (a server keeps
+    serving the others); hash-check's runs must not hash what was cut short
+    (a binding-limit error on one device once read as a wrong hash)."""
+    from intdet.errors import IntdetError
+    from intdet.hashcheck import run_one
+    from intdet.model import Engine, load_model
+    from intdet.sampling import Sampler
+
+    eng = Engine(load_model(model))
+    calls = []
+    real = Engine.forward_batch
+
+    def flaky(self, *a, **k):
+        calls.append(1)
+        if len(calls) == 3:
+            raise ValueError("a buffer over the device's binding limit")
+        return real(self, *a, **k)
+
+    prompt = [5, 9, 11]
+    ok = run_one(eng, prompt, 6, Sampler())
+    monkeypatch.setattr(Engine, "forward_batch", flaky)
+    with pytest.raises(IntdetError, match="engine failed during the run: .*binding limit"):
+        run_one(eng, prompt, 6, Sampler(), batch=2)
+    monkeypatch.setattr(Engine, "forward_batch", real)
+    assert run_one(eng, prompt, 6, Sampler()).hash == ok.hash  # the engine is still usable
