@@ -74,6 +74,9 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=64)
     ap.add_argument("--prefill", type=int, default=2048)
     ap.add_argument("--no-graphs", action="store_true")
+    ap.add_argument("--prefill-ab", action="store_true",
+                    help="cuda: also time the prefill on the earlier paths (the tiled IMMA GEMM, unfused, and the "
+                         "16-row tensor-core attention) and print the ratio (same bits; not a results row)")
     a = ap.parse_args(argv)
     from intdet.errors import IntdetError
     from intdet.model import Engine, load_model
@@ -97,6 +100,17 @@ def main(argv=None) -> int:
         print(f"intdet {a.device} {a.model} prefill {a.prefill}: {rate:.1f} tok/s", flush=True)
         bench_results.append_row(a.rows, bench_results.make_row("intdet", a.model, "prefill", 1, a.prefill, rate,
                                                                 a.device))
+        if a.prefill_ab and a.device == "cuda":
+            ops = eng.backend.ops
+            try:
+                ops.set_prefill_gemm(2)
+                ops.set_attn_path(2)
+                old = bench_prefill(eng, a.prefill, rng)
+            finally:
+                ops.set_prefill_gemm(0)
+                ops.set_attn_path(0)
+            print(f"intdet {a.device} {a.model} prefill {a.prefill} on the earlier paths (tiled GEMM, 16-row "
+                  f"attention): {old:.1f} tok/s; now / earlier = {rate / old:.2f}", flush=True)
     return 0
 
 

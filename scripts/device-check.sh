@@ -336,7 +336,7 @@ bench_model() {  # bench_model NAME: the three engines on one model's files (lla
   step "speed: $name, intdet"
   if wait_part "$name" int "$WAIT"; then
     run "bench-intdet-$name" 300 $PY scripts/bench_intdet_gpu.py "$d/int" "$ROWS" --model "$name" --device "$DEV" \
-      --batches "$BATCHES" --prompt "$PROMPT" --steps "$DEC_STEPS" --prefill "$PREFILL"
+      --batches "$BATCHES" --prompt "$PROMPT" --steps "$DEC_STEPS" --prefill "$PREFILL" --prefill-ab
   fi
   if [ -z "${SKIP_TORCH:-}" ]; then
     step "speed: $name, torch fp16 (scripts/torch_decode.py)"

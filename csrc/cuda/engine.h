@@ -170,6 +170,8 @@ int32_t sample(const int32_t* logits, int64_t V, const Pick& how);
 void set_gemv_split(int wlg);
 // Force the skinny GEMM's K splits (<= 0: automatic).
 void set_skinny_split(int splits);
+// kernels.cuh set_prefill_gemm_override: 2 the earlier prefill GEMM, else the skinny GEMM.
+void set_prefill_gemm(int path);
 // kernels.cuh set_attn_path_override: 1 split, 2 tensor cores, 3 one kernel, 4 flash tiles, else auto.
 void set_attn_path(int path);
 // Force the rows per lm_head slice and per lm_head group (<= 0: the

@@ -112,8 +112,8 @@ void enqueue_body(DeviceModel& m, int64_t T, int64_t sstride, int64_t rows_per, 
     if (tr && L.attn_norm) tr->rec(blk + "attn_norm", normed, {T, H});
     mark(m, "attn_norm", T * H * 4);
     // decode batches and prefill: q, k, v in one skinny GEMM launch
-    const bool qkv_skinny = !qkv_fused && L.q.w && L.k.w && L.v.w && T > kGemvDecodeRows && L.k.K == L.q.K &&
-                            L.v.K == L.q.K;
+    const bool skinny = T > kGemvDecodeRows && (T <= kSkinnyMaxRows || prefill_gemm() == kLinearSkinny);
+    const bool qkv_skinny = !qkv_fused && L.q.w && L.k.w && L.v.w && skinny && L.k.K == L.q.K && L.v.K == L.q.K;
     if (qkv_fused || qkv_skinny) {  // q, k, v: one launch
       GemvSegs s{};
       s.s[0] = seg(L.q, w.qb.p);
@@ -191,8 +191,8 @@ void enqueue_body(DeviceModel& m, int64_t T, int64_t sstride, int64_t rows_per, 
       continue;
     }
     // decode batches and prefill: gate and up in one skinny GEMM launch, the GLU in its epilogue
-    const bool gate_up_skinny = !gate_up_fused && L.gate.w && L.up.w && T > kGemvDecodeRows &&
-                                L.up.K == L.gate.K && L.up.N == L.gate.N;
+    const bool gate_up_skinny = !gate_up_fused && L.gate.w && L.up.w && skinny && L.up.K == L.gate.K &&
+                                L.up.N == L.gate.N;
     if (gate_up_fused || gate_up_skinny) {  // gate and up in one launch, SwiGLU / GeGLU of each pair in its epilogue
       GemvSegs s{};
       s.s[0] = seg(L.gate, w.gate.p);

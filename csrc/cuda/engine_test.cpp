@@ -217,6 +217,7 @@ int64_t div_bench(const int64_t* a, const int64_t* b, int64_t count, int reps, i
 
 void set_gemv_split(int wlg) { set_gemv_split_override(wlg); }
 void set_skinny_split(int splits) { set_skinny_split_override(splits); }
+void set_prefill_gemm(int path) { set_prefill_gemm_override(path); }
 void set_attn_path(int path) { set_attn_path_override(path); }
 void set_emu_stream_order(bool latest_first) {
 #if defined(INTDET_CUDA_EMU)

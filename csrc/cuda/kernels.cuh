@@ -63,6 +63,12 @@ struct GemmScratch {
 };
 // Force the skinny GEMM's K splits (tests; <= 0: skinny_splits' choice).
 void set_skinny_split_override(int splits);
+// The GEMM of linears of more than kSkinnyMaxRows rows (prefill):
+// kLinearSkinny (the default: its pipeline, q+k+v and gate+up+GLU fused)
+// or kLinearGemm (the earlier prefill GEMM, unfused); anything else: the
+// default. The device check's A/B timing and tests; the bits never change.
+void set_prefill_gemm_override(int path);
+int prefill_gemm();
 
 // x [T, H] int32 Q R (the residual) = embedding rows of tokens [T] times their dyadic scale.
 void launch_embed(const int32_t* tokens, const int8_t* emb, const int32_t* mant, const int32_t* shift, int T, int H,

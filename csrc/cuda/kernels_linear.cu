@@ -860,6 +860,10 @@ void launch_gemv(const int16_t* q, const int32_t* e, int T, int K, GemvSegs segs
   check_launch("linear (GEMV)");
 }
 
+int g_prefill_gemm = kLinearSkinny;  // set_prefill_gemm_override
+void set_prefill_gemm_override(int path) { g_prefill_gemm = path == kLinearGemm ? kLinearGemm : kLinearSkinny; }
+int prefill_gemm() { return g_prefill_gemm; }
+
 int g_skinny_split = 0;  // tests: force the K splits
 void set_skinny_split_override(int splits) { g_skinny_split = splits < 0 ? 0 : splits; }
 
@@ -902,7 +906,7 @@ void launch_linear(const int16_t* q, const int32_t* e, int T, int K, const int8_
   if (T <= 0 || N <= 0) return;
   const int vec = K % 16 == 0;
   if (path == kLinearAuto)
-    path = T <= kGemvDecodeRows ? kLinearGemv : kLinearSkinny;
+    path = T <= kGemvDecodeRows ? kLinearGemv : T <= kSkinnyMaxRows ? kLinearSkinny : g_prefill_gemm;
   if (path == kLinearGemv) {
     GemvSegs segs{};
     segs.s[0] = GemvSeg{w, mant, shift, bias, out, ldo, N, 0};

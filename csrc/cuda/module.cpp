@@ -382,6 +382,10 @@ PYBIND11_MODULE(INTDET_CUDA_MODULE_NAME, mod) {
       "blocks and bytes kept now, blocks handed out. Tests only.");
   ops.def("set_gemv_split", &cuda::test::set_gemv_split, py::arg("wlg"),
           "Force the GEMV's warps per channel to 2**wlg (0..2; -1: the launcher's choice). Tests only.");
+  ops.def("set_prefill_gemm", &cuda::test::set_prefill_gemm, py::arg("path"),
+          "The GEMM of linears over 256 rows (prefill): 2 the earlier tiled IMMA GEMM (q, k, v, gate, up "
+          "each its own launch), anything else the skinny GEMM (fused; the default). The device check's A/B "
+          "timing and tests; the same bits.");
   ops.def("set_skinny_split", &cuda::test::set_skinny_split, py::arg("splits"),
           "Force the skinny GEMM's K splits (0: the launcher's choice; more than its K tiles: one per K tile). "
           "Tests only.");

@@ -1068,7 +1068,8 @@ def test_long_prefill_matches_cpu(backend, converted, name):
     (its context is 256; hidden 72: element staging, GeGLU, window 5). q+k+v
     and gate+up+GLU run as one skinny GEMM launch each, the attention on the
     flash tiles over several tiles; then a decode step. The CPU's logits,
-    bit for bit."""
+    bit for bit, and the same with the earlier prefill GEMM and attention
+    (set_prefill_gemm(2), set_attn_path(2): the device check's A/B)."""
     lm = converted[name]
     n = min(300, lm.cfg["context_length"] - 8)
     rng = np.random.default_rng(n)
@@ -1078,12 +1079,41 @@ def test_long_prefill_matches_cpu(backend, converted, name):
     want = ref.forward(prompt, all_logits=True)
     want_next = ref.forward([5])
     m = backend.Model(lm.cfg, lm.tensors, False)
-    s = backend.State(m, n + 8)
-    assert np.array_equal(backend.forward(m, s, np.array(prompt, np.int32), 0, True), want)
-    assert np.array_equal(backend.forward(m, s, np.array([5], np.int32), n, False), want_next)
+    try:
+        for gemm, attn in ((0, 0), (2, 2)):  # the defaults; the earlier prefill GEMM and attention (A/B timing)
+            backend.ops.set_prefill_gemm(gemm)
+            backend.ops.set_attn_path(attn)
+            s = backend.State(m, n + 8)
+            assert np.array_equal(backend.forward(m, s, np.array(prompt, np.int32), 0, True), want), gemm
+            assert np.array_equal(backend.forward(m, s, np.array([5], np.int32), n, False), want_next), gemm
+    finally:
+        backend.ops.set_prefill_gemm(0)
+        backend.ops.set_attn_path(0)
 
 
 LOGITS_SLICE_ROWS = 32  # engine_state.h kLogitsSliceRows
+
+
+def test_bench_prefill_ab_runs_both_paths(monkeypatch, converted, tmp_path, capsys):
+    """scripts/bench_intdet_gpu.py --prefill-ab (the device check's A/B of
+    the prefill paths) on the emulator: the prefill timed on the default
+    paths and on the earlier ones, the ratio printed, and the overrides put
+    back (the model's next prefill is the CPU's)."""
+    mod = _emu_or_skip()
+    monkeypatch.setattr("intdet.backends.cuda.cuda_module", lambda: mod)
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    import bench_intdet_gpu
+
+    lm = converted["wide"]
+    calls = []
+    for name in ("set_prefill_gemm", "set_attn_path"):
+        real = getattr(mod.ops, name)
+        monkeypatch.setattr(mod.ops, name, lambda p, real=real, name=name: calls.append((name, p)) or real(p))
+    rc = bench_intdet_gpu.main([lm.path, str(tmp_path / "rows.jsonl"), "--model", "qwen3-0.6b", "--device", "cuda",
+                                "--batches", "1", "--prompt", "4", "--steps", "1", "--prefill", "40", "--prefill-ab"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "on the earlier paths" in out and "now / earlier = " in out, out
+    assert calls == [("set_prefill_gemm", 2), ("set_attn_path", 2), ("set_prefill_gemm", 0), ("set_attn_path", 0)]
 
 
 def decode_batch_launches(n_layers, rows):
