@@ -156,6 +156,9 @@ bool gemv_prologue_fits(int kind, int T, int K);
 // launch (griddepcontrol.wait), and lets the next launch start after its
 // main loop. Graph-capturable; a no-op in the emulator.
 void set_gemv_pdl(bool on);
+// Whether set_gemv_pdl is on: the decode attention (attn_fused_kernel) is
+// launched the same way, so a decode layer's five launches are all PDL.
+bool pdl_enabled();
 void launch_gemv(const int16_t* q, const int32_t* e, int T, int K, GemvSegs segs, bool residual, cudaStream_t st,
                  const GemvIn& in = GemvIn{});
 

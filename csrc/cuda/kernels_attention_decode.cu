@@ -90,6 +90,9 @@ __global__ void __launch_bounds__(kFusedThreads)
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int kvh = blockIdx.x, h0 = kvh * grp;
   const int64_t tl = blockIdx.y, t = row0 + tl;
+  // Launched with programmatic dependent launch after the q+k+v GEMV (sm_90):
+  // nothing an earlier launch wrote (or still reads: act) is touched before this.
+  grid_dep_wait();
   const DevKV kv = kvs[seq[t]];
   int64_t lo, n;
   attn_range(pos[t], window, &lo, &n);
@@ -351,6 +354,7 @@ __global__ void __launch_bounds__(kFusedThreads)
   }
 
   // 4. quant16 of the row: its max |out| over the kv heads' blocks, then the last block.
+  grid_dep_launch();  // the o-projection may start its weight loads (it waits for this grid to finish)
   omax = block_max(omax, 0, red);
   if (tid == 0) atomicMax(rmax + tl, (unsigned long long)omax);
   if (!last_block_arrives(cnt + tl, nkv, &flag)) return;
@@ -373,9 +377,9 @@ void launch_attention_fused(const int32_t* q, int row0, int nrows, int nh, int n
   const int grp = nh / nkv;  // host-side division (launch_attention checked the shape)
   if (grp > kFusedMaxGroup || npos < 1 || npos > attn_fused_max_pos(grp) || nrows > sc.rows)
     throw std::invalid_argument("attention: more positions than the one-kernel path holds");
-  INTDET_LAUNCH_AT(attn_fused_kernel, shape_attn_fused(nkv, nrows, grp, npos), st, q, row0, nh, nkv, grp, D, layer,
-                   seq, pos, kvs, score_mant, score_shift, window, sc.oacc, sc.counters + (int64_t)nrows * nkv, out,
-                   act, act_e, rope, cap);
+  launch_at(attn_fused_kernel, shape_attn_fused(nkv, nrows, grp, npos), pdl_enabled(), st, q, row0, nh, nkv, grp, D,
+            layer, seq, pos, kvs, score_mant, score_shift, window, sc.oacc, sc.counters + (int64_t)nrows * nkv, out,
+            act, act_e, rope, cap);
   check_launch("attention (one kernel)");
 }
 

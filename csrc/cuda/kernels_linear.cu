@@ -809,6 +809,7 @@ int gemv_split_log2(int K, int N) {
 
 bool g_gemv_pdl = false;
 void set_gemv_pdl(bool on) { g_gemv_pdl = on; }
+bool pdl_enabled() { return g_gemv_pdl; }
 
 bool gemv_prologue_fits(int kind, int T, int K) {
   return kind != kGemvQ && T >= 1 && T <= kPrologueRows && K > 0 &&
