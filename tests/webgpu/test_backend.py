@@ -3,6 +3,8 @@ core's int32 logits bit for bit (prefill, prefill in pieces, decode,
 batches of several sizes), and the state operations and refusals of
 intdet._core's API."""
 
+import os
+
 import numpy as np
 import pytest
 
@@ -195,24 +197,37 @@ def test_binding_limit_splits_passes_and_submissions(model_of, monkeypatch):
 
 
 @pytest.mark.parametrize("name", ["qwen3", "llama3", "gemma2"])
-def test_vocabulary_in_several_buffers(model_of, monkeypatch, name):
-    """The embedding and lm_head (V x H bytes: 155 MB for Qwen3-0.6B, over
-    lavapipe's 128 MiB binding limit) kept in buffers of whole rows within
-    the limit: every token's row looked up in the buffer that holds it and
-    each buffer's logits channels written in place; tied (qwen3) and untied
-    (llama3) weights, Gemma 2's final soft cap. The CPU's logits for prompts
-    whose tokens fall in every buffer; a row over the limit is refused."""
+def test_matrices_in_several_buffers(model_of, monkeypatch, name):
+    """Matrices over the adapter's binding limit (128 MiB on lavapipe:
+    Qwen3-0.6B's 155 MB embedding / lm_head, a 14B model's fused gate+up)
+    kept in buffers of whole rows within it: every token's embedding row
+    looked up in the buffer that holds it, each buffer's channels written
+    in place (logits, residual adds), q/k/v and gate/up left unfused when
+    together they pass the limit; tied (qwen3) and untied (llama3) weights,
+    Gemma 2's soft caps. The CPU's logits for prompts whose tokens fall in
+    every buffer; a row over the limit, or stacked experts over it, are
+    refused naming the limit."""
     lm, cm, _ = model_of(name)
     V, H = lm.cfg["vocab_size"], lm.cfg["hidden_size"]
     row = 4 * -(-H // 4)
-    monkeypatch.setattr(W, "_chunk_limit", lambda dev: 37 * row + 3)  # 37 rows a buffer, the last one short
+    monkeypatch.setattr(W, "_chunk_limit", lambda dev: 37 * row + 3)  # 37 hidden-size rows a buffer
     gm = W.Model(lm.cfg, lm.tensors)
-    assert len(gm.emb_chunks) == -(-V // 37) and len(gm.output_chunks) == len(gm.emb_chunks)
-    assert (gm.emb_chunks[0][2] is gm.output_chunks[0][2]) == ("output.q" not in lm.tensors)
+    out = gm.lin["output"][3]
+    assert len(gm.emb_chunks) == -(-V // 37) and len(out) == len(gm.emb_chunks)
+    assert (gm.emb_chunks[0][2] is out[0][2]) == ("output.q" not in lm.tensors)
+    assert not gm.seg and all(len(v[3]) > 1 for k, v in gm.lin.items() if k.endswith(("ffn_up", "attn_q")))
     tokens = [int(t) for t in np.linspace(0, V - 1, 12).astype(int)]
     assert np.array_equal(gpu_run(gm, [8, 1, 3], tokens), cpu_run(cm, [8, 1, 3], tokens))
     monkeypatch.setattr(W, "_chunk_limit", lambda dev: row - 1)
     with pytest.raises(ValueError, match="binding limit"):
+        W.Model(lm.cfg, lm.tensors)
+
+
+def test_stacked_experts_over_the_limit_are_refused(model_of, monkeypatch):
+    lm, _, _ = model_of("qwen3-moe")
+    monkeypatch.setattr(W, "_chunk_limit", lambda dev: 4096)
+    with pytest.raises(ValueError, match=r"tensor blk\.0\.ffn_\w+_exps needs \d+ bytes in one buffer, over this "
+                                         r"adapter's 4096-byte buffer binding limit"):
         W.Model(lm.cfg, lm.tensors)
 
 
@@ -262,3 +277,16 @@ def test_coop_linears_give_the_same_logits(model_of, name):
     got = W.forward_batch(gm, [W.State(gm, 16) for _ in seqs], seqs, False)
     for s, g in zip(seqs, got):
         assert np.array_equal(g, cpu_run(cm, [len(s)], s)[-1:])
+
+
+def test_no_adapter_reason_is_one_line():
+    """With no adapter (wgpu forced onto a backend this build lacks) the reason
+    is one line: wgpu's "Validation Error / Caused by:" text folded."""
+    import subprocess
+    import sys
+
+    code = "from intdet.webgpu.device import available; ok, why = available(); print(repr(ok)); print(repr(why))"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, WGPU_BACKEND_TYPE="D3D12"))
+    ok, why = [eval(x) for x in r.stdout.splitlines()[-2:]]
+    assert ok is False and "\n" not in why and "Caused by" not in why and "adapter" in why, why

@@ -104,7 +104,9 @@ class Model:
             for key, parts in (("attn_qkv", ("attn_q", "attn_k", "attn_v")),
                                ("ffn_gate_up", ("ffn_gate", "ffn_up") if "moe" not in blk else ())):
                 names = [f"blk.{i}.{ln}" for ln in parts]
-                if names and all(n + ".q" in t for n in names):
+                fits = names and 4 * sum(t[n + ".q"].shape[0] * pack.words(t[n + ".q"].shape[1]) for n in names
+                                         if n + ".q" in t) <= self.chunk_bytes  # else each its own, by row buffers
+                if names and fits and all(n + ".q" in t for n in names):
                     self.seg[f"blk.{i}.{key}"] = self._segments(t, names)
                     for n, N in zip(names, self.seg[f"blk.{i}.{key}"][1]):
                         self.lin[n] = ("seg", N)
@@ -126,7 +128,8 @@ class Model:
         else:
             ws = [(r0, r1, up(pack.pack_i8_rows(out_q[r0:r1]), f"output[{r0}:{r1}]"))
                   for r0, r1 in _row_chunks(self.V, 4 * pack.words(self.H), self.chunk_bytes)]
-        self.output_chunks = [(r0, r1, w, up(_i32(chan[:, r0:r1]), f"output.chan[{r0}:{r1}]")) for r0, r1, w in ws]
+        self.lin["output"] = ("8", self.V, self.H,
+                              [(r0, r1, w, up(_i32(chan[:, r0:r1]), f"output.chan[{r0}:{r1}]")) for r0, r1, w in ws], 0)
         self.scalar = {name: int(np.asarray(a).ravel()[0]) for name, a in t.items()
                        if name.endswith(("attn_score.mant", "attn_score.shift", ".cap", ".inv_mant", ".inv_shift"))
                        or (name.endswith("norm.shift"))}
@@ -163,12 +166,27 @@ class Model:
             K = 2 * codes.shape[2]
             grp = np.stack([np.asarray(t[name + ".gd"], np.int32), np.asarray(t[name + ".gm"], np.int32)], axis=-1)
             chan = np.stack([mant, shift, b], axis=1)  # [E, 3, N]
+            self._fits(name, codes.nbytes)
             return ("4", N, K, up(np.stack([pack.pack_int4(c) for c in codes]), name), up(_i32(chan), name + ".chan"),
                     up(np.ascontiguousarray(grp), name + ".groups"), bias is not None)
         w = np.asarray(t[name + ".q"]).reshape((-1, N) + t[name + ".q"].shape[-1:])
         K = w.shape[2]
         chan = np.stack([w.astype(np.int64).sum(2), mant, shift, b], axis=1)  # [E, 4, N]
-        return ("8", N, K, up(pack.pack_i8_rows(w), name), up(_i32(chan), name + ".chan"), bias is not None)
+        row = 4 * pack.words(K)
+        if w.shape[0] == 1 and N * row > self.chunk_bytes:  # a dense matrix over the limit: buffers of whole rows
+            return ("8", N, K, [(r0, r1, up(pack.pack_i8_rows(w[0, r0:r1]), f"{name}[{r0}:{r1}]"),
+                                 up(_i32(chan[0][:, r0:r1]), f"{name}.chan[{r0}:{r1}]"))
+                                for r0, r1 in _row_chunks(N, row, self.chunk_bytes)], bias is not None)
+        self._fits(name, w.shape[0] * N * row)
+        return ("8", N, K, [(0, N, up(pack.pack_i8_rows(w), name), up(_i32(chan), name + ".chan"))], bias is not None)
+
+    def _fits(self, name: str, nbytes: int) -> None:
+        """ValueError naming tensor ``name`` when its buffer (nbytes) is over
+        the adapter's binding limit (stacked experts and int4 matrices are
+        not cut into row buffers)."""
+        if nbytes > self.chunk_bytes:
+            raise ValueError(f"--device webgpu: tensor {name} needs {nbytes} bytes in one buffer, over this "
+                             f"adapter's {self.chunk_bytes}-byte buffer binding limit")
 
 
 class State:
@@ -471,12 +489,7 @@ def _record(m: Model, rec: Recorder, b: _Step, pieces: list, tok_buf, logits, ba
         _norm_quant16(m, rec, b, "output_norm", pc.keep, in0=pc.row0 + pc.T - pc.keep, out0=nk)
         nk += pc.keep
     row = kept[0].out_row - base
-    coop = m.kernels.coop
-    for n0, n1, w, chan in m.output_chunks:  # the lm_head by buffers of whole rows: channels n0..n1-1 of each logits row
-        N = n1 - n0
-        rec.dispatch("linear8_coop" if coop else "linear8", [b.act, b.ex, w, chan, logits, b.nomask],
-                     [N, pack.words(m.H), nk, 0, 0, 0, row, 0, 0, -1, 0, m.V, n0],
-                     groups_coop(N, nk) if coop else _groups_linear(N, nk))
+    _linear(m, rec, "output", b.act, b.ex, logits, nk, out0=row)
     if m.cfg.get("final_logit_softcap"):
         cap = [m.scalar[f"output_softcap.{c}"] for c in ("cap", "inv_mant", "inv_shift")]
         rec.dispatch("softcap", [logits], [nk * m.V, *cap, row * m.V], groups_flat(nk * m.V))
@@ -508,11 +521,13 @@ def _linear(m, rec, name, act, ex, dst, rows, mode=0, out0=0, expert=-1, mask=No
     mask_buf = m.pool.scratch("nomask", 16) if mask is None else mask
     tail = [expert, m.E if mask is not None else 0]
     if kind == "8":
-        _, _, _, w, chan, has_bias = L
+        _, _, _, chunks, has_bias = L
         coop = m.kernels.coop
-        rec.dispatch("linear8_coop" if coop else "linear8", [act, ex, w, chan, dst, mask_buf],
-                     [N, pack.words(K), rows, mode, int(has_bias), 0, out0, e * N * pack.words(K), e * 4 * N] + tail,
-                     groups_coop(N, rows) if coop else _groups_linear(N, rows))
+        for n0, n1, w, chan in chunks:  # one buffer, or whole-row buffers: channels n0..n1-1 of N-long out rows
+            Nc = n1 - n0
+            rec.dispatch("linear8_coop" if coop else "linear8", [act, ex, w, chan, dst, mask_buf],
+                         [Nc, pack.words(K), rows, mode, int(has_bias), 0, out0, e * Nc * pack.words(K), e * 4 * Nc]
+                         + tail + [N, n0], groups_coop(Nc, rows) if coop else _groups_linear(Nc, rows))
     else:
         _, _, _, w, chan, grp, has_bias = L
         G = K // 32

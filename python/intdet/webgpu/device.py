@@ -39,7 +39,7 @@ def gpu():
     try:
         adapter = wgpu.gpu.request_adapter_sync(power_preference="high-performance")
     except Exception as e:  # wgpu raises its own error types for a missing driver
-        raise NoAdapter(f"no WebGPU adapter: {e}") from None
+        raise NoAdapter(_one_line(e)) from None
     if adapter is None:
         raise NoAdapter("no WebGPU adapter (no Vulkan, Metal or D3D12 driver found)")
     lim = adapter.limits
@@ -47,6 +47,15 @@ def gpu():
                                 "max-storage-buffers-per-shader-stage", "max-compute-workgroup-storage-size")}
     device = adapter.request_device_sync(required_limits=want)
     return adapter, device
+
+
+def _one_line(e: Exception) -> str:
+    """wgpu's multi-line error text ("Validation Error\n\nCaused by: ...") as
+    one line, without its generic heading."""
+    text = " ".join(str(e).split())
+    for head in ("Request adapter failed (3): ", "Validation Error Caused by: "):
+        text = text.replace(head, "")
+    return text or type(e).__name__
 
 
 def available() -> tuple[bool, str]:
