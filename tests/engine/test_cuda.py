@@ -138,6 +138,20 @@ def test_floor_div_intonly_host():
     assert np.array_equal(mod.ops.floor_div_intonly(a, b), floor_div(a, b))
 
 
+def test_no_driver_reason_says_so(monkeypatch):
+    """Without a driver the runtime blames the driver's version; the reason
+    says that no driver was found (a machine with a driver keeps the
+    runtime's words)."""
+    import intdet.backends.cuda as bc
+
+    insufficient = "CUDA driver version is insufficient for CUDA runtime version"
+    monkeypatch.setattr("os.path.exists", lambda p: False)
+    assert bc._reason(insufficient).startswith("no NVIDIA driver found: /dev/nvidiactl is missing")
+    assert bc._reason("") == "no device"
+    monkeypatch.setattr("os.path.exists", lambda p: p == "/dev/nvidiactl")
+    assert bc._reason(insufficient) == insufficient
+
+
 def test_engine_cuda_without_gpu_is_one_clear_error(tmp_path_factory, tiny_llama_hf):
     if HAVE_GPU:
         pytest.skip("a GPU is present")

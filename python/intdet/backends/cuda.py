@@ -20,8 +20,18 @@ def cuda_module():
         raise IntdetError(f"device cuda: {MISSING} (intdet was built without its CUDA module: {e})",
                           field="device") from None
     if _cuda.device_count() < 1:
-        raise IntdetError(f"device cuda: {MISSING} ({_cuda.no_device_reason() or 'no device'})", field="device")
+        raise IntdetError(f"device cuda: {MISSING} ({_reason(_cuda.no_device_reason())})", field="device")
     return _cuda
+
+
+def _reason(why: str) -> str:
+    """The runtime's reason, but without a driver at all it blames the
+    driver's version ("CUDA driver version is insufficient ..."): say so."""
+    import os
+
+    if not os.path.exists("/dev/nvidiactl") and "driver version is insufficient" in why:
+        return f"no NVIDIA driver found: /dev/nvidiactl is missing; the CUDA runtime says: {why}"
+    return why or "no device"
 
 
 def available() -> str | None:
