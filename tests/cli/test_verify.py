@@ -59,6 +59,7 @@ def test_batch_receipts_verify_on_another_isa_and_threads(model_dir, batch_out):
     assert len(lines) == 24 and all(x.endswith(": match") for x in lines)
     assert lines[0] == f"{gens}:1 (id 'g0'): match"
     assert "24 receipt(s): 24 match, 0 mismatch" in r.stderr and f"({ISAS[0]})" in r.stderr
+    assert ", 1 thread)" in r.stderr, r.stderr  # --threads 1: singular
 
 
 def test_changed_token_and_model_are_named(model_dir, batch_out, tmp_path):

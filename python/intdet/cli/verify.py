@@ -92,6 +92,6 @@ def verify(file, model, revision, weights, device, threads, max_batch, quiet):
         if not v.ok or not quiet:
             click.echo(v.line())
     _err(f"{len(verdicts)} receipt(s): {len(verdicts) - len(bad)} match, {len(bad)} mismatch "
-         f"({llm.engine.device_name}, {llm.engine.threads} threads)")
+         f"({llm.engine.device_name}, {llm.engine.threads} thread{'' if llm.engine.threads == 1 else 's'})")
     if bad:
         sys.exit(1)
