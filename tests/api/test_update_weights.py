@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -164,6 +165,22 @@ def test_running_requests_finish_on_their_version(tmp_path):
     old_llm = intdet.LLM(m0, threads=1)
     new_llm = fresh(hf, new, str(tmp_path / "m1"))
     llm = intdet.LLM(m0, threads=1, max_batch=2)
+    # After the first step, the engine holds until the update is queued: the
+    # first two requests are then running and the others waiting, however
+    # long the update's quantization takes on a loaded machine (CI once saw
+    # every request finish before the swap).
+    real, steps, queued = llm.engine.forward_batch, [], threading.Event()
+
+    def gated(*a, **k):
+        steps.append(1)
+        deadline = time.monotonic() + 120
+        while len(steps) > 1 and not queued.is_set() and time.monotonic() < deadline:
+            if llm.scheduler._exclusive:
+                queued.set()
+            time.sleep(0.002)
+        return real(*a, **k)
+
+    llm.engine.forward_batch = gated
     llm.scheduler.start()
     try:
         sp = intdet.SamplingParams(max_tokens=60, temperature=0, seed=0)
@@ -177,8 +194,9 @@ def test_running_requests_finish_on_their_version(tmp_path):
             assert r.wait(120)
     finally:
         llm.scheduler.shutdown(timeout=30)
-    versions = {r.model_version for r in reqs}
-    assert versions == {old_llm.model_sha256, new_llm.model_sha256}
+    assert queued.is_set()
+    versions = [r.model_version for r in reqs]
+    assert versions == [old_llm.model_sha256] * 2 + [new_llm.model_sha256] * (len(reqs) - 2)
     for r, p in zip(reqs, PROMPTS * 2):
         ref = old_llm if r.model_version == old_llm.model_sha256 else new_llm
         assert r.hash == ref.generate(p, sp).hash
