@@ -57,6 +57,9 @@ constexpr int kFlKeys = 64;             // keys per tile: eight n8 tiles of QK^T
 constexpr int kFlDims = 128;            // P.V dimensions per sweep (the accumulators live in registers)
 constexpr int kFlVtRow = kFlKeys + 16;  // bytes per V^T row (one dimension's keys): conflict-free B loads
 constexpr int64_t kFlFlush = 32768;     // P.V keys per s32 flush (65536 keep it exact)
+// The kernel's static shared memory, with room to spare (ptxas, sm_90: 4,752
+// bytes): the opt-in limit covers static and dynamic together.
+constexpr int64_t kFlStaticSmem = 8192;
 static_assert(kFlRows == 128, "tile rows: 8 warps of 16");
 
 // Bytes of one query / key / value row in shared memory for head size D: D
@@ -402,7 +405,7 @@ bool attn_flash_fits(int D) {
                 ? v
                 : 0;
   }
-  return D <= kMaxHeadDim && (int64_t)attn_flash_smem(D) + 4096 <= optin;  // + the kernel's static shared memory
+  return D <= kMaxHeadDim && (int64_t)attn_flash_smem(D) + kFlStaticSmem <= optin;
 }
 
 void launch_attention_flash(const int32_t* q, int row0, int nrows, int nh, int nkv, int D, int layer,
