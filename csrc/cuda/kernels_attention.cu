@@ -378,16 +378,7 @@ __global__ void __launch_bounds__(kAttnThreads)
     // 1. quant16 of each tile row's query (a warp per row), split into bytes.
     for (int r = warp; r < kAmRows; r += kAttnThreads / 32) {
       const int32_t* qr = r < R ? qbuf + ((int64_t)(row0 + rtl[r]) * nh + rh[r]) * D : nullptr;
-      int64_t m = 0;
-      if (qr)
-        for (int d = lane; d < D; d += 32) m = imax(m, iabs((int64_t)qr[d]));
-      m = warp_max(m);
-      const int e_q = (int)imax(bitlen(m) - 15, 0);
-      for (int d = lane; d < Dp; d += 32) {
-        const int32_t x = qr && d < D ? (int32_t)clamp(round_shift((int64_t)qr[d], e_q), -kInt16QMax, kInt16QMax) : 0;
-        Qh[r * kAmQRow + d] = (uint8_t)((x >> 8) & 0xff);
-        Ql[r * kAmQRow + d] = (uint8_t)(x & 0xff);
-      }
+      const int e_q = quant16_split_row(qr, D, Dp, Qh + r * kAmQRow, Ql + r * kAmQRow);
       if (lane == 0) eq[r] = e_q;
     }
     // 2. QK^T: eight n8 tiles (keys) per step, two per warp.

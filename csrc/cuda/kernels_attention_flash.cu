@@ -127,17 +127,7 @@ __global__ void __launch_bounds__(kAttnFlashThreads, 1)
     __syncthreads();
     // 1. quant16 of each tile row's query (a warp per row), split into bytes.
     for (int r = warp; r < kFlRows; r += kFlWarps) {
-      const int32_t* qr = rout[r] >= 0 ? qbuf + rout[r] : nullptr;
-      int64_t m = 0;
-      if (qr)
-        for (int d = lane; d < D; d += 32) m = imax(m, iabs((int64_t)qr[d]));
-      m = warp_max(m);
-      const int e_q = (int)imax(bitlen(m) - 15, 0);
-      for (int d = lane; d < Dp; d += 32) {
-        const int32_t x = qr && d < D ? (int32_t)clamp(round_shift((int64_t)qr[d], e_q), -kInt16QMax, kInt16QMax) : 0;
-        Qh[r * QR + d] = (uint8_t)((x >> 8) & 0xff);
-        Ql[r * QR + d] = (uint8_t)(x & 0xff);
-      }
+      const int e_q = quant16_split_row(rout[r] >= 0 ? qbuf + rout[r] : nullptr, D, Dp, Qh + r * QR, Ql + r * QR);
       if (lane == 0) eq[r] = e_q;
     }
     __syncthreads();
@@ -239,33 +229,33 @@ __global__ void __launch_bounds__(kAttnFlashThreads, 1)
       }
     };
     auto nopre = [](int, int64_t) {};
+    // f(j, c) for each C fragment whose row sees its key (after scores).
+    auto for_seen = [&](auto&& f) {
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int c = 0; c < 4; ++c)
+          if (ok[j] >> c & 1) f(j, c);
+    };
 
     // Pass 0: the row maxima.
     int64_t mA = kI64Min, mB = kI64Min;
     sweep(false, [&](int b, int64_t k0) {
       scores(b, k0);
-#pragma unroll
-      for (int j = 0; j < 8; ++j)
-#pragma unroll
-        for (int c = 0; c < 4; ++c)
-          if (ok[j] >> c & 1) {
-            if (c < 2) mA = imax(mA, (int64_t)z[j][c]);
-            else mB = imax(mB, (int64_t)z[j][c]);
-          }
+      for_seen([&](int j, int c) {
+        if (c < 2) mA = imax(mA, (int64_t)z[j][c]);
+        else mB = imax(mB, (int64_t)z[j][c]);
+      });
     }, nopre);
     mA = quad_max(mA), mB = quad_max(mB);
     // Pass 1: the sums of exp2.
     int64_t tA = 0, tB = 0;
     sweep(false, [&](int b, int64_t k0) {
       scores(b, k0);
-#pragma unroll
-      for (int j = 0; j < 8; ++j)
-#pragma unroll
-        for (int c = 0; c < 4; ++c)
-          if (ok[j] >> c & 1) {
-            if (c < 2) tA += exp2_neg_q30(mA - z[j][c]);  // <= 2^30
-            else tB += exp2_neg_q30(mB - z[j][c]);
-          }
+      for_seen([&](int j, int c) {
+        if (c < 2) tA += exp2_neg_q30(mA - z[j][c]);  // <= 2^30
+        else tB += exp2_neg_q30(mB - z[j][c]);
+      });
     }, nopre);
     tA = quad_sum(tA), tB = quad_sum(tB);
     const int64_t RA = tA ? floor_div((int64_t)1 << 62, tA) : 0, RB = tB ? floor_div((int64_t)1 << 62, tB) : 0;
@@ -277,15 +267,11 @@ __global__ void __launch_bounds__(kAttnFlashThreads, 1)
     int64_t xA = 0, xB = 0;
     sweep(false, [&](int b, int64_t k0) {
       scores(b, k0);
-#pragma unroll
-      for (int j = 0; j < 8; ++j)
-#pragma unroll
-        for (int c = 0; c < 4; ++c)
-          if (ok[j] >> c & 1) {
-            const int64_t wv = prob(j, c) * vat[b][32 * (j >> 2) + kmap(j & 3, 2 * tq + (c & 1))];  // < 2^47
-            if (c < 2) xA = imax(xA, wv);
-            else xB = imax(xB, wv);
-          }
+      for_seen([&](int j, int c) {
+        const int64_t wv = prob(j, c) * vat[b][32 * (j >> 2) + kmap(j & 3, 2 * tq + (c & 1))];  // < 2^47
+        if (c < 2) xA = imax(xA, wv);
+        else xB = imax(xB, wv);
+      });
     }, nopre);
     xA = quad_max(xA), xB = quad_max(xB);
     const int sA = (int)imax(bitlen(xA) - 15, 0), sB = (int)imax(bitlen(xB) - 15, 0);

@@ -308,6 +308,25 @@ __device__ __forceinline__ void mma_u8s8(int32_t (&d)[4], const uint32_t (&a)[4]
 
 __device__ __forceinline__ uint32_t smem_u32(const uint8_t* p) { return *reinterpret_cast<const uint32_t*>(p); }
 
+// quant16_row of one query row qr [D] (null: a row of zeros) by one warp,
+// split exactly into the A operands of the hi / lo mma: hi[d] = x >> 8 (s8),
+// lo[d] = x & 255 (u8) for d < Dp (zeros past D). Returns e_q. The tensor-
+// core attentions (kernels_attention.cu, kernels_attention_flash.cu).
+__device__ int quant16_split_row(const int32_t* qr, int D, int Dp, uint8_t* hi, uint8_t* lo) {
+  const int lane = threadIdx.x & 31;
+  int64_t m = 0;
+  if (qr)
+    for (int d = lane; d < D; d += 32) m = imax(m, iabs((int64_t)qr[d]));
+  m = warp_max(m);
+  const int e_q = (int)imax(bitlen(m) - 15, 0);
+  for (int d = lane; d < Dp; d += 32) {
+    const int32_t x = qr && d < D ? (int32_t)clamp(round_shift((int64_t)qr[d], e_q), -kInt16QMax, kInt16QMax) : 0;
+    hi[d] = (uint8_t)((x >> 8) & 0xff);
+    lo[d] = (uint8_t)(x & 0xff);
+  }
+  return e_q;
+}
+
 // ---------------------------------------------------------------- cp.async (linear)
 
 // 16-byte asynchronous copy global -> shared (sm_80+ cp.async.cg: it
