@@ -427,7 +427,8 @@ void forward_chunk(DeviceModel& m, DeviceState* const* states, int64_t n_states,
     ck(cudaMemcpyAsync(w.tokens(), opt->token_from, sizeof(int32_t), cudaMemcpyDeviceToDevice, m.stream),
        "cudaMemcpyAsync (device token)");
 
-  if (Tout && n_slices(std::min(Tout, group)) > 1) make_slice_events(m, n_slices(std::min(Tout, group)));  // before a capture names them
+  const int64_t slices = Tout ? n_slices(std::min(Tout, group)) : 0;
+  if (slices > 1) make_slice_events(m, slices);  // before a capture names them
   if (graph && Tout <= group) {
     const auto key = std::make_tuple(T, Tout, sstride, rows_per, w.fold_rope, w.attn_npos, logits_slice_rows());
     auto it = m.graphs.find(key);
